@@ -1,0 +1,158 @@
+"""Device selection, the array module `xp` (NumPy or CuPy), streams and events.
+
+Everything above this file is written once against `xp`; this file is the only place that
+decides whether `xp` is NumPy or CuPy. On the CPU, streams and events are no-ops (work runs
+immediately, in program order), so the memory manager's logic runs unchanged on both.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import DeviceError
+
+try:  # CuPy is optional: the whole framework runs and is tested without it.
+    import cupy as _cupy
+except Exception:  # ImportError, or a CuPy build that cannot load its CUDA libraries
+    _cupy = None
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    if _cupy is None:
+        return False
+    try:
+        return _cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def get_array_module(*arrays):
+    """Chainer's idiom: the module (numpy or cupy) that owns these arrays."""
+    if _cupy is not None:
+        return _cupy.get_array_module(*arrays)
+    return np
+
+
+def to_numpy(a) -> np.ndarray:
+    """A NumPy copy (or view, for NumPy input) of a host or device array."""
+    if _cupy is not None and isinstance(a, _cupy.ndarray):
+        return _cupy.asnumpy(a)
+    return np.asarray(a)
+
+
+def same_memory(a, b) -> bool:
+    """True when two arrays start at the same address (an in-place layer got its input's buffer)."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and \
+            a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    return a.data.ptr == b.data.ptr
+
+
+class _CpuStream:
+    """Stand-in for a CUDA stream on the CPU: work is already done when it is issued."""
+
+    name: str
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record(self, event=None):
+        return event if event is not None else _CpuEvent()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _CpuEvent:
+    """Stand-in for a CUDA event: always complete."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    @property
+    def done(self) -> bool:
+        return True
+
+
+class Device:
+    """One compute device: its array module and the three streams of the memory manager.
+
+    `compute` runs every layer, `offload` copies device to host, `prefetch` host to device.
+    On the CPU all three are no-op stand-ins.
+    """
+
+    def __init__(self, kind: str):
+        if kind not in ("cpu", "gpu"):
+            raise DeviceError(f"device must be 'cpu' or 'gpu', got {kind!r}")
+        self.kind = kind
+        if kind == "gpu":
+            if not gpu_available():
+                raise DeviceError("--device gpu was asked for, but CuPy sees no CUDA device "
+                                  "(install the 'gpu' extra on a machine with a CUDA GPU, "
+                                  "or use --device cpu / auto)")
+            self.xp = _cupy
+            # Non-blocking streams never implicitly synchronize with the legacy default stream.
+            self.compute = _cupy.cuda.Stream(non_blocking=True)
+            self.offload = _cupy.cuda.Stream(non_blocking=True)
+            self.prefetch = _cupy.cuda.Stream(non_blocking=True)
+            self.name = _cupy.cuda.runtime.getDeviceProperties(
+                _cupy.cuda.Device().id)["name"].decode()
+        else:
+            self.xp = np
+            self.compute = _CpuStream("compute")
+            self.offload = _CpuStream("offload")
+            self.prefetch = _CpuStream("prefetch")
+            self.name = "cpu"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "gpu"
+
+    def event(self):
+        """A new event (CUDA event on GPU, always-complete stand-in on CPU)."""
+        if self.is_gpu:
+            return _cupy.cuda.Event(block=False, disable_timing=True)
+        return _CpuEvent()
+
+    def timing_event(self):
+        """An event that can time (for the tracer); on CPU the stand-in."""
+        if self.is_gpu:
+            return _cupy.cuda.Event(block=False, disable_timing=False)
+        return _CpuEvent()
+
+    def asarray(self, a, dtype=None):
+        """Host array -> array on this device (a copy on GPU, issued on the compute stream)."""
+        if self.is_gpu:
+            with self.compute:
+                return _cupy.asarray(a, dtype=dtype)
+        return np.asarray(a, dtype=dtype)
+
+    def synchronize(self) -> None:
+        if self.is_gpu:
+            self.compute.synchronize()
+            self.offload.synchronize()
+            self.prefetch.synchronize()
+
+    def __repr__(self) -> str:
+        return f"Device({self.kind!r}, {self.name!r})"
+
+
+def select_device(spec: str = "auto") -> Device:
+    """'auto' -> GPU when CuPy sees one, else CPU; 'cpu' and 'gpu' force the choice."""
+    if spec == "auto":
+        return Device("gpu" if gpu_available() else "cpu")
+    if spec in ("cpu", "gpu"):
+        return Device(spec)
+    raise DeviceError(f"--device must be one of auto, cpu, gpu; got {spec!r}")

@@ -1,0 +1,160 @@
+"""The layer contract: setup, forward, backward, and what backward needs.
+
+A layer is pure compute. It never allocates feature maps, never keeps arrays between calls and
+never copies between host and device: the memory manager hands it every buffer. In exchange the
+layer says, before any compute, what it needs:
+
+* `setup(in_shapes)` returns the output shape and declares parameters (Caffe's SetUp/Reshape),
+  so every buffer's size is known before step one;
+* `retain_inputs` / `retain_output` say which feature maps its backward reads (Chainer's
+  retain_inputs); the manager keeps, offloads or drops exactly those;
+* `aux_specs()` names the small side buffers forward leaves for backward (a dropout mask,
+  a pooling argmax, a softmax), which the manager owns like feature maps;
+* `inplace` says the output may share input 0's buffer (and the input gradient the output
+  gradient's), which the network grants only when no one else needs the input.
+
+Shapes always include the batch: (N, C, H, W) for images, (N, F) for vectors.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError
+
+
+@dataclass(eq=False)
+class Parameter:
+    """A learnable array and its gradient. `data`/`grad` live on the executor's device.
+
+    init: 'he_normal' (conv/linear weights feeding ReLUs), 'uniform_fan_in' (PyTorch's default
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in))), 'normal_0.01', 'zeros' or 'ones'.
+    """
+    shape: tuple
+    init: str
+    fan_in: int = 1
+    data: Any = None
+    grad: Any = None
+
+    def initial_value(self, rng: np.random.Generator, dtype) -> np.ndarray:
+        if self.init == "he_normal":
+            v = rng.standard_normal(self.shape) * math.sqrt(2.0 / self.fan_in)
+        elif self.init == "uniform_fan_in":
+            bound = 1.0 / math.sqrt(self.fan_in)
+            v = rng.uniform(-bound, bound, self.shape)
+        elif self.init == "normal_0.01":
+            v = rng.standard_normal(self.shape) * 0.01
+        elif self.init == "zeros":
+            v = np.zeros(self.shape)
+        elif self.init == "ones":
+            v = np.ones(self.shape)
+        else:
+            raise ValueError(f"unknown initializer {self.init!r}")
+        return v.astype(dtype)
+
+
+@dataclass
+class StepContext:
+    """What a layer may know about the step it runs in.
+
+    xp: numpy or cupy; train: training or evaluation mode; step and seed: for layers that draw
+    random numbers (dropout), so that a resumed run draws the same numbers again.
+    """
+    xp: Any
+    train: bool = True
+    step: int = 0
+    seed: int = 0
+    device: Any = None
+    extras: dict = field(default_factory=dict)
+
+    def rng(self, layer: "Layer"):
+        """A generator seeded by (seed, step, layer index): reproducible, and independent per layer."""
+        key = [self.seed, self.step, layer.index]
+        if self.xp is np:
+            return np.random.default_rng(key)
+        # CuPy's generator takes one integer seed; fold the key the way NumPy's SeedSequence does.
+        folded = int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
+        return self.xp.random.default_rng(folded)
+
+
+class Layer:
+    """Base class of every layer. Subclasses override `infer`, `forward`, `backward`."""
+
+    kind = "other"            # 'conv', 'pool', 'relu', 'lrn', 'linear', 'loss', ...: policies use it
+    num_inputs = 1            # None: any number >= 1 (Concat, Add)
+    retain_inputs: tuple = ()  # indices of the inputs backward reads
+    retain_output = False     # backward reads the output
+    inplace = False           # output may alias input 0 (and grad input the grad output)
+    has_grad_inputs = True    # False for layers whose inputs never need a gradient (the loss's labels)
+
+    def __init__(self, name: str | None = None):
+        self.name = name
+        self.index = -1                      # position in the network, set when added
+        self.params: dict[str, Parameter] = {}
+        self.in_shapes: list[tuple] = []
+        self.out_shape: tuple = ()
+        self.dtype = np.dtype(np.float32)
+
+    # ---- setup ---------------------------------------------------------------------------
+    def setup(self, in_shapes: list[tuple], dtype=np.float32) -> tuple:
+        """Check the input shapes, declare parameters, return the output shape."""
+        in_shapes = [tuple(int(d) for d in s) for s in in_shapes]
+        if self.num_inputs is not None and len(in_shapes) != self.num_inputs:
+            raise ShapeError(f"layer {self.name!r} ({type(self).__name__}) takes "
+                             f"{self.num_inputs} input(s), got {len(in_shapes)}")
+        self.dtype = np.dtype(dtype)
+        self.in_shapes = in_shapes
+        self.out_shape = tuple(int(d) for d in self.infer(in_shapes))
+        return self.out_shape
+
+    def infer(self, in_shapes: list[tuple]) -> tuple:
+        """Subclasses: validate input shapes (raise via `self.shape_error`), declare params."""
+        raise NotImplementedError
+
+    def add_param(self, name: str, shape: tuple, init: str, fan_in: int = 1) -> Parameter:
+        """Declare a parameter; a second setup (another batch size) keeps the existing one."""
+        shape = tuple(int(d) for d in shape)
+        p = self.params.get(name)
+        if p is None:
+            p = self.params[name] = Parameter(shape, init, fan_in)
+        elif p.shape != shape:
+            raise ShapeError(f"layer {self.name!r}: parameter {name} has shape {p.shape}, "
+                             f"new input shapes need {shape}")
+        return p
+
+    def shape_error(self, expected: str, got) -> ShapeError:
+        return ShapeError(f"layer {self.name!r} ({type(self).__name__}) expected input {expected}, "
+                          f"got shape {tuple(got)}")
+
+    def aux_specs(self) -> dict[str, tuple[tuple, Any]]:
+        """Side buffers that forward fills for backward: {name: (shape, dtype)}."""
+        return {}
+
+    # ---- compute --------------------------------------------------------------------------
+    def forward(self, xs: list, y, aux: dict, ctx: StepContext) -> None:
+        """Compute the output into `y` (which may be xs[0] itself when `inplace`)."""
+        raise NotImplementedError
+
+    def backward(self, xs: list, y, gy, gxs: list, aux: dict, ctx: StepContext) -> None:
+        """Write input gradients into `gxs` (None where none is wanted) and parameter
+        gradients into `p.grad` (overwritten, not accumulated).
+
+        xs[i] is None unless i is in retain_inputs; y is None unless retain_output.
+        gxs[0] may be gy itself when `inplace`.
+        """
+        raise NotImplementedError
+
+    # ---- accounting ------------------------------------------------------------------------
+    def flops(self) -> int:
+        """Forward floating-point operations for the shapes of the last setup (multiply-add = 2)."""
+        return 0
+
+    def describe(self) -> str:
+        """Short text of the layer's settings for summaries."""
+        return ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"

@@ -1,0 +1,52 @@
+"""Fully connected layer: y = x W^T + b, with W of shape (out, in) as in PyTorch."""
+from __future__ import annotations
+
+from .base import Layer
+
+
+class Linear(Layer):
+    kind = "linear"
+    retain_inputs = (0,)
+
+    def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",
+                 name: str | None = None):
+        super().__init__(name)
+        if int(out_features) <= 0:
+            raise ValueError(f"Linear: out_features must be positive, got {out_features}")
+        self.out_features = int(out_features)
+        self.bias = bool(bias)
+        self.init = init
+
+    def infer(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 2:
+            raise self.shape_error("(N, features); put a Flatten before it", s)
+        n, f = s
+        self.in_features = f
+        self.add_param("weight", (self.out_features, f), self.init, fan_in=f)
+        if self.bias:
+            self.add_param("bias", (self.out_features,), "zeros" if self.init == "he_normal"
+                           else self.init, fan_in=f)
+        return (n, self.out_features)
+
+    def forward(self, xs, y, aux, ctx):
+        """x: (N, in), y: (N, out)."""
+        xp = ctx.xp
+        xp.matmul(xs[0], self.params["weight"].data.T, out=y)
+        if self.bias:
+            y += self.params["bias"].data
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        xp = ctx.xp
+        w = self.params["weight"]
+        xp.matmul(gy.T, xs[0], out=w.grad)
+        if self.bias:
+            gy.sum(axis=0, out=self.params["bias"].grad)
+        if gxs[0] is not None:
+            xp.matmul(gy, w.data, out=gxs[0])
+
+    def flops(self):
+        return 2 * self.out_shape[0] * self.in_features * self.out_features
+
+    def describe(self):
+        return f"{getattr(self, 'in_features', '?')} -> {self.out_features}"

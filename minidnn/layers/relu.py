@@ -1,0 +1,28 @@
+"""ReLU: y = max(x, 0). Backward reads only the output (y > 0 <=> x > 0), so the input can be
+overwritten: the network runs it in place whenever no one else needs the input."""
+from __future__ import annotations
+
+from .base import Layer
+
+
+class ReLU(Layer):
+    kind = "relu"
+    retain_output = True
+    inplace = True
+
+    def infer(self, in_shapes):
+        return in_shapes[0]
+
+    def forward(self, xs, y, aux, ctx):
+        ctx.xp.maximum(xs[0], 0, out=y)
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        if gxs[0] is not None:
+            # gy * (y > 0), written so that gxs[0] may be gy itself.
+            ctx.xp.multiply(gy, y > 0, out=gxs[0])
+
+    def flops(self):
+        n = 1
+        for d in self.out_shape:
+            n *= d
+        return n

@@ -1,0 +1,203 @@
+"""Liveness plan: which buffers exist in a step, who shares them, and when each one dies.
+
+Computed once per (network, batch) before any compute, from what each layer declares. The
+memory manager follows it; policies (offload, ...) read it to decide what to move.
+
+Vocabulary
+* tensor: a named value of the step: a node's output ("conv1"), a graph input ("data",
+  "label"), an aux buffer ("pool1:argmax"), or a gradient ("grad:conv1").
+* storage: a buffer. In-place layers make several tensors share one storage (a ReLU writes
+  over its input; a Flatten is a view), so storages, not tensors, are allocated and freed.
+
+Times are positions in the step: forward of node i is time i, backward of node i is time
+2*len(nodes) - 1 - i, so that every event of a step has one increasing clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..network import DATA, LABEL, Network
+
+
+@dataclass
+class StoragePlan:
+    """One buffer of the step and its life."""
+    id: int
+    nbytes: int
+    kind: str                      # 'input' | 'feature' | 'aux' | 'grad'
+    tensors: list[str] = field(default_factory=list)
+    alloc_time: int = 0            # when it is first written
+    last_forward_use: int = 0      # last forward read or write
+    backward_uses: list[int] = field(default_factory=list)  # times of backward reads
+    free_time: int = 0             # after this time nobody reads it (training step)
+    producer: int = -1             # index of the node that writes it (-1 for graph inputs)
+
+    @property
+    def needed_in_backward(self) -> bool:
+        return bool(self.backward_uses)
+
+
+@dataclass
+class TensorPlan:
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    storage: int
+
+
+class LivenessPlan:
+    """Buffers and lifetimes of one training step of `net` at batch `batch`.
+
+    Attributes: tensors {name: TensorPlan}, storages [StoragePlan], grad_alias {node index:
+    True when the node's input gradient shares its output gradient's buffer}.
+    """
+
+    def __init__(self, net: Network, batch: int):
+        self.net = net
+        self.batch = batch
+        shapes = net.infer_shapes(batch)
+        self.nodes = net.nodes
+        n = len(self.nodes)
+        self.num_nodes = n
+        consumers = net.consumers()
+        self.tensors: dict[str, TensorPlan] = {}
+        self.storages: list[StoragePlan] = []
+        dtype = net.dtype
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+
+        def new_storage(name, shape, dt, kind, producer):
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            s = StoragePlan(len(self.storages), max(nbytes, np.dtype(dt).itemsize), kind,
+                            producer=producer, alloc_time=max(producer, 0))
+            self.storages.append(s)
+            self.tensors[name] = TensorPlan(name, tuple(shape), np.dtype(dt), s.id)
+            s.tensors.append(name)
+            return s
+
+        # ---- forward tensors: graph inputs, node outputs (maybe in place), aux ----------------
+        new_storage(DATA, shapes[DATA], dtype, "input", -1)
+        new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
+        self.inplace: dict[int, bool] = {}
+        for i, node in enumerate(self.nodes):
+            layer = node.layer
+            shape = shapes[node.name]
+            src = node.inputs[0] if node.inputs else None
+            if layer.inplace and src is not None and self._may_overwrite(i, src, consumers, index):
+                s = self.storages[self.tensors[src].storage]
+                self.tensors[node.name] = TensorPlan(node.name, shape, dtype, s.id)
+                s.tensors.append(node.name)
+                self.inplace[i] = True
+            else:
+                new_storage(node.name, shape, dtype, "feature", i)
+                self.inplace[i] = False
+            for aux_name, (aux_shape, aux_dtype) in layer.aux_specs().items():
+                new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
+
+        # ---- forward and backward uses of every storage -----------------------------------------
+        for i, node in enumerate(self.nodes):
+            bt = self.backward_time(i)
+            out = self.storage_of(node.name)
+            out.last_forward_use = max(out.last_forward_use, i)
+            for k, inp in enumerate(node.inputs):
+                s = self.storage_of(inp)
+                s.last_forward_use = max(s.last_forward_use, i)
+                if k in node.layer.retain_inputs:
+                    s.backward_uses.append(bt)
+            if node.layer.retain_output:
+                out.backward_uses.append(bt)
+            for aux_name in node.layer.aux_specs():
+                self.storage_of(f"{node.name}:{aux_name}").backward_uses.append(bt)
+        # The loss value is read by the caller after forward; it lives until the step ends.
+        self.storage_of(self.nodes[-1].name).backward_uses.append(self.backward_time(n - 1))
+
+        # ---- gradients: grad of a node's output is born at its last consumer's backward -------
+        self.grad_alias: dict[int, bool] = {}
+        for i in reversed(range(n)):
+            node = self.nodes[i]
+            if i == n - 1:  # the loss: its "output gradient" is the constant 1
+                s = new_storage(f"grad:{node.name}", (), dtype, "grad", i)
+                s.alloc_time = s.free_time = self.backward_time(i)
+            for k, inp in enumerate(node.inputs):
+                if not self.wants_grad(node, k):
+                    continue
+                gname = f"grad:{inp}"
+                first = gname not in self.tensors
+                if first and k == 0 and node.layer.inplace:
+                    # The input gradient overwrites the output gradient (ReLU, Flatten, ...).
+                    s = self.storage_of(f"grad:{node.name}")
+                    self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                    s.tensors.append(gname)
+                    self.grad_alias[i] = True
+                elif first:
+                    s = new_storage(gname, shapes[inp], dtype, "grad", i)
+                    s.alloc_time = self.backward_time(i)
+            # The output gradient is last read by this node's backward, unless an input
+            # gradient took over its buffer, in which case the input's producer reads it last.
+        for name, t in self.tensors.items():
+            if not name.startswith("grad:"):
+                continue
+            s = self.storages[t.storage]
+            producer = name[len("grad:"):]
+            end = self.backward_time(index[producer]) if producer in index else s.alloc_time
+            s.free_time = max(s.free_time, end)
+
+        for s in self.storages:
+            if s.kind != "grad":
+                s.free_time = max([s.last_forward_use] + s.backward_uses)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def backward_time(self, i: int) -> int:
+        return 2 * self.num_nodes - 1 - i
+
+    def storage_of(self, tensor: str) -> StoragePlan:
+        return self.storages[self.tensors[tensor].storage]
+
+    @staticmethod
+    def wants_grad(node, k: int) -> bool:
+        return node.layer.has_grad_inputs and node.inputs[k] not in (DATA, LABEL) and \
+            not (node.layer.kind == "loss" and k == 1)
+
+    def _may_overwrite(self, i: int, src: str, consumers, index) -> bool:
+        """May node i write its output over tensor `src`'s buffer?
+
+        Only if nothing reads that buffer's old values after node i: `src` is not a graph
+        input, node i is its only reader, node i's backward does not read it, and no tensor
+        already sharing the buffer is read later or in backward.
+        """
+        if src in (DATA, LABEL):
+            return False
+        node = self.nodes[i]
+        if len(consumers[src]) != 1 or 0 in node.layer.retain_inputs:
+            return False
+        s = self.storage_of(src)
+        for t in s.tensors:
+            readers = consumers[t]
+            if any(index[r.name] > i for r in readers if r is not node):
+                return False
+            if any(k in r.layer.retain_inputs
+                   for r in readers for k, name in enumerate(r.inputs) if name == t):
+                return False
+            producer = self.nodes[index[t]] if t in index else None
+            if producer is not None and producer.layer.retain_output:
+                return False
+        return True
+
+    # ---- the two baselines the paper compares -------------------------------------------------
+    def network_wide_bytes(self, kinds=("input", "feature", "aux", "grad")) -> int:
+        """Every buffer allocated for the whole step (the 2016 frameworks' allocation)."""
+        return sum(s.nbytes for s in self.storages if s.kind in kinds)
+
+    def liveness_peak_bytes(self, kinds=("input", "feature", "aux", "grad")) -> int:
+        """Peak bytes when each buffer lives exactly from its first write to its last read."""
+        events = []
+        for s in self.storages:
+            if s.kind in kinds:
+                events.append((s.alloc_time, 1, s.nbytes))
+                events.append((s.free_time, 2, -s.nbytes))  # frees after allocs at the same time
+        cur = peak = 0
+        for _, _, delta in sorted(events):
+            cur += delta
+            peak = max(peak, cur)
+        return peak

@@ -1,0 +1,244 @@
+"""The layer graph: a DAG of named nodes, shape inference, execution order, parameters.
+
+A network has two graph inputs, `data` (N, C, H, W) and `label` (N,), and ends in a loss node.
+Every node runs one layer and produces one tensor named like the node. Nodes are added in an
+order where every input already exists, so insertion order is a topological order and is the
+execution order of forward (backward runs it in reverse).
+
+    net = Network(input_shape=(3, 32, 32), num_classes=10)
+    a = net.add(Conv2d(16, 3, padding=1), name="conv1")           # input: data
+    b = net.add(ReLU(), name="relu1")                               # input: previous node
+    c = net.add(Conv2d(16, 1), inputs=["data"], name="skip")
+    net.add(Add(), inputs=[b, c], name="join")
+    ...
+    net.add_loss()                                                  # softmax cross-entropy
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CheckpointError, ConfigError, ShapeError
+from .layers.base import Layer
+from .layers.loss import SoftmaxCrossEntropy
+
+DATA, LABEL = "data", "label"
+
+
+@dataclass
+class Node:
+    """One layer in the graph. Its output tensor has the node's name."""
+    name: str
+    layer: Layer
+    inputs: list[str]
+
+    @property
+    def output(self) -> str:
+        return self.name
+
+
+class Network:
+    """A DAG of layers with shape inference. Parameters are created by `init_params`."""
+
+    def __init__(self, input_shape: tuple, num_classes: int | None = None, name: str = "net",
+                 dtype=np.float32):
+        input_shape = tuple(int(d) for d in input_shape)
+        if len(input_shape) not in (1, 3) or min(input_shape) <= 0:
+            raise ShapeError(f"network {name!r}: input_shape must be (C, H, W) or (F,) with "
+                             f"positive sizes, got {input_shape}")
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+        self.name = name
+        self.dtype = np.dtype(dtype)
+        self.nodes: list[Node] = []
+        self._by_name: dict[str, Node] = {}
+        self.shapes: dict[str, tuple] = {}
+        self.batch: int | None = None
+
+    # ---- building --------------------------------------------------------------------------
+    def add(self, layer: Layer, inputs: list[str] | str | None = None, name: str | None = None) -> str:
+        """Append a node; `inputs` defaults to the previous node (or `data`). Returns its name."""
+        if self.nodes and self.nodes[-1].layer.kind == "loss":
+            raise ConfigError(f"network {self.name!r}: cannot add {name or layer!r} after the loss")
+        if inputs is None:
+            inputs = [self.nodes[-1].name if self.nodes else DATA]
+        elif isinstance(inputs, str):
+            inputs = [inputs]
+        inputs = list(inputs)
+        name = name or layer.name or f"{type(layer).__name__.lower()}{len(self.nodes) + 1}"
+        if name in self._by_name or name in (DATA, LABEL):
+            raise ConfigError(f"network {self.name!r}: duplicate node name {name!r}")
+        for i in inputs:
+            if i not in self._by_name and i not in (DATA, LABEL):
+                raise ConfigError(f"network {self.name!r}: node {name!r} reads {i!r}, which is "
+                                  f"not defined before it (known: data, label, "
+                                  f"{', '.join(self._by_name) or 'no nodes yet'})")
+        layer.name = name
+        layer.index = len(self.nodes)
+        node = Node(name, layer, inputs)
+        self.nodes.append(node)
+        self._by_name[name] = node
+        self.batch = None  # shapes must be inferred again
+        return name
+
+    def add_loss(self, logits: str | None = None) -> str:
+        """Append softmax cross-entropy on `logits` (default: the last node) and `label`."""
+        logits = logits or self.nodes[-1].name
+        return self.add(SoftmaxCrossEntropy(), inputs=[logits, LABEL], name="loss")
+
+    @classmethod
+    def sequential(cls, input_shape, layers: list[Layer], num_classes=None, name="net",
+                   dtype=np.float32) -> "Network":
+        """A chain of layers, each reading the previous one, with the loss added at the end."""
+        net = cls(input_shape, num_classes=num_classes, name=name, dtype=dtype)
+        for layer in layers:
+            net.add(layer)
+        if not net.nodes or net.nodes[-1].layer.kind != "loss":
+            net.add_loss()
+        net.infer_shapes(1)
+        return net
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ConfigError(f"network {self.name!r} has no node {name!r}") from None
+
+    @property
+    def loss_node(self) -> Node:
+        if not self.nodes or self.nodes[-1].layer.kind != "loss":
+            raise ConfigError(f"network {self.name!r} does not end in a loss layer; "
+                              f"call add_loss()")
+        return self.nodes[-1]
+
+    @property
+    def output(self) -> str:
+        """Name of the tensor the loss reads (the logits)."""
+        return self.loss_node.inputs[0]
+
+    # ---- shapes ----------------------------------------------------------------------------
+    def infer_shapes(self, batch: int) -> dict[str, tuple]:
+        """Run every layer's setup for this batch; returns {tensor name: shape}."""
+        batch = int(batch)
+        if batch <= 0:
+            raise ShapeError(f"batch must be positive, got {batch}")
+        self.loss_node  # raises if missing
+        shapes = {DATA: (batch,) + self.input_shape, LABEL: (batch,)}
+        for node in self.nodes:
+            shapes[node.name] = node.layer.setup([shapes[i] for i in node.inputs], self.dtype)
+        consumers = self.consumers()
+        for node in self.nodes[:-1]:
+            if not consumers[node.name]:
+                raise ConfigError(f"network {self.name!r}: the output of node {node.name!r} is "
+                                  f"never used (every branch must reach the loss)")
+        if self.num_classes is not None and shapes[self.output][-1] != self.num_classes:
+            raise ShapeError(f"network {self.name!r}: logits {self.output!r} have "
+                             f"{shapes[self.output][-1]} classes, expected {self.num_classes}")
+        self.shapes, self.batch = shapes, batch
+        return shapes
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """{tensor name: nodes that read it, in execution order}."""
+        out: dict[str, list[Node]] = {DATA: [], LABEL: []}
+        for node in self.nodes:
+            out[node.name] = []
+        for node in self.nodes:
+            for i in node.inputs:
+                out[i].append(node)
+        return out
+
+    # ---- parameters ------------------------------------------------------------------------
+    def parameters(self) -> list[tuple[str, object]]:
+        """[(qualified name 'conv1.weight', Parameter)] in a fixed order (node order, then
+        declaration order). Needs shapes inferred once."""
+        if self.batch is None:
+            self.infer_shapes(1)
+        return [(f"{n.name}.{k}", p) for n in self.nodes for k, p in n.layer.params.items()]
+
+    def num_params(self) -> int:
+        return sum(int(np.prod(p.shape)) for _, p in self.parameters())
+
+    def init_params(self, seed: int = 0) -> None:
+        """Deterministic initialization: each layer draws from its own stream (seed, index)."""
+        for node in self.nodes:
+            rng = np.random.default_rng([int(seed), node.layer.index])
+            for p in node.layer.params.values():
+                p.data = p.initial_value(rng, self.dtype)
+                p.grad = None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """{name: NumPy copy} of every parameter, PyTorch layouts (OIHW, (out, in))."""
+        from .backend import to_numpy
+        out = {}
+        for name, p in self.parameters():
+            if p.data is None:
+                raise ConfigError(f"network {self.name!r}: parameters are not initialized; "
+                                  f"call init_params(seed) first")
+            out[name] = np.array(to_numpy(p.data), copy=True)
+        return out
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy arrays into the parameters (on whatever device they live). Checks names and shapes."""
+        from .backend import get_array_module
+        params = dict(self.parameters())
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"state dict does not match network {self.name!r}: "
+                                  f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                                  f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+        for name, p in params.items():
+            if name not in state:
+                continue
+            value = np.asarray(state[name])
+            if tuple(value.shape) != p.shape:
+                raise CheckpointError(f"state dict entry {name!r} has shape {tuple(value.shape)}, "
+                                      f"network {self.name!r} expects {p.shape}")
+            if p.data is None:
+                p.data = value.astype(self.dtype, copy=True)
+            else:
+                xp = get_array_module(p.data)
+                p.data[...] = xp.asarray(value.astype(p.data.dtype, copy=False))
+
+    def param_checksum(self) -> str:
+        """sha256 over every parameter's bytes (float32, C order) in `parameters()` order."""
+        h = hashlib.sha256()
+        for name, arr in self.state_dict().items():
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(arr).tobytes())
+        return h.hexdigest()
+
+    # ---- reporting -------------------------------------------------------------------------
+    def summary_rows(self, batch: int) -> list[dict]:
+        """One dict per node: name, type, output shape, params, feature-map bytes, forward FLOPs."""
+        shapes = self.infer_shapes(batch)
+        rows = []
+        for node in self.nodes:
+            layer = node.layer
+            shape = shapes[node.name]
+            rows.append(dict(
+                name=node.name, type=type(layer).__name__, inputs=list(node.inputs),
+                describe=layer.describe(), shape=shape,
+                params=sum(int(np.prod(p.shape)) for p in layer.params.values()),
+                bytes=int(np.prod(shape)) * self.dtype.itemsize, flops=layer.flops()))
+        return rows
+
+    def summary(self, batch: int = 1) -> str:
+        """A printable table of the network at this batch size."""
+        from .errors import fmt_bytes
+        rows = self.summary_rows(batch)
+        lines = [f"{self.name}: input {(batch,) + self.input_shape}, batch {batch}",
+                 f"{'layer':<14}{'type':<20}{'output shape':<22}{'params':>13}"
+                 f"{'feature map':>14}{'GFLOPs':>10}"]
+        lines.append("-" * len(lines[1]))
+        for r in rows:
+            lines.append(f"{r['name']:<14}{r['type']:<20}{str(r['shape']):<22}{r['params']:>13,}"
+                         f"{fmt_bytes(r['bytes']):>14}{r['flops'] / 1e9:>10.3f}")
+        lines.append("-" * len(lines[1]))
+        total_bytes = sum(r["bytes"] for r in rows)
+        lines.append(f"total params {sum(r['params'] for r in rows):,}   "
+                     f"feature maps {fmt_bytes(total_bytes)}   "
+                     f"forward {sum(r['flops'] for r in rows) / 1e9:.2f} GFLOPs")
+        return "\n".join(lines)

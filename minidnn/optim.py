@@ -1,0 +1,65 @@
+"""SGD with momentum and weight decay, in PyTorch's formulation (so results can be compared):
+
+    g = grad + weight_decay * w
+    v = momentum * v + g            (v starts at g on the first step)
+    w = w - lr * v
+
+Momentum buffers live beside the parameters on the same device; `state_dict()` returns them as
+NumPy arrays for checkpoints.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import get_array_module, to_numpy
+from .errors import CheckpointError, ConfigError
+
+
+class SGD:
+    def __init__(self, params, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0):
+        """params: [(name, Parameter)] as `Network.parameters()` returns them."""
+        if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
+            raise ConfigError(f"SGD needs lr > 0, 0 <= momentum < 1, weight_decay >= 0; got "
+                              f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}")
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.velocity: dict[str, object] = {}
+
+    def step(self) -> None:
+        for name, p in self.params:
+            xp = get_array_module(p.data)
+            g = p.grad
+            if self.weight_decay:
+                g = g + p.data.dtype.type(self.weight_decay) * p.data
+            if self.momentum:
+                v = self.velocity.get(name)
+                if v is None:
+                    v = self.velocity[name] = xp.array(g, copy=True)
+                else:
+                    v *= p.data.dtype.type(self.momentum)
+                    v += g
+                g = v
+            p.data -= p.data.dtype.type(self.lr) * g
+
+    def state_dict(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                "velocity": {k: np.array(to_numpy(v), copy=True) for k, v in self.velocity.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = {n for n, _ in self.params}
+        unknown = set(state.get("velocity", {})) - names
+        if unknown:
+            raise CheckpointError(f"optimizer state has momentum for unknown parameters "
+                                  f"{sorted(unknown)[:5]}")
+        self.lr = float(state["lr"])
+        self.momentum = float(state["momentum"])
+        self.weight_decay = float(state["weight_decay"])
+        self.velocity = {}
+        for name, p in self.params:
+            if name in state["velocity"]:
+                v = np.asarray(state["velocity"][name])
+                if v.shape != tuple(p.data.shape):
+                    raise CheckpointError(f"momentum of {name!r} has shape {v.shape}, "
+                                          f"parameter has {tuple(p.data.shape)}")
+                xp = get_array_module(p.data)
+                self.velocity[name] = xp.asarray(v.astype(p.data.dtype))

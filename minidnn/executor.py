@@ -15,6 +15,7 @@ import numpy as np
 
 from .backend import Device, select_device, to_numpy
 from .errors import DataError, ShapeError
+from . import kernels
 from .layers.base import StepContext
 from .memory.allocator import SimpleAllocator
 from .memory.manager import MemoryManager
@@ -35,6 +36,7 @@ class Executor:
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
+        self.kernels = kernels.for_device(self.device)
         self.plan = LivenessPlan(net, self.batch)
         self.allocator = SimpleAllocator(self.xp, memory_budget)
         params = net.parameters()
@@ -67,7 +69,8 @@ class Executor:
                                 f"{k} classes (labels 0..{k - 1})")
 
     def _ctx(self, train: bool) -> StepContext:
-        return StepContext(self.xp, train=train, step=self.step, seed=self.seed, device=self.device)
+        return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
+                           seed=self.seed, device=self.device)
 
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).

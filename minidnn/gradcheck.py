@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernels import cpu as cpu_kernels
 from .layers.base import Layer, StepContext
 
 
@@ -41,7 +42,7 @@ def check_backward(layer: Layer, in_shapes, inputs=None, seed: int = 0, eps: flo
     if inputs is None:
         inputs = [None] * len(in_shapes)
     xs = [rng.standard_normal(s) if x is None else np.asarray(x) for x, s in zip(inputs, in_shapes)]
-    ctx = StepContext(np, train=train, step=0, seed=seed)
+    ctx = StepContext(np, kernels=cpu_kernels, train=train, step=0, seed=seed)
     differentiable = [np.issubdtype(x.dtype, np.floating) for x in xs]
 
     y, aux = _forward(layer, xs, ctx)

@@ -60,10 +60,12 @@ class Parameter:
 class StepContext:
     """What a layer may know about the step it runs in.
 
-    xp: numpy or cupy; train: training or evaluation mode; step and seed: for layers that draw
-    random numbers (dropout), so that a resumed run draws the same numbers again.
+    xp: numpy or cupy; kernels: the kernel module for the device (minidnn/kernels); train:
+    training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
+    so that a resumed run draws the same numbers again.
     """
     xp: Any
+    kernels: Any = None
     train: bool = True
     step: int = 0
     seed: int = 0

@@ -1,0 +1,91 @@
+"""Kernels: the heavy operations behind the layers, one module per implementation.
+
+* `cpu.py`  — the reference: written against `xp` (NumPy arrays in, NumPy arrays out; it also
+  runs on CuPy arrays, which is how the GPU ran before the tuned kernels existed).
+* `cuda.py` — the GPU implementation: cuDNN (through the cuDNN frontend) for convolutions,
+  CuPy RawKernels for pooling and LRN. Every function has the signature of its cpu.py twin.
+
+Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts
+the right module in the StepContext for its device. Every op writes into output arrays it is
+given (it never returns a new feature map) and may draw temporaries only from the array module
+(on the GPU those come out of the memory manager's arena).
+
+The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
+
+    conv2d_forward(x, w, b, y, spec)                 y = conv(x, w) + b   (b may be None)
+    conv2d_backward_data(gy, w, gx, spec)            gx = conv^T(gy, w)   (overwrites gx)
+    conv2d_backward_filter(x, gy, gw, gb, spec)      gw, gb (gb may be None; both overwritten)
+    maxpool2d_forward(x, y, argmax, spec)            argmax: uint8 (N, C, OH, OW), the winning
+                                                     offset kh * KW + kw inside the window
+    maxpool2d_backward(gy, argmax, gx, spec)         gx overwritten (zeros where no winner)
+    avgpool2d_forward(x, y, spec)
+    avgpool2d_backward(gy, gx, spec)
+    lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
+    lrn_backward(x, y, scale, gy, gx, spec)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def out_size(size: int, kernel: int, stride: int, padding: int, dilation: int = 1,
+             ceil_mode: bool = False) -> int:
+    """Output length of a conv/pool window along one axis (PyTorch's rule, ceil_mode too:
+    with ceil_mode a last window must start inside the input or its left padding)."""
+    span = dilation * (kernel - 1) + 1
+    num = size + 2 * padding - span
+    if ceil_mode:
+        out = -(-num // stride) + 1
+        if (out - 1) * stride >= size + padding:
+            out -= 1
+    else:
+        out = num // stride + 1
+    return out
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A 2-D convolution's settings.
+
+    algo: 'fastest' (the cuDNN plan measured fastest, any workspace) or 'min_workspace' (the
+    fastest plan among those needing the least workspace); the memory manager may change it per
+    layer. key: a name for caches (the layer's name).
+    """
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    algo: str = "fastest"
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A 2-D pooling window. count_include_pad: avg-pool divides by the full window size."""
+    kernel: tuple = (2, 2)
+    stride: tuple = (2, 2)
+    padding: tuple = (0, 0)
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+
+
+@dataclass(frozen=True)
+class LRNSpec:
+    """Local response normalization across channels (AlexNet): b = a / scale**beta with
+    scale = k + alpha / size * sum over `size` neighbouring channels of a**2 (PyTorch's rule)."""
+    size: int = 5
+    alpha: float = 1e-4
+    beta: float = 0.75
+    k: float = 2.0
+
+
+def for_device(device):
+    """The kernel module for a Device: cuda.py on a GPU (when it imports), else cpu.py."""
+    if device is not None and device.is_gpu:
+        try:
+            from . import cuda
+            return cuda
+        except ImportError:
+            pass
+    from . import cpu
+    return cpu

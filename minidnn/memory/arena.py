@@ -1,0 +1,368 @@
+"""The budgeted device arena: one device allocation of the whole budget, sub-allocated.
+
+Every byte minidnn uses on the device comes out of this arena: feature maps and gradients that
+the memory manager asks for (`alloc` / `empty` / `free`), and, once `route_cupy()` is active,
+every allocation CuPy makes on its own (parameters, optimizer state, cuDNN workspaces,
+temporaries of elementwise kernels). So the budget is a hard cap on everything, and going over
+it raises MemoryBudgetError naming where, never a raw CUDA out-of-memory error.
+
+Allocation and release are bookkeeping on a free list (memory/blocks.py) and never synchronize
+the device. A buffer that a copy on another stream may still read is freed with
+`free(buf, after=event)`: its block is reused only once the event has completed.
+
+On the CPU the arena is one NumPy array (the OS backs only the pages that are touched), so the
+manager's logic and the budget behave the same as on the GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from collections import deque
+
+import numpy as np
+
+from ..errors import ConfigError, DeviceError, MemoryBudgetError, fmt_bytes
+from .allocator import ALIGNMENT, SimpleAllocator
+from .blocks import BlockList, PendingFrees
+
+# Device memory left outside the arena when no budget is given: the CUDA context, cuDNN's and
+# cuBLAS's handles and kernels live there, and they allocate outside CuPy.
+GPU_SAFETY_MARGIN = 512 * 1024**2
+
+
+def make_allocator(device, budget: int | None):
+    """The allocator for `device`: an Arena, or a SimpleAllocator on the CPU without a budget.
+
+    A CPU run without a budget has nothing to enforce, so it skips reserving address space.
+    """
+    if budget is None and not device.is_gpu:
+        return SimpleAllocator(device.xp, None)
+    return Arena(device, budget)
+
+
+def _address(buf) -> int:
+    """Start address of a NumPy or CuPy array."""
+    if isinstance(buf, np.ndarray):
+        return buf.__array_interface__["data"][0]
+    return buf.data.ptr
+
+
+class _RoutedBlock:
+    """Owner of one arena block lent to CuPy; CuPy drops it when the last array using it dies.
+
+    Its finalizer only queues the offset: it can run from the garbage collector in the middle
+    of the arena's own bookkeeping, so it must not touch the free list itself. The arena drains
+    the queue before every operation. It also holds the arena's device allocation, so that
+    arrays CuPy still holds stay valid even after the arena is closed.
+    """
+
+    __slots__ = ("_returned", "_offset", "_memory")
+
+    def __init__(self, returned: deque, offset: int, memory):
+        self._returned, self._offset, self._memory = returned, offset, memory
+
+    def __del__(self):
+        self._returned.append(self._offset)   # deque.append is atomic: safe from any thread
+
+
+class Arena:
+    """A budget of device memory reserved once and sub-allocated in 256-byte-aligned blocks.
+
+    Same interface as SimpleAllocator (alloc, free, empty, in_use, peak, reset_peak), plus
+    stream-ordered frees, fragmentation statistics and routing of CuPy's allocator.
+
+    device: a backend.Device. budget: bytes; None on the GPU takes the device's free memory
+    minus GPU_SAFETY_MARGIN (on the CPU None is refused: use make_allocator).
+    `in_use` counts every block not yet reusable, including blocks freed behind an event that
+    has not completed (they still hold memory). `current_where` names what is running (the
+    executor sets it, e.g. 'forward of conv3'); allocations without a `where` of their own,
+    CuPy's in particular, report it when they fail.
+    """
+
+    def __init__(self, device, budget: int | None):
+        self.device = device
+        self.is_gpu = bool(device.is_gpu)
+        self.current_where = ""
+        self.peak = 0
+        self.allocs = 0
+        self.frees = 0
+        self._lock = threading.RLock()     # a data-loading thread may allocate through CuPy
+        self._live: dict[int, tuple[int, int]] = {}   # address -> (offset, size) of alloc()'d
+        self._routed: set[int] = set()     # offsets lent to CuPy through route_cupy
+        self._returned: deque[int] = deque()   # offsets CuPy has dropped, not yet released
+        self._pending = PendingFrees()
+        self._previous_allocator = None
+        self._installed = False
+        self._closed = False
+        if self.is_gpu:
+            self._reserve_gpu(budget)
+        else:
+            self._reserve_cpu(budget)
+        self._blocks = BlockList(ALIGNMENT)
+        self._blocks.add_region(self.capacity)
+
+    # ---- reserving the budget -----------------------------------------------------------------
+    @staticmethod
+    def _check_budget(budget) -> int:
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+            raise ConfigError(f"memory budget must be a whole number of bytes, got {budget!r}")
+        if budget < ALIGNMENT:
+            raise ConfigError(f"memory budget must be at least {ALIGNMENT} bytes, "
+                              f"got {int(budget)}")
+        return int(budget)
+
+    def _reserve_cpu(self, budget) -> None:
+        if budget is None:
+            raise ValueError("a CPU arena needs a budget; without one use make_allocator(), "
+                             "which returns a SimpleAllocator")
+        self.budget = self._check_budget(budget)
+        self.capacity = self.budget // ALIGNMENT * ALIGNMENT
+        # NumPy aligns arrays to 16 or 64 bytes; over-allocate and start at a 256-byte boundary.
+        raw = np.empty(self.capacity + ALIGNMENT, dtype=np.uint8)
+        skip = -raw.__array_interface__["data"][0] % ALIGNMENT
+        self._memory = raw[skip:skip + self.capacity]
+        self.base_address = _address(self._memory)
+
+    def _reserve_gpu(self, budget) -> None:
+        import cupy
+        self._cupy = cupy
+        self.device_id = cupy.cuda.Device().id
+        if budget is None:
+            # Cached blocks of CuPy's default pool are not free to the driver; give them back.
+            cupy.get_default_memory_pool().free_all_blocks()
+            free, total = cupy.cuda.runtime.memGetInfo()
+            if free <= GPU_SAFETY_MARGIN + ALIGNMENT:
+                raise DeviceError(f"the GPU has only {fmt_bytes(free)} free of "
+                                  f"{fmt_bytes(total)}, not more than the "
+                                  f"{fmt_bytes(GPU_SAFETY_MARGIN)} kept for the CUDA context "
+                                  f"and cuDNN; no memory is left for an arena")
+            budget = free - GPU_SAFETY_MARGIN
+        self.budget = self._check_budget(budget)
+        self.capacity = self.budget // ALIGNMENT * ALIGNMENT
+        try:
+            # cupy.cuda.Memory calls cudaMalloc directly, bypassing any pool or routed
+            # allocator; cudaMalloc returns at least 256-byte-aligned addresses.
+            self._memory = cupy.cuda.Memory(self.capacity)
+        except (cupy.cuda.runtime.CUDARuntimeError, MemoryError) as e:
+            free, total = cupy.cuda.runtime.memGetInfo()
+            raise ConfigError(f"cannot reserve a device arena of {fmt_bytes(self.capacity)}: "
+                              f"the GPU has {fmt_bytes(free)} free of {fmt_bytes(total)}; "
+                              f"choose a smaller memory budget ({e})") from e
+        self.base_address = self._memory.ptr
+
+    # ---- the allocator interface --------------------------------------------------------------
+    def alloc(self, nbytes: int, where: str = ""):
+        """A flat uint8 array of `nbytes` rounded up to 256 bytes, viewing the arena.
+
+        Raises MemoryBudgetError (naming `where`, or `current_where`) when no block fits even
+        after waiting for pending frees.
+        """
+        with self._lock:
+            offset, size = self._take(nbytes, where)
+            buf = self._view(offset, size)
+            self._live[_address(buf)] = (offset, size)
+            return buf
+
+    def free(self, buf, after=None) -> None:
+        """Give a buffer from `alloc` back.
+
+        after: None to make the block reusable now (any later use is ordered behind the
+        compute stream, which is where every arena buffer is written); or an event recorded
+        behind the last work that reads the block on another stream (an offload copy): the
+        block is reusable only once the event has completed.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            entry = self._live.pop(_address(buf), None)
+            if entry is None or entry[1] != buf.nbytes:
+                if entry is not None:
+                    self._live[_address(buf)] = entry
+                raise ValueError(f"free of a buffer this arena did not hand out (or freed "
+                                 f"twice): address 0x{_address(buf):x}, {buf.nbytes} bytes")
+            offset, _ = entry
+            if after is not None and not after.done:
+                self._pending.add(offset, after)
+            else:
+                self._release(offset)
+
+    def empty(self, shape, dtype, where: str = ""):
+        """(typed array of `shape` and `dtype`, the flat buffer to pass to `free`)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buf = self.alloc(nbytes, where)
+        return buf[:nbytes].view(dtype).reshape(shape), buf
+
+    @property
+    def in_use(self) -> int:
+        """Bytes in blocks not reusable now: live buffers, CuPy's arrays, pending frees."""
+        with self._lock:
+            self._drain_returned()
+            return self._blocks.used
+
+    def reset_peak(self) -> None:
+        self.peak = self.in_use
+
+    # ---- statistics ---------------------------------------------------------------------------
+    @property
+    def free_bytes(self) -> int:
+        with self._lock:
+            self._drain_returned()
+            return self._blocks.free
+
+    @property
+    def largest_free_block(self) -> int:
+        with self._lock:
+            self._drain_returned()
+            return self._blocks.largest_free
+
+    def fragmentation(self) -> float:
+        """1 - largest free block / total free (0 when nothing or one block is free)."""
+        with self._lock:
+            self._drain_returned()
+            return self._blocks.fragmentation()
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._drain_returned()
+            b = self._blocks
+            return {"budget": self.budget, "capacity": self.capacity, "in_use": b.used,
+                    "peak": self.peak, "free": b.free, "largest_free_block": b.largest_free,
+                    "fragmentation": b.fragmentation(), "num_blocks": b.num_allocated,
+                    "num_free_blocks": b.num_free_blocks, "pending": len(self._pending),
+                    "cupy_blocks": len(self._routed), "allocs": self.allocs,
+                    "frees": self.frees}
+
+    def owns(self, address: int) -> bool:
+        """True when a device (or host, on the CPU) address lies inside the arena."""
+        return self.base_address <= address < self.base_address + self.capacity
+
+    # ---- routing CuPy's allocator (GPU) -------------------------------------------------------
+    #
+    # Stream-ordering invariant. CuPy gives a block back as soon as Python drops the last
+    # array on it, although a kernel already queued on the compute stream may still read it.
+    # Handing the block out again at once is safe only because every use of a reused block is
+    # also queued on the compute stream, behind that kernel: all layer compute, CuPy
+    # temporaries and cuDNN workspaces run on the compute stream (device.compute, current while
+    # the executor runs). Blocks that copy streams (offload, prefetch) touch are not CuPy's:
+    # the manager takes them with alloc() and frees them with free(buf, after=event). Never
+    # create CuPy arrays with a copy stream current while routing is installed.
+
+    def install(self) -> None:
+        """Route every CuPy device allocation to this arena (until `uninstall`)."""
+        if not self.is_gpu or self._installed:
+            return
+        if self._closed:
+            raise RuntimeError("cannot route CuPy to a closed arena")
+        self._previous_allocator = self._cupy.cuda.get_allocator()
+        self._cupy.cuda.set_allocator(self._cupy_malloc)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        """Give CuPy back the allocator it had before `install`."""
+        if not self._installed:
+            return
+        self._cupy.cuda.set_allocator(self._previous_allocator)
+        self._previous_allocator = None
+        self._installed = False
+
+    @contextlib.contextmanager
+    def route_cupy(self):
+        """`with arena.route_cupy():` every CuPy allocation inside comes from the arena.
+
+        On the CPU there is nothing to route (NumPy temporaries are host memory): a no-op.
+        """
+        self.install()
+        try:
+            yield self
+        finally:
+            self.uninstall()
+
+    def _cupy_malloc(self, nbytes: int):
+        """CuPy's allocator interface: size in bytes -> cupy.cuda.MemoryPointer."""
+        cupy = self._cupy
+        if nbytes == 0:  # empty arrays: a null pointer, no cudaMalloc, nothing to budget
+            return cupy.cuda.MemoryPointer(cupy.cuda.Memory(0), 0)
+        with self._lock:
+            offset, size = self._take(nbytes, "")
+            self._routed.add(offset)
+        owner = _RoutedBlock(self._returned, offset, self._memory)
+        mem = cupy.cuda.UnownedMemory(self.base_address + offset, size, owner, self.device_id)
+        return cupy.cuda.MemoryPointer(mem, 0)
+
+    # ---- closing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drop the arena's reservation (and CuPy routing).
+
+        Memory still viewed by live arrays stays valid until they die (they hold a reference
+        to the allocation); only then is it returned to the device.
+        """
+        with self._lock:
+            self.uninstall()
+            self._closed = True
+            self._live.clear()
+            self._memory = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        return (f"Arena({self.device.kind}, budget {fmt_bytes(self.budget)}, in use "
+                f"{fmt_bytes(self.in_use)}, peak {fmt_bytes(self.peak)})")
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _take(self, nbytes: int, where: str) -> tuple[int, int]:
+        """Offset and size of a new block; the lock is held."""
+        if self._closed:
+            raise RuntimeError("allocation from a closed arena")
+        self._drain_returned()
+        self._pending.reclaim_done(self._release)
+        size = self._blocks.round(nbytes)
+        offset = self._blocks.allocate(size)
+        # Under pressure, wait for pending frees oldest first: each wait may free enough.
+        while offset is None and self._pending.wait_oldest(self._release):
+            offset = self._blocks.allocate(size)
+        if offset is None and self._routed:
+            # CuPy arrays caught in reference cycles hold blocks until the collector runs.
+            gc.collect()
+            self._drain_returned()
+            offset = self._blocks.allocate(size)
+        if offset is None:
+            raise self._budget_error(size, where or self.current_where)
+        self.allocs += 1
+        self.peak = max(self.peak, self._blocks.used)
+        return offset, size
+
+    def _release(self, offset: int) -> None:
+        self._blocks.release(offset)
+        self.frees += 1
+
+    def _drain_returned(self) -> None:
+        while self._returned:
+            offset = self._returned.popleft()
+            if offset in self._routed and not self._closed:
+                self._routed.discard(offset)
+                self._release(offset)
+
+    def _view(self, offset: int, size: int):
+        if self.is_gpu:
+            cupy = self._cupy
+            return cupy.ndarray((size,), dtype=cupy.uint8,
+                                memptr=cupy.cuda.MemoryPointer(self._memory, offset))
+        return self._memory[offset:offset + size]
+
+    def _budget_error(self, size: int, where: str) -> MemoryBudgetError:
+        b = self._blocks
+        if size > b.capacity:
+            detail = "the request alone is larger than the budget"
+        elif b.free >= size:
+            detail = (f"fragmentation: {fmt_bytes(b.free)} is free in total, but in "
+                      f"{b.num_free_blocks} pieces, the largest {fmt_bytes(b.largest_free)}")
+        else:
+            detail = f"{fmt_bytes(b.free)} free"
+        return MemoryBudgetError(size, b.used, self.budget, where, detail)

@@ -4,51 +4,189 @@ It owns the step's order and nothing else: every buffer comes from the memory ma
 number from a layer. This is the Python API the training loop and the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    ex = Executor(net, batch=32, device="auto", seed=0)
+    ex = Executor(net, batch=32, device="auto", seed=0, policy="all", memory_budget="4GiB")
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
     grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
+    ex.memory_stats()                     # peak device bytes, offloaded bytes, ...
+
+Memory: everything on the device comes out of one allocator. On the GPU that is always an
+Arena (of the budget, or of the free memory when no budget is given) with CuPy's allocator
+routed into it for the executor's lifetime, so parameters, gradients, optimizer state, cuDNN
+workspaces and temporaries are all counted; on the CPU, the arena when a budget is given and a
+counting SimpleAllocator otherwise, with parameters and gradients drawn from it as well.
+
+Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
+manager with receipts instead of memory and no layer compute, so the memory figures of networks
+far larger than this machine come out in seconds (parameters and gradients are counted;
+temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .backend import Device, select_device, to_numpy
-from .errors import DataError, ShapeError
 from . import kernels
+from .backend import Device, select_device, to_numpy
+from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .layers.base import StepContext
-from .memory.allocator import SimpleAllocator
+from .memory.allocator import CountingAllocator
+from .memory.arena import make_allocator
+from .memory.host import HostSlab
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
+from .memory.policy import get_policy
 from .network import DATA, LABEL, Network
 
 
 class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
-    Parameters move to the device here; `net.state_dict()` reads them back.
+    memory_budget: bytes (int or '12GiB') for everything on the device, or None.
+    policy: 'none' | 'all' | 'conv' or a memory.policy.Policy. prefetch_lookahead: layers
+    ahead that backward brings offloaded maps back (0: only on demand). trace: keep a
+    trace.Tracer in `self.tracer`. compute=False: dry run (simulate_step only).
+    host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
+    math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
+    the kernel module, so it stays in force for later executors too).
+
+    Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
+    them back to host memory and releases the device memory.
     """
 
     def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | None = None):
+                 memory_budget: int | str | None = None, policy="none",
+                 prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
+                 host_limit: int | str | None = None, math: str | None = None,
+                 deterministic: bool | None = None):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
+        self.compute = bool(compute)
+        if isinstance(memory_budget, str):
+            memory_budget = parse_bytes(memory_budget)
+        if isinstance(host_limit, str):
+            host_limit = parse_bytes(host_limit)
+        if prefetch_lookahead is None or int(prefetch_lookahead) < 0:
+            raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
+                              f"got {prefetch_lookahead!r}")
+        self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
+        if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
+            opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
+                    if v is not None}
+            self.kernels.configure(**opts)
         self.plan = LivenessPlan(net, self.batch)
-        self.allocator = SimpleAllocator(self.xp, memory_budget)
-        params = net.parameters()
-        if any(p.data is None for _, p in params):
-            net.init_params(self.seed)
-        for _, p in params:
-            p.data = self.device.asarray(p.data, dtype=net.dtype)
-            p.grad = self.xp.zeros_like(p.data)
-        self.manager = MemoryManager(self.plan, self.device, self.allocator)
+        self.policy = get_policy(policy)
+        self.decision = self.policy.decide(self.plan, memory_budget)
+        for name, algo in self.decision.conv_algo.items():
+            net.node(name).layer.algo = algo
+
+        self.host = self._make_host(host_limit)
+        self._routed = False
+        self._param_bufs: list = []
+        self.allocator = self._make_allocator(memory_budget)
+        try:  # from here on, a failure must give the device memory (and CuPy's routing) back
+            self._place_parameters()
+            self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
+                                         offload=self.decision.offload,
+                                         prefetch_lookahead=int(prefetch_lookahead),
+                                         dry=not self.compute)
+        except BaseException:
+            self._release_device_memory()
+            raise
+        self.tracer = None
+        if trace:
+            self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
         self._outputs = None
         self._in_step = False
+        self._closed = False
+
+    # ---- memory set-up ----------------------------------------------------------------------------
+    def _make_allocator(self, budget):
+        """The dry run counts receipts; otherwise an Arena (GPU, or any budget) with CuPy's
+        allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
+        if not self.compute:
+            return CountingAllocator(budget)
+        allocator = make_allocator(self.device, budget)
+        if self.device.is_gpu:
+            allocator.install()  # every CuPy allocation now comes out of the arena
+            self._routed = True
+        return allocator
+
+    def _make_host(self, limit):
+        return CountingAllocator(limit) if not self.compute else HostSlab(self.device, limit)
+
+    def _place_parameters(self) -> None:
+        """Parameters and their gradients out of the device allocator (counted, budgeted)."""
+        params = self.net.parameters()
+        if not self.compute:
+            for name, p in params:
+                for what in ("parameter", "gradient of"):
+                    self._param_bufs.append(self.allocator.alloc(
+                        int(np.prod(p.shape, dtype=np.int64)) * self.net.dtype.itemsize,
+                        f"{what} {name}"))
+            return
+        if any(p.data is None for _, p in params):
+            self.net.init_params(self.seed)
+        for name, p in params:
+            values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
+            data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
+            self._param_bufs.append(buf)
+            grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
+            self._param_bufs.append(gbuf)
+            if self.device.is_gpu:
+                with self.device.compute:
+                    data.set(values, stream=self.device.compute)
+                    grad.fill(0)
+            else:
+                data[...] = values
+                grad.fill(0)
+            p.data, p.grad = data, grad
+
+    def _release_device_memory(self) -> None:
+        for buf in self._param_bufs:
+            self.allocator.free(buf)
+        self._param_bufs = []
+        if self._routed:
+            self.allocator.uninstall()
+            self._routed = False
+        if hasattr(self.allocator, "close"):
+            self.allocator.close()
+
+    def close(self) -> None:
+        """Bring parameters back to host memory (NumPy) and release all device memory."""
+        if self._closed:
+            return
+        self.manager.close()
+        self.device.synchronize()
+        if self.compute:
+            for _, p in self.net.parameters():
+                p.data = np.array(to_numpy(p.data), copy=True)
+                p.grad = None
+        self._release_device_memory()
+        if hasattr(self.host, "close"):
+            self.host.close()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def enable_trace(self, on: bool = True, max_steps: int | None = None):
+        """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
+        if on:
+            from .trace import Tracer
+            self.tracer = Tracer(self.device, max_steps=max_steps)
+        else:
+            self.tracer = None
+        self.manager.tracer = self.tracer
+        return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
     def _check_batch(self, x, labels) -> None:
@@ -72,28 +210,89 @@ class Executor:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device)
 
+    def _need_compute(self, what: str) -> None:
+        if not self.compute:
+            raise ConfigError(f"{what}() needs an executor that computes; this one was made with "
+                              f"compute=False (a dry run): use simulate_step()")
+        if self._closed:
+            raise ConfigError(f"{what}() on a closed executor")
+
+    def _set_where(self, where: str) -> None:
+        self.allocator.current_where = where
+
+    def _sample(self, at, phase: str, layer: str, when: str) -> None:
+        self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
+                           self.manager.resident_bytes)
+
+    def _run_forward(self, ctx, train: bool) -> None:
+        """The forward loop (ctx None: dry run, no compute)."""
+        mm, tracer, compute = self.manager, self.tracer, self.device.compute
+        for i, node in enumerate(self.plan.nodes):
+            where = f"forward of {node.name}"
+            self._set_where(where)
+            xs, y, aux = mm.forward_buffers(i)
+            if tracer:
+                t0 = tracer.mark(compute)
+                self._sample(t0, "forward", node.name, "start")
+            if ctx is not None:
+                node.layer.forward(xs, y, aux, ctx)
+            mm.after_forward(i)
+            if tracer:
+                t1 = tracer.mark(compute)
+                tracer.layer("forward", node.name, i, t0, t1)
+                self._sample(t1, "forward", node.name, "end")
+        self._set_where("")
+
+    def _run_backward(self, ctx) -> None:
+        mm, tracer, compute = self.manager, self.tracer, self.device.compute
+        for i in reversed(range(len(self.plan.nodes))):
+            node = self.plan.nodes[i]
+            self._set_where(f"backward of {node.name}")
+            xs, y, gy, gxs, aux = mm.backward_buffers(i)
+            if tracer:
+                t0 = tracer.mark(compute)
+                self._sample(t0, "backward", node.name, "start")
+            if ctx is not None:
+                node.layer.backward(xs, y, gy, gxs, aux, ctx)
+            mm.after_backward(i)
+            if tracer:
+                t1 = tracer.mark(compute)
+                tracer.layer("backward", node.name, i, t0, t1)
+                self._sample(t1, "backward", node.name, "end")
+        self._set_where("")
+
+    def _abort(self) -> None:
+        """After an error inside a step: release the step's buffers so the next step starts clean."""
+        self._set_where("")
+        self.manager.end_step()
+        self._in_step = False
+
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
         logits so that `outputs()` can read them.
         """
+        self._need_compute("forward")
         self._check_batch(x, labels)
         if self._in_step:  # a forward without its backward: drop that step's buffers
             self.manager.end_step()
+            self._in_step = False
         mm = self.manager
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
-        mm.begin_step(train, keep)
-        mm.write_input(DATA, x)
-        mm.write_input(LABEL, labels)
-        ctx = self._ctx(train)
-        with self.device.compute:
-            for i, node in enumerate(self.plan.nodes):
-                xs, y, aux = mm.forward_buffers(i)
-                node.layer.forward(xs, y, aux, ctx)
-                mm.after_forward(i)
-            loss = mm.view(self.net.loss_node.name).copy()
-            self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
+        if self.tracer:
+            self.tracer.begin_step(self.step)
+        try:
+            with self.device.compute:
+                mm.begin_step(train, keep)
+                mm.write_input(DATA, x)
+                mm.write_input(LABEL, labels)
+                self._run_forward(self._ctx(train), train)
+                loss = mm.view(self.net.loss_node.name).copy()
+                self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
+        except BaseException:
+            self._abort()
+            raise
         self._in_step = train
         if not train:
             mm.end_step()
@@ -101,23 +300,26 @@ class Executor:
 
     def backward(self) -> None:
         """Backward of the last training forward: fills every parameter's `.grad`."""
+        self._need_compute("backward")
         if not self._in_step:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
-        mm = self.manager
-        ctx = self._ctx(True)
-        with self.device.compute:
-            for i in reversed(range(len(self.plan.nodes))):
-                xs, y, gy, gxs, aux = mm.backward_buffers(i)
-                self.plan.nodes[i].layer.backward(xs, y, gy, gxs, aux, ctx)
-                mm.after_backward(i)
-        mm.end_step()
+        try:
+            with self.device.compute:
+                self._run_backward(self._ctx(True))
+                self.manager.end_step()
+        except BaseException:
+            self._abort()
+            raise
         self._in_step = False
 
     def train_step(self, x, labels, optimizer):
         """forward, backward, optimizer update; returns the loss (0-d device array)."""
         loss = self.forward(x, labels, train=True)
         self.backward()
-        optimizer.step()
+        self._set_where("optimizer step")
+        with self.device.compute:
+            optimizer.step()
+        self._set_where("")
         self.step += 1
         return loss
 
@@ -125,6 +327,32 @@ class Executor:
         """(loss, logits as NumPy) in evaluation mode (dropout off)."""
         loss = self.forward(x, labels, train=False, keep_outputs=True)
         return float(loss), self.outputs()
+
+    def simulate_step(self, train: bool = True) -> dict:
+        """Walk one step through the memory manager without computing any layer.
+
+        Allocation, offload, prefetch and release happen exactly as in a real step (on a dry
+        executor with receipts instead of memory); returns `memory_stats()`.
+        """
+        if self._in_step:
+            self.manager.end_step()
+            self._in_step = False
+        mm = self.manager
+        if self.tracer:
+            self.tracer.begin_step(self.step)
+        try:
+            with self.device.compute:
+                mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it
+                mm.write_input(DATA, None)
+                mm.write_input(LABEL, None)
+                self._run_forward(None, train)
+                if train:
+                    self._run_backward(None)
+                mm.end_step()
+        except BaseException:
+            self._abort()
+            raise
+        return self.memory_stats()
 
     # ---- reading results ---------------------------------------------------------------------
     def outputs(self) -> np.ndarray:
@@ -140,3 +368,47 @@ class Executor:
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""
         return self.net.parameters()
+
+    def settled_in_use(self) -> int:
+        """Device bytes in use once every copy in flight has finished.
+
+        Synchronizes the device and lets the allocator take back blocks that were freed behind
+        copies (it does so lazily, at its next allocation). For checks and benchmarks (does
+        every step return to the same level?), not for the hot path.
+        """
+        self.device.synchronize()
+        probe = self.allocator.alloc(1, "settled_in_use")  # an alloc reclaims finished frees
+        self.allocator.free(probe)
+        return int(self.allocator.in_use)
+
+    def memory_stats(self) -> dict:
+        """Memory figures; per-step ones are of the last step.
+
+        peak_device_bytes: highest bytes in the device allocator since this executor was made
+        (everything it holds: parameters, gradients, optimizer state, feature maps, and on the
+        GPU workspaces and temporaries). peak_/avg_feature_map_bytes: feature maps + aux +
+        gradient maps on the device, highest and mean over the layer calls of the step.
+        offloaded_bytes / prefetched_bytes: copied to host / back (on-demand fetches included).
+        network_wide_bytes: every feature map, aux and gradient buffer allocated for the whole
+        step (the allocation vDNN compares against); liveness_peak_bytes: the peak when each
+        buffer lives exactly from its first write to its last read, nothing offloaded.
+        """
+        st = self.manager.stats
+        frag = self.allocator.fragmentation() if hasattr(self.allocator, "fragmentation") else 0.0
+        return {
+            "peak_device_bytes": int(self.allocator.peak),
+            "device_in_use_bytes": int(self.allocator.in_use),
+            "memory_budget_bytes": self.memory_budget,
+            "peak_feature_map_bytes": int(st.peak_feature_map_bytes),
+            "avg_feature_map_bytes": float(st.avg_feature_map_bytes),
+            "offloaded_bytes": int(st.offloaded_bytes),
+            "prefetched_bytes": int(st.prefetched_bytes),
+            "on_demand_fetches": int(st.on_demand_fetches),
+            "on_demand_bytes": int(st.on_demand_bytes),
+            "network_wide_bytes": int(self.plan.network_wide_bytes()),
+            "liveness_peak_bytes": int(self.plan.liveness_peak_bytes()),
+            "host_peak_bytes": int(getattr(self.host, "peak", 0)),
+            "fragmentation": float(frag),
+            "policy": self.policy.name,
+            "offload_storages": len(self.decision.offload),
+        }

@@ -5,7 +5,9 @@
     w = w - lr * v
 
 Momentum buffers live beside the parameters on the same device; `state_dict()` returns them as
-NumPy arrays for checkpoints.
+NumPy arrays for checkpoints. Given the executor's allocator (`SGD(..., allocator=ex.allocator)`)
+they come out of it, so the memory budget and `peak_device_bytes` count them on the CPU too (on
+the GPU every CuPy allocation is routed into the arena anyway).
 """
 from __future__ import annotations
 
@@ -16,14 +18,31 @@ from .errors import CheckpointError, ConfigError
 
 
 class SGD:
-    def __init__(self, params, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0):
-        """params: [(name, Parameter)] as `Network.parameters()` returns them."""
+    def __init__(self, params, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
+                 allocator=None):
+        """params: [(name, Parameter)] as `Network.parameters()` returns them; allocator: where
+        momentum buffers come from (anything with `empty(shape, dtype, where) -> (array, buf)`,
+        e.g. `Executor.allocator`); None: the parameters' array module."""
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ConfigError(f"SGD needs lr > 0, 0 <= momentum < 1, weight_decay >= 0; got "
                               f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}")
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.allocator = allocator
         self.velocity: dict[str, object] = {}
+        self._buffers: dict[str, object] = {}   # allocator buffers behind `velocity`
+
+    def _new_velocity(self, name: str, like, values):
+        """A momentum buffer shaped like `like`, holding `values`."""
+        if self.allocator is None:
+            xp = get_array_module(like)
+            return xp.array(values, copy=True)
+        old = self._buffers.pop(name, None)
+        if old is not None:  # replaced by load_state_dict: give the old one back
+            self.allocator.free(old)
+        v, self._buffers[name] = self.allocator.empty(like.shape, like.dtype, f"momentum of {name}")
+        v[...] = values
+        return v
 
     def step(self) -> None:
         for name, p in self.params:
@@ -34,7 +53,7 @@ class SGD:
             if self.momentum:
                 v = self.velocity.get(name)
                 if v is None:
-                    v = self.velocity[name] = xp.array(g, copy=True)
+                    v = self.velocity[name] = self._new_velocity(name, p.data, g)
                 else:
                     v *= p.data.dtype.type(self.momentum)
                     v += g
@@ -55,6 +74,9 @@ class SGD:
         self.momentum = float(state["momentum"])
         self.weight_decay = float(state["weight_decay"])
         self.velocity = {}
+        for buf in self._buffers.values():
+            self.allocator.free(buf)
+        self._buffers = {}
         for name, p in self.params:
             if name in state["velocity"]:
                 v = np.asarray(state["velocity"][name])
@@ -62,4 +84,5 @@ class SGD:
                     raise CheckpointError(f"momentum of {name!r} has shape {v.shape}, "
                                           f"parameter has {tuple(p.data.shape)}")
                 xp = get_array_module(p.data)
-                self.velocity[name] = xp.asarray(v.astype(p.data.dtype))
+                self.velocity[name] = self._new_velocity(name, p.data,
+                                                         xp.asarray(v.astype(p.data.dtype)))

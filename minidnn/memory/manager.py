@@ -1,41 +1,247 @@
-"""The memory manager: owns every feature-map buffer of a step and frees each one on time.
+"""The memory manager: owns every feature-map buffer of a step, frees each one on time, and
+moves the ones its policy chose to host memory between their forward and backward use (vDNN).
 
 The executor asks it for buffers around each layer call; it answers from the liveness plan
-(memory/plan.py). Buffers come from the allocator, are viewed with each tensor's shape and
-dtype, and go back to the allocator right after their last use: in forward when backward
-does not need them, in backward once consumed. Gradients of tensors read by several layers
-(branches) are summed here, so layers only ever write their own result.
+(memory/plan.py) and the policy's decision (memory/policy.py). Buffers come from the device
+allocator (the arena), are viewed with each tensor's shape and dtype, and go back right after
+their last use: in forward when backward does not need them, in backward once consumed.
+Gradients of tensors read by several layers (branches) are summed here, so layers only ever
+write their own result.
+
+Offload and prefetch, and the stream/event rules that make them safe without ever blocking
+the host (on the CPU every stream and event is a no-op stand-in and copies happen at once, so
+the same code gives the exact residency pattern):
+
+* offload (forward): after a storage's last forward write, an event recorded on the compute
+  stream behind that layer's kernels; the offload stream waits on it and copies device -> host
+  (pinned). When the storage's last forward reader has been issued, its device block is
+  released with `free(buf, after=offload_done)`: the arena hands the block out again only once
+  the copy has finished, and every later compute use is ordered after the reader by the
+  compute stream itself.
+* prefetch (backward): before launching layer i's kernels, the manager copies back the
+  offloaded maps of the next `lookahead` layers (stopping at a convolution, as vDNN does) on the
+  prefetch stream, which first waits on (a) an event recorded on compute at that moment, since
+  the destination block may have been freed by compute work still in flight, and (b) the
+  offload that filled the host copy. Layer i's compute then waits on the prefetch events of the
+  maps it reads. A map that was not prefetched is fetched on demand (a stall, counted).
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..network import DATA, LABEL
-from .plan import LivenessPlan
+from ..errors import MemoryBudgetError
+from .plan import LivenessPlan, StoragePlan
+
+# cudaMemcpyKind values (fixed by the CUDA runtime API).
+_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
+
+
+class FeatureMap:
+    """One storage's bytes and where they are (Caffe's SyncedMemory).
+
+    state: 'freed' (nowhere), 'device', 'host' (offloaded, device block released) or 'both'.
+    On the GPU 'both' right after an offload means the copy is issued; `offloaded` says when
+    it is done. Events (CUDA events on GPU, always-done stand-ins on CPU):
+      offloaded    offload stream, after the device -> host copy
+      fetched      prefetch stream, after the host -> device copy
+      device_busy  the copy that still reads or writes the device block (None once compute
+                   has waited on it: from then on compute's own order protects the block)
+      host_busy    the copy that still reads or writes the host block
+    history: [(time, state)] of this step, for tests and traces.
+    """
+
+    __slots__ = ("plan", "device", "host", "offloaded", "fetched", "device_busy", "host_busy",
+                 "compute_waited", "history")
+
+    def __init__(self, plan: StoragePlan):
+        self.plan = plan
+        self.device = None
+        self.host = None
+        self.offloaded = None
+        self.fetched = None
+        self.device_busy = None
+        self.host_busy = None
+        self.compute_waited = True
+        self.history: list[tuple[int, str]] = []
+
+    @property
+    def sid(self) -> int:
+        return self.plan.id
+
+    @property
+    def nbytes(self) -> int:
+        return self.plan.nbytes
+
+    @property
+    def name(self) -> str:
+        return self.plan.tensors[0]
+
+    @property
+    def state(self) -> str:
+        if self.device is not None:
+            return "both" if self.host is not None else "device"
+        return "host" if self.host is not None else "freed"
+
+    def note(self, time: int) -> None:
+        self.history.append((time, self.state))
+
+    def __repr__(self) -> str:
+        return f"FeatureMap({self.name!r}, {self.nbytes} B, {self.state})"
+
+
+class Mover:
+    """Issues the copies between device and host with the events that order them.
+
+    allocator: the device arena; host: the pinned host slab; both take `free(buf, after=event)`
+    and reuse a block only once the event is done. Nothing here blocks the host. `dry`: count
+    bytes but copy nothing (the buffers are receipts from a CountingAllocator).
+    """
+
+    def __init__(self, device, allocator, host, dry: bool = False, tracer=None):
+        self.device = device
+        self.allocator = allocator
+        self.host = host
+        self.dry = dry
+        self.tracer = tracer
+
+    # ---- the two copies --------------------------------------------------------------------------
+    def offload(self, fm: FeatureMap, time: int) -> None:
+        """Start the device -> host copy of `fm` behind everything compute has been given."""
+        dev = self.device
+        written = dev.event()
+        written.record(dev.compute)          # behind the last writer's kernels
+        dev.offload.wait_event(written)
+        fm.host = self.host.alloc(fm.nbytes)
+        start = self.tracer.mark(dev.offload) if self.tracer else None
+        self._copy(fm.host, fm.device, fm.nbytes, _DEVICE_TO_HOST, dev.offload)
+        done = dev.event()
+        done.record(dev.offload)
+        if self.tracer:
+            self.tracer.copy("offload", fm.name, start, self.tracer.mark(dev.offload), fm.nbytes)
+        fm.offloaded = fm.device_busy = fm.host_busy = done
+        fm.note(time)
+
+    def fetch(self, fm: FeatureMap, time: int, where: str) -> None:
+        """Allocate a device block for `fm` and start the host -> device copy into it."""
+        dev = self.device
+        fm.device = self.allocator.alloc(fm.nbytes, where)
+        # The block may have been freed by compute work that is still running; and the host copy
+        # must be complete. The prefetch stream waits for both, not the host.
+        issued = dev.event()
+        issued.record(dev.compute)
+        dev.prefetch.wait_event(issued)
+        if fm.offloaded is not None:
+            dev.prefetch.wait_event(fm.offloaded)
+        start = self.tracer.mark(dev.prefetch) if self.tracer else None
+        self._copy(fm.device, fm.host, fm.nbytes, _HOST_TO_DEVICE, dev.prefetch)
+        done = dev.event()
+        done.record(dev.prefetch)
+        if self.tracer:
+            self.tracer.copy("prefetch", fm.name, start, self.tracer.mark(dev.prefetch), fm.nbytes)
+        fm.fetched = fm.device_busy = fm.host_busy = done
+        fm.compute_waited = False
+        fm.note(time)
+
+    def wait(self, fm: FeatureMap) -> None:
+        """Make compute wait for `fm`'s prefetch (once)."""
+        if not fm.compute_waited:
+            self.device.compute.wait_event(fm.fetched)
+            fm.compute_waited = True
+            fm.device_busy = None
+
+    def _copy(self, dst, src, nbytes: int, kind: int, stream) -> None:
+        if self.dry:
+            return
+        if self.device.is_gpu:
+            from cupy.cuda import runtime
+            if kind == _DEVICE_TO_HOST:
+                dst_ptr, src_ptr = dst.ctypes.data, src.data.ptr
+            else:
+                dst_ptr, src_ptr = dst.data.ptr, src.ctypes.data
+            runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, stream.ptr)
+        else:
+            dst[:nbytes] = src[:nbytes]
+
+    # ---- releasing -----------------------------------------------------------------------------
+    def release_device(self, fm: FeatureMap) -> None:
+        if fm.device is not None:
+            # After an offload the block is reused only once the copy has read it.
+            self.allocator.free(fm.device, after=fm.device_busy)
+            fm.device, fm.device_busy = None, None
+
+    def release_host(self, fm: FeatureMap) -> None:
+        if fm.host is not None:
+            # A copy may still read (prefetch) or write (offload) the host block.
+            self.host.free(fm.host, after=fm.host_busy)
+            fm.host, fm.host_busy, fm.offloaded = None, None, None
+
+
+@dataclass
+class StepMemoryStats:
+    """What one step did with memory (reset by begin_step).
+
+    samples: one (phase, node index, bytes) per layer call, phase 'forward' or 'backward',
+    bytes = feature maps + aux + gradient maps resident on the device during that call.
+    prefetched_bytes counts every host -> device copy, on-demand ones included.
+    """
+    offloaded_bytes: int = 0
+    prefetched_bytes: int = 0
+    on_demand_fetches: int = 0
+    on_demand_bytes: int = 0
+    deferred_prefetches: int = 0
+    peak_feature_map_bytes: int = 0
+    samples: list = field(default_factory=list)
+
+    @property
+    def avg_feature_map_bytes(self) -> float:
+        """The paper's average: mean over the step's layer calls of resident feature-map bytes."""
+        return float(np.mean([b for _, _, b in self.samples])) if self.samples else 0.0
+
+    def phase_bytes(self, phase: str) -> list[int]:
+        return [b for p, _, b in self.samples if p == phase]
 
 
 class MemoryManager:
-    """Runtime side of a LivenessPlan.
+    """Runtime side of a LivenessPlan and a policy's offload set.
 
     Call order for one step (the executor does this):
         begin_step(train) ; write_input(DATA, x) ; write_input(LABEL, y)
         for i in forward order:   forward_buffers(i) -> compute -> after_forward(i)
         for i in reverse order:   backward_buffers(i) -> compute -> after_backward(i)
         end_step()
+
+    offload: storage ids to move to host between forward and backward (training steps only).
+    prefetch_lookahead: how many layers ahead backward brings offloaded maps back (0: only on
+    demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
+    copied and views are None (for simulate_step).
     """
 
-    def __init__(self, plan: LivenessPlan, device, allocator):
+    def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
+                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None):
+        if prefetch_lookahead < 0:
+            raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
         self.device = device
         self.xp = device.xp
         self.allocator = allocator
-        self.bufs: dict[int, object] = {}          # storage id -> flat uint8 device buffer
+        if host is None:
+            from .allocator import SimpleAllocator
+            host = SimpleAllocator(np)
+        self.host = host
+        self.dry = dry
+        self.prefetch_lookahead = int(prefetch_lookahead)
+        self.maps = [FeatureMap(s) for s in plan.storages]
+        self.mover = Mover(device, allocator, host, dry=dry)
+        self.tracer = tracer
         self.train = True
         self.keep: set[int] = set()
-        self.live_bytes = 0                        # feature maps, aux, grads, inputs
-        self.peak_bytes = 0
+        self.time = -1
+        self.resident_bytes = 0                    # feature maps, aux, grads, inputs on device
+        self.stats = StepMemoryStats()
+        self.log: list[tuple[int, str, int]] = []  # (time, 'alloc'|'free'|'offload'|'evict'|'fetch', sid)
         n = plan.num_nodes
         # Storages that die at each time of the step, for training and for evaluation.
         self._frees_train: dict[int, list[int]] = defaultdict(list)
@@ -46,34 +252,131 @@ class MemoryManager:
                 self._frees_eval[s.last_forward_use].append(s.id)
         self._last_time = 2 * n - 1
         self._grad_written: set[str] = set()
-        self._pending_sums: list[tuple[object, object]] = []
+        self._pending_sums: list[tuple[object, object, object, int]] = []
+        self.set_offload(offload)
+
+    @property
+    def tracer(self):
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer) -> None:
+        self._tracer = tracer
+        self.mover.tracer = tracer
+
+    def set_offload(self, offload) -> None:
+        """Choose the storages to offload (applies from the next step on)."""
+        offload = frozenset(int(s) for s in offload)
+        for sid in offload:
+            s = self.plan.storages[sid]
+            if s.kind == "grad" or not s.needed_in_backward:
+                raise ValueError(f"storage {sid} ({s.tensors[0]}) cannot be offloaded: only "
+                                 f"feature maps that backward reads can")
+        self.offload = offload
+        self._offload_after: dict[int, list[int]] = defaultdict(list)  # last forward write -> sids
+        self._evict_after: dict[int, list[int]] = defaultdict(list)    # last forward use -> sids
+        for sid in sorted(offload):
+            s = self.plan.storages[sid]
+            self._offload_after[s.last_forward_write].append(sid)
+            self._evict_after[s.last_forward_use].append(sid)
 
     # ---- buffers ------------------------------------------------------------------------------
     def _ensure(self, sid: int, where: str):
-        buf = self.bufs.get(sid)
-        if buf is None:
-            s = self.plan.storages[sid]
-            buf = self.allocator.alloc(s.nbytes, where)
-            self.bufs[sid] = buf
-            self.live_bytes += s.nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        return buf
+        fm = self.maps[sid]
+        if fm.device is None:
+            if fm.host is not None:  # offloaded and needed again before anyone prefetched it
+                self._fetch(fm, where, on_demand=True)
+            else:
+                fm.device = self.allocator.alloc(fm.nbytes, where)
+                self._count(fm.nbytes)
+                self.log.append((self.time, "alloc", sid))
+                fm.note(self.time)
+        return fm.device
+
+    def _count(self, delta: int) -> None:
+        self.resident_bytes += delta
+        if self.resident_bytes > self.stats.peak_feature_map_bytes:
+            self.stats.peak_feature_map_bytes = self.resident_bytes
 
     def _release(self, sid: int) -> None:
-        buf = self.bufs.pop(sid, None)
-        if buf is not None:
-            self.allocator.free(buf)
-            self.live_bytes -= self.plan.storages[sid].nbytes
+        fm = self.maps[sid]
+        if fm.device is None and fm.host is None:
+            return
+        if fm.device is not None:
+            self.mover.release_device(fm)
+            self._count(-fm.nbytes)
+            self.log.append((self.time, "free", sid))
+        self.mover.release_host(fm)
+        fm.note(self.time)
+
+    def _view(self, fm: FeatureMap, tensor: str):
+        if self.dry:
+            return None
+        t = self.plan.tensors[tensor]
+        n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+        return fm.device[:n].view(t.dtype).reshape(t.shape)
 
     def view(self, tensor: str, where: str = ""):
         """The tensor as an array of its shape and dtype (allocating its storage if needed)."""
-        t = self.plan.tensors[tensor]
-        buf = self._ensure(t.storage, where or tensor)
-        n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-        return buf[:n].view(t.dtype).reshape(t.shape)
+        sid = self.plan.tensors[tensor].storage
+        self._ensure(sid, where or tensor)
+        return self._view(self.maps[sid], tensor)
 
     def has(self, tensor: str) -> bool:
-        return self.plan.tensors[tensor].storage in self.bufs
+        """True when the tensor's bytes are on the device now."""
+        return self.maps[self.plan.tensors[tensor].storage].device is not None
+
+    def state(self, tensor: str) -> str:
+        """'device', 'host', 'both' or 'freed'."""
+        return self.maps[self.plan.tensors[tensor].storage].state
+
+    # ---- moving -----------------------------------------------------------------------------
+    def _offload(self, sid: int) -> None:
+        fm = self.maps[sid]
+        self.mover.offload(fm, self.time)
+        self.stats.offloaded_bytes += fm.nbytes
+        self.log.append((self.time, "offload", sid))
+
+    def _evict(self, sid: int) -> None:
+        """Release the device copy of an offloaded storage (once its copy is done)."""
+        fm = self.maps[sid]
+        if fm.device is not None:
+            self.mover.release_device(fm)
+            self._count(-fm.nbytes)
+            self.log.append((self.time, "evict", sid))
+            fm.note(self.time)
+
+    def _fetch(self, fm: FeatureMap, where: str, on_demand: bool) -> None:
+        self.mover.fetch(fm, self.time, where)
+        self._count(fm.nbytes)
+        self.stats.prefetched_bytes += fm.nbytes
+        if on_demand:
+            self.stats.on_demand_fetches += 1
+            self.stats.on_demand_bytes += fm.nbytes
+        self.log.append((self.time, "fetch", fm.sid))
+
+    def _offloading(self, sid: int) -> bool:
+        return self.train and sid not in self.keep
+
+    def _prefetch_window(self, i: int) -> None:
+        """vDNN's prefetch: bring back the offloaded maps of the next layers of backward.
+
+        Looks at nodes i-1, i-2, ... (at most `prefetch_lookahead` of them) and stops after the
+        first convolution, so that maps do not come back long before they are needed. A prefetch
+        that does not fit the budget now is left for later (it will be fetched on demand).
+        """
+        for j in range(i - 1, max(i - 1 - self.prefetch_lookahead, -1), -1):
+            for sid in self.plan.backward_reads[j]:
+                fm = self.maps[sid]
+                if fm.device is None and fm.host is not None:
+                    try:
+                        self._fetch(fm, f"prefetch for backward of {self.plan.nodes[j].name}",
+                                    on_demand=False)
+                    except MemoryBudgetError:
+                        self.stats.deferred_prefetches += 1
+                        return
+            if self.plan.nodes[j].layer.kind == "conv":
+                return
 
     # ---- step ---------------------------------------------------------------------------------
     def begin_step(self, train: bool = True, keep: tuple[str, ...] = ()) -> None:
@@ -81,42 +384,72 @@ class MemoryManager:
         self.train = train
         self.keep = {self.plan.tensors[k].storage for k in keep}
         self._grad_written.clear()
+        self.stats = StepMemoryStats(peak_feature_map_bytes=self.resident_bytes)
+        self.log = []
+        self.time = -1
+        for fm in self.maps:
+            fm.history = []
 
-    def write_input(self, name: str, host_array) -> None:
-        """Copy a host (or device) batch into the `data` / `label` buffer."""
-        dst = self.view(name)
-        if self.device.is_gpu and isinstance(host_array, np.ndarray):
-            dst.set(np.ascontiguousarray(host_array, dtype=dst.dtype), stream=self.device.compute)
+    def write_input(self, name: str, array) -> None:
+        """Copy a host (or device) batch into the `data` / `label` buffer (None: only allocate)."""
+        dst = self.view(name, where=f"input {name}")
+        if array is None or self.dry:
+            return
+        if self.device.is_gpu and isinstance(array, np.ndarray):
+            dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
         else:
             with self.device.compute:
-                dst[...] = host_array
+                dst[...] = array
 
     def forward_buffers(self, i: int):
         """(inputs, output, aux) of node i for its forward."""
+        self.time = i
+        if i == 0 and self.train:
+            # Graph inputs were written before the first layer: start their offloads now, so
+            # the copy overlaps the first layer's compute.
+            for sid in self._offload_after.get(-1, ()):
+                if self._offloading(sid) and self.maps[sid].device is not None:
+                    self._offload(sid)
         node = self.plan.nodes[i]
-        xs = [self.view(name) for name in node.inputs]
-        y = self.view(node.name, where=f"forward of {node.name}")
-        aux = {a: self.view(f"{node.name}:{a}", where=f"forward of {node.name}")
-               for a in node.layer.aux_specs()}
+        where = f"forward of {node.name}"
+        xs = [self.view(name, where) for name in node.inputs]
+        y = self.view(node.name, where)
+        aux = {a: self.view(f"{node.name}:{a}", where) for a in node.layer.aux_specs()}
+        self.stats.samples.append(("forward", i, self.resident_bytes))
         return xs, y, aux
 
     def after_forward(self, i: int) -> None:
+        if self.train:
+            for sid in self._offload_after.get(i, ()):
+                if self._offloading(sid):
+                    self._offload(sid)
         frees = self._frees_train[i] if self.train else self._frees_eval[i]
         for sid in frees:
             if sid not in self.keep:
                 self._release(sid)
+        if self.train:
+            for sid in self._evict_after.get(i, ()):
+                if self._offloading(sid) and self.maps[sid].host is not None:
+                    self._evict(sid)
 
     def backward_buffers(self, i: int):
         """(retained inputs, retained output, grad output, grad inputs, aux) of node i."""
+        self.time = self.plan.backward_time(i)
         node = self.plan.nodes[i]
         layer = node.layer
         where = f"backward of {node.name}"
+        reads = self.plan.backward_reads[i]
+        for sid in reads:  # what this layer reads must be on its way before anything else
+            self._ensure(sid, where)
+        self._prefetch_window(i)
+        for sid in reads:
+            self.mover.wait(self.maps[sid])
         xs = [self.view(name) if k in layer.retain_inputs else None
               for k, name in enumerate(node.inputs)]
         y = self.view(node.name) if layer.retain_output else None
         aux = {a: self.view(f"{node.name}:{a}") for a in layer.aux_specs()}
         gy = self.view(f"grad:{node.name}", where)
-        if i == self.plan.num_nodes - 1:
+        if i == self.plan.num_nodes - 1 and not self.dry:
             gy[...] = 1  # d loss / d loss
         gxs = []
         self._pending_sums = []
@@ -132,21 +465,40 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 tmp, tmp_buf = self.allocator.empty(t.shape, t.dtype, where)
-                self._pending_sums.append((self.view(gname), tmp, tmp_buf))
+                nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+                self._count(nbytes)
+                self._pending_sums.append((self.view(gname), tmp, tmp_buf, nbytes))
                 gxs.append(tmp)
+        self.stats.samples.append(("backward", i, self.resident_bytes))
         return xs, y, gy, gxs, aux
 
     def after_backward(self, i: int) -> None:
-        for acc, tmp, tmp_buf in self._pending_sums:
-            acc += tmp
+        for acc, tmp, tmp_buf, nbytes in self._pending_sums:
+            if not self.dry:
+                acc += tmp
             self.allocator.free(tmp_buf)
+            self._count(-nbytes)
         self._pending_sums = []
         for sid in self._frees_train[self.plan.backward_time(i)]:
             if sid not in self.keep:
                 self._release(sid)
 
     def end_step(self) -> None:
-        """Free whatever is still held (the loss value, kept outputs)."""
-        for sid in list(self.bufs):
-            self._release(sid)
+        """Free whatever is still held (kept outputs; everything, after an interrupted step)."""
+        self.time = self._last_time + 1
+        for acc, tmp, tmp_buf, nbytes in self._pending_sums:
+            self.allocator.free(tmp_buf)
+            self._count(-nbytes)
+        self._pending_sums = []
+        for fm in self.maps:
+            self._release(fm.sid)
         self.keep = set()
+
+    def close(self) -> None:
+        """Release everything (blocks behind copies in flight are reclaimed by their owners)."""
+        self.end_step()
+
+    # ---- reporting --------------------------------------------------------------------------------
+    def resident(self) -> list[FeatureMap]:
+        """The storages whose bytes are on the device now."""
+        return [fm for fm in self.maps if fm.device is not None]

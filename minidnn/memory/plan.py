@@ -30,6 +30,9 @@ class StoragePlan:
     tensors: list[str] = field(default_factory=list)
     alloc_time: int = 0            # when it is first written
     last_forward_use: int = 0      # last forward read or write
+    last_forward_write: int = -1   # last forward write (-1: a graph input, written before node 0);
+                                   # an in-place layer writes its input's storage again, so this
+                                   # is when the bytes that backward reads are final
     backward_uses: list[int] = field(default_factory=list)  # times of backward reads
     free_time: int = 0             # after this time nobody reads it (training step)
     producer: int = -1             # index of the node that writes it (-1 for graph inputs)
@@ -37,6 +40,10 @@ class StoragePlan:
     @property
     def needed_in_backward(self) -> bool:
         return bool(self.backward_uses)
+
+    @property
+    def first_backward_use(self) -> int | None:
+        return min(self.backward_uses) if self.backward_uses else None
 
 
 @dataclass
@@ -51,7 +58,9 @@ class LivenessPlan:
     """Buffers and lifetimes of one training step of `net` at batch `batch`.
 
     Attributes: tensors {name: TensorPlan}, storages [StoragePlan], grad_alias {node index:
-    True when the node's input gradient shares its output gradient's buffer}.
+    True when the node's input gradient shares its output gradient's buffer}, inplace {node
+    index: True when the node writes its output over input 0's storage}, backward_reads
+    [node index -> sorted storage ids its backward reads (retained inputs and output, aux)].
     """
 
     def __init__(self, net: Network, batch: int):
@@ -69,8 +78,9 @@ class LivenessPlan:
 
         def new_storage(name, shape, dt, kind, producer):
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            # Graph inputs (producer -1) are written before node 0 runs: time -1.
             s = StoragePlan(len(self.storages), max(nbytes, np.dtype(dt).itemsize), kind,
-                            producer=producer, alloc_time=max(producer, 0))
+                            producer=producer, alloc_time=producer)
             self.storages.append(s)
             self.tensors[name] = TensorPlan(name, tuple(shape), np.dtype(dt), s.id)
             s.tensors.append(name)
@@ -96,19 +106,31 @@ class LivenessPlan:
                 new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
 
         # ---- forward and backward uses of every storage -----------------------------------------
+        self.backward_reads: list[list[int]] = []
         for i, node in enumerate(self.nodes):
             bt = self.backward_time(i)
+            reads = set()
             out = self.storage_of(node.name)
             out.last_forward_use = max(out.last_forward_use, i)
+            out.last_forward_write = max(out.last_forward_write, i)
             for k, inp in enumerate(node.inputs):
                 s = self.storage_of(inp)
                 s.last_forward_use = max(s.last_forward_use, i)
                 if k in node.layer.retain_inputs:
                     s.backward_uses.append(bt)
+                    reads.add(s.id)
             if node.layer.retain_output:
                 out.backward_uses.append(bt)
+                reads.add(out.id)
             for aux_name in node.layer.aux_specs():
-                self.storage_of(f"{node.name}:{aux_name}").backward_uses.append(bt)
+                s = self.storage_of(f"{node.name}:{aux_name}")
+                # Written by this node's forward; without this an evaluation step, which frees
+                # at the last forward use, would keep every aux buffer until the step ends.
+                s.last_forward_use = max(s.last_forward_use, i)
+                s.last_forward_write = max(s.last_forward_write, i)
+                s.backward_uses.append(bt)
+                reads.add(s.id)
+            self.backward_reads.append(sorted(reads))
         # The loss value is read by the caller after forward; it lives until the step ends.
         self.storage_of(self.nodes[-1].name).backward_uses.append(self.backward_time(n - 1))
 
@@ -164,11 +186,16 @@ class LivenessPlan:
 
         Only if nothing reads that buffer's old values after node i: `src` is not a graph
         input, node i is its only reader, node i's backward does not read it, and no tensor
-        already sharing the buffer is read later or in backward.
+        already sharing the buffer is read later or in backward. A reshape overwrites nothing
+        and may always share.
         """
         if src in (DATA, LABEL):
             return False
         node = self.nodes[i]
+        if node.layer.kind == "reshape":
+            # A reshape (Flatten) is a view: its output is input 0's bytes, unchanged, so
+            # sharing the buffer destroys nothing that anyone else reads.
+            return True
         if len(consumers[src]) != 1 or 0 in node.layer.retain_inputs:
             return False
         s = self.storage_of(src)

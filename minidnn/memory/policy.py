@@ -1,0 +1,139 @@
+"""Memory policies: what the memory manager does with each buffer, decided before step one.
+
+A policy reads the LivenessPlan (every buffer, its size, who writes and reads it and when) and
+returns a MemoryDecision. Today that is the set of storages to offload to host memory during
+forward (and prefetch back during backward) and, optionally, a convolution algorithm per conv
+layer; later policies (vDNN_dyn, compression, recomputation) add fields to the decision, and
+layers never change for them.
+
+    none   keep every feature map on the device (liveness alone frees what is dead)
+    all    vDNN_all: offload every feature map that backward reads
+    conv   vDNN_conv: offload only the inputs of convolution layers (their long compute
+           hides the copy)
+
+    policy = get_policy("all")             # or a Policy instance
+    decision = policy.decide(plan)
+    decision.offload                       # frozenset of storage ids
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .plan import LivenessPlan, StoragePlan
+
+# Kinds of storage that hold feature maps (as opposed to gradients, which backward produces).
+FEATURE_KINDS = ("input", "feature", "aux")
+
+
+@dataclass(frozen=True)
+class MemoryDecision:
+    """What a policy decided for one (network, batch).
+
+    offload: storage ids to copy to host after their last forward write and release from the
+    device after their last forward read. conv_algo: {conv node name: ConvSpec.algo}
+    ('fastest' / 'min_workspace') for layers whose algorithm the policy sets.
+    """
+    offload: frozenset = frozenset()
+    conv_algo: dict = field(default_factory=dict)
+
+    def offload_bytes(self, plan: LivenessPlan) -> int:
+        return sum(plan.storages[sid].nbytes for sid in self.offload)
+
+
+def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:
+    """Storages that can usefully leave the device between forward and backward.
+
+    A candidate holds a feature map (graph input, layer output or aux buffer) that backward
+    reads, of at least `min_bytes`, and is not needed for at least one layer call in between:
+    a buffer read by the very next call (the loss's softmax, the labels, the loss value) would
+    come straight back, so moving it only costs copies.
+    """
+    out = []
+    for s in plan.storages:
+        if s.kind not in FEATURE_KINDS or not s.needed_in_backward or s.nbytes < min_bytes:
+            continue
+        if s.first_backward_use - s.last_forward_use <= 1:
+            continue
+        out.append(s)
+    return out
+
+
+class Policy:
+    """Base of every policy. Subclasses set `name` and override `decide`."""
+
+    name = ""
+    description = ""
+
+    def decide(self, plan: LivenessPlan, budget: int | None = None) -> MemoryDecision:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make a policy available by its `name` (the CLI's --policy)."""
+    if not cls.name:
+        raise ValueError(f"policy class {cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_policy(spec: str | Policy) -> Policy:
+    """A Policy instance from a name ('none', 'all', 'conv') or a Policy (returned as is)."""
+    if isinstance(spec, Policy):
+        return spec
+    cls = _REGISTRY.get(str(spec))
+    if cls is None:
+        raise ConfigError(f"unknown memory policy {spec!r}; known policies: "
+                          f"{', '.join(policy_names())}")
+    return cls()
+
+
+@register_policy
+class NoOffload(Policy):
+    """Nothing leaves the device; buffers live exactly as long as liveness says."""
+    name = "none"
+    description = "keep feature maps on the device (liveness only)"
+
+    def decide(self, plan, budget=None):
+        return MemoryDecision()
+
+
+@register_policy
+class OffloadAll(Policy):
+    """vDNN_all: every feature map that backward reads goes to host memory in between."""
+    name = "all"
+    description = "vDNN_all: offload every feature map backward reads"
+
+    def __init__(self, min_bytes: int = 0):
+        self.min_bytes = int(min_bytes)
+
+    def decide(self, plan, budget=None):
+        return MemoryDecision(offload=frozenset(s.id for s in offload_candidates(plan, self.min_bytes)))
+
+
+@register_policy
+class OffloadConv(Policy):
+    """vDNN_conv: only what convolution layers' backward reads (their inputs)."""
+    name = "conv"
+    description = "vDNN_conv: offload the inputs of convolution layers"
+
+    def __init__(self, min_bytes: int = 0):
+        self.min_bytes = int(min_bytes)
+
+    def decide(self, plan, budget=None):
+        conv_reads = set()
+        for i, node in enumerate(plan.nodes):
+            if node.layer.kind == "conv":
+                conv_reads.update(plan.backward_reads[i])
+        return MemoryDecision(offload=frozenset(
+            s.id for s in offload_candidates(plan, self.min_bytes) if s.id in conv_reads))

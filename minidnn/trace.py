@@ -1,0 +1,233 @@
+"""A timeline of a training step: every layer on the compute track, every copy on the offload
+and prefetch tracks, and device memory at each layer boundary.
+
+    ex = Executor(net, batch, trace=True)
+    ex.train_step(x, y, opt)
+    ex.tracer.write_chrome_trace("step.json")   # open in https://ui.perfetto.dev
+    ex.tracer.plot_memory("memory.png")         # device memory over the step, vDNN style
+
+Times: on the GPU each span is a pair of CUDA timing events recorded on its stream and read
+(`cupy.cuda.get_elapsed_time`) only when the trace is written, so tracing never synchronizes
+the step; on the CPU, `time.perf_counter()`. All times are relative to the first mark.
+The executor holds no tracer unless asked (trace=True), so tracing costs nothing otherwise.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+TRACKS = ("compute", "offload", "prefetch")
+
+
+@dataclass
+class Span:
+    """One interval on one track. start_us/dur_us are filled when the trace is resolved."""
+    track: str
+    name: str
+    category: str            # 'forward' | 'backward' | 'offload' | 'prefetch'
+    step: int
+    start: object            # marker: perf_counter seconds (CPU) or a CUDA event (GPU)
+    end: object
+    args: dict
+    start_us: float = 0.0
+    dur_us: float = 0.0
+
+
+@dataclass
+class Sample:
+    """Memory at one layer boundary. `when` is 'start' (buffers in place) or 'end' (after frees)."""
+    step: int
+    at: object
+    phase: str
+    layer: str
+    when: str
+    device_bytes: int
+    feature_map_bytes: int
+    ts_us: float = 0.0
+
+
+class Tracer:
+    """Records spans and memory samples of the steps it is given (see module docstring).
+
+    max_steps: keep only the last N steps (None: all).
+    """
+
+    def __init__(self, device, max_steps: int | None = None):
+        self.device = device
+        self.max_steps = max_steps
+        self.spans: list[Span] = []
+        self.samples: list[Sample] = []
+        self.step = -1
+        self._origin = None
+        self._unresolved = 0
+
+    # ---- recording ------------------------------------------------------------------------------
+    def mark(self, stream):
+        """A point in time on `stream` (a recorded timing event on GPU, a clock reading on CPU)."""
+        if self.device.is_gpu:
+            event = self.device.timing_event()
+            event.record(stream)
+            marker = event
+        else:
+            marker = time.perf_counter()
+        if self._origin is None:
+            self._origin = marker
+        return marker
+
+    def begin_step(self, step: int) -> None:
+        self.step = int(step)
+        if self.max_steps is not None:
+            first = self.step - self.max_steps + 1
+            self.spans = [s for s in self.spans if s.step >= first]
+            self.samples = [s for s in self.samples if s.step >= first]
+        if self.device.is_gpu and self._unresolved > 20000:
+            self._resolve()  # bound the number of live CUDA events on long traced runs
+
+    def layer(self, phase: str, name: str, index: int, start, end) -> None:
+        """A layer's forward or backward on the compute track."""
+        self._add(Span("compute", f"{phase} {name}", phase, self.step, start, end,
+                       {"layer": name, "index": index}))
+
+    def copy(self, track: str, name: str, start, end, nbytes: int) -> None:
+        """A copy on the offload or prefetch track."""
+        self._add(Span(track, name, track, self.step, start, end, {"bytes": int(nbytes)}))
+
+    def memory(self, at, phase: str, layer: str, when: str, device_bytes: int,
+               feature_map_bytes: int) -> None:
+        self.samples.append(Sample(self.step, at, phase, layer, when, int(device_bytes),
+                                   int(feature_map_bytes)))
+        self._unresolved += 1
+
+    def _add(self, span: Span) -> None:
+        self.spans.append(span)
+        self._unresolved += 2
+
+    def clear(self) -> None:
+        self.spans, self.samples = [], []
+        self._origin, self._unresolved = None, 0
+
+    # ---- resolving ------------------------------------------------------------------------------
+    def _us(self, marker) -> float:
+        if isinstance(marker, float):
+            return (marker - self._origin) * 1e6
+        from cupy.cuda import get_elapsed_time
+        return get_elapsed_time(self._origin, marker) * 1e3
+
+    def _resolve(self) -> None:
+        """Turn markers into microseconds (GPU: waits for the recorded events once)."""
+        if not self._unresolved:
+            return
+        if self.device.is_gpu:
+            self.device.synchronize()
+        for s in self.spans:
+            if s.start is not None:
+                s.start_us = self._us(s.start)
+                s.dur_us = max(self._us(s.end) - s.start_us, 0.0)
+                s.start = s.end = None  # frees the CUDA events
+        for m in self.samples:
+            if m.at is not None:
+                m.ts_us = self._us(m.at)
+                m.at = None
+        self._unresolved = 0
+
+    def resolved_spans(self) -> list[Span]:
+        self._resolve()
+        return list(self.spans)
+
+    def resolved_samples(self) -> list[Sample]:
+        self._resolve()
+        return list(self.samples)
+
+    def steps(self) -> list[int]:
+        return sorted({s.step for s in self.spans} | {m.step for m in self.samples})
+
+    # ---- output -------------------------------------------------------------------------------
+    def chrome_trace(self) -> dict:
+        """The trace as a Chrome trace-event object (`traceEvents`, times in microseconds)."""
+        spans, samples = self.resolved_spans(), self.resolved_samples()
+        pid = 0
+        events = [{"name": "process_name", "ph": "M", "pid": pid,
+                   "args": {"name": f"minidnn on {getattr(self.device, 'name', self.device.kind)}"}}]
+        for tid, track in enumerate(TRACKS, start=1):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                           "args": {"name": f"{track} stream"}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
+        tids = {track: tid for tid, track in enumerate(TRACKS, start=1)}
+        for s in spans:
+            events.append({"name": s.name, "cat": s.category, "ph": "X", "pid": pid,
+                           "tid": tids[s.track], "ts": round(s.start_us, 3),
+                           "dur": round(s.dur_us, 3), "args": dict(s.args, step=s.step)})
+        for m in samples:
+            events.append({"name": "device memory", "ph": "C", "pid": pid,
+                           "ts": round(m.ts_us, 3),
+                           "args": {"in use": m.device_bytes, "feature maps": m.feature_map_bytes}})
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write_chrome_trace(self, path) -> None:
+        """Write the Chrome trace JSON (opens in Perfetto or chrome://tracing)."""
+        with open(path, "w") as f:
+            json.dump(self.chrome_trace(), f)
+
+    def plot_memory(self, path, step: int | None = None, x: str = "time") -> None:
+        """PNG of device memory over one step (default: the last traced), layer boundaries marked.
+
+        x: 'time' (milliseconds since the step began) or 'call' (one unit per layer call, as in
+        vDNN's per-layer figures). Two curves: everything in the device allocator (parameters,
+        gradients, workspaces, feature maps) and the feature maps alone; forward is shaded blue,
+        backward orange.
+        """
+        if x not in ("time", "call"):
+            raise ValueError(f"plot_memory: x must be 'time' or 'call', got {x!r}")
+        samples = self.resolved_samples()
+        if not samples:
+            raise ValueError("plot_memory: nothing traced yet (run a step with trace=True)")
+        step = samples[-1].step if step is None else step
+        samples = [m for m in samples if m.step == step]
+        if not samples:
+            raise ValueError(f"plot_memory: step {step} was not traced (traced: {self.steps()})")
+
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        t0 = samples[0].ts_us
+        xs, calls, call = [], [], 0
+        for m in samples:
+            if m.when == "start" and xs:
+                call += 1
+            calls.append(call + (0.9 if m.when == "end" else 0.0))
+            xs.append((m.ts_us - t0) / 1e3)
+        if x == "call":
+            xs = calls
+        top = max(max(m.device_bytes for m in samples), 1)
+        unit, scale = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
+                                               ("bytes", 1)) if top >= b)
+        fig, ax = plt.subplots(figsize=(12, 4.5))
+        for phase, colour in (("forward", "tab:blue"), ("backward", "tab:orange")):
+            idx = [k for k, m in enumerate(samples) if m.phase == phase]
+            if idx:
+                ax.axvspan(xs[idx[0]], xs[idx[-1]], color=colour, alpha=0.08, lw=0,
+                           label=f"{phase}")
+        for k, m in enumerate(samples):
+            if m.when == "start":
+                ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
+        ax.step(xs, [m.device_bytes / scale for m in samples], where="post", color="k",
+                lw=1.4, label="device memory in use (all)")
+        ax.step(xs, [m.feature_map_bytes / scale for m in samples], where="post",
+                color="tab:red", lw=1.2, label="feature maps, aux and gradient maps")
+        starts = [k for k, m in enumerate(samples) if m.when == "start"]
+        if len(starts) <= 60:  # name the layers when they fit
+            ax.set_xticks([xs[k] for k in starts])
+            ax.set_xticklabels([samples[k].layer for k in starts], rotation=90, fontsize=6)
+            ax.set_xlabel("layer call" + (" (time →)" if x == "time" else ""))
+        else:
+            ax.set_xlabel("time (ms)" if x == "time" else "layer call")
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"device memory over step {step}")
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)

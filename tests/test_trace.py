@@ -1,0 +1,127 @@
+"""The tracer: Chrome trace JSON with the compute / offload / prefetch tracks and memory
+counters, and the memory plot."""
+import json
+
+import numpy as np
+import pytest
+
+from minidnn import Executor, Network, SGD
+from minidnn.backend import Device
+from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
+from minidnn.trace import Tracer
+
+
+def net() -> Network:
+    return Network.sequential((3, 8, 8), [
+        Conv2d(4, 3, padding=1, name="conv1"), ReLU(name="relu1"), MaxPool2d(2, name="pool1"),
+        Conv2d(6, 3, padding=1, name="conv2"), ReLU(name="relu2"), Flatten(name="flat"),
+        Linear(5, name="fc")], num_classes=5)
+
+
+def traced(policy="all", steps=2, **kw):
+    ex = Executor(net(), 2, device="cpu", policy=policy, trace=True, **kw)
+    opt = SGD(ex.parameters(), lr=0.1, allocator=ex.allocator)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+        ex.train_step(x, rng.integers(0, 5, 2), opt)
+    return ex
+
+
+def test_chrome_trace_has_three_tracks_and_memory_counters(tmp_path):
+    ex = traced("all", steps=2)
+    path = tmp_path / "trace.json"
+    ex.tracer.write_chrome_trace(path)
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(threads.values()) == ["compute stream", "offload stream", "prefetch stream"]
+    by_track = {name: [e for e in events if e["ph"] == "X" and e["tid"] == tid]
+                for tid, name in threads.items()}
+    n = ex.plan.num_nodes
+    # Every layer's forward and backward, each step.
+    assert len(by_track["compute stream"]) == 2 * n * 2
+    assert {e["cat"] for e in by_track["compute stream"]} == {"forward", "backward"}
+    # One offload and one prefetch per chosen storage per step, with their sizes.
+    chosen = ex.decision.offload_bytes(ex.plan)
+    for track in ("offload stream", "prefetch stream"):
+        spans = by_track[track]
+        assert len(spans) == 2 * len(ex.decision.offload)
+        assert sum(e["args"]["bytes"] for e in spans if e["args"]["step"] == 1) == chosen
+    for e in events:
+        if e["ph"] == "X":
+            assert e["ts"] >= 0 and e["dur"] >= 0
+    counters = [e for e in events if e["ph"] == "C"]
+    assert len(counters) == 2 * (2 * n) * 2       # start and end of every layer call
+    assert all({"in use", "feature maps"} <= set(c["args"]) for c in counters)
+    assert max(c["args"]["in use"] for c in counters) <= ex.memory_stats()["peak_device_bytes"]
+    assert max(c["args"]["feature maps"] for c in counters) > 0
+
+
+def test_compute_spans_follow_the_step_order():
+    ex = traced("none", steps=1)
+    spans = [s for s in ex.tracer.resolved_spans() if s.track == "compute"]
+    names = [s.name for s in spans]
+    order = [node.name for node in ex.plan.nodes]
+    assert names == [f"forward {n}" for n in order] + [f"backward {n}" for n in reversed(order)]
+    starts = [s.start_us for s in spans]
+    assert starts == sorted(starts)
+
+
+def test_copies_sit_inside_their_phase():
+    ex = traced("all", steps=1)
+    spans = ex.tracer.resolved_spans()
+    compute = [s for s in spans if s.track == "compute"]
+    forward_end = max(s.start_us + s.dur_us for s in compute if s.category == "forward")
+    assert any(s.track == "offload" for s in spans) and any(s.track == "prefetch" for s in spans)
+    for s in spans:
+        if s.track == "offload":
+            assert s.start_us <= forward_end
+        if s.track == "prefetch":   # issued by backward, before the layer's kernels
+            assert s.start_us >= forward_end
+
+
+def test_plot_memory_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    ex = traced("all", steps=2)
+    for x in ("time", "call"):
+        path = tmp_path / f"memory_{x}.png"
+        ex.tracer.plot_memory(path, x=x)
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    with pytest.raises(ValueError, match="not traced"):
+        ex.tracer.plot_memory(tmp_path / "none.png", step=99)
+
+
+def test_tracing_is_off_by_default():
+    ex = Executor(net(), 2, device="cpu", policy="all")
+    assert ex.tracer is None and ex.manager.tracer is None and ex.manager.mover.tracer is None
+    tracer = ex.enable_trace()
+    assert ex.manager.mover.tracer is tracer
+    ex.enable_trace(False)
+    assert ex.tracer is None and ex.manager.mover.tracer is None
+
+
+def test_max_steps_keeps_only_the_last_steps():
+    ex = Executor(net(), 2, device="cpu", policy="all")
+    ex.enable_trace(max_steps=1)
+    opt = SGD(ex.parameters(), lr=0.1)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    for _ in range(3):
+        ex.train_step(x, rng.integers(0, 5, 2), opt)
+    assert ex.tracer.steps() == [2]
+
+
+def test_tracer_on_a_dry_run():
+    ex = Executor(net(), 2, device="cpu", policy="conv", compute=False, trace=True)
+    ex.simulate_step()
+    trace = ex.tracer.chrome_trace()
+    cats = {e.get("cat") for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert cats == {"forward", "backward", "offload", "prefetch"}
+
+
+def test_empty_tracer_cannot_plot(tmp_path):
+    with pytest.raises(ValueError, match="nothing traced"):
+        Tracer(Device("cpu")).plot_memory(tmp_path / "x.png")

@@ -1,4 +1,372 @@
 """Reference kernels written against `xp` (NumPy; they also run on CuPy arrays).
 
-See kernels/__init__.py for the ops and their shapes.
+See kernels/__init__.py for the ops and their shapes. Every op writes into the arrays it is
+given and returns nothing.
+
+How they stay fast without a loop over pixels or images:
+* Convolution is im2col + one matrix product per group. The columns are laid out
+  (groups, C/groups * KH * KW, n * OH * OW), so each group is one large GEMM rather than n
+  small ones; they are filled by one strided-slice copy per kernel offset (kh, kw).
+  col2im adds the same strided slices back.
+* Pooling and LRN loop only over the window offsets (KH * KW, or the LRN size), each step a
+  whole-array operation on a strided slice.
+* The batch is processed in chunks so that the temporaries (padded input, columns) stay below
+  `TEMP_BUDGET` elements whatever the batch size; every temporary keeps the input's dtype.
 """
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import get_array_module
+
+# Largest temporary (in elements) an op builds per batch chunk: 64 MiB of float32. One image
+# whose temporary is larger still goes through alone.
+TEMP_BUDGET = 1 << 24
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _batch_chunks(n: int, per_image: int):
+    """(start, stop) ranges over the batch whose temporaries fit in TEMP_BUDGET elements."""
+    step = max(1, TEMP_BUDGET // max(int(per_image), 1))
+    for start in range(0, n, step):
+        yield start, min(n, start + step)
+
+
+def _window(offset: int, stride: int, count: int) -> slice:
+    """The `count` positions offset, offset + stride, ... along one padded axis."""
+    return slice(offset, offset + stride * (count - 1) + 1, stride)
+
+
+def _padded_extent(size: int, pad: int, kernel: int, stride: int, dilation: int, out: int) -> int:
+    """Length of the padded axis: both paddings, and more on the far side when a last window
+    (ceil_mode) reaches past it."""
+    return max(size + 2 * pad, (out - 1) * stride + dilation * (kernel - 1) + 1)
+
+
+def _pad(x, pads: tuple, extents: tuple, fill=0.0, channels_first: bool = False):
+    """x (n, C, H, W) placed at offset `pads` in an array of spatial size `extents`, the rest
+    `fill`. channels_first=True returns the (C, n, Hp, Wp) layout the convolution uses. With
+    nothing to pad, returns a view of x (no copy)."""
+    xp = get_array_module(x)
+    n, c, h, w = x.shape
+    (ph, pw), (hp, wp) = pads, extents
+    src = x.transpose(1, 0, 2, 3) if channels_first else x
+    if ph == 0 and pw == 0 and hp == h and wp == w:
+        return src
+    shape = (c, n, hp, wp) if channels_first else (n, c, hp, wp)
+    out = xp.full(shape, fill, dtype=x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = src
+    return out
+
+
+def _unpad_into(dst, padded, pads: tuple, channels_first: bool = False) -> None:
+    """dst (n, C, H, W) = the interior of a padded array (layout as in `_pad`)."""
+    ph, pw = pads
+    h, w = dst.shape[2:]
+    interior = padded[:, :, ph:ph + h, pw:pw + w]
+    dst[...] = interior.transpose(1, 0, 2, 3) if channels_first else interior
+
+
+def _as_view(a, shape):
+    """a reshaped to `shape` as a view, or None when that would need a copy (so writes
+    through it would be lost)."""
+    return a.reshape(shape) if a.flags.c_contiguous else None
+
+
+# ---- convolution --------------------------------------------------------------------------------
+def _conv_extents(x_shape, w_shape, out_hw, spec) -> tuple:
+    """Padded (Hp, Wp) of a convolution's input."""
+    (h, w), (kh, kw), (oh, ow) = x_shape[2:], w_shape[2:], out_hw
+    (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    return _padded_extent(h, ph, kh, sh, dh, oh), _padded_extent(w, pw, kw, sw, dw, ow)
+
+
+def _im2col(x, w_shape, out_hw, spec):
+    """x (n, C, H, W) -> columns (groups, C/groups * KH * KW, n * OH * OW), ordered (c, kh, kw)
+    down the rows as the weight (O, C/groups, KH, KW) is, so that y = w @ cols per group."""
+    xp = get_array_module(x)
+    n, c = x.shape[:2]
+    _, cg, kh_size, kw_size = w_shape
+    oh, ow = out_hw
+    (sh, sw), (dh, dw) = spec.stride, spec.dilation
+    extents = _conv_extents(x.shape, w_shape, out_hw, spec)
+    xpad = _pad(x, spec.padding, extents, channels_first=True)      # (C, n, Hp, Wp)
+    cols = xp.empty((c, kh_size, kw_size, n, oh, ow), dtype=x.dtype)
+    for kh in range(kh_size):
+        for kw in range(kw_size):
+            cols[:, kh, kw] = xpad[:, :, _window(kh * dh, sh, oh), _window(kw * dw, sw, ow)]
+    return cols.reshape(spec.groups, cg * kh_size * kw_size, n * oh * ow)
+
+
+def conv2d_forward(x, w, b, y, spec) -> None:
+    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None)."""
+    xp = get_array_module(x)
+    n_total = x.shape[0]
+    o, cg, kh, kw = w.shape
+    g = spec.groups
+    oh, ow = y.shape[2:]
+    k = cg * kh * kw
+    w3 = w.reshape(g, o // g, k)
+    bias = None if b is None else b.reshape(1, o, 1, 1)
+    for n0, n1 in _batch_chunks(n_total, g * k * oh * ow + x[0].size):
+        n = n1 - n0
+        cols = _im2col(x[n0:n1], w.shape, (oh, ow), spec)           # (g, K, n*OH*OW)
+        out = xp.matmul(w3, cols)                                    # (g, O/g, n*OH*OW)
+        out = out.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
+        if bias is None:
+            y[n0:n1] = out
+        else:
+            xp.add(out, bias, out=y[n0:n1])
+
+
+def conv2d_backward_data(gy, w, gx, spec) -> None:
+    """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx."""
+    xp = get_array_module(gy)
+    n_total, c, h, wd = gx.shape
+    o, cg, kh_size, kw_size = w.shape
+    g = spec.groups
+    oh, ow = gy.shape[2:]
+    k = cg * kh_size * kw_size
+    (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    extents = _conv_extents(gx.shape, w.shape, (oh, ow), spec)
+    w3t = w.reshape(g, o // g, k).transpose(0, 2, 1)                 # (g, K, O/g)
+    direct = (ph, pw) == (0, 0) and extents == (h, wd)
+    for n0, n1 in _batch_chunks(n_total, g * k * oh * ow + c * extents[0] * extents[1]):
+        n = n1 - n0
+        gyc = xp.ascontiguousarray(gy[n0:n1].transpose(1, 0, 2, 3)).reshape(g, o // g, n * oh * ow)
+        gcols = xp.matmul(w3t, gyc).reshape(c, kh_size, kw_size, n, oh, ow)
+        if direct:  # accumulate straight into gx, seen in the (C, n, H, W) layout
+            acc = gx[n0:n1].transpose(1, 0, 2, 3)
+            acc[...] = 0
+        else:
+            acc = xp.zeros((c, n) + extents, dtype=gx.dtype)
+        for kh in range(kh_size):
+            for kw in range(kw_size):
+                acc[:, :, _window(kh * dh, sh, oh), _window(kw * dw, sw, ow)] += gcols[:, kh, kw]
+        if not direct:
+            _unpad_into(gx[n0:n1], acc, (ph, pw), channels_first=True)
+
+
+def conv2d_backward_filter(x, gy, gw, gb, spec) -> None:
+    """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x (N, C, H, W) and
+    gy (N, O, OH, OW); both overwritten."""
+    xp = get_array_module(x)
+    n_total = x.shape[0]
+    o, cg, kh, kw = gw.shape
+    g = spec.groups
+    oh, ow = gy.shape[2:]
+    k = cg * kh * kw
+    gw3 = _as_view(gw, (g, o // g, k))
+    acc = gw3 if gw3 is not None else xp.empty((g, o // g, k), dtype=gw.dtype)
+    first = True
+    for n0, n1 in _batch_chunks(n_total, g * k * oh * ow + x[0].size):
+        n = n1 - n0
+        cols = _im2col(x[n0:n1], gw.shape, (oh, ow), spec)          # (g, K, n*OH*OW)
+        gyc = xp.ascontiguousarray(gy[n0:n1].transpose(1, 0, 2, 3)).reshape(g, o // g, n * oh * ow)
+        if first:
+            xp.matmul(gyc, cols.transpose(0, 2, 1), out=acc)
+            first = False
+        else:
+            acc += xp.matmul(gyc, cols.transpose(0, 2, 1))
+    if gw3 is None:
+        gw[...] = acc.reshape(gw.shape)
+    if gb is not None:
+        gy.sum(axis=(0, 2, 3), out=gb)
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+def _pool_extents(x_shape, out_hw, spec) -> tuple:
+    """Padded (Hp, Wp) of a pooling input (ceil_mode windows may reach past the padding)."""
+    (h, w), (oh, ow) = x_shape[2:], out_hw
+    (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+    return _padded_extent(h, ph, kh, sh, 1, oh), _padded_extent(w, pw, kw, sw, 1, ow)
+
+
+def _pool_windows(spec, out_hw):
+    """[(index kh * KW + kw, rows slice, cols slice)] of the window offsets, in argmax order."""
+    (kh_size, kw_size), (sh, sw), (oh, ow) = spec.kernel, spec.stride, out_hw
+    return [(kh * kw_size + kw, _window(kh, sh, oh), _window(kw, sw, ow))
+            for kh in range(kh_size) for kw in range(kw_size)]
+
+
+def maxpool2d_forward(x, y, argmax, spec) -> None:
+    """y (N, C, OH, OW) = window maxima of x (N, C, H, W); argmax (uint8, shape of y) =
+    kh * KW + kw of each window's first maximum. Padding never wins."""
+    xp = get_array_module(x)
+    n_total, c = x.shape[:2]
+    out_hw = y.shape[2:]
+    extents = _pool_extents(x.shape, out_hw, spec)
+    windows = _pool_windows(spec, out_hw)
+    for n0, n1 in _batch_chunks(n_total, c * extents[0] * extents[1]):
+        xpad = _pad(x[n0:n1], spec.padding, extents, fill=-np.inf)
+        yc, ac = y[n0:n1], argmax[n0:n1]
+        # First the maxima, then the winner: the smallest offset whose value equals the
+        # maximum (ties -> first). Masked writes (copyto with where=) cost far more than
+        # plain arithmetic, so each offset's claim is a code, index where equal and 255
+        # elsewhere, and the argmax is the running minimum of the codes.
+        _, rows, cols = windows[0]
+        yc[...] = xpad[:, :, rows, cols]
+        for _, rows, cols in windows[1:]:
+            xp.maximum(yc, xpad[:, :, rows, cols], out=yc)
+        ac[...] = 255
+        hit = xp.empty(yc.shape, dtype=bool)
+        code = xp.empty(yc.shape, dtype=np.uint8)
+        for index, rows, cols in windows:
+            xp.equal(xpad[:, :, rows, cols], yc, out=hit)
+            xp.multiply(hit.view(np.uint8), np.uint8(255 - index), out=code)
+            xp.subtract(np.uint8(255), code, out=code)
+            xp.minimum(ac, code, out=ac)
+        # A window whose maximum is NaN matches nowhere; keep its argmax a valid offset.
+        xp.minimum(ac, np.uint8(len(windows) - 1), out=ac)
+
+
+def maxpool2d_backward(gy, argmax, gx, spec) -> None:
+    """gx (N, C, H, W) = gy (N, C, OH, OW) routed to each window's winner; overwrites gx."""
+    xp = get_array_module(gy)
+    n_total, c, h, w = gx.shape
+    out_hw = gy.shape[2:]
+    extents = _pool_extents(gx.shape, out_hw, spec)
+    direct = tuple(spec.padding) == (0, 0) and extents == (h, w)
+    for n0, n1 in _batch_chunks(n_total, c * extents[0] * extents[1]):
+        gyc, ac = gy[n0:n1], argmax[n0:n1]
+        acc = gx[n0:n1] if direct else xp.empty((n1 - n0, c) + extents, dtype=gx.dtype)
+        acc[...] = 0
+        won = xp.empty(gyc.shape, dtype=bool)
+        routed = xp.empty_like(gyc)
+        for index, rows, cols in _pool_windows(spec, out_hw):
+            xp.equal(ac, np.uint8(index), out=won)
+            xp.multiply(gyc, won, out=routed)
+            acc[:, :, rows, cols] += routed
+        if not direct:
+            _unpad_into(gx[n0:n1], acc, spec.padding)
+
+
+def _avg_divisor_1d(size: int, kernel: int, stride: int, pad: int, out: int,
+                    count_include_pad: bool) -> np.ndarray:
+    """How many values each window along one axis averages (PyTorch's rule: padding counts
+    when count_include_pad, the part of a ceil_mode window past the padding never does)."""
+    start = np.arange(out) * stride - pad
+    end = np.minimum(start + kernel, size + pad)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_divisor(xp, x_shape, out_hw, spec, dtype):
+    """(OH, OW) array of window sizes to divide by, on x's device, in x's dtype."""
+    (h, w), (oh, ow) = x_shape[2:], out_hw
+    (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+    rows = _avg_divisor_1d(h, kh, sh, ph, oh, spec.count_include_pad)
+    cols = _avg_divisor_1d(w, kw, sw, pw, ow, spec.count_include_pad)
+    return xp.asarray(np.outer(rows, cols).astype(dtype))
+
+
+def avgpool2d_forward(x, y, spec) -> None:
+    """y (N, C, OH, OW) = window means of x (N, C, H, W) (zero padding; divisor per spec)."""
+    xp = get_array_module(x)
+    n_total, c = x.shape[:2]
+    out_hw = y.shape[2:]
+    extents = _pool_extents(x.shape, out_hw, spec)
+    windows = _pool_windows(spec, out_hw)
+    divisor = _avg_divisor(xp, x.shape, out_hw, spec, y.dtype)
+    for n0, n1 in _batch_chunks(n_total, c * extents[0] * extents[1]):
+        xpad = _pad(x[n0:n1], spec.padding, extents)
+        yc = y[n0:n1]
+        _, rows, cols = windows[0]
+        yc[...] = xpad[:, :, rows, cols]
+        for _, rows, cols in windows[1:]:
+            yc += xpad[:, :, rows, cols]
+        yc /= divisor
+
+
+def avgpool2d_backward(gy, gx, spec) -> None:
+    """gx (N, C, H, W) = each gy (N, C, OH, OW) / divisor spread over its window; overwrites gx."""
+    xp = get_array_module(gy)
+    n_total, c, h, w = gx.shape
+    out_hw = gy.shape[2:]
+    extents = _pool_extents(gx.shape, out_hw, spec)
+    direct = tuple(spec.padding) == (0, 0) and extents == (h, w)
+    divisor = _avg_divisor(xp, gx.shape, out_hw, spec, gy.dtype)
+    for n0, n1 in _batch_chunks(n_total, c * extents[0] * extents[1]):
+        share = gy[n0:n1] / divisor
+        acc = gx[n0:n1] if direct else xp.empty((n1 - n0, c) + extents, dtype=gx.dtype)
+        acc[...] = 0
+        for _, rows, cols in _pool_windows(spec, out_hw):
+            acc[:, :, rows, cols] += share
+        if not direct:
+            _unpad_into(gx[n0:n1], acc, spec.padding)
+
+
+# ---- local response normalization ---------------------------------------------------------------
+def _lrn_reach(size: int) -> tuple:
+    """Channels (before, after) a window centred on c covers: c - before .. c + after
+    (PyTorch pads size // 2 in front and (size - 1) // 2 behind, so even sizes lean forward)."""
+    return size // 2, (size - 1) // 2
+
+
+def _channel_window_sum(src, dst, before: int, after: int) -> None:
+    """dst[:, c] = sum of src[:, c - before .. c + after] (zero outside); src, dst (n, C, ...)
+    distinct arrays. One whole-array add per offset."""
+    c = src.shape[1]
+    dst[...] = src
+    for off in range(1, min(before, c - 1) + 1):
+        dst[:, off:] += src[:, :-off]
+    for off in range(1, min(after, c - 1) + 1):
+        dst[:, :-off] += src[:, off:]
+
+
+def _negative_power(s, beta: float, out) -> None:
+    """out = s ** -beta for s > 0. AlexNet's beta = 0.75 (and 0.5, 1) take square roots and a
+    division instead of `power`, which costs several times more per value."""
+    xp = get_array_module(s)
+    if beta == 0.75:
+        xp.sqrt(s, out=out)
+        out *= xp.sqrt(out)          # s ** 0.75
+        xp.reciprocal(out, out=out)
+    elif beta == 0.5:
+        xp.sqrt(s, out=out)
+        xp.reciprocal(out, out=out)
+    elif beta == 1.0:
+        xp.reciprocal(s, out=out)
+    else:
+        xp.power(s, s.dtype.type(-beta), out=out)
+
+
+def lrn_forward(x, y, scale, spec) -> None:
+    """x, y, scale: (N, C, H, W). scale = k + alpha / size * sum over the channel window of
+    x**2; y = x * scale**-beta."""
+    xp = get_array_module(x)
+    before, after = _lrn_reach(spec.size)
+    dt = x.dtype.type
+    for n0, n1 in _batch_chunks(x.shape[0], x[0].size):
+        xc, yc, sc = x[n0:n1], y[n0:n1], scale[n0:n1]
+        xp.multiply(xc, xc, out=yc)                  # y holds x**2 until the end
+        _channel_window_sum(yc, sc, before, after)
+        sc *= dt(spec.alpha / spec.size)
+        sc += dt(spec.k)
+        _negative_power(sc, spec.beta, yc)
+        yc *= xc
+
+
+def lrn_backward(x, y, scale, gy, gx, spec) -> None:
+    """gx (N, C, H, W) from x, scale and gy; overwrites gx. y may be None: it is not read,
+    since y / scale = x * scale**(-beta - 1) comes from x and scale alone.
+
+        gx_j = gy_j * s_j**-beta - 2 alpha beta / size * x_j * sum_{c: j in window(c)} gy_c x_c s_c**(-beta-1)
+
+    The windows containing channel j are the mirror image of j's own window."""
+    xp = get_array_module(x)
+    before, after = _lrn_reach(spec.size)
+    dt = x.dtype.type
+    for n0, n1 in _batch_chunks(x.shape[0], 2 * x[0].size):
+        xc, sc, gyc, gxc = x[n0:n1], scale[n0:n1], gy[n0:n1], gx[n0:n1]
+        _negative_power(sc, spec.beta, gxc)          # s**-beta
+        term = gxc * xc
+        term /= sc
+        term *= gyc                                  # gy * x * s**(-beta-1)
+        total = xp.empty_like(term)
+        _channel_window_sum(term, total, after, before)   # mirrored window
+        total *= xc
+        total *= dt(2.0 * spec.alpha * spec.beta / spec.size)
+        gxc *= gyc
+        gxc -= total

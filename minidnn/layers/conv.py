@@ -1,0 +1,118 @@
+"""2-D convolution with stride, padding, dilation and groups; weight (O, C/groups, KH, KW) as in
+PyTorch. Backward reads only the input (for the weight gradient); the kernels do the work."""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..kernels import ConvSpec, out_size
+from .base import Layer
+
+CONV_ALGOS = ("fastest", "min_workspace")
+
+
+def as_pair(value, what: str, owner: str, minimum: int) -> tuple:
+    """An int or a pair of ints -> (h, w), each at least `minimum`; ConfigError otherwise."""
+    try:
+        pair = (value, value) if isinstance(value, int) else tuple(value)
+        ok = len(pair) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+    except TypeError:
+        ok = False
+    if not ok or min(pair) < minimum:
+        raise ConfigError(f"{owner}: {what} must be an int or a pair of ints >= {minimum}, "
+                          f"got {value!r}")
+    return tuple(int(v) for v in pair)
+
+
+class Conv2d(Layer):
+    kind = "conv"
+    retain_inputs = (0,)
+
+    def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, init: str = "he_normal",
+                 algo: str = "fastest", name: str | None = None):
+        super().__init__(name)
+        owner = f"Conv2d {name!r}" if name else "Conv2d"
+        if not isinstance(out_channels, int) or out_channels <= 0:
+            raise ConfigError(f"{owner}: out_channels must be a positive int, got {out_channels!r}")
+        if not isinstance(groups, int) or groups <= 0:
+            raise ConfigError(f"{owner}: groups must be a positive int, got {groups!r}")
+        if out_channels % groups:
+            raise ConfigError(f"{owner}: out_channels={out_channels} must be divisible by "
+                              f"groups={groups}")
+        self.out_channels = out_channels
+        self.kernel_size = as_pair(kernel_size, "kernel_size", owner, 1)
+        self.stride = as_pair(stride, "stride", owner, 1)
+        self.padding = as_pair(padding, "padding", owner, 0)
+        self.dilation = as_pair(dilation, "dilation", owner, 1)
+        self.groups = groups
+        self.bias = bool(bias)
+        self.init = init
+        self.algo = algo
+
+    @property
+    def algo(self) -> str:
+        return self._algo
+
+    @algo.setter
+    def algo(self, value: str) -> None:
+        if value not in CONV_ALGOS:
+            raise ConfigError(f"Conv2d {self.name!r}: algo must be one of {', '.join(CONV_ALGOS)}; "
+                              f"got {value!r}")
+        self._algo = value
+
+    @property
+    def spec(self) -> ConvSpec:
+        """The kernels' description of this convolution (follows later changes of `algo`)."""
+        return ConvSpec(stride=self.stride, padding=self.padding, dilation=self.dilation,
+                        groups=self.groups, algo=self.algo, key=self.name or "")
+
+    def infer(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise self.shape_error("(N, C, H, W)", s)
+        n, c, h, w = s
+        g = self.groups
+        if c % g:
+            raise self.shape_error(f"channels divisible by groups={g}", s)
+        oh, ow = (out_size(size, k, st, p, d) for size, k, st, p, d in
+                  zip((h, w), self.kernel_size, self.stride, self.padding, self.dilation))
+        if oh < 1 or ow < 1:
+            span = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
+            raise self.shape_error(f"a padded size (H + 2*{self.padding[0]}, W + 2*"
+                                   f"{self.padding[1]}) of at least the dilated kernel {span}", s)
+        kh, kw = self.kernel_size
+        fan_in = c // g * kh * kw
+        self.in_channels = c
+        self.add_param("weight", (self.out_channels, c // g, kh, kw), self.init, fan_in=fan_in)
+        if self.bias:
+            self.add_param("bias", (self.out_channels,),
+                           "zeros" if self.init == "he_normal" else self.init, fan_in=fan_in)
+        return (n, self.out_channels, oh, ow)
+
+    def forward(self, xs, y, aux, ctx):
+        """x (N, C, H, W) -> y (N, O, OH, OW)."""
+        b = self.params["bias"].data if self.bias else None
+        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec)
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        spec = self.spec
+        w = self.params["weight"]
+        if gxs[0] is not None:
+            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec)
+        gb = self.params["bias"].grad if self.bias else None
+        ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec)
+
+    def flops(self):
+        n, o, oh, ow = self.out_shape
+        kh, kw = self.kernel_size
+        return 2 * n * o * oh * ow * (self.in_channels // self.groups) * kh * kw
+
+    def describe(self):
+        kh, kw = self.kernel_size
+        text = f"{getattr(self, 'in_channels', '?')} -> {self.out_channels}, {kh}x{kw}"
+        for label, value, default in (("s", self.stride, (1, 1)), ("p", self.padding, (0, 0)),
+                                      ("d", self.dilation, (1, 1))):
+            if value != default:
+                text += f" {label}{value[0] if value[0] == value[1] else value}"
+        if self.groups != 1:
+            text += f" g{self.groups}"
+        return text

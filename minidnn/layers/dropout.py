@@ -1,0 +1,66 @@
+"""Inverted dropout: in training y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p); in
+evaluation (and for p = 0) the identity.
+
+The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
+by (seed, step, layer index), so a resumed run draws the same masks. Backward reads only the
+mask, so the layer runs in place.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import same_memory
+from ..errors import ConfigError
+from .base import Layer
+
+
+class Dropout(Layer):
+    kind = "dropout"
+    inplace = True
+
+    def __init__(self, p: float = 0.5, name: str | None = None):
+        super().__init__(name)
+        if not 0.0 <= float(p) < 1.0:
+            raise ConfigError(f"Dropout {name!r}: p must be in [0, 1), got {p!r}")
+        self.p = float(p)
+
+    def infer(self, in_shapes):
+        return in_shapes[0]
+
+    def aux_specs(self):
+        return {"mask": (self.in_shapes[0], np.bool_)}
+
+    def _active(self, ctx) -> bool:
+        return ctx.train and self.p > 0
+
+    def forward(self, xs, y, aux, ctx):
+        """x, y, aux['mask']: same shape; y may be x itself."""
+        xp = ctx.xp
+        x = xs[0]
+        if not self._active(ctx):
+            if not same_memory(x, y):
+                y[...] = x
+            return
+        mask = aux["mask"]
+        # float32 draws whatever the layer's dtype: the same mask in float32 and float64 runs.
+        draws = ctx.rng(self).random(mask.shape, dtype=np.float32)
+        xp.greater_equal(draws, np.float32(self.p), out=mask)
+        xp.multiply(x, mask, out=y)
+        y *= y.dtype.type(1.0 / (1.0 - self.p))
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        gx = gxs[0]
+        if gx is None:
+            return
+        if not self._active(ctx):
+            if not same_memory(gx, gy):
+                gx[...] = gy
+            return
+        ctx.xp.multiply(gy, aux["mask"], out=gx)
+        gx *= gx.dtype.type(1.0 / (1.0 - self.p))
+
+    def flops(self):
+        return int(np.prod(self.out_shape))
+
+    def describe(self):
+        return f"p {self.p:g}"

@@ -1,0 +1,95 @@
+"""Layers that join branches: Concat (along the channel axis by default) and Add.
+
+Neither keeps anything for backward: the gradient of a concatenation is a slice of the output
+gradient, that of a sum is the output gradient itself.
+"""
+from __future__ import annotations
+
+from ..errors import ConfigError, ShapeError
+from .base import Layer
+
+
+class Concat(Layer):
+    kind = "concat"
+    num_inputs = None
+
+    def __init__(self, axis: int = 1, name: str | None = None):
+        super().__init__(name)
+        if not isinstance(axis, int) or axis == 0:
+            raise ConfigError(f"Concat {name!r}: axis must be a non-batch axis (an int other "
+                              f"than 0), got {axis!r}")
+        self.axis = axis
+
+    def infer(self, in_shapes):
+        if not in_shapes:
+            raise ShapeError(f"layer {self.name!r} (Concat) needs at least one input")
+        rank = len(in_shapes[0])
+        axis = self.axis + rank if self.axis < 0 else self.axis
+        if not 1 <= axis < rank:
+            raise self.shape_error(f"inputs with an axis {self.axis} besides the batch axis",
+                                   in_shapes[0])
+        first = in_shapes[0]
+        for k, s in enumerate(in_shapes[1:], start=1):
+            if len(s) != rank or any(a != b for d, (a, b) in enumerate(zip(s, first)) if d != axis):
+                raise ShapeError(f"layer {self.name!r} (Concat) expected every input to match "
+                                 f"input 0 {tuple(first)} except along axis {axis}, "
+                                 f"got input {k} of shape {tuple(s)}")
+        self._axis = axis
+        self.sizes = [s[axis] for s in in_shapes]
+        out = list(first)
+        out[axis] = sum(self.sizes)
+        return tuple(out)
+
+    def _slices(self):
+        start = 0
+        lead = (slice(None),) * self._axis
+        for size in self.sizes:
+            yield lead + (slice(start, start + size),)
+            start += size
+
+    def forward(self, xs, y, aux, ctx):
+        """xs[k] (N, ..., C_k, ...) -> y (N, ..., sum C_k, ...)."""
+        for x, part in zip(xs, self._slices()):
+            y[part] = x
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        for gx, part in zip(gxs, self._slices()):
+            if gx is not None:
+                gx[...] = gy[part]
+
+    def describe(self):
+        return f"axis {self.axis}"
+
+
+class Add(Layer):
+    kind = "add"
+    num_inputs = None
+
+    def infer(self, in_shapes):
+        if len(in_shapes) < 2:
+            raise ShapeError(f"layer {self.name!r} (Add) needs at least 2 inputs, "
+                             f"got {len(in_shapes)}")
+        first = in_shapes[0]
+        for k, s in enumerate(in_shapes[1:], start=1):
+            if tuple(s) != tuple(first):
+                raise ShapeError(f"layer {self.name!r} (Add) expected every input to have the "
+                                 f"shape of input 0 {tuple(first)}, got input {k} of shape "
+                                 f"{tuple(s)}")
+        return first
+
+    def forward(self, xs, y, aux, ctx):
+        """y = xs[0] + xs[1] + ...; all the same shape."""
+        ctx.xp.add(xs[0], xs[1], out=y)
+        for x in xs[2:]:
+            y += x
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        for gx in gxs:
+            if gx is not None:
+                gx[...] = gy
+
+    def flops(self):
+        n = 1
+        for d in self.out_shape:
+            n *= d
+        return n * (len(self.in_shapes) - 1)

@@ -1,0 +1,109 @@
+"""2-D max and average pooling (PyTorch's semantics, ceil_mode included).
+
+Neither keeps a feature map for backward: max pooling keeps a 1-byte argmax per output (the
+winner's offset inside its window), average pooling needs nothing at all.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..kernels import PoolSpec, out_size
+from .base import Layer
+from .conv import as_pair
+
+
+class _Pool2d(Layer):
+    kind = "pool"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 name: str | None = None):
+        super().__init__(name)
+        owner = f"{type(self).__name__} {name!r}" if name else type(self).__name__
+        self.kernel_size = as_pair(kernel_size, "kernel_size", owner, 1)
+        self.stride = self.kernel_size if stride is None else as_pair(stride, "stride", owner, 1)
+        self.padding = as_pair(padding, "padding", owner, 0)
+        if any(p > k // 2 for p, k in zip(self.padding, self.kernel_size)):
+            raise ConfigError(f"{owner}: padding {self.padding} must be at most half the kernel "
+                              f"{self.kernel_size} (so that every window holds an input value)")
+        self.ceil_mode = bool(ceil_mode)
+
+    def infer(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise self.shape_error("(N, C, H, W)", s)
+        n, c, h, w = s
+        oh, ow = (out_size(size, k, st, p, ceil_mode=self.ceil_mode) for size, k, st, p in
+                  zip((h, w), self.kernel_size, self.stride, self.padding))
+        if oh < 1 or ow < 1:
+            raise self.shape_error(f"a padded size (H + 2*{self.padding[0]}, W + 2*"
+                                   f"{self.padding[1]}) of at least the kernel {self.kernel_size}", s)
+        return (n, c, oh, ow)
+
+    def flops(self):
+        # One comparison or addition per window element and output.
+        kh, kw = self.kernel_size
+        return int(np.prod(self.out_shape)) * kh * kw
+
+    def describe(self):
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        text = f"{kh}x{kw} s{sh if sh == sw else self.stride}"
+        if self.padding != (0, 0):
+            text += f" p{self.padding[0] if self.padding[0] == self.padding[1] else self.padding}"
+        if self.ceil_mode:
+            text += " ceil"
+        return text
+
+
+class MaxPool2d(_Pool2d):
+    """Window maximum. aux 'argmax' (uint8, output shape) = kh * KW + kw of the first maximum."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 name: str | None = None):
+        super().__init__(kernel_size, stride, padding, ceil_mode, name)
+        kh, kw = self.kernel_size
+        if kh * kw > 256:
+            raise ConfigError(f"MaxPool2d {name!r}: a {kh}x{kw} window has more positions than "
+                              f"its uint8 argmax can name (at most 256)")
+
+    @property
+    def spec(self) -> PoolSpec:
+        return PoolSpec(kernel=self.kernel_size, stride=self.stride, padding=self.padding,
+                        ceil_mode=self.ceil_mode)
+
+    def aux_specs(self):
+        return {"argmax": (self.out_shape, np.uint8)}
+
+    def forward(self, xs, y, aux, ctx):
+        """x (N, C, H, W) -> y (N, C, OH, OW), argmax (N, C, OH, OW) uint8."""
+        ctx.kernels.maxpool2d_forward(xs[0], y, aux["argmax"], self.spec)
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        if gxs[0] is not None:
+            ctx.kernels.maxpool2d_backward(gy, aux["argmax"], gxs[0], self.spec)
+
+
+class AvgPool2d(_Pool2d):
+    """Window mean over zero padding; count_include_pad=False divides by the input values only."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, name: str | None = None):
+        super().__init__(kernel_size, stride, padding, ceil_mode, name)
+        self.count_include_pad = bool(count_include_pad)
+
+    @property
+    def spec(self) -> PoolSpec:
+        return PoolSpec(kernel=self.kernel_size, stride=self.stride, padding=self.padding,
+                        ceil_mode=self.ceil_mode, count_include_pad=self.count_include_pad)
+
+    def forward(self, xs, y, aux, ctx):
+        """x (N, C, H, W) -> y (N, C, OH, OW)."""
+        ctx.kernels.avgpool2d_forward(xs[0], y, self.spec)
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        if gxs[0] is not None:
+            ctx.kernels.avgpool2d_backward(gy, gxs[0], self.spec)
+
+    def describe(self):
+        text = super().describe()
+        return text if self.count_include_pad or self.padding == (0, 0) else text + " excl-pad"

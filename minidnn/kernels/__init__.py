@@ -21,7 +21,7 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     avgpool2d_forward(x, y, spec)
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
-    lrn_backward(x, y, scale, gy, gx, spec)
+    lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
 """
 from __future__ import annotations
 

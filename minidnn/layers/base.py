@@ -74,7 +74,7 @@ class StepContext:
 
     def rng(self, layer: "Layer"):
         """A generator seeded by (seed, step, layer index): reproducible, and independent per layer."""
-        key = [self.seed, self.step, layer.index]
+        key = [self.seed, self.step, max(layer.index, 0)]  # -1: a layer outside a network
         if self.xp is np:
             return np.random.default_rng(key)
         # CuPy's generator takes one integer seed; fold the key the way NumPy's SeedSequence does.

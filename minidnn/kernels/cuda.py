@@ -1,0 +1,351 @@
+"""GPU kernels: cuDNN convolutions (through the cuDNN frontend), CuPy kernels for pooling and LRN.
+
+Every op has its cpu.py twin's signature and semantics (see kernels/__init__.py) and runs on
+CuPy's *current* stream, which the executor makes its compute stream. Nothing here synchronizes
+with the host except the first call of a convolution shape, which builds its cuDNN graph and
+times every candidate plan (cudnn_conv.py); that call is a warm-up, not a steady-state step.
+
+Convolutions
+* The cuDNN handle is re-bound to the current stream on every call (the frontend skips the
+  call when the stream is unchanged). On CuPy's legacy default stream the convolution runs on a
+  private non-blocking stream fenced by events on both sides, so cuDNN never runs on the legacy
+  stream and the ordering with the caller's work is kept.
+* Workspace is allocated per call from CuPy's allocator (which the framework routes into its
+  arena, so it is counted against the budget) and dropped as soon as the plan is enqueued. A
+  layer's workspace thus exists only while its convolution runs, as in vDNN, instead of one
+  buffer per layer held for the whole step; reuse of the freed bytes is ordered on the stream.
+* Bias add (forward) and bias gradient are CuPy kernels on the same stream.
+
+configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
+matrix products (Linear): 'tf32' or 'fp32'. Until it is called, convolutions use TF32 and
+matrix products keep CuPy's own setting (strict FP32 unless CUPY_TF32=1): PyTorch's defaults.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, NamedTuple
+
+import cupy as cp
+import numpy as np
+
+from ..errors import ConfigError
+from . import cpu as _cpu
+from . import out_size
+from .cuda_lrn import lrn_backward, lrn_forward
+from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
+    maxpool2d_forward
+from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
+    check_math, contiguous_layout, split_by_group
+
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
+           "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+           "lrn_forward", "lrn_backward", "configure", "math_mode", "conv_plans",
+           "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan"]
+
+# Measuring a plan: one run to load its kernels, timed, then one timed run that counts. When
+# the first run alone took more than SLOW_FACTOR times the best plan so far (and more than
+# SLOW_MS), the plan is clearly not the one to choose: its first time stands and the second run
+# is skipped, which halves the cost of measuring the very slow fallback plans of large layers.
+SLOW_FACTOR = 3.0
+SLOW_MS = 5.0
+
+_state = {"math": "tf32", "deterministic": False}
+_handles: dict = {}        # device id -> cudnn.Handle
+_caches: dict = {}         # device id -> ConvPlanCache
+_side_streams: dict = {}   # device id -> stream used when the caller is on the legacy stream
+
+
+# ---- math mode --------------------------------------------------------------------------------
+def configure(math: str = "tf32", deterministic: bool = False) -> None:
+    """Set the math mode of convolutions and float32 matrix products.
+
+    math='tf32' lets cuDNN use TF32 tensor-core plans and CuPy's cuBLAS matmuls compute in TF32
+    (about 3e-4 relative error, several times faster); 'fp32' keeps both strict FP32 (about
+    1e-6). deterministic=True restricts convolutions to deterministic plans, chosen by rank
+    rather than by timing, so that two runs give identical bits. Graphs built under another
+    mode stay cached under that mode.
+    """
+    math, deterministic = check_math(math, deterministic)
+    _state["math"], _state["deterministic"] = math, deterministic
+    # CuPy reads its float32 GEMM compute type from CUPY_TF32 once; set it explicitly instead.
+    from cupy._core import _routines_linalg as linalg
+    tf32 = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
+    default = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
+    linalg.set_compute_type(np.float32, tf32 if math == "tf32" else default)
+
+
+def math_mode() -> dict:
+    """{'math': 'tf32' | 'fp32', 'deterministic': bool}: the mode in force."""
+    return dict(_state)
+
+
+# ---- cuDNN plumbing -----------------------------------------------------------------------------
+def _device_id() -> int:
+    return cp.cuda.Device().id
+
+
+def _handle():
+    dev = _device_id()
+    h = _handles.get(dev)
+    if h is None:
+        h = _handles[dev] = load_cudnn().create_handle()
+    return h
+
+
+def _time_plan(graph, index, workspace_bytes, operands, best_ms=float("inf")):
+    """Milliseconds of plan `index` on the current stream (see SLOW_FACTOR), or None if its
+    workspace cannot be had or cuDNN refuses to run it."""
+    try:
+        ws = cp.empty(workspace_bytes, dtype=np.uint8) if workspace_bytes else None
+    except MemoryError:  # CuPy's OutOfMemoryError and the arena's budget error both are
+        return None
+    ptrs = (*operands, ws.data.ptr if ws is not None else 0)
+    stream = cp.cuda.get_current_stream()
+    events = [cp.cuda.Event() for _ in range(3)]
+    try:
+        events[0].record(stream)
+        graph.execute(index, *ptrs)
+        events[1].record(stream)
+        events[1].synchronize()
+        first = cp.cuda.get_elapsed_time(events[0], events[1])
+        if first > SLOW_MS and first > SLOW_FACTOR * best_ms:
+            return first
+        graph.execute(index, *ptrs)
+        events[2].record(stream)
+    except (RuntimeError, load_cudnn().cudnnGraphNotSupportedError):
+        return None
+    events[2].synchronize()
+    return cp.cuda.get_elapsed_time(events[1], events[2])
+
+
+def _cache() -> ConvPlanCache:
+    dev = _device_id()
+    c = _caches.get(dev)
+    if c is None:
+        c = _caches[dev] = ConvPlanCache(lambda p: CudnnConvGraph(p, _handle()), _time_plan)
+    return c
+
+
+@contextlib.contextmanager
+def _cudnn_stream():
+    """Bind the handle to the current stream for the body (a private one, fenced, when the
+    current stream is the legacy default stream)."""
+    cudnn = load_cudnn()
+    current = cp.cuda.get_current_stream()
+    if current.ptr != 0:
+        cudnn.set_stream(handle=_handle(), stream=current.ptr)
+        yield current
+        return
+    dev = _device_id()
+    side = _side_streams.get(dev)
+    if side is None:
+        side = _side_streams[dev] = cp.cuda.Stream(non_blocking=True)
+    side.wait_event(current.record())
+    with side:
+        cudnn.set_stream(handle=_handle(), stream=side.ptr)
+        yield side
+    current.wait_event(side.record())
+
+
+def _ptrs(x, w, y) -> tuple:
+    return x.data.ptr, w.data.ptr, y.data.ptr
+
+
+def _entry_and_parts(op, x, w, y, spec):
+    """(cache entry, [(x, w, y)] to run it on): the grouped problem itself, or one part per
+    group when cuDNN cannot run it grouped."""
+    cache = _cache()
+    math, det = _state["math"], _state["deterministic"]
+    problem = ConvProblem.of(op, x, w, y, spec, math, det)
+    try:
+        return cache.get(problem, _ptrs(x, w, y)), [(x, w, y)]
+    except PlanUnavailable:
+        if spec.groups == 1:
+            raise
+    parts = split_by_group(x, w, y, spec.groups)
+    problem = ConvProblem.of(op, *parts[0], spec, math, det, groups=1)
+    return cache.get(problem, _ptrs(*parts[0])), parts
+
+
+class _Ready(NamedTuple):
+    """What a steady-state call needs: the plan's runner and workspace, and for a grouped
+    convolution that cuDNN runs group by group, the byte steps between the groups' x, w, y."""
+    run: Callable
+    workspace_bytes: int
+    group_steps: tuple | None
+
+
+# (op, layouts, dtypes, spec, device, math mode, plan_index) -> _Ready. A cheap key: building
+# a ConvProblem costs tens of microseconds, too much for every call.
+_ready: dict = {}
+
+
+def _prepare(op, x, w, y, spec, plan_index) -> _Ready:
+    """First call of a key: graph and measurements from the plan cache, the plan chosen."""
+    try:
+        entry, parts = _entry_and_parts(op, x, w, y, spec)
+    except PlanUnavailable as exc:
+        raise ConfigError(f"convolution {spec.key or '(unnamed)'}: {exc}") from None
+    if plan_index is None:
+        plan = entry.plan_for(spec.algo, where=f"convolution {spec.key or '(unnamed)'}")
+    else:
+        plan = next((p for p in entry.table if p.index == plan_index), None)
+        if plan is None:
+            raise ConfigError(f"plan {plan_index} is not a candidate of "
+                              f"{entry.problem.describe()}; candidates: "
+                              f"{[p.index for p in entry.table]}")
+    steps = None
+    if len(parts) > 1:
+        (x1, w1, y1) = parts[1]
+        steps = (x1.data.ptr - x.data.ptr, w1.data.ptr - w.data.ptr, y1.data.ptr - y.data.ptr,
+                 len(parts))
+    return _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, steps)
+
+
+def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
+    """Run a convolution op on the roles x (image), w (filter), y (output map)."""
+    stream = cp.cuda.get_current_stream()
+    if stream.ptr == 0:                      # legacy default stream: run fenced on our own
+        with _cudnn_stream():
+            _conv(op, x, w, y, spec, plan_index)
+        return
+    dev = x.data.device_id
+    handle = _handles.get(dev) or _handle()
+    load_cudnn().set_stream(handle=handle, stream=stream.ptr)
+    key = (op, x.shape, x.strides, w.shape, w.strides, y.shape, y.strides, x.dtype, w.dtype,
+           y.dtype, spec, dev, _state["math"], _state["deterministic"], plan_index)
+    ready = _ready.get(key)
+    if ready is None:
+        ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index)
+    ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes else None
+    ws_ptr = ws.data.ptr if ws is not None else 0
+    if ready.group_steps is None:
+        ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr)
+    else:
+        sx, sw, sy, groups = ready.group_steps
+        px, pw, py = x.data.ptr, w.data.ptr, y.data.ptr
+        for g in range(groups):
+            ready.run(px + g * sx, pw + g * sw, py + g * sy, ws_ptr)
+    del ws  # back to the allocator now; later reuse is ordered on this stream
+
+
+# ---- bias ---------------------------------------------------------------------------------------
+# y (N, O, OH, OW) += b[o]: the channel of flat index i is (i / (OH*OW)) % O. One 32-bit division
+# per element where the sizes allow it (64-bit division costs tens of instructions, enough to
+# fall short of memory speed on large maps); CuPy's broadcasting add unravels all four indices.
+_bias_add32 = cp.ElementwiseKernel(
+    "raw T b, uint32 hw, uint32 channels", "T y",
+    "y += b[((unsigned int)i / hw) % channels];", "minidnn_conv_bias_add32")
+_bias_add64 = cp.ElementwiseKernel(
+    "raw T b, int64 hw, int64 channels", "T y",
+    "y += b[(i / hw) % channels];", "minidnn_conv_bias_add64")
+
+
+def _add_bias(y, b) -> None:
+    if not y.flags.c_contiguous:   # a strided view: CuPy's broadcasting handles any layout
+        y += b.reshape(1, -1, 1, 1)
+        return
+    n, o = y.shape[:2]
+    hw = y.size // max(n * o, 1)
+    (_bias_add32 if y.size < 2**32 else _bias_add64)(b, hw, o, y)
+
+
+def _bias_grad(gy, gb) -> None:
+    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Summing each (n, o) row first reduces
+    contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one thread block per
+    channel, far too few to reach memory speed on large maps."""
+    n, o = gy.shape[:2]
+    rows = gy.reshape(n, o, -1).sum(axis=2)          # (N, O), a small temporary
+    rows.sum(axis=0, out=gb)
+
+
+# ---- convolution ops ----------------------------------------------------------------------------
+def conv2d_forward(x, w, b, y, spec) -> None:
+    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None)."""
+    _conv("fprop", x, w, y, spec)
+    if b is not None:
+        _add_bias(y, b)
+
+
+def conv2d_backward_data(gy, w, gx, spec) -> None:
+    """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx."""
+    _conv("dgrad", gx, w, gy, spec)
+
+
+def conv2d_backward_filter(x, gy, gw, gb, spec) -> None:
+    """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x and gy; both overwritten."""
+    _conv("wgrad", x, gw, gy, spec)
+    if gb is not None:
+        _bias_grad(gy, gb)
+
+
+def run_conv_plan(op: str, x, w, y, spec, plan_index: int) -> None:
+    """Run one given candidate plan of a convolution op (for tests and tuning), roles as in
+    ConvProblem: fprop writes y, dgrad writes x, wgrad writes w. No bias."""
+    _conv(op, x, w, y, spec, plan_index=plan_index)
+
+
+def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32) -> list:
+    """The measured plan table of a convolution op: [(plan_index, workspace_bytes, time_ms)].
+
+    x_shape (N, C, H, W) and w_shape (O, C/groups, KH, KW) are the forward shapes for all three
+    ops. A problem not yet seen is measured now on temporary arrays (allocated from CuPy, i.e.
+    the arena). When cuDNN cannot run the groups together the table is the per-group graph's,
+    with times multiplied by the number of groups. Plans that could not run have time inf.
+    """
+    n, c, h, wd = (int(d) for d in x_shape)
+    o, _, kh, kw = (int(d) for d in w_shape)
+    oh = out_size(h, kh, spec.stride[0], spec.padding[0], spec.dilation[0])
+    ow = out_size(wd, kw, spec.stride[1], spec.padding[1], spec.dilation[1])
+    dtype = np.dtype(dtype)
+    y_shape = (n, o, oh, ow)
+    known = _cache().lookup(ConvProblem.of(
+        op, _Layout(x_shape, dtype), _Layout(w_shape, dtype), _Layout(y_shape, dtype), spec,
+        _state["math"], _state["deterministic"]))
+    if known is not None:
+        return [(p.index, p.workspace_bytes, p.time_ms) for p in known.table]
+    rng = cp.random.default_rng(0)
+    with _cudnn_stream():
+        x = rng.standard_normal(contiguous_layout(x_shape)[0], dtype=dtype)
+        w = rng.standard_normal(contiguous_layout(w_shape)[0], dtype=dtype)
+        y = rng.standard_normal(y_shape, dtype=dtype)
+        entry, parts = _entry_and_parts(op, x, w, y, spec)
+    factor = len(parts)
+    return [(p.index, p.workspace_bytes, p.time_ms * factor) for p in entry.table]
+
+
+class _Layout:
+    """Shape, C-order strides and dtype of an array not allocated (for cache look-ups)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, strides = contiguous_layout(shape)
+        self.dtype = np.dtype(dtype)
+        self.itemsize = self.dtype.itemsize
+        self.strides = tuple(s * self.itemsize for s in strides)
+
+
+def conv_cache_stats() -> dict:
+    """Counters of the current device's plan cache: graphs_built, plans_measured, hits,
+    build_s, measure_s, and entries (problems cached)."""
+    c = _cache()
+    return dict(c.stats, entries=len(c))
+
+
+def conv_cache_entries() -> list:
+    """The cached ConvEntry objects (problem, graph, table, chosen plans) of this device."""
+    return _cache().entries()
+
+
+def clear_conv_cache() -> None:
+    """Forget every graph and measurement (the next call of each shape measures again)."""
+    _ready.clear()
+    _cache().clear()
+
+
+# ---- ops without a native kernel here fall back to the reference (runs on CuPy arrays) --------
+FALLBACK_OPS = tuple(
+    name for name, obj in vars(_cpu).items()
+    if not name.startswith("_") and callable(obj)
+    and getattr(obj, "__module__", "") == _cpu.__name__ and name not in globals())
+for _name in FALLBACK_OPS:
+    globals()[_name] = getattr(_cpu, _name)

@@ -1,0 +1,73 @@
+"""Local response normalization across channels on the GPU (CuPy ElementwiseKernels).
+
+PyTorch's LocalResponseNorm, as cpu.py: for channel c the window is c - size//2 ..
+c + (size-1)//2 (zero outside), scale = k + alpha/size * sum of x**2 over it, y = x * scale**-beta.
+Backward runs one thread per input element and sums over the windows that contain it (the
+mirror image of its own window), so it needs no atomics and is deterministic:
+
+    gx_c = gy_c * s_c**-beta - 2 alpha beta / size * x_c * sum_{j: c in window(j)} gy_j x_j s_j**(-beta-1)
+
+float32 and float64; no allocation, no host synchronization. Shapes: x, y, scale, gy, gx
+(N, C, H, W), contiguous.
+"""
+from __future__ import annotations
+
+import cupy as cp
+
+_lrn_forward = cp.ElementwiseKernel(
+    "raw T x, int32 C, int64 HW, int32 before, int32 after, float64 alpha_over_size, "
+    "float64 k, float64 beta",
+    "T y, T scale",
+    r"""
+    const long long hw = i % HW;
+    const int c = (int)((i / HW) % C);
+    const long long base = (i / HW - c) * HW + hw;          // channel 0 at this pixel
+    const int lo = max(c - before, 0), hi = min(c + after, C - 1);
+    T sum = 0;
+    for (int j = lo; j <= hi; ++j) { const T v = x[base + j * HW]; sum += v * v; }
+    const T s = sum * (T)alpha_over_size + (T)k;
+    scale = s;
+    y = x[i] * pow(s, (T)(-beta));
+    """,
+    "minidnn_lrn_forward")
+
+_lrn_backward = cp.ElementwiseKernel(
+    "raw T x, raw T scale, raw T gy, int32 C, int64 HW, int32 before, int32 after, "
+    "float64 coef, float64 beta",
+    "T gx",
+    r"""
+    const long long hw = i % HW;
+    const int c = (int)((i / HW) % C);
+    const long long base = (i / HW - c) * HW + hw;
+    // Channel c lies in the windows of channels c - after .. c + before.
+    const int lo = max(c - after, 0), hi = min(c + before, C - 1);
+    const T nb = (T)(-beta);
+    T acc = 0;
+    for (int j = lo; j <= hi; ++j) {
+        const long long o = base + j * HW;
+        const T s = scale[o];
+        acc += gy[o] * x[o] * pow(s, nb) / s;
+    }
+    gx = gy[i] * pow(scale[i], nb) - (T)coef * x[i] * acc;
+    """,
+    "minidnn_lrn_backward")
+
+
+def _reach(size: int) -> tuple:
+    """Channels (before, after) the window centred on c covers (even sizes lean forward)."""
+    return size // 2, (size - 1) // 2
+
+
+def lrn_forward(x, y, scale, spec) -> None:
+    """scale = k + alpha/size * window sum of x**2; y = x * scale**-beta."""
+    n, c, h, w = x.shape
+    before, after = _reach(spec.size)
+    _lrn_forward(x, c, h * w, before, after, spec.alpha / spec.size, spec.k, spec.beta, y, scale)
+
+
+def lrn_backward(x, y, scale, gy, gx, spec) -> None:
+    """gx from x, scale and gy (y is not read and may be None); overwrites gx."""
+    n, c, h, w = x.shape
+    before, after = _reach(spec.size)
+    _lrn_backward(x, scale, gy, c, h * w, before, after,
+                  2.0 * spec.alpha * spec.beta / spec.size, spec.beta, gx)

@@ -1,0 +1,410 @@
+"""minidnn against PyTorch on the same GPU: whole training steps, or single kernels.
+
+Training (default): the same network (minidnn's definition, translated layer by layer into
+torch.nn, same initial weights), the same batch and precision, synthetic data made on the
+device, SGD with momentum. Each (framework, network) runs in its own process so that the two
+allocators never share the card. Reports ms/iter, images/s and peak device memory (minidnn:
+the arena's peak, which counts everything it hands out; PyTorch: max_memory_allocated), both
+measured over the timed steps only (the first steps, which pick convolution algorithms, are
+excluded from both).
+
+    python3 scripts/bench_vs_pytorch.py                          # the three default runs
+    python3 scripts/bench_vs_pytorch.py --runs vgg16:64:tf32 --steps 5
+    python3 scripts/bench_vs_pytorch.py --kernels --batch 32      # per-layer kernel table
+
+--kernels: for every distinct convolution of VGG-16 and AlexNet, minidnn's cuDNN plan table
+(fastest plan, least-workspace plan) against PyTorch's conv2d with cudnn.benchmark, in TF32 and
+strict FP32; and the pooling / LRN kernels against PyTorch's.
+
+Precision: 'tf32' allows TF32 in convolutions and matrix products in both frameworks
+(torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32); 'fp32' forbids it
+in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32")
+GiB = 1024 ** 3
+
+
+# ---- the network in PyTorch -------------------------------------------------------------------
+def torch_model(net):
+    """torch.nn.Sequential equivalent of a chain-shaped minidnn Network (loss excluded), and
+    the list of (minidnn parameter name, torch parameter) pairs for copying weights."""
+    import torch.nn as nn
+    from minidnn.layers import Flatten, Linear, ReLU
+    from minidnn.layers.conv import Conv2d
+    from minidnn.layers.dropout import Dropout
+    from minidnn.layers.lrn import LRN
+    from minidnn.layers.pool import AvgPool2d, MaxPool2d
+    from minidnn.network import DATA
+
+    modules, pairs, prev = [], [], DATA
+    for node in net.nodes:
+        layer = node.layer
+        if layer.kind == "loss":
+            break
+        if list(node.inputs) != [prev]:
+            raise SystemExit(f"bench_vs_pytorch: {net.name} is not a chain at {node.name}")
+        prev = node.name
+        if isinstance(layer, Conv2d):
+            m = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
+                          layer.padding, layer.dilation, layer.groups, layer.bias)
+        elif isinstance(layer, ReLU):
+            m = nn.ReLU(inplace=True)
+        elif isinstance(layer, LRN):
+            s = layer.spec
+            m = nn.LocalResponseNorm(s.size, s.alpha, s.beta, s.k)
+        elif isinstance(layer, MaxPool2d):
+            m = nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding,
+                             ceil_mode=layer.ceil_mode)
+        elif isinstance(layer, AvgPool2d):
+            m = nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding,
+                             ceil_mode=layer.ceil_mode, count_include_pad=layer.count_include_pad)
+        elif isinstance(layer, Flatten):
+            m = nn.Flatten()
+        elif isinstance(layer, Linear):
+            m = nn.Linear(layer.in_features, layer.out_features, layer.bias)
+        elif isinstance(layer, Dropout):
+            m = nn.Dropout(layer.p)
+        else:
+            raise SystemExit(f"bench_vs_pytorch: no PyTorch twin for {type(layer).__name__} "
+                             f"({node.name})")
+        for pname, p in m.named_parameters():
+            pairs.append((f"{node.name}.{pname}", p))
+        modules.append(m)
+    return nn.Sequential(*modules), pairs
+
+
+def image_size(name: str) -> int:
+    from minidnn import models
+    return models.native_image_size(name)
+
+
+# ---- one run (a child process) -----------------------------------------------------------------
+def layer_profile(ex, x, labels, opt, top=12) -> dict:
+    """Compute time of one traced step by (phase, layer kind), and the slowest layer calls."""
+    tracer = ex.enable_trace(True)
+    ex.train_step(x, labels, opt)
+    spans = [s for s in tracer.resolved_spans() if s.track == "compute"]
+    ex.enable_trace(False)
+    kinds = {node.name: node.layer.kind for node in ex.net.nodes}
+    by_kind: dict = {}
+    for s in spans:
+        layer = s.name.split(" ", 1)[-1]          # spans are named '<phase> <layer>'
+        key = f"{s.category} {kinds.get(layer, '?')}"
+        by_kind[key] = by_kind.get(key, 0.0) + s.dur_us / 1e3
+    slowest = sorted(spans, key=lambda s: -s.dur_us)[:top]
+    return {"ms_by_kind": {k: round(v, 2) for k, v in sorted(by_kind.items(),
+                                                             key=lambda kv: -kv[1])},
+            "total_ms": round(sum(s.dur_us for s in spans) / 1e3, 2),
+            "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
+
+
+def run_minidnn(name, batch, math, steps, warmup, profile=False):
+    import cupy as cp
+    from minidnn import SGD, Executor, models
+    size = image_size(name)
+    net = models.build(name, num_classes=1000, image_size=size)
+    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False)
+    opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
+    with ex.device.compute:
+        rng = cp.random.default_rng(0)
+        x = rng.standard_normal((batch, 3, size, size), dtype=cp.float32)
+        labels = rng.integers(0, 1000, batch).astype(cp.int64)
+    t0 = time.perf_counter()
+    losses = []
+    for _ in range(warmup):
+        losses.append(ex.train_step(x, labels, opt))
+    ex.device.synchronize()
+    warm_s = time.perf_counter() - t0
+    ex.allocator.reset_peak()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        losses.append(ex.train_step(x, labels, opt))
+    ex.device.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    stats = ex.memory_stats()
+    cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
+    extra = {"profile": layer_profile(ex, x, labels, opt)} if profile else {}
+    return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+            "peak_bytes": int(stats["peak_device_bytes"]), "warmup_s": warm_s,
+            "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
+            "conv_graphs": cache.get("graphs_built"), "conv_build_s": cache.get("build_s"),
+            "conv_measure_s": cache.get("measure_s")}
+
+
+def run_torch(name, batch, math, steps, warmup, profile=False):
+    import torch
+    import torch.nn.functional as F
+    from minidnn import models
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = math == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
+    size = image_size(name)
+    net = models.build(name, num_classes=1000, image_size=size)
+    net.init_params(0)
+    model, pairs = torch_model(net)
+    weights = net.state_dict()
+    with torch.no_grad():
+        for key, p in pairs:
+            p.copy_(torch.from_numpy(weights[key]))
+    model = model.cuda().train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, 3, size, size, device="cuda", generator=gen)
+    labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), labels)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    t0 = time.perf_counter()
+    losses = [step() for _ in range(warmup)]
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    losses += [step() for _ in range(steps)]
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    return {"framework": "pytorch", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+            "peak_bytes": int(torch.cuda.max_memory_allocated()), "warmup_s": warm_s,
+            "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
+
+
+def child(args) -> None:
+    name, batch, math = args.one[1], int(args.one[2]), args.one[3]
+    fn = run_minidnn if args.one[0] == "minidnn" else run_torch
+    res = fn(name, batch, math, args.steps, args.warmup, profile=args.profile)
+    res.update(network=name, batch=batch, math=math)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def train_bench(args) -> list:
+    results = []
+    for run in args.runs:
+        name, batch, math = run.split(":")
+        for fw in args.frameworks:
+            cmd = [sys.executable, os.path.abspath(__file__), "--one", fw, name, batch, math,
+                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            cmd += ["--profile"] if args.profile else []
+            t0 = time.time()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+                res = {"framework": fw, "network": name, "batch": int(batch), "math": math,
+                       "error": " | ".join(tail)}
+                print(f"{fw} {run}: FAILED\n  " + "\n  ".join(tail), flush=True)
+            else:
+                res = json.loads(line[len("RESULT "):])
+                print(f"{fw} {run}: {res['ms_per_iter']:.1f} ms/iter, "
+                      f"{res['images_per_s']:.0f} img/s, peak {res['peak_bytes'] / GiB:.2f} GiB "
+                      f"({time.time() - t0:.0f} s with start-up)", flush=True)
+                if "profile" in res:
+                    print("  profile: " + json.dumps(res["profile"]), flush=True)
+            results.append(res)
+    print()
+    print("| network | batch | precision | framework | ms/iter | images/s | peak memory | "
+          "loss first -> last |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['network']} | {r['batch']} | {r['math']} | {r['framework']} | failed | "
+                  f"| | |")
+            continue
+        print(f"| {r['network']} | {r['batch']} | {r['math']} | {r['framework']} | "
+              f"{r['ms_per_iter']:.1f} | {r['images_per_s']:.0f} | "
+              f"{r['peak_bytes'] / GiB:.2f} GiB | {r['loss_first']:.3f} -> {r['loss_last']:.3f} |")
+    return results
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+def _time_torch(fn, reps=5):
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _time_cupy(fn, reps=5):
+    import cupy as cp
+    fn()
+    stream = cp.cuda.get_current_stream()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for _ in range(reps):
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / reps
+
+
+def distinct_convs(batch):
+    """[(model, layer, x_shape, w_shape, ConvSpec)] of VGG-16 and AlexNet, one per shape."""
+    from minidnn import models
+    from minidnn.layers.conv import Conv2d
+    seen, out = set(), []
+    for name in ("vgg16", "alexnet"):
+        net = models.build(name, num_classes=1000, image_size=image_size(name))
+        net.infer_shapes(batch)
+        for node in net.nodes:
+            layer = node.layer
+            if isinstance(layer, Conv2d):
+                key = (tuple(layer.in_shapes[0]), layer.params["weight"].shape, layer.spec.stride,
+                       layer.spec.padding, layer.spec.groups)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((name, node.name, key[0], key[1], layer.spec))
+    return out
+
+
+def kernel_bench(args) -> list:
+    import cupy as cp
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from minidnn.kernels import LRNSpec, PoolSpec, cuda, out_size
+    torch.backends.cudnn.benchmark = True
+    rows = []
+    stream = cp.cuda.Stream(non_blocking=True)
+    print("| layer | x | w | precision | op | minidnn fastest ms (workspace MB) | "
+          "minidnn least-workspace ms (MB) | plans | PyTorch ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    convs = distinct_convs(args.batch)
+    for model, lname, xs, ws, spec in convs[:args.convs] if args.convs else convs:
+        for math in ("tf32", "fp32"):
+            cuda.configure(math)
+            torch.backends.cudnn.allow_tf32 = math == "tf32"
+            x = torch.randn(xs, device="cuda", requires_grad=True)
+            w = torch.randn(ws, device="cuda", requires_grad=True)
+
+            def fwd():
+                return F.conv2d(x, w, None, spec.stride, spec.padding, spec.dilation, spec.groups)
+            y = fwd()
+            gy = torch.randn_like(y)
+            t_fwd = _time_torch(fwd)
+            t_dgrad = _time_torch(lambda: torch.autograd.grad(fwd(), x, gy)) - t_fwd
+            t_wgrad = _time_torch(lambda: torch.autograd.grad(fwd(), w, gy)) - t_fwd
+            del x, w, y, gy
+            torch.cuda.empty_cache()
+            with stream:
+                for op, t_torch in (("fprop", t_fwd), ("dgrad", t_dgrad), ("wgrad", t_wgrad)):
+                    if op == "dgrad" and xs[1] == 3:
+                        continue  # first layer: no input gradient in training
+                    table = cuda.conv_plans(op, xs, ws, spec)
+                    ran = [t for t in table if np.isfinite(t[2])]
+                    fast = min(ran, key=lambda t: t[2])
+                    least = min(t[1] for t in ran)
+                    lean = min((t for t in ran if t[1] == least), key=lambda t: t[2])
+                    row = dict(model=model, layer=lname, x=list(xs), w=list(ws), math=math, op=op,
+                               fastest_ms=fast[2], fastest_ws=fast[1], lean_ms=lean[2],
+                               lean_ws=lean[1], plans=len(table), torch_ms=t_torch)
+                    rows.append(row)
+                    print(f"| {model}.{lname} | {list(xs)} | {list(ws)} | {math} | {op} | "
+                          f"{fast[2]:.3f} ({fast[1] / 1e6:.0f}) | {lean[2]:.3f} ({lean[1] / 1e6:.0f}) "
+                          f"| {len(table)} | {t_torch:.3f} |", flush=True)
+            cp.get_default_memory_pool().free_all_blocks()
+    print("conv cache:", cuda.conv_cache_stats())
+
+    # pooling and LRN: minidnn kernels against PyTorch's, forward + backward, float32
+    cuda.configure("tf32")
+    n = args.batch
+    cases = [("vgg pool1", (n, 64, 224, 224), "max", PoolSpec((2, 2), (2, 2))),
+             ("alexnet pool1", (n, 96, 55, 55), "max", PoolSpec((3, 3), (2, 2), ceil_mode=True)),
+             ("avg 3x3 s1 p1", (n, 64, 56, 56), "avg", PoolSpec((3, 3), (1, 1), (1, 1))),
+             ("alexnet norm1", (n, 96, 55, 55), "lrn", LRNSpec(5, 1e-4, 0.75, 1.0))]
+    print("\n| kernel | x | minidnn fwd ms | minidnn bwd ms | PyTorch fwd ms | PyTorch fwd+bwd ms |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, xs, kind, spec in cases:
+        with stream:
+            x = cp.random.standard_normal(xs, dtype=np.float32)
+            if kind == "lrn":
+                y, scale, gx = cp.empty_like(x), cp.empty_like(x), cp.empty_like(x)
+                gy = cp.ones_like(x)
+                f = lambda: cuda.lrn_forward(x, y, scale, spec)                     # noqa: E731
+                b = lambda: cuda.lrn_backward(x, y, scale, gy, gx, spec)          # noqa: E731
+            else:
+                oh = out_size(xs[2], spec.kernel[0], spec.stride[0], spec.padding[0], 1,
+                              spec.ceil_mode)
+                ow = out_size(xs[3], spec.kernel[1], spec.stride[1], spec.padding[1], 1,
+                              spec.ceil_mode)
+                y = cp.empty(xs[:2] + (oh, ow), np.float32)
+                gy, gx = cp.ones_like(y), cp.empty_like(x)
+                if kind == "max":
+                    arg = cp.empty(y.shape, np.uint8)
+                    f = lambda: cuda.maxpool2d_forward(x, y, arg, spec)           # noqa: E731
+                    b = lambda: cuda.maxpool2d_backward(gy, arg, gx, spec)        # noqa: E731
+                else:
+                    f = lambda: cuda.avgpool2d_forward(x, y, spec)                # noqa: E731
+                    b = lambda: cuda.avgpool2d_backward(gy, gx, spec)             # noqa: E731
+            t_f, t_b = _time_cupy(f), _time_cupy(b)
+        tx = torch.randn(xs, device="cuda", requires_grad=True)
+        if kind == "lrn":
+            tf = lambda: F.local_response_norm(tx, spec.size, spec.alpha, spec.beta, spec.k)  # noqa
+        elif kind == "max":
+            tf = lambda: F.max_pool2d(tx, spec.kernel, spec.stride, spec.padding,  # noqa: E731
+                                      ceil_mode=spec.ceil_mode)
+        else:
+            tf = lambda: F.avg_pool2d(tx, spec.kernel, spec.stride, spec.padding)  # noqa: E731
+        ty = tf()
+        tgy = torch.ones_like(ty)
+        p_f = _time_torch(tf)
+        p_fb = _time_torch(lambda: torch.autograd.grad(tf(), tx, tgy))
+        rows.append(dict(kernel=label, x=list(xs), minidnn_fwd_ms=t_f, minidnn_bwd_ms=t_b,
+                         torch_fwd_ms=p_f, torch_fwd_bwd_ms=p_fb))
+        print(f"| {label} | {list(xs)} | {t_f:.3f} | {t_b:.3f} | {p_f:.3f} | {p_fb:.3f} |",
+              flush=True)
+        del tx, ty, tgy
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
+                    help="network:batch:precision (precision tf32 or fp32); default: %(default)s")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
+                    choices=["minidnn", "pytorch"], help="which to run (default both)")
+    ap.add_argument("--profile", action="store_true",
+                    help="minidnn: also trace one step and report compute time per layer kind")
+    ap.add_argument("--kernels", action="store_true", help="per-kernel table instead")
+    ap.add_argument("--batch", type=int, default=32, help="batch of the kernel table")
+    ap.add_argument("--convs", type=int, default=0,
+                    help="kernel table: only the first N distinct convolutions (0: all)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)   # framework network batch math
+    args = ap.parse_args(argv)
+    if args.one:
+        child(args)
+        return
+    t0 = time.time()
+    results = kernel_bench(args) if args.kernels else train_bench(args)
+    print(f"\n({time.time() - t0:.0f} s)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,8 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
+    relu_forward(x, y)                               y = max(x, 0); y may be x (in place)
+    relu_backward(y, gy, gx)                         gx = gy * (y > 0); gx may be gy
 """
 from __future__ import annotations
 

@@ -370,3 +370,15 @@ def lrn_backward(x, y, scale, gy, gx, spec) -> None:
         total *= dt(2.0 * spec.alpha * spec.beta / spec.size)
         gxc *= gyc
         gxc -= total
+
+
+# ---- ReLU -------------------------------------------------------------------------------------
+def relu_forward(x, y) -> None:
+    """y = max(x, 0); y may be x itself (in place)."""
+    get_array_module(x).maximum(x, 0, out=y)
+
+
+def relu_backward(y, gy, gx) -> None:
+    """gx = gy where y > 0, else 0; gx may be gy itself. Reads only the output (y > 0 <=> x > 0)."""
+    xp = get_array_module(y)
+    xp.multiply(gy, y > 0, out=gx)

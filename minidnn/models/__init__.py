@@ -1,0 +1,169 @@
+"""The model registry: paper networks by name, or your own network from a .py file.
+
+    net = models.build("alexnet", num_classes=10, image_size=64)
+    net = models.build("vgg116")                      # native size 224, 1000 classes
+    net = models.build("path/to/mynet.py", num_classes=5, image_size=32)
+    models.names()        # ['alexnet', 'mlp', 'overfeat', 'tiny_cnn', 'vgg11', ..., 'vgg416']
+
+Any `vgg<depth>` resolves through `vgg.stage_depths` (11, 13 or >= 16). A model file
+defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added)
+and may set `NATIVE_IMAGE_SIZE`. Layers are imported only when a network is built.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ConfigError
+from . import alexnet, overfeat, small
+from . import vgg as _vgg_defs
+from .builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
+from .vgg import stage_depths
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A built-in model: its definition, native input size and a one-line description."""
+    name: str
+    define: Callable
+    native_image_size: int
+    description: str
+
+
+_BUILTIN = {
+    "alexnet": ModelSpec("alexnet", alexnet.define, alexnet.NATIVE_IMAGE_SIZE,
+                         "AlexNet (Caffe bvlc_alexnet, as in vDNN), 61M parameters at 227"),
+    "overfeat": ModelSpec("overfeat", overfeat.define, overfeat.NATIVE_IMAGE_SIZE,
+                          "OverFeat fast (Sermanet et al. 2014), 146M parameters at 231"),
+    "mlp": ModelSpec("mlp", small.define_mlp, small.NATIVE_IMAGE_SIZE,
+                     "3-layer perceptron (Linear/ReLU only)"),
+    "tiny_cnn": ModelSpec("tiny_cnn", small.define_tiny_cnn, small.NATIVE_IMAGE_SIZE,
+                          "two conv stages and two fully connected layers"),
+}
+_LISTED_VGG = (11, 13, 16, 19, 116, 216, 316, 416)
+_VGG_NAME = re.compile(r"vgg(\d+)")
+
+
+def names() -> list[str]:
+    """Built-in model names (any other vgg<depth> with depth 11, 13 or >= 16 also builds)."""
+    return sorted(_BUILTIN) + [f"vgg{d}" for d in _LISTED_VGG]
+
+
+def spec(name: str) -> ModelSpec:
+    """The ModelSpec of a built-in name; ConfigError listing the names for an unknown one."""
+    key = str(name).lower()
+    if key in _BUILTIN:
+        return _BUILTIN[key]
+    m = _VGG_NAME.fullmatch(key)
+    if m:
+        depth = int(m.group(1))
+        counts = stage_depths(depth)  # ConfigError for impossible depths
+        return ModelSpec(key, _vgg_defs.define_vgg(depth), _vgg_defs.NATIVE_IMAGE_SIZE,
+                         f"VGG-{depth}, {'/'.join(map(str, counts))} conv layers per stage")
+    raise ConfigError(f"unknown model {name!r}; built-in models: {', '.join(names())} "
+                      f"(or a path to a .py file defining build(num_classes, image_size))")
+
+
+def is_model_file(name_or_path: str) -> bool:
+    """True when the argument names a Python file rather than a built-in model."""
+    s = str(name_or_path)
+    return s.endswith(".py") or os.sep in s or "/" in s
+
+
+def native_image_size(name_or_path: str) -> int:
+    """The input size the model was designed for (224 for a model file that does not say)."""
+    if is_model_file(name_or_path):
+        return int(getattr(_load_module(name_or_path), "NATIVE_IMAGE_SIZE", 224))
+    return spec(name_or_path).native_image_size
+
+
+def min_image_size(name: str) -> int:
+    """The smallest square image a built-in model accepts (1 for model files: not known)."""
+    if is_model_file(name):
+        return 1
+    return _min_size(spec(name).define)
+
+
+def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = None):
+    """A Network for a built-in model name or a model file, shapes inferred at batch 1.
+
+    image_size: height = width of the input images; None means the model's native size.
+    Raises ConfigError for an unknown name, an image too small for the network (with the
+    smallest size that fits) or a model file that cannot be loaded.
+    """
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if is_model_file(name_or_path):
+        module = _load_module(str(name_or_path))
+        if image_size is None:
+            image_size = int(getattr(module, "NATIVE_IMAGE_SIZE", 224))
+        _check_image_size(image_size)
+        return _build_from_file(module, str(name_or_path), num_classes, image_size)
+    s = spec(name_or_path)
+    if image_size is None:
+        image_size = s.native_image_size
+    _check_image_size(image_size)
+    try:
+        b = NetBuilder(s.name, image_size, num_classes)
+        s.define(b, num_classes)
+    except ImageTooSmall as e:
+        raise ConfigError(f"model {s.name!r} needs image_size >= {_min_size(s.define)}; "
+                          f"{image_size} is too small ({e})") from None
+    return b.finish()
+
+
+def vgg(depth: int, num_classes: int = 1000, image_size: int | None = None):
+    """VGG-<depth> as a Network: vgg(16) is configuration D, vgg(116) ... vgg(416) are vDNN's
+    very deep variants (see minidnn/models/vgg.py for where the extra layers go)."""
+    return build(f"vgg{int(depth)}", num_classes=num_classes, image_size=image_size)
+
+
+def _load_module(path: str):
+    if not os.path.isfile(path):
+        raise ConfigError(f"--model: model file {path!r} does not exist "
+                          f"(built-in models: {', '.join(names())})")
+    mod_name = "minidnn_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"model file {path!r} cannot be imported as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: report it as their input, on one line
+        raise ConfigError(f"model file {path!r} failed to import: "
+                          f"{type(e).__name__}: {e}") from e
+    if not callable(getattr(module, "build", None)):
+        raise ConfigError(f"model file {path!r} must define build(num_classes, image_size) "
+                          f"returning a minidnn Network")
+    return module
+
+
+def _check_image_size(image_size) -> None:
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
+        raise ConfigError(f"image_size must be a positive integer, got {image_size!r}")
+
+
+def _build_from_file(module, path: str, num_classes: int, image_size: int):
+    from ..errors import MinidnnError
+    from ..network import Network
+    try:
+        net = module.build(num_classes, image_size)
+    except MinidnnError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"model file {path!r}: build({num_classes}, {image_size}) failed: "
+                          f"{type(e).__name__}: {e}") from e
+    if not isinstance(net, Network):
+        raise ConfigError(f"model file {path!r}: build() returned {type(net).__name__}, "
+                          f"expected a minidnn Network")
+    if not net.nodes or net.nodes[-1].layer.kind != "loss":
+        net.add_loss()
+    net.infer_shapes(1)
+    return net
+
+
+__all__ = ["ModelSpec", "build", "names", "spec", "native_image_size", "min_image_size",
+           "is_model_file", "stage_depths", "vgg"]

@@ -1,5 +1,5 @@
 """minidnn: a small deep-learning framework whose memory manager virtualizes GPU memory."""
-from . import layers
+from . import layers, models
 from .backend import Device, select_device
 from .errors import MinidnnError
 from .executor import Executor
@@ -7,4 +7,4 @@ from .network import Network
 from .optim import SGD
 
 __version__ = "0.1.0"
-__all__ = ["layers", "Device", "select_device", "MinidnnError", "Executor", "Network", "SGD"]
+__all__ = ["layers", "models", "Device", "select_device", "MinidnnError", "Executor", "Network", "SGD"]

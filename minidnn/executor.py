@@ -32,6 +32,7 @@ from .layers.base import StepContext
 from .memory.allocator import CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
+from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
 from .memory.policy import get_policy
@@ -45,6 +46,8 @@ class Executor:
     policy: 'none' | 'all' | 'conv' or a memory.policy.Policy. prefetch_lookahead: layers
     ahead that backward brings offloaded maps back (0: only on demand). trace: keep a
     trace.Tracer in `self.tracer`. compute=False: dry run (simulate_step only).
+    static_layout: place every feature-map block at an address planned before step one
+    (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
@@ -57,7 +60,7 @@ class Executor:
                  memory_budget: int | str | None = None, policy="none",
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None):
+                 deterministic: bool | None = None, static_layout: bool = True):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -85,14 +88,16 @@ class Executor:
 
         self.host = self._make_host(host_limit)
         self._routed = False
-        self._param_bufs: list = []
+        self._held_bufs: list = []
         self.allocator = self._make_allocator(memory_budget)
         try:  # from here on, a failure must give the device memory (and CuPy's routing) back
             self._place_parameters()
+            self.layout = None
+            blocks = self._plan_layout(int(prefetch_lookahead)) if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=int(prefetch_lookahead),
-                                         dry=not self.compute)
+                                         dry=not self.compute, blocks=blocks)
         except BaseException:
             self._release_device_memory()
             raise
@@ -125,7 +130,7 @@ class Executor:
         if not self.compute:
             for name, p in params:
                 for what in ("parameter", "gradient of"):
-                    self._param_bufs.append(self.allocator.alloc(
+                    self._held_bufs.append(self.allocator.alloc(
                         int(np.prod(p.shape, dtype=np.int64)) * self.net.dtype.itemsize,
                         f"{what} {name}"))
             return
@@ -134,9 +139,9 @@ class Executor:
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
             data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
-            self._param_bufs.append(buf)
+            self._held_bufs.append(buf)
             grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
-            self._param_bufs.append(gbuf)
+            self._held_bufs.append(gbuf)
             if self.device.is_gpu:
                 with self.device.compute:
                     data.set(values, stream=self.device.compute)
@@ -146,10 +151,21 @@ class Executor:
                 grad.fill(0)
             p.data, p.grad = data, grad
 
+    def _plan_layout(self, lookahead: int):
+        """Record one step's blocks, pack them (memory/layout.py), and take the region for them
+        from the allocator now, so that a budget too small fails before step one."""
+        keep = (self.net.loss_node.name, self.net.output)
+        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep)
+        buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
+        self._held_bufs.append(buf)
+        # A dry run only counts: its blocks are views of an empty array.
+        region = buf if self.compute else np.empty(0, np.uint8)
+        return PlannedBlocks(self.layout, region, self.allocator)
+
     def _release_device_memory(self) -> None:
-        for buf in self._param_bufs:
+        for buf in self._held_bufs:
             self.allocator.free(buf)
-        self._param_bufs = []
+        self._held_bufs = []
         if self._routed:
             self.allocator.uninstall()
             self._routed = False
@@ -411,4 +427,7 @@ class Executor:
             "fragmentation": float(frag),
             "policy": self.policy.name,
             "offload_storages": len(self.decision.offload),
+            "layout_bytes": int(self.layout.size) if self.layout else None,
+            "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,
+            "unplanned_blocks": int(getattr(self.manager.blocks, "unplanned", 0)),
         }

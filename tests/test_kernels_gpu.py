@@ -572,3 +572,34 @@ def test_direct_and_public_execute_agree(stream):
     assert np.array_equal(outs[0], outs[1])
     assert rel_err(outs[0], ref_conv(x, w, spec.stride, spec.padding, spec.dilation, 1)) \
         < TF32_RTOL
+
+
+def test_convolution_falls_back_to_a_leaner_plan_when_the_workspace_does_not_fit(stream):
+    """Under a budget that holds the operands but not the fastest plan's workspace, the
+    convolution runs a plan with less workspace, gives the same result, and says so."""
+    from minidnn.backend import Device
+    from minidnn.kernels import cuda
+    from minidnn.memory.arena import Arena
+    spec = ConvSpec(padding=(1, 1), key="fallback-test")
+    rng = cp.random.default_rng(3)
+    x = rng.standard_normal((32, 64, 56, 56), dtype=cp.float32)
+    w = rng.standard_normal((128, 64, 3, 3), dtype=cp.float32)
+    want = cp.empty((32, 128, 56, 56), cp.float32)
+    cuda.conv2d_forward(x, w, None, want, spec)        # measures the plans without a budget
+    fastest = min(cuda.conv_plans("fprop", x.shape, w.shape, spec), key=lambda p: p[2])
+    if fastest[1] == 0:
+        pytest.skip("the fastest plan needs no workspace on this GPU")
+    stream.synchronize()
+    operands = x.nbytes + w.nbytes + want.nbytes
+    arena = Arena(Device("gpu"), operands + 8 * 2**20)   # 8 MiB beside the operands
+    try:
+        with arena.route_cupy():
+            x2, w2 = x.copy(), w.copy()
+            y2 = cp.empty_like(want)
+            cuda.conv2d_forward(x2, w2, None, y2, spec)
+            stream.synchronize()
+            assert ("fallback-test", "fprop") in cuda.workspace_fallbacks
+            assert rel_err(y2.get(), want.get()) < 2e-3
+            del x2, w2, y2
+    finally:
+        arena.close()

@@ -256,9 +256,11 @@ def test_budget_is_never_exceeded_and_offload_fits_where_none_does_not():
 
 
 def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
-    probe = Executor(dag_net(), BATCH, device="cpu")
+    # Dynamic blocks: the budget runs out inside a step, which must say where and clean up.
+    probe = Executor(dag_net(), BATCH, device="cpu", static_layout=False)
     params = probe.allocator.in_use
-    ex = Executor(dag_net(), BATCH, device="cpu", memory_budget=params + 2048)
+    ex = Executor(dag_net(), BATCH, device="cpu", memory_budget=params + 2048,
+                  static_layout=False)
     with pytest.raises(MemoryBudgetError) as err:
         ex.forward(*batch())
     msg = str(err.value)
@@ -266,6 +268,14 @@ def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
     assert err.value.budget == params + 2048
     assert ex.allocator.in_use == params    # the failed step's buffers were released
     assert ex.manager.resident() == []
+
+
+def test_too_small_budget_for_the_static_layout_fails_before_step_one():
+    probe = Executor(dag_net(), BATCH, device="cpu")
+    region = probe.memory_stats()["layout_bytes"]
+    assert region >= probe.layout.live_peak() > 0
+    with pytest.raises(MemoryBudgetError, match="feature maps \\(static layout\\)"):
+        Executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256)
 
 
 def test_budget_below_the_parameters_names_the_parameter():

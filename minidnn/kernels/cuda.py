@@ -174,6 +174,7 @@ class _Ready(NamedTuple):
     run: Callable
     workspace_bytes: int
     group_steps: tuple | None
+    index: int = -1                 # the plan's index in its graph
 
 
 # (op, layouts, dtypes, spec, device, math mode, plan_index) -> _Ready. A cheap key: building
@@ -200,7 +201,7 @@ def _prepare(op, x, w, y, spec, plan_index) -> _Ready:
         (x1, w1, y1) = parts[1]
         steps = (x1.data.ptr - x.data.ptr, w1.data.ptr - w.data.ptr, y1.data.ptr - y.data.ptr,
                  len(parts))
-    return _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, steps)
+    return _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, steps, plan.index)
 
 
 def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
@@ -218,7 +219,10 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
     ready = _ready.get(key)
     if ready is None:
         ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index)
-    ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes else None
+    try:
+        ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes else None
+    except MemoryError:  # the budget cannot hold this plan's workspace now: a leaner plan
+        ready, ws = _leaner_plan(key, op, x, w, y, spec, ready)
     ws_ptr = ws.data.ptr if ws is not None else 0
     if ready.group_steps is None:
         ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr)
@@ -228,6 +232,35 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
         for g in range(groups):
             ready.run(px + g * sx, pw + g * sw, py + g * sy, ws_ptr)
     del ws  # back to the allocator now; later reuse is ordered on this stream
+
+
+# (layer key, op) -> (chosen plan index, plan index run instead): convolutions whose chosen
+# plan's workspace did not fit the memory budget when they ran.
+workspace_fallbacks: dict = {}
+
+
+def _leaner_plan(key, op, x, w, y, spec, ready):
+    """The fastest measured plan whose workspace can be allocated now, and that workspace.
+
+    Called when the chosen plan's workspace does not fit the budget (the feature maps of a
+    virtualized step leave little room). The choice sticks for this call key: a step's
+    memory pattern repeats, so the next step would fail the same way. The plans needing no
+    workspace always fit, so this never fails for want of memory.
+    """
+    entry, _ = _entry_and_parts(op, x, w, y, spec)
+    for plan in sorted((p for p in entry.table if np.isfinite(p.time_ms)
+                        and p.workspace_bytes < ready.workspace_bytes), key=lambda p: p.time_ms):
+        try:
+            ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+        except MemoryError:
+            continue
+        lean = _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, ready.group_steps,
+                      plan.index)
+        _ready[key] = lean
+        workspace_fallbacks[(spec.key, op)] = (ready.index, plan.index)
+        return lean, ws
+    raise ConfigError(f"convolution {spec.key or '(unnamed)'} ({op}): no measured plan runs "
+                      f"without workspace, and the budget holds no workspace now")
 
 
 # ---- bias ---------------------------------------------------------------------------------------
@@ -340,6 +373,7 @@ def conv_cache_entries() -> list:
 def clear_conv_cache() -> None:
     """Forget every graph and measurement (the next call of each shape measures again)."""
     _ready.clear()
+    workspace_fallbacks.clear()
     _cache().clear()
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from .layout import DynamicBlocks
 from .plan import LivenessPlan, StoragePlan
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
@@ -95,14 +96,15 @@ class FeatureMap:
 class Mover:
     """Issues the copies between device and host with the events that order them.
 
-    allocator: the device arena; host: the pinned host slab; both take `free(buf, after=event)`
-    and reuse a block only once the event is done. Nothing here blocks the host. `dry`: count
+    blocks: where feature-map blocks come from (memory/layout.py: the allocator, or planned
+    offsets); host: the pinned host slab. Both take a release with `after=event` and reuse a
+    block only once the event is done. Nothing here blocks the host. `dry`: count
     bytes but copy nothing (the buffers are receipts from a CountingAllocator).
     """
 
-    def __init__(self, device, allocator, host, dry: bool = False, tracer=None):
+    def __init__(self, device, blocks, host, dry: bool = False, tracer=None):
         self.device = device
-        self.allocator = allocator
+        self.blocks = blocks
         self.host = host
         self.dry = dry
         self.tracer = tracer
@@ -127,7 +129,7 @@ class Mover:
     def fetch(self, fm: FeatureMap, time: int, where: str) -> None:
         """Allocate a device block for `fm` and start the host -> device copy into it."""
         dev = self.device
-        fm.device = self.allocator.alloc(fm.nbytes, where)
+        fm.device = self.blocks.acquire(fm, where, dev.prefetch)
         # The block may have been freed by compute work that is still running; and the host copy
         # must be complete. The prefetch stream waits for both, not the host.
         issued = dev.event()
@@ -169,7 +171,7 @@ class Mover:
     def release_device(self, fm: FeatureMap) -> None:
         if fm.device is not None:
             # After an offload the block is reused only once the copy has read it.
-            self.allocator.free(fm.device, after=fm.device_busy)
+            self.blocks.release(fm, after=fm.device_busy)
             fm.device, fm.device_busy = None, None
 
     def release_host(self, fm: FeatureMap) -> None:
@@ -220,7 +222,7 @@ class MemoryManager:
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
-                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None):
+                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
@@ -234,7 +236,8 @@ class MemoryManager:
         self.dry = dry
         self.prefetch_lookahead = int(prefetch_lookahead)
         self.maps = [FeatureMap(s) for s in plan.storages]
-        self.mover = Mover(device, allocator, host, dry=dry)
+        self.blocks = blocks if blocks is not None else DynamicBlocks(allocator)
+        self.mover = Mover(device, self.blocks, host, dry=dry)
         self.tracer = tracer
         self.train = True
         self.keep: set[int] = set()
@@ -287,7 +290,7 @@ class MemoryManager:
             if fm.host is not None:  # offloaded and needed again before anyone prefetched it
                 self._fetch(fm, where, on_demand=True)
             else:
-                fm.device = self.allocator.alloc(fm.nbytes, where)
+                fm.device = self.blocks.acquire(fm, where, self.device.compute)
                 self._count(fm.nbytes)
                 self.log.append((self.time, "alloc", sid))
                 fm.note(self.time)
@@ -384,6 +387,7 @@ class MemoryManager:
         self.train = train
         self.keep = {self.plan.tensors[k].storage for k in keep}
         self._grad_written.clear()
+        self.blocks.begin_step(self.device)
         self.stats = StepMemoryStats(peak_feature_map_bytes=self.resident_bytes)
         self.log = []
         self.time = -1

@@ -1,0 +1,209 @@
+"""Static layout: every feature-map block of a step gets a fixed address, planned before step one.
+
+Why: a step's allocations and releases are known in advance (the liveness plan and the policy
+fix them), and they are the same every step. Serving them from a general-purpose allocator at
+run time fragments memory: in VGG-16's backward each layer frees maps smaller than the ones the
+next layer asks for, and cuDNN workspaces land in between, so a 12 GiB budget that holds the
+step's live bytes can still fail with gigabytes free in pieces. Planning the addresses once
+removes that failure and makes the feature-map peak a number known before step one.
+
+How:
+1. `record_intervals` walks one step through a dry memory manager (receipts, no memory) and
+   notes, in the manager's own order of operations, when each block is taken and given back.
+   A storage that is offloaded and prefetched has two blocks (two intervals).
+2. `pack` assigns offsets: largest block first, each at the lowest address where it overlaps no
+   already-placed block that is alive at the same time (a greedy solution of the dynamic storage
+   allocation problem; near the live-bytes peak on these networks).
+3. At run time `PlannedBlocks` hands out views of one region at those offsets. A block handed
+   to a copy stream may still be in use after the manager gave it back (an offload still reads
+   it): the stream that next writes those addresses first waits on the event of each earlier
+   occupant released behind a copy. Compute-ordered releases need no wait.
+
+Blocks that were not planned (a step that differs from the recorded one) fall back to the
+dynamic allocator, so a layout can make a step slower but never wrong.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .allocator import ALIGNMENT, CountingAllocator, aligned
+
+
+@dataclass
+class Interval:
+    """One device block of one storage in a step: taken at `start`, given back at `end`
+    (positions in the manager's sequence of block operations). k: the storage's k-th block."""
+    sid: int
+    k: int
+    nbytes: int
+    start: int
+    end: int = -1
+    offset: int = -1
+    predecessors: list = field(default_factory=list)   # keys of earlier blocks at overlapping addresses
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.sid, self.k)
+
+
+class DynamicBlocks:
+    """Feature-map blocks straight from the device allocator (no plan)."""
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+
+    def begin_step(self, device) -> None:
+        pass
+
+    def acquire(self, fm, where: str, stream):
+        return self.allocator.alloc(fm.nbytes, where)
+
+    def release(self, fm, after) -> None:
+        self.allocator.free(fm.device, after=after)
+
+
+class RecordingBlocks(DynamicBlocks):
+    """Dynamic blocks from receipts that note every block's interval (for `record_intervals`)."""
+
+    def __init__(self):
+        super().__init__(CountingAllocator(None))
+        self.clock = 0
+        self.intervals: list[Interval] = []
+        self._open: dict[int, Interval] = {}
+        self._count: dict[int, int] = {}
+
+    def acquire(self, fm, where, stream):
+        k = self._count.get(fm.sid, 0)
+        self._count[fm.sid] = k + 1
+        iv = Interval(fm.sid, k, fm.nbytes, self.clock)
+        self.clock += 1
+        self.intervals.append(iv)
+        self._open[fm.sid] = iv
+        return super().acquire(fm, where, stream)
+
+    def release(self, fm, after) -> None:
+        self._open.pop(fm.sid).end = self.clock
+        self.clock += 1
+        super().release(fm, after)
+
+
+def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = ()) -> list[Interval]:
+    """The block intervals of one training step under this offload set (a dry run)."""
+    from .manager import MemoryManager
+    blocks = RecordingBlocks()
+    from ..backend import Device
+    mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
+                       offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
+                       blocks=blocks)
+    mm.begin_step(True, keep)
+    mm.write_input("data", None)
+    mm.write_input("label", None)
+    n = plan.num_nodes
+    for i in range(n):
+        mm.forward_buffers(i)
+        mm.after_forward(i)
+    for i in reversed(range(n)):
+        mm.backward_buffers(i)
+        mm.after_backward(i)
+    mm.end_step()
+    return blocks.intervals
+
+
+def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
+    """Give each interval an offset; returns the region size. Fills `offset` and `predecessors`.
+
+    Greedy: largest first (ties: earliest start), each at the lowest aligned address where it
+    overlaps no placed interval alive at the same time. Then, for every interval, the earlier
+    intervals that share any of its addresses (the blocks whose release it may have to wait for).
+    """
+    order = sorted(intervals, key=lambda iv: (-aligned(iv.nbytes), iv.start))
+    placed: list[Interval] = []
+    size = 0
+    for iv in order:
+        need = aligned(iv.nbytes)
+        busy = sorted((p.offset, p.offset + aligned(p.nbytes)) for p in placed
+                      if p.start < iv.end and iv.start < p.end)
+        offset = 0
+        for lo, hi in busy:
+            if offset + need <= lo:
+                break
+            offset = max(offset, (hi + alignment - 1) // alignment * alignment)
+        iv.offset = offset
+        placed.append(iv)
+        size = max(size, offset + need)
+    for iv in intervals:
+        lo, hi = iv.offset, iv.offset + aligned(iv.nbytes)
+        iv.predecessors = [p.key for p in intervals if p.end <= iv.start
+                           and p.offset < hi and lo < p.offset + aligned(p.nbytes)]
+    return size
+
+
+class StaticLayout:
+    """Packed intervals of one step: `size` bytes of region, `intervals` by (sid, k)."""
+
+    def __init__(self, intervals: list[Interval], alignment: int = ALIGNMENT):
+        self.size = pack(intervals, alignment)
+        self.intervals = {iv.key: iv for iv in intervals}
+
+    @classmethod
+    def for_step(cls, plan, offload, prefetch_lookahead: int, keep: tuple = ()) -> "StaticLayout":
+        return cls(record_intervals(plan, offload, prefetch_lookahead, keep))
+
+    def live_peak(self) -> int:
+        """The most aligned bytes alive at once (what no layout can beat)."""
+        events = sorted([(iv.start, aligned(iv.nbytes)) for iv in self.intervals.values()] +
+                        [(iv.end, -aligned(iv.nbytes)) for iv in self.intervals.values()])
+        cur = peak = 0
+        for _, delta in events:
+            cur += delta
+            peak = max(peak, cur)
+        return peak
+
+
+class PlannedBlocks(DynamicBlocks):
+    """Blocks at the planned offsets of one region (a flat uint8 device array of layout.size).
+
+    acquire(fm, where, stream): the storage's next planned block; `stream` (the one that will
+    write it first) waits on the release events of its predecessors. release(fm, after):
+    remembers `after` (the copy that may still use the block) for later occupants.
+    """
+
+    def __init__(self, layout: StaticLayout, region, allocator):
+        super().__init__(allocator)
+        self.layout = layout
+        self.region = region
+        self._count: dict[int, int] = {}
+        self._current: dict[int, tuple] = {}      # sid -> key of its planned block now held
+        self._released: dict[tuple, object] = {}  # key -> event to wait on (None: none needed)
+        self.unplanned = 0                        # blocks that fell back to the allocator
+
+    def begin_step(self, device) -> None:
+        # Copies of the last step that may still touch the region: every stream starts behind them.
+        events = [ev for ev in self._released.values() if ev is not None]
+        for ev in events:
+            device.compute.wait_event(ev)
+            device.prefetch.wait_event(ev)
+        self._count.clear()
+        self._released.clear()
+
+    def acquire(self, fm, where, stream):
+        k = self._count.get(fm.sid, 0)
+        self._count[fm.sid] = k + 1
+        iv = self.layout.intervals.get((fm.sid, k))
+        if iv is None or iv.nbytes != fm.nbytes:
+            self.unplanned += 1
+            return super().acquire(fm, where, stream)
+        for pred in iv.predecessors:
+            ev = self._released.get(pred)
+            if ev is not None:
+                stream.wait_event(ev)
+        self._current[fm.sid] = iv.key
+        return self.region[iv.offset:iv.offset + fm.nbytes]
+
+    def release(self, fm, after) -> None:
+        key = self._current.pop(fm.sid, None)
+        if key is None:
+            super().release(fm, after)
+        else:
+            self._released[key] = after
+

@@ -7,7 +7,7 @@
 # 3. VGG-16 at batch 256 without offload (no budget) and under vDNN_all in a 12 GiB budget for
 # 200 steps (speed, peak, bytes moved, arena level after every step: no leak), with a trace and
 # a memory plot of one step each; 4. the PyTorch comparison of scripts/bench_vs_pytorch.py.
-# Everything is logged to $OUT/run.log; traces, plots and reports land beside it.
+# SKIP_MAIN=1 skips step 2; PT_RUNS="" skips step 4. Everything is logged to $OUT/run.log; traces, plots and reports land beside it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_check_out}
@@ -28,9 +28,11 @@ log "GPU tests"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests 2>&1 \
     | tee "$OUT/pytest_gpu.log" | tail -n 25 | tee -a "$OUT/run.log"
 
-log "main job: python3 -m minidnn train --no-progress --report $OUT/main_report.json"
-timeout 120 python3 -m minidnn train --no-progress --report "$OUT/main_report.json" 2>&1 \
-    | tail -n 12 | tee -a "$OUT/run.log"
+if [ -z "${SKIP_MAIN:-}" ]; then
+    log "main job: python3 -m minidnn train --no-progress --report $OUT/main_report.json"
+    timeout 120 python3 -m minidnn train --no-progress --report "$OUT/main_report.json" 2>&1 \
+        | tail -n 12 | tee -a "$OUT/run.log"
+fi
 
 log "VGG-16 b256, policy none, no budget"
 timeout 150 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies none \
@@ -41,6 +43,7 @@ timeout 300 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies
     --memory-budget 12GiB --steps "$STEPS" --warmup 3 --trace-dir "$OUT/tr" 2>&1 \
     | tail -n 15 | tee -a "$OUT/run.log"
 
+[ "${PT_RUNS-x}" = "" ] && exit 0
 log "PyTorch comparison"
 timeout "${PT_TIMEOUT:-200}" python3 scripts/bench_vs_pytorch.py --runs ${PT_RUNS:-vgg16:256:tf32 alexnet:256:tf32} \
     --steps 5 --warmup 2 --timeout 120 --out "$OUT/bench_pytorch.json" 2>&1 | tail -n 20 | tee -a "$OUT/run.log"

@@ -1,0 +1,106 @@
+"""Static layout: packing, waits on earlier occupants, and equivalence with dynamic blocks."""
+import numpy as np
+import pytest
+
+from minidnn import Executor, SGD, models
+from minidnn.errors import fmt_bytes
+from minidnn.memory.allocator import aligned
+from minidnn.memory.layout import Interval, PlannedBlocks, StaticLayout, pack
+
+
+def _random_intervals(rng, n=60):
+    out = []
+    for sid in range(n):
+        start = int(rng.integers(0, 100))
+        out.append(Interval(sid, 0, int(rng.integers(1, 5000)), start,
+                            start + int(rng.integers(1, 30))))
+    return out
+
+
+def test_packed_intervals_never_share_bytes_while_both_alive():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ivs = _random_intervals(rng)
+        size = pack(ivs)
+        for a in ivs:
+            assert a.offset % 256 == 0 and a.offset + aligned(a.nbytes) <= size
+            for b in ivs:
+                if a is b or not (a.start < b.end and b.start < a.end):
+                    continue
+                assert a.offset + aligned(a.nbytes) <= b.offset or \
+                    b.offset + aligned(b.nbytes) <= a.offset, (a, b)
+
+
+def test_predecessors_are_the_earlier_blocks_at_the_same_addresses():
+    ivs = [Interval(0, 0, 1024, 0, 2), Interval(1, 0, 1024, 3, 5), Interval(2, 0, 512, 1, 4)]
+    pack(ivs)
+    by = {iv.sid: iv for iv in ivs}
+    assert by[1].offset == by[0].offset          # reuses the first block's bytes
+    assert by[1].predecessors == [(0, 0)]
+    assert by[0].predecessors == [] and by[2].predecessors == []
+
+
+class _Stream:
+    def __init__(self):
+        self.waited = []
+
+    def wait_event(self, ev):
+        self.waited.append(ev)
+
+
+class _Device:
+    def __init__(self):
+        self.compute, self.prefetch = _Stream(), _Stream()
+
+
+class _FM:
+    def __init__(self, sid, nbytes):
+        self.sid, self.nbytes, self.device = sid, nbytes, None
+
+
+def test_a_block_released_behind_a_copy_makes_its_next_occupant_wait():
+    layout = StaticLayout([Interval(0, 0, 1024, 0, 1), Interval(1, 0, 1024, 2, 3),
+                           Interval(2, 0, 1024, 4, 5)])
+    blocks = PlannedBlocks(layout, np.zeros(layout.size, np.uint8), allocator=None)
+    dev = _Device()
+    blocks.begin_step(dev)
+    a, b, c = _FM(0, 1024), _FM(1, 1024), _FM(2, 1024)
+    a.device = blocks.acquire(a, "", dev.compute)
+    offload_done = object()
+    blocks.release(a, after=offload_done)        # an offload still reads it
+    b.device = blocks.acquire(b, "", dev.compute)
+    assert dev.compute.waited == [offload_done]
+    blocks.release(b, after=None)                # compute-ordered: nothing to wait for
+    c.device = blocks.acquire(c, "", dev.prefetch)
+    assert dev.prefetch.waited == [offload_done] and len(dev.compute.waited) == 1
+    assert np.shares_memory(a.device, c.device)
+
+
+def _train(static, policy, steps=3):
+    net = models.build("tiny_cnn", num_classes=5, image_size=16)
+    ex = Executor(net, 4, device="cpu", seed=1, policy=policy, static_layout=static)
+    opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(2)
+    for _ in range(steps):
+        x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+        ex.train_step(x, rng.integers(0, 5, 4), opt)
+    return net.param_checksum(), ex
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_static_layout_gives_the_same_bits_as_dynamic_blocks(policy):
+    static, ex = _train(True, policy)
+    dynamic, _ = _train(False, policy)
+    assert static == dynamic
+    assert ex.memory_stats()["unplanned_blocks"] == 0
+
+
+def test_vgg16_b256_feature_maps_under_vdnn_all_pack_without_waste():
+    """The layout of VGG-16 at batch 256 under vDNN_all is as small as its live peak, and with
+    parameters, gradients and momentum it leaves room under a 12 GiB budget."""
+    net = models.build("vgg16", num_classes=1000)
+    ex = Executor(net, 256, device="cpu", policy="all", compute=False)
+    st = ex.simulate_step()
+    assert st["layout_bytes"] <= 1.01 * st["layout_live_peak_bytes"]
+    momentum = sum(int(np.prod(p.shape)) * 4 for _, p in net.parameters())
+    assert st["peak_device_bytes"] + momentum < 12 * 2**30, fmt_bytes(st["peak_device_bytes"])

@@ -48,6 +48,9 @@ class Executor:
     trace.Tracer in `self.tracer`. compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
     (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
+    None (default): planned when a memory budget is given, where fragmentation can make a
+    step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
+    across the step, which gives a lower peak.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
@@ -60,7 +63,7 @@ class Executor:
                  memory_budget: int | str | None = None, policy="none",
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool = True):
+                 deterministic: bool | None = None, static_layout: bool | None = None):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -93,6 +96,8 @@ class Executor:
         try:  # from here on, a failure must give the device memory (and CuPy's routing) back
             self._place_parameters()
             self.layout = None
+            if static_layout is None:
+                static_layout = memory_budget is not None
             blocks = self._plan_layout(int(prefetch_lookahead)) if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,

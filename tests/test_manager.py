@@ -271,11 +271,14 @@ def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
 
 
 def test_too_small_budget_for_the_static_layout_fails_before_step_one():
-    probe = Executor(dag_net(), BATCH, device="cpu")
+    probe = Executor(dag_net(), BATCH, device="cpu", static_layout=True)
     region = probe.memory_stats()["layout_bytes"]
     assert region >= probe.layout.live_peak() > 0
     with pytest.raises(MemoryBudgetError, match="feature maps \\(static layout\\)"):
         Executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256)
+    # With a budget the layout is planned by default; without one, blocks are dynamic.
+    assert Executor(dag_net(), BATCH, device="cpu", memory_budget="1GiB").layout is not None
+    assert Executor(dag_net(), BATCH, device="cpu").layout is None
 
 
 def test_budget_below_the_parameters_names_the_parameter():

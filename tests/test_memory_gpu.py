@@ -15,6 +15,7 @@ from minidnn import Executor, Network, SGD  # noqa: E402
 from minidnn.backend import Device, gpu_available  # noqa: E402
 from minidnn.layers import (Add, Conv2d, Dropout, Flatten, Linear, MaxPool2d,  # noqa: E402
                             ReLU)
+from minidnn.memory.layout import DynamicBlocks  # noqa: E402
 from minidnn.memory.manager import FeatureMap, Mover  # noqa: E402
 from minidnn.memory.plan import StoragePlan  # noqa: E402
 
@@ -68,7 +69,7 @@ def _slow_fill(dev, buf, value, times=200):
 def test_offload_waits_for_the_producer_and_its_block_waits_for_the_copy(gpu):
     arena = _arena(gpu, BIG + 4096)      # room for exactly one such buffer
     host = _host(gpu)
-    mover = Mover(gpu, arena, host)
+    mover = Mover(gpu, DynamicBlocks(arena), host)
     fm = _map(BIG)
     fm.device = arena.alloc(BIG)
     first = fm.device.data.ptr
@@ -91,7 +92,7 @@ def test_offload_waits_for_the_producer_and_its_block_waits_for_the_copy(gpu):
 def test_prefetch_waits_for_compute_on_its_block_and_compute_waits_for_the_prefetch(gpu):
     arena = _arena(gpu, BIG + 4096)
     host = _host(gpu)
-    mover = Mover(gpu, arena, host)
+    mover = Mover(gpu, DynamicBlocks(arena), host)
     fm = _map(BIG)
     fm.host = host.alloc(BIG)
     fm.host[:BIG] = ORIGINAL                      # the offloaded bytes
@@ -115,7 +116,7 @@ def test_prefetch_waits_for_compute_on_its_block_and_compute_waits_for_the_prefe
 def test_host_block_is_not_reused_while_a_copy_reads_it(gpu):
     arena = _arena(gpu, 2 * BIG + 4096)
     host = _host(gpu)
-    mover = Mover(gpu, arena, host)
+    mover = Mover(gpu, DynamicBlocks(arena), host)
     a = _map(BIG)
     a.host = host.alloc(BIG)
     a.host[:BIG] = ORIGINAL

@@ -119,6 +119,18 @@ class NetBuilder:
             from ..layers import Linear
             self.net.add(Linear(out_features, init=init), name=name)
 
+    def classifier(self, hidden: tuple, num_classes: int, dropout: float = 0.5,
+                   first: int = 6) -> None:
+        """The paper networks' head: flatten, then for each width in `hidden` a fully connected
+        layer fc{first}, fc{first+1}, ... with ReLU and dropout, then the class layer."""
+        self.flatten("flatten")
+        for k, width in enumerate(hidden):
+            n = first + k
+            self.linear(f"fc{n}", width)
+            self.relu(f"relu{n}")
+            self.dropout(f"drop{n}", dropout)
+        self.linear(f"fc{first + len(hidden)}", num_classes)
+
     def finish(self):
         """Add the softmax cross-entropy loss, infer shapes at batch 1, return the Network."""
         if self.dry:

@@ -52,14 +52,7 @@ def define_vgg(depth: int):
                 b.conv(f"conv{stage}_{i}", channels, 3, padding=1)
                 b.relu(f"relu{stage}_{i}")
             b.maxpool(f"pool{stage}", 2, stride=2)
-        b.flatten("flatten")
-        b.linear("fc6", 4096)
-        b.relu("relu6")
-        b.dropout("drop6", 0.5)
-        b.linear("fc7", 4096)
-        b.relu("relu7")
-        b.dropout("drop7", 0.5)
-        b.linear("fc8", num_classes)
+        b.classifier((4096, 4096), num_classes)
 
     define.__doc__ = f"VGG-{depth}: {counts} conv layers per stage."
     return define

@@ -68,6 +68,9 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
     from minidnn.data import SyntheticImages
     ex = Executor(net, batch, device=device, seed=0, policy=GivenDecision(decision),
                   memory_budget=budget, math=math if device.is_gpu else None)
+    # Convolutions whose planned workspace did not fit at run time ran a leaner plan instead.
+    fallbacks = getattr(ex.kernels, "workspace_fallbacks", {})
+    fallbacks_before = len(fallbacks)
     try:
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
@@ -99,6 +102,8 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
             "offloaded_bytes": int(stats["offloaded_bytes"]),
             "prefetched_bytes": int(stats["prefetched_bytes"]),
             "on_demand_fetches": int(stats["on_demand_fetches"]),
+            "layout_bytes": stats.get("layout_bytes"),
+            "workspace_fallbacks": len(fallbacks) - fallbacks_before,
             "fragmentation": float(stats["fragmentation"]), "loss": final_loss}
 
 
@@ -140,12 +145,14 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
             rows.append(row)
             if policy == "dyn":
                 if planned is None:
-                    row["skipped"] = f"nothing fits (least budget {fmt_bytes(planner.minimum_budget())})"
+                    least = fmt_bytes(planner.minimum_budget())
+                    row["skipped"] = f"nothing fits (least budget {least})"
                     continue
                 ev = planned.best
             else:
                 ev = planner.baseline(policy, algo)
             row.update(planned_required_bytes=ev.required_bytes,
+                       planned_region_bytes=ev.region_bytes,
                        planned_peak_bytes=ev.peak_bytes, planned_step_time_s=ev.step_time_s,
                        planned_compute_s=ev.compute_s,
                        planned_offloaded_bytes=ev.offloaded_bytes,
@@ -171,8 +178,9 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
             row["step_error"] = ev.step_time_s / m["step_time_s"] - 1
             print(f"{name} b{batch} {policy}/{algo}: {m['step_time_s'] * 1e3:.1f} ms "
                   f"(planned {ev.step_time_s * 1e3:.1f}), peak {fmt_bytes(m['peak_device_bytes'])}"
-                  f" (planned {fmt_bytes(ev.peak_bytes)}), {m['images_per_s']:.0f} img/s",
-                  flush=True)
+                  f" (planned {fmt_bytes(ev.peak_bytes)}), {m['images_per_s']:.0f} img/s"
+                  + (f"; {m['workspace_fallbacks']} convolutions ran a leaner plan than planned"
+                     if m["workspace_fallbacks"] else ""), flush=True)
     return rows
 
 
@@ -267,7 +275,8 @@ def torch_rows(name: str, batch: int, image: int, args, deadline: float) -> list
         rows.append(run_torch(name, batch, image, mode, cap, args))
     for r in rows:
         r.update(network=name, batch=batch, image_size=image)
-        what = f"pytorch {r['mode']}{' capped at ' + fmt_bytes(r['budget_bytes']) if r.get('budget_bytes') else ''}"
+        cap = f" capped at {fmt_bytes(r['budget_bytes'])}" if r.get("budget_bytes") else ""
+        what = f"pytorch {r['mode']}{cap}"
         if "error" in r:
             print(f"{what}: {r['error']}", flush=True)
         else:

@@ -1,0 +1,37 @@
+"""vDNN_dyn for minidnn: profile a network, plan its memory for a budget, and say how.
+
+    from minidnn.planner import analytic_profile, get_profile, plan
+    prof = analytic_profile(net, 256, "h200")           # or get_profile(net, 256, device)
+    result = plan(net, 256, prof, budget=12 * 2**30)
+    result.decision                                      # MemoryDecision(offload, conv_algo)
+    result.best.step_time_s, result.best.required_bytes  # what the model predicts
+
+Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models of named GPUs),
+profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
+memory manager's dry run, timed against a Profile), search.py (the planner), dyn.py (the
+`dyn` memory policy), command.py (`minidnn plan`).
+"""
+from .costs import LayerCost, Profile
+from .dyn import DynPolicy
+from .gpus import GpuModel, PRESETS, analytic_profile, get_gpu, gpu_names
+
+
+def __getattr__(name):
+    # The planner, the simulator and the profiler import the executor; load them on first use
+    # so that registering the `dyn` policy (memory.policy imports this package) stays cheap.
+    if name in ("Planner", "PlanResult", "InfeasibleBudgetError", "plan"):
+        from . import search
+        return getattr(search, name)
+    if name in ("StepModel", "Evaluation"):
+        from . import simulate
+        return getattr(simulate, name)
+    if name in ("get_profile", "measure_profile", "load_profile", "save_profile", "cache_dir"):
+        from . import profile
+        return getattr(profile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["LayerCost", "Profile", "DynPolicy", "GpuModel", "PRESETS", "analytic_profile",
+           "get_gpu", "gpu_names", "Planner", "PlanResult", "InfeasibleBudgetError", "plan",
+           "StepModel", "Evaluation", "get_profile", "measure_profile", "load_profile",
+           "save_profile", "cache_dir"]

@@ -1,0 +1,448 @@
+"""`minidnn plan`: how a network will train within a memory budget, before it runs.
+
+    minidnn plan --model vgg16 --batch 256 --memory-budget 12GiB              # this GPU, or h200
+    minidnn plan --model vgg16 --batch 256 --memory-budget 12GiB --gpu k40    # the paper's GPU
+    minidnn plan --report runs/vgg16.json --gpu h200                          # predicted vs run
+
+Prints one row per layer (feature-map bytes, kept or offloaded, convolution plan and its
+workspace, predicted compute and copy times, and how long the compute stream waits before the
+layer), then the predicted peak memory and step time, the least budget that works, and how the
+other policies (none, vDNN_conv, vDNN_all, vDNN_dyn's greedy order) would do.
+
+Where the costs come from: --profile FILE (a measured profile), else --gpu NAME (an analytic
+model, see planner/gpus.py), else this machine's GPU (measured once, then cached), else the
+analytic model of the h200. With --report RUN.json (a `minidnn train --report` file) the plan
+is made for that run's model, batch, policy and budget, and set beside what the run measured.
+
+The CLI wires this module in with `add_parser(subparsers)` and `run(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+
+from ..errors import ConfigError, MinidnnError, fmt_bytes, parse_bytes
+
+POLICIES = ("dyn", "none", "conv", "all")
+# The arena keeps this much of a GPU free when no budget is given (memory/arena.py).
+NO_BUDGET_MARGIN = 512 * 1024**2
+
+
+# ---- arguments -----------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except MinidnnError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the `plan` subcommand to an argparse subparsers object; returns its parser."""
+    from .gpus import gpu_names
+    p = subparsers.add_parser(
+        "plan", help="plan memory for a budget: what to offload, which conv plans, how fast",
+        description="Plan a training step within a memory budget (vDNN_dyn): per layer, keep "
+                    "or offload its feature map and which convolution plan to run; the "
+                    "predicted peak memory and step time; the least budget that works.")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="built-in model or a .py model file (default: the --report's)")
+    p.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+                   help="images per step (default: the --report's)")
+    p.add_argument("--image-size", type=_positive_int, default=None, metavar="S",
+                   help="height = width of the images (default: the model's native size)")
+    p.add_argument("--num-classes", type=_positive_int, default=None, metavar="K",
+                   help="classes (default 1000, or the --report's)")
+    p.add_argument("--memory-budget", type=_size, default=None, metavar="SIZE",
+                   help="device memory for everything, e.g. 12GiB (default: the whole GPU)")
+    p.add_argument("--gpu", default=None, metavar="|".join(gpu_names()),
+                   help="plan for this GPU from its analytic model (default: measure this "
+                        "machine's GPU, or the h200 model when there is none)")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="plan from a measured profile (JSON, as the profiling pass caches it)")
+    p.add_argument("--math", choices=("tf32", "fp32"), default=None,
+                   help="convolution math: tf32 (default, as training) or strict fp32")
+    p.add_argument("--policy", choices=POLICIES, default=None,
+                   help="dyn: plan (default); none/conv/all: predict that vDNN policy")
+    p.add_argument("--conv-algo", choices=("fastest", "min_workspace"), default="fastest",
+                   help="convolution plans for --policy none/conv/all (default fastest)")
+    p.add_argument("--prefetch-lookahead", type=_count, default=1, metavar="N",
+                   help="layers ahead backward prefetches (as the run will use; default 1)")
+    p.add_argument("--report", default=None, metavar="RUN.json",
+                   help="a run report: plan for its settings and compare with its measurements")
+    p.add_argument("--refresh-profile", action="store_true",
+                   help="measure this GPU again even when a cached profile matches")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _load_report(path: str) -> dict:
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--report: cannot read run report {path!r}: {e}") from e
+    missing = [k for k in ("model", "batch", "policy", "peak_device_bytes") if k not in report]
+    if missing:
+        raise ConfigError(f"--report: {path!r} is not a minidnn run report (missing "
+                          f"{', '.join(missing)})")
+    return report
+
+
+def _settings(args, report: dict | None) -> dict:
+    """Model, batch, image size, classes, policy, budget, math: the command line's, else the
+    report's, else the defaults."""
+    r = report or {}
+    s = {
+        "model": args.model or r.get("model"),
+        "batch": args.batch or r.get("batch"),
+        "image_size": args.image_size or r.get("image_size"),
+        "num_classes": args.num_classes or r.get("num_classes") or 1000,
+        "policy": args.policy or r.get("policy") or "dyn",
+        "budget": args.memory_budget if args.memory_budget is not None
+        else r.get("memory_budget_bytes"),
+        "math": args.math or r.get("math_mode") or "tf32",
+    }
+    if not s["model"] or not s["batch"]:
+        raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
+                          "from a run)")
+    if s["policy"] not in POLICIES:
+        raise ConfigError(f"cannot plan policy {s['policy']!r} (from the report); plannable: "
+                          f"{', '.join(POLICIES)}")
+    if s["math"] not in ("tf32", "fp32"):
+        s["math"] = "tf32"
+    return s
+
+
+def _profile(args, net, batch: int, math_mode: str, report: dict | None) -> tuple:
+    """(Profile, a line saying where it comes from)."""
+    from ..backend import Device, gpu_available
+    from .gpus import analytic_profile, preset_for_device_name
+    if args.profile:
+        from .profile import load_profile
+        prof = load_profile(args.profile)
+        prof.check_matches(net, batch)
+        return prof, f"measured profile {args.profile} ({prof.device_name}, {prof.math})"
+    if args.gpu:
+        prof = analytic_profile(net, batch, args.gpu, math_mode)
+        return prof, f"analytic model of the {prof.device_name} ({prof.math})"
+    if gpu_available():
+        from .. import kernels
+        from .profile import get_profile
+        device = Device("gpu")
+        mod = kernels.for_device(device)
+        if hasattr(mod, "configure"):
+            mod.configure(math=math_mode, deterministic=mod.math_mode()["deterministic"])
+        prof = get_profile(net, batch, device, refresh=args.refresh_profile)
+        return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
+    preset = None
+    if report and report.get("device") == "gpu":
+        preset = preset_for_device_name(str(report.get("device_name", "")))
+    name = preset.name if preset else "h200"
+    prof = analytic_profile(net, batch, name, math_mode)
+    return prof, (f"analytic model of the {name} ({prof.math}; no GPU here, choose another "
+                  f"with --gpu)")
+
+
+def _offload_tensors(plan, offload) -> list[str]:
+    return [plan.storages[s].tensors[0] for s in sorted(offload)]
+
+
+def layer_rows(model, ev) -> list[dict]:
+    """One dict per node (and one for the input `data`): what the plan does with it."""
+    from ..network import DATA
+    plan, prof = model.plan, model.profile
+    rows = []
+
+    def prof_copy(nbytes, direction):
+        return model.copy_seconds(nbytes, direction)
+
+    def storage_row(name, kind, tensor_bytes, sid, producer):
+        s = plan.storages[sid]
+        owner = s.producer == producer and s.tensors[0] == name
+        if not owner:
+            status = f"= {s.tensors[0]}"
+        elif sid in ev.offload:
+            status = "offload"
+        elif s.needed_in_backward:
+            status = "keep"
+        else:
+            status = "free"
+        moved = owner and sid in ev.offload   # shown once, on the row of the buffer's owner
+        return dict(layer=name, type=kind, bytes=tensor_bytes, status=status,
+                    offload_s=prof_copy(s.nbytes, "offload") if moved else 0.0,
+                    prefetch_s=prof_copy(s.nbytes, "prefetch") if moved else 0.0)
+
+    t = plan.tensors[DATA]
+    row = storage_row(DATA, "input", int(np.prod(t.shape)) * t.dtype.itemsize, t.storage, -1)
+    row.update(algo="", workspace=0, forward_s=0.0, backward_s=0.0, wait_s=0.0)
+    rows.append(row)
+    for i, node in enumerate(plan.nodes):
+        t = plan.tensors[node.name]
+        row = storage_row(node.name, type(node.layer).__name__,
+                          int(np.prod(t.shape)) * t.dtype.itemsize, t.storage, i)
+        for aux in node.layer.aux_specs():
+            sid = plan.tensors[f"{node.name}:{aux}"].storage
+            if sid in ev.offload:
+                row["status"] += f" +{aux}"
+                nbytes = plan.storages[sid].nbytes
+                row["offload_s"] += prof_copy(nbytes, "offload")
+                row["prefetch_s"] += prof_copy(nbytes, "prefetch")
+        cost = prof.layer(node.name)
+        algo = ev.conv_algo.get(node.name, "")
+        a = algo or "fastest"
+        row.update(algo=algo, workspace=max(cost.workspace("forward", a),
+                                            cost.workspace("backward", a)),
+                   forward_s=cost.time("forward", a), backward_s=cost.time("backward", a),
+                   wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
+                              for p in ("forward", "backward")))
+        rows.append(row)
+    return rows
+
+
+def _decision_line(model, ev) -> str:
+    from ..memory.policy import offload_candidates
+    n_off = len(ev.offload)
+    total = len(offload_candidates(model.plan))
+    mem_opt = sorted(n for n, a in ev.conv_algo.items() if a == "min_workspace")
+    parts = [f"offload {n_off} of {total} feature maps ({fmt_bytes(ev.offloaded_bytes)} per "
+             f"step each way)" if n_off else "offload nothing"]
+    if mem_opt:
+        parts.append(f"{len(mem_opt)} of {len(ev.conv_algo)} convolutions on their "
+                     f"memory-optimal plan ({', '.join(mem_opt[:6])}"
+                     f"{', ...' if len(mem_opt) > 6 else ''})")
+    elif ev.conv_algo:
+        parts.append("every convolution on its fastest plan")
+    return "; ".join(parts)
+
+
+def _evaluation_json(model, ev) -> dict:
+    return {
+        "offload": _offload_tensors(model.plan, ev.offload),
+        "conv_algo": dict(ev.conv_algo),
+        "fits": ev.fits,
+        "required_bytes": ev.required_bytes,
+        "peak_device_bytes": ev.peak_bytes,
+        "feature_map_region_bytes": ev.region_bytes,
+        "step_time_s": ev.step_time_s,
+        "images_per_s": model.batch / ev.step_time_s if ev.step_time_s > 0 else None,
+        "compute_time_s": ev.compute_s,
+        "offloaded_bytes": ev.offloaded_bytes,
+        "prefetched_bytes": ev.prefetched_bytes,
+        "avg_feature_map_bytes": ev.avg_feature_map_bytes,
+        "lower_bound_s": model.lower_bound_s(ev),
+    }
+
+
+# ---- the command ---------------------------------------------------------------------------------
+def make_plan(args) -> dict:
+    """Everything `minidnn plan` shows, as a dict (see run() for the printing)."""
+    from .. import models
+    from .search import InfeasibleBudgetError, Planner
+    report = _load_report(args.report) if args.report else None
+    s = _settings(args, report)
+    net = models.build(s["model"], num_classes=int(s["num_classes"]),
+                       image_size=int(s["image_size"]) if s["image_size"] else None)
+    batch = int(s["batch"])
+    prof, source = _profile(args, net, batch, s["math"], report)
+    notes = list(prof.notes)
+    budget = s["budget"]
+    if budget is None:
+        budget = max(int(prof.memory_bytes) - NO_BUDGET_MARGIN, 0)
+        notes.append(f"no --memory-budget: planning for the whole {prof.device_name} "
+                     f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(NO_BUDGET_MARGIN)} the "
+                     f"arena leaves to CUDA)")
+    planner = Planner(net, batch, prof, budget=int(budget),
+                      prefetch_lookahead=args.prefetch_lookahead)
+    model = planner.model
+    result, infeasible = None, None
+    try:
+        result = planner.run()
+    except InfeasibleBudgetError as e:
+        if s["policy"] == "dyn":
+            raise
+        infeasible = e
+    if s["policy"] == "dyn":
+        ev = result.best
+    else:
+        ev = planner.baseline(s["policy"], args.conv_algo)
+    alternatives = []
+    for policy in ("none", "conv", "all"):
+        for algo in ("fastest", "min_workspace"):
+            alt = planner.baseline(policy, algo)
+            alternatives.append(dict(label=f"{policy}, {algo.replace('_', '-')} plans",
+                                     **_evaluation_json(model, alt)))
+    floor = result.floor if result else None
+    if floor is not None:
+        label = next(lbl for lbl, e in result.floor_trail if e is floor)
+        alternatives.append(dict(label=f"vDNN_dyn greedy order: {label}",
+                                 **_evaluation_json(model, floor)))
+    if result is not None:
+        alternatives.append(dict(label="dyn (minidnn planner)",
+                                 **_evaluation_json(model, result.best)))
+    if infeasible is not None:
+        notes.append(str(infeasible))
+    out = {
+        "model": s["model"], "network": net.name, "batch": batch,
+        "image_size": net.input_shape[-1], "num_classes": int(s["num_classes"]),
+        "policy": s["policy"], "math": prof.math, "profile_source": source,
+        "gpu": prof.device_name, "memory_budget_bytes": int(budget),
+        "usable_bytes": planner.usable, "prefetch_lookahead": args.prefetch_lookahead,
+        "minimum_budget_bytes": planner.minimum_budget(),
+        "plan": _evaluation_json(model, ev),
+        "decision": _decision_line(model, ev),
+        "layers": layer_rows(model, ev),
+        "alternatives": alternatives,
+        "bandwidth": {"d2h": prof.d2h_bw, "h2d": prof.h2d_bw, "duplex": prof.duplex_bw},
+        "evaluations": len(model.cache),
+        "notes": notes,
+    }
+    if report is not None:
+        out["comparison"] = compare_with_report(out, report, args.report)
+    return out
+
+
+def compare_with_report(planned: dict, report: dict, path: str) -> dict:
+    """Predicted against measured: peak device bytes, step time, images/s, bytes moved."""
+    p = planned["plan"]
+    batch = report.get("batch") or planned["batch"]
+    # The steady state's peak when the run reports it (the first steps also measure every
+    # cuDNN plan, whose trial workspaces are not part of training).
+    peak = report.get("steady_peak_device_bytes") or report.get("peak_device_bytes")
+    ips = report.get("images_per_s")
+    measured_step = batch / ips if ips else None
+    rows = []
+    for what, pred, meas, target in (
+            ("peak device memory", p["peak_device_bytes"], peak, 0.05),
+            ("step time (s)", p["step_time_s"], measured_step, 0.15),
+            ("images/s", p["images_per_s"], ips, None),
+            ("offloaded bytes per step", p["offloaded_bytes"], report.get("offloaded_bytes"),
+             None),
+            ("prefetched bytes per step", p["prefetched_bytes"],
+             report.get("prefetched_bytes"), None)):
+        err = (pred - meas) / meas if (pred is not None and meas) else None
+        rows.append({"quantity": what, "predicted": pred, "measured": meas,
+                     "relative_error": err, "target": target,
+                     "within_target": None if (target is None or err is None)
+                     else abs(err) <= target})
+    return {"report": path, "device_name": report.get("device_name"),
+            "policy": report.get("policy"), "steps": report.get("steps"), "rows": rows}
+
+
+def _fmt_value(what: str, v) -> str:
+    if v is None:
+        return "-"
+    if "bytes" in what or "memory" in what:
+        return fmt_bytes(v)
+    if "time" in what:
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.1f}"
+
+
+def format_plan(out: dict) -> str:
+    """The printed form of make_plan's dict."""
+    lines = [f"{out['network']}: batch {out['batch']}, {out['image_size']}x{out['image_size']} "
+             f"images, {out['num_classes']} classes; costs from the {out['profile_source']}",
+             f"memory budget {fmt_bytes(out['memory_budget_bytes'])} (plans fill "
+             f"{fmt_bytes(out['usable_bytes'])}; the rest is left for fragmentation); "
+             f"policy {out['policy']}; prefetch lookahead {out['prefetch_lookahead']}",
+             ""]
+    head = (f"{'layer':<13}{'type':<20}{'feature map':>12}  {'keep/offload':<20}"
+            f"{'conv plan':<15}{'workspace':>11}{'fwd ms':>9}{'bwd ms':>9}{'offload ms':>11}"
+            f"{'prefetch ms':>12}{'wait ms':>9}")
+    lines += [head, "-" * len(head)]
+    for r in out["layers"]:
+        lines.append(f"{r['layer'][:12]:<13}{r['type'][:19]:<20}{fmt_bytes(r['bytes']):>12}  "
+                     f"{r['status'][:19]:<20}{r['algo'].replace('_', '-'):<15}"
+                     f"{fmt_bytes(r['workspace']) if r['workspace'] else '-':>11}"
+                     f"{_ms(r['forward_s']):>9}{_ms(r['backward_s']):>9}"
+                     f"{_ms(r['offload_s']) if r['offload_s'] else '-':>11}"
+                     f"{_ms(r['prefetch_s']) if r['prefetch_s'] else '-':>12}"
+                     f"{_ms(r['wait_s']) if r['wait_s'] > 5e-6 else '-':>9}")
+    lines.append("-" * len(head))
+    p = out["plan"]
+    fit = "fits" if p["fits"] else "DOES NOT FIT"
+    lines += [
+        f"plan: {out['decision']}",
+        f"predicted peak device memory {fmt_bytes(p['peak_device_bytes'])} (the step needs "
+        f"{fmt_bytes(p['required_bytes'])}: {fit} the budget"
+        + (f"; feature maps in a static region of {fmt_bytes(p['feature_map_region_bytes'])}"
+           if p["feature_map_region_bytes"] else "") + ")",
+        f"predicted step time {p['step_time_s'] * 1e3:.1f} ms ({p['images_per_s']:.0f} "
+        f"images/s); compute alone {p['compute_time_s'] * 1e3:.1f} ms; no schedule of these "
+        f"copies beats {p['lower_bound_s'] * 1e3:.1f} ms = max(compute, bytes moved / "
+        f"bandwidth at {out['bandwidth']['d2h'] / 1e9:.0f} GB/s)",
+        f"minimum feasible budget: {fmt_bytes(out['minimum_budget_bytes'])}",
+        "", "the alternatives (predicted):",
+        f"  {'configuration':<52}{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}  fits"]
+    for a in out["alternatives"]:
+        lines.append(f"  {a['label'][:51]:<52}{fmt_bytes(a['required_bytes']):>12}"
+                     f"{fmt_bytes(a['peak_device_bytes']):>12}{a['step_time_s'] * 1e3:>10.1f}"
+                     f"{a['images_per_s']:>9.0f}  {'yes' if a['fits'] else 'no'}")
+    dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
+    floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
+    if dyn and floor and dyn["step_time_s"] > 0:
+        lines.append(f"  the planner's step is {floor['step_time_s'] / dyn['step_time_s']:.2f}x "
+                     f"as fast as vDNN_dyn's greedy order ({out['evaluations']} decisions "
+                     f"evaluated)")
+    if out.get("comparison"):
+        c = out["comparison"]
+        lines += ["", f"predicted against measured ({c['report']}: policy {c['policy']}, "
+                      f"{c['steps']} steps on {c['device_name']}):",
+                  f"  {'quantity':<28}{'predicted':>14}{'measured':>14}{'error':>9}  target"]
+        for r in c["rows"]:
+            err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+            target = "" if r["target"] is None else \
+                f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
+            lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
+                         f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+    for note in out["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def run(args, out=print) -> int:
+    """Run `minidnn plan` with parsed arguments; returns the exit status (0)."""
+    planned = make_plan(args)
+    if args.json:
+        out(json.dumps(_json_safe(planned), indent=1))
+    else:
+        out(format_plan(planned))
+    return 0

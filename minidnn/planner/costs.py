@@ -1,0 +1,183 @@
+"""What a training step costs, layer by layer: the Profile the planner plans from.
+
+A Profile holds, for one (network, batch, device, math mode), every layer's forward and
+backward time under each convolution plan setting ('fastest' / 'min_workspace'), the cuDNN
+workspace each setting needs, the host's time to issue each layer call, the optimizer step,
+and the copy bandwidths between host and device. It comes from one of two places and looks
+the same either way:
+
+* measured on the device (profile.py, cached on disk), or
+* computed from an analytic model of a named GPU (gpus.py), so that a plan can be made on a
+  laptop for a K40 of 2016 or an H200 of today.
+
+The planner (search.py) and the step-time model (simulate.py) read only this file's types.
+Besides the workspace, a few layers allocate temporaries inside a call (dropout draws float32
+randoms, the optimizer's weight decay and update make parameter-sized temporaries);
+`transient_bytes` bounds them from the layer shapes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..network import DATA, LABEL
+
+ALGOS = ("fastest", "min_workspace")
+PHASES = ("forward", "backward")
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LayerCost:
+    """One layer's costs. Each dict maps a conv plan setting ('fastest', 'min_workspace') to a
+    value; layers that are not convolutions have only 'fastest' (the setting changes nothing).
+
+    forward_s / backward_s: device time of one call (seconds). workspace_forward /
+    workspace_backward: the largest cuDNN workspace the call allocates (bytes; the backward's
+    data- and filter-gradient convolutions run one after the other, each with its own).
+    host_s: {'forward': s, 'backward': s}, the host's time to issue one call (Python, the
+    memory manager, kernel launches).
+    """
+    forward_s: dict
+    backward_s: dict
+    workspace_forward: dict = field(default_factory=lambda: {"fastest": 0})
+    workspace_backward: dict = field(default_factory=lambda: {"fastest": 0})
+    host_s: dict = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
+
+    @staticmethod
+    def _pick(table: dict, algo: str):
+        return table[algo] if algo in table else table["fastest"]
+
+    def time(self, phase: str, algo: str = "fastest") -> float:
+        return float(self._pick(self.forward_s if phase == "forward" else self.backward_s, algo))
+
+    def workspace(self, phase: str, algo: str = "fastest") -> int:
+        table = self.workspace_forward if phase == "forward" else self.workspace_backward
+        return int(self._pick(table, algo))
+
+    def host(self, phase: str) -> float:
+        return float(self.host_s.get(phase, 0.0))
+
+
+@dataclass
+class Profile:
+    """Costs of one training step of one network at one batch on one device (see module doc).
+
+    source: 'measured' or 'analytic:<gpu>'. device_name: the GPU's name as the driver gives it
+    (or the preset's). memory_bytes: the device's memory. d2h_bw / h2d_bw: pinned copy
+    bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
+    once, together. optimizer_s / optimizer_host_s: one SGD step, device and host time.
+    synchronous: the host does the device's work itself (the CPU): every operation ends
+    before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
+    temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
+    arena; NumPy's temporaries on the CPU are not). key: the cache key (profile.py);
+    key_fields: what it was made from.
+    """
+    source: str
+    device_name: str
+    math: str
+    network: str
+    batch: int
+    memory_bytes: int
+    d2h_bw: float
+    h2d_bw: float
+    duplex_bw: float
+    layers: dict
+    optimizer_s: float = 0.0
+    optimizer_host_s: float = 0.0
+    synchronous: bool = False
+    temporaries_in_arena: bool = True
+    key: str = ""
+    key_fields: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def layer(self, name: str) -> LayerCost:
+        try:
+            return self.layers[name]
+        except KeyError:
+            raise ConfigError(f"profile of {self.network!r} ({self.source}) has no layer "
+                              f"{name!r}; it was made for another network (layers: "
+                              f"{', '.join(list(self.layers)[:8])}...)") from None
+
+    def check_matches(self, net, batch: int) -> None:
+        """ConfigError unless this profile was made for `net` at `batch`."""
+        if int(batch) != self.batch:
+            raise ConfigError(f"profile ({self.source}, {self.device_name}) is for batch "
+                              f"{self.batch}, not {batch}")
+        missing = [n.name for n in net.nodes if n.name not in self.layers]
+        if missing:
+            raise ConfigError(f"profile ({self.source}) does not cover layers "
+                              f"{', '.join(missing[:5])} of network {net.name!r}")
+        if self.key_fields.get("structure") and \
+                self.key_fields["structure"] != structure_hash(net, batch):
+            raise ConfigError(f"profile ({self.source}) was made for another structure of "
+                              f"network {net.name!r} (layer settings or shapes differ)")
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["format"] = FORMAT_VERSION
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Profile":
+        if d.get("format") != FORMAT_VERSION:
+            raise ConfigError(f"profile format {d.get('format')!r} is not {FORMAT_VERSION}; "
+                              f"measure the profile again")
+        d = dict(d)
+        d.pop("format")
+        d["layers"] = {k: LayerCost(**v) for k, v in d["layers"].items()}
+        return cls(**d)
+
+
+def structure_hash(net, batch: int) -> str:
+    """sha256 of what a layer's cost depends on: every node's type, settings, inputs and
+    shapes at this batch, the dtype and the input shape (not the parameter values)."""
+    shapes = net.infer_shapes(batch)
+    items = [net.name, list(net.input_shape), str(net.dtype)]
+    for node in net.nodes:
+        layer = node.layer
+        items.append([node.name, type(layer).__name__, layer.describe(), list(node.inputs),
+                      list(shapes[node.name]), [list(s) for s in layer.in_shapes]])
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def wants_input_grad(node) -> bool:
+    """Does this node's backward compute a gradient for its input 0 (the conv's dgrad)?"""
+    return node.layer.has_grad_inputs and node.inputs[0] not in (DATA, LABEL) and \
+        node.layer.kind != "loss"
+
+
+def numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def transient_bytes(layer, phase: str) -> int:
+    """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace.
+
+    From the layers' and the GPU kernels' code: dropout's forward draws float32 randoms of
+    the mask's shape; the loss works on (N,) vectors. Everything else (ReLU and the conv bias
+    run as fused kernels on the GPU) writes into the buffers it is given.
+    """
+    kind = layer.kind
+    if kind == "dropout" and phase == "forward" and getattr(layer, "p", 0) > 0:
+        return 4 * numel(layer.out_shape)
+    if kind == "loss":
+        n = layer.in_shapes[0][0]
+        return 4 * 8 * n  # max, sum, arange, picked, log ... of (N,) vectors
+    return 0
+
+
+def optimizer_transient_bytes(net) -> int:
+    """SGD with weight decay makes `wd * w` and `grad + wd * w`, then `lr * g`, so two
+    parameter-sized temporaries of the largest parameter are alive at once."""
+    sizes = [numel(p.shape) * net.dtype.itemsize for _, p in net.parameters()]
+    return 2 * max(sizes) if sizes else 0
+
+
+def param_bytes(net) -> int:
+    return sum(numel(p.shape) for _, p in net.parameters()) * net.dtype.itemsize

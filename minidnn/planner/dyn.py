@@ -1,0 +1,102 @@
+"""The `dyn` memory policy (vDNN_dyn): profile the network, then plan for the budget.
+
+    ex = Executor(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
+    ex = Executor(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB", compute=False)
+
+decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or measured
+on the device, cached on disk: profile.py), runs the planner (search.py) and returns its
+decision: which feature maps to offload and which convolution plan each convolution runs.
+Without a budget nothing needs planning: no offload, the fastest plans. A budget below what
+any decision needs raises InfeasibleBudgetError (a MemoryBudgetError) naming the minimum.
+
+The planner's full answer (predicted peak and step time, the alternatives it weighed) stays
+in `policy.result` for whoever wants to show it.
+
+This module imports the planner only when a decision is asked for, so registering the
+policy costs nothing.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..memory.policy import MemoryDecision, Policy, register_policy
+
+
+def _to_stderr(message: str) -> None:
+    """Say why the first run of a network takes longer (the profiling pass)."""
+    print(f"minidnn: {message}", file=sys.stderr)
+
+
+@register_policy
+class DynPolicy(Policy):
+    """vDNN_dyn with minidnn's planner (see the module docstring).
+
+    profile: a Profile to plan from. gpu: plan from the analytic model of this GPU ('k40',
+    'h200', ...) instead of measuring. device: where to measure (a Device or 'auto'/'gpu'/
+    'cpu'; the executor's device when it sets one). math: math mode of the analytic model
+    (default: the kernels' mode, 'tf32'). prefetch_lookahead, momentum, input_batches,
+    reserve, static_layout: as the run will use them (see search.Planner). cache_dir: where
+    measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
+    of a profiling pass goes (default: standard error).
+    """
+    name = "dyn"
+    description = ("vDNN_dyn: profile the network, then choose per layer what to offload and "
+                   "which convolution plan to run, to fit the budget at the best step time")
+
+    def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
+                 prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
+                 reserve: float | None = None, cache_dir=None, static_layout: bool = True,
+                 log=None):
+        self.profile = profile
+        self.gpu = gpu
+        self.device = device
+        self.math = math
+        self.prefetch_lookahead = int(prefetch_lookahead)
+        self.momentum = bool(momentum)
+        self.input_batches = int(input_batches)
+        self.reserve = reserve
+        self.cache_dir = cache_dir
+        self.static_layout = bool(static_layout)
+        self.log = log
+        self.result = None
+
+    def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
+        """What the executor that asks for the decision will run with (it calls this before
+        `decide`, when it does): the device to profile, its prefetch lookahead and layout."""
+        if device is not None and self.device is None:
+            self.device = device
+        if prefetch_lookahead is not None:
+            self.prefetch_lookahead = int(prefetch_lookahead)
+        if static_layout is not None:
+            self.static_layout = bool(static_layout)
+
+    def profile_for(self, net, batch: int):
+        """The Profile to plan from (see the class docstring for the order of sources)."""
+        if self.profile is not None:
+            self.profile.check_matches(net, batch)
+            return self.profile
+        if self.gpu is not None:
+            from .gpus import analytic_profile
+            return analytic_profile(net, batch, self.gpu, self.math or "tf32")
+        from .profile import get_profile
+        return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
+                           log=self.log or _to_stderr)
+
+    def decide(self, plan, budget=None):
+        from .search import DEFAULT_RESERVE, Planner
+        net, batch = plan.net, plan.batch
+        convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
+        if budget is None:
+            self.result = None
+            return MemoryDecision(conv_algo=convs)
+        planner = Planner(net, batch, self.profile_for(net, batch), budget=int(budget),
+                          prefetch_lookahead=self.prefetch_lookahead, momentum=self.momentum,
+                          input_batches=self.input_batches, static_layout=self.static_layout,
+                          reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
+        self.result = planner.run()
+        return self.result.decision
+
+    def __repr__(self) -> str:
+        source = f"gpu={self.gpu!r}" if self.gpu else \
+            ("profile" if self.profile is not None else "measured")
+        return f"DynPolicy({source})"

@@ -1,0 +1,390 @@
+"""The profiling pass: measure what each layer costs on this device, once, and cache it on disk.
+
+    prof = get_profile(net, batch, device)        # measured on first use, then read from disk
+
+For every layer of the network (one at a time, so a network far larger than the device can
+still be profiled) the pass builds the layer's input, output, aux and gradient buffers on the
+device and times its forward and backward, for each convolution plan setting ('fastest',
+'min_workspace') on convolutions; it reads each setting's cuDNN workspace from the kernels'
+measured plan table (`conv_plans`), measures the host's time to issue each call, one SGD step,
+and the pinned copy bandwidth device -> host, host -> device and both at once.
+
+Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream (the
+host runs ahead, so this is device time) and the host clock for the time to issue them; on
+the CPU, where the host does the work, wall-clock time (and the host's issue time is the
+memory manager's bookkeeping alone, measured in a dry run).
+
+Cache: JSON files under `$MINIDNN_CACHE/profiles/` (default `~/.cache/minidnn/profiles/`),
+named by network, batch and device, keyed by a hash of the network's structure, the batch,
+the device's name, the library versions (CuPy, cuDNN, the cuDNN frontend, CUDA, NumPy,
+minidnn) and the math mode: a change to any of them measures again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__, kernels as kernel_modules
+from ..backend import Device, select_device
+from ..errors import ConfigError
+from ..layers.base import Parameter, StepContext
+from ..memory.plan import LivenessPlan
+from ..network import LABEL
+from .costs import ALGOS, LayerCost, Profile, structure_hash, wants_input_grad
+
+DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
+BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
+
+
+# ---- the cache -----------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """Where profiles are kept: $MINIDNN_CACHE/profiles, else ~/.cache/minidnn/profiles."""
+    root = os.environ.get("MINIDNN_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "minidnn"
+    return base / "profiles"
+
+
+def library_versions(device: Device) -> dict:
+    """Versions of everything a measurement depends on besides the network and the GPU."""
+    v = {"minidnn": __version__, "numpy": np.__version__}
+    if device.is_gpu:
+        import cupy
+        v["cupy"] = cupy.__version__
+        try:
+            v["cuda_runtime"] = int(cupy.cuda.runtime.runtimeGetVersion())
+            v["cuda_driver"] = int(cupy.cuda.runtime.driverGetVersion())
+        except Exception:  # a CuPy without these queries: the other versions still key it
+            pass
+        try:
+            import cudnn
+            v["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
+            v["cudnn"] = int(cudnn.backend_version())
+        except Exception:  # no cuDNN to load: convolutions cannot run, the key says so
+            v["cudnn"] = None
+    return v
+
+
+def kernel_settings(kernels) -> dict:
+    """{'math': ..., 'deterministic': ...} of a kernel module (the CPU's is strict FP32)."""
+    mode = getattr(kernels, "math_mode", None)
+    if callable(mode):
+        return dict(mode())
+    return {"math": "fp32", "deterministic": True}
+
+
+def profile_key(net, batch: int, device_name: str, versions: dict, settings: dict) -> tuple:
+    """(key, fields): a 16-hex-digit hash of everything a profile depends on, and those things."""
+    fields = {"structure": structure_hash(net, batch), "batch": int(batch),
+              "device": device_name, "versions": versions, "settings": settings}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return key, fields
+
+
+def profile_path(net, batch: int, device_name: str, key: str, directory=None) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
+    return Path(directory or cache_dir()) / f"{net.name}-b{int(batch)}-{slug}-{key}.json"
+
+
+def save_profile(profile: Profile, path) -> None:
+    from ..checkpoint import atomic_write
+    text = json.dumps(profile.to_json(), indent=1, sort_keys=True) + "\n"
+    atomic_write(str(path), lambda f: f.write(text.encode()))
+
+
+def load_profile(path) -> Profile:
+    """A profile from a JSON file (ConfigError if it is not one)."""
+    try:
+        with open(path) as f:
+            return Profile.from_json(json.load(f))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"cannot read a profile from {str(path)!r}: {e}") from e
+
+
+def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = False,
+                directory=None, repeats: int | None = None, log=None) -> Profile:
+    """The measured profile of `net` at `batch` on `device` under the kernels' current math
+    mode: from the cache when its key matches, else measured now and cached."""
+    device = device if isinstance(device, Device) else select_device(device)
+    kernels = kernel_modules.for_device(device)
+    settings = kernel_settings(kernels)
+    key, fields = profile_key(net, batch, device.name, library_versions(device), settings)
+    path = profile_path(net, batch, device.name, key, directory)
+    if path.exists() and not refresh:
+        prof = load_profile(path)
+        if prof.key == key:
+            return prof
+    if log:
+        log(f"profiling {net.name} at batch {batch} on {device.name} (cached in {path})")
+    prof = measure_profile(net, batch, device, repeats=repeats)
+    prof.key, prof.key_fields = key, fields
+    save_profile(prof, path)
+    return prof
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+class _Clock:
+    """Times `repeats` back-to-back calls: device time by events (GPU) or wall clock (CPU),
+    and the host's time to issue them."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    def __call__(self, fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
+        dev = self.device
+        for _ in range(warmup):
+            fn()
+        if dev.is_gpu:
+            import cupy
+            dev.compute.synchronize()
+            start, end = dev.timing_event(), dev.timing_event()
+            start.record(dev.compute)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            host = time.perf_counter() - t0
+            end.record(dev.compute)
+            end.synchronize()
+            return cupy.cuda.get_elapsed_time(start, end) / 1e3 / repeats, host / repeats
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        wall = (time.perf_counter() - t0) / repeats
+        return wall, 0.0
+
+
+def _random(xp, shape, dtype, rng):
+    values = rng.standard_normal(shape).astype(dtype) if shape else np.asarray(1.0, dtype)
+    return xp.asarray(values)
+
+
+def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
+    """(xs, y, aux, gy, gxs) of node i on the device, shared the way the executor shares them."""
+    layer = node.layer
+    dtype = plan.net.dtype
+    xs = []
+    for name in node.inputs:
+        if name == LABEL:
+            xs.append(xp.asarray(rng.integers(0, num_classes, shapes[LABEL]).astype(np.int64)))
+        else:
+            xs.append(_random(xp, shapes[name], dtype, rng))
+    out_shape = shapes[node.name]
+    if plan.inplace.get(i):
+        y = xs[0].reshape(out_shape)
+    else:
+        y = xp.empty(out_shape, dtype=dtype)
+    aux = {a: xp.zeros(s, dtype=dt) for a, (s, dt) in layer.aux_specs().items()}
+    gy = _random(xp, out_shape, dtype, rng) if out_shape else xp.ones((), dtype=dtype)
+    gxs = []
+    for k, name in enumerate(node.inputs):
+        if not plan.wants_grad(node, k):
+            gxs.append(None)
+        elif k == 0 and plan.grad_alias.get(i):
+            gxs.append(gy.reshape(shapes[name]))
+        else:
+            gxs.append(xp.empty(shapes[name], dtype=dtype))
+    return xs, y, aux, gy, gxs
+
+
+def _conv_workspace(kernels, layer, node, algo: str, deterministic: bool) -> tuple[int, int]:
+    """(forward, backward) workspace bytes of the plan `algo` selects, from the kernels'
+    measured plan tables; (0, 0) for kernels without cuDNN plans (the CPU)."""
+    conv_plans = getattr(kernels, "conv_plans", None)
+    if conv_plans is None:
+        return 0, 0
+    from ..kernels.cudnn_conv import PlanTiming, choose_plan
+    x_shape = layer.in_shapes[0]
+    w_shape = layer.params["weight"].shape
+    ops = ["wgrad"] + (["dgrad"] if wants_input_grad(node) else [])
+    chosen = {}
+    for op in ["fprop"] + ops:
+        table = [PlanTiming(*t) for t in conv_plans(op, x_shape, w_shape, layer.spec,
+                                                    dtype=layer.dtype)]
+        chosen[op] = choose_plan(table, algo, by_rank=deterministic,
+                                 where=f"profile of {layer.name}").workspace_bytes
+    return chosen["fprop"], max(chosen[op] for op in ops)
+
+
+def _manager_overhead(net, batch: int) -> float:
+    """Host seconds the memory manager spends per layer call (its bookkeeping, from dry runs)."""
+    from ..executor import Executor
+    ex = Executor(net, batch, device="cpu", compute=False)
+    ex.simulate_step()
+    t0 = time.perf_counter()
+    steps = 3
+    for _ in range(steps):
+        ex.simulate_step()
+    return (time.perf_counter() - t0) / (steps * 2 * len(net.nodes))
+
+
+def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
+                   deterministic) -> tuple:
+    """(forward_s, backward_s, workspace_forward, workspace_backward, host issue time per
+    call) of node i, on buffers that live only inside this call."""
+    layer, xp = node.layer, ctx.xp
+    xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes)
+    bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
+    by = y if layer.retain_output else None
+    fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
+    host = (0.0, 0.0)
+    for algo in (ALGOS if layer.kind == "conv" else ("fastest",)):
+        if layer.kind == "conv":
+            layer.algo = algo
+        fwd[algo], hf = clock(lambda: layer.forward(xs, y, aux, ctx), repeats)
+        bwd[algo], hb = clock(lambda: layer.backward(bxs, by, gy, gxs, aux, ctx), repeats)
+        if layer.kind == "conv":
+            ws_f[algo], ws_b[algo] = _conv_workspace(ctx.kernels, layer, node, algo,
+                                                     deterministic)
+        else:
+            ws_f[algo] = ws_b[algo] = 0
+        host = (hf, hb)
+    return fwd, bwd, ws_f, ws_b, host
+
+
+def measure_layers(net, batch: int, device: Device, repeats: int | None = None) -> dict:
+    """{node name: LayerCost} measured on `device` (see the module docstring)."""
+    kernels = kernel_modules.for_device(device)
+    deterministic = kernel_settings(kernels)["deterministic"]
+    repeats = repeats or DEFAULT_REPEATS[device.kind]
+    plan = LivenessPlan(net, batch)
+    shapes = net.infer_shapes(batch)
+    xp = device.xp
+    rng = np.random.default_rng(0)
+    num_classes = shapes[net.output][-1]
+    ctx = StepContext(xp, kernels=kernels, train=True, step=0, seed=0, device=device)
+    clock = _Clock(device)
+    manager_s = _manager_overhead(net, batch)
+    saved = [(p, p.data, p.grad) for _, p in net.parameters()]
+    saved_algo = {n.name: n.layer.algo for n in net.nodes if n.layer.kind == "conv"}
+    costs = {}
+    try:
+        with device.compute:
+            for i, node in enumerate(net.nodes):
+                # Parameters of the right shape (their values do not change the time).
+                for p in node.layer.params.values():
+                    p.data = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
+                    p.grad = xp.empty(p.shape, dtype=net.dtype)
+                fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
+                    i, node, plan, shapes, ctx, clock, repeats, rng, num_classes, deterministic)
+                costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
+                    "forward": hf + manager_s, "backward": hb + manager_s})
+                for p in node.layer.params.values():
+                    p.data = p.grad = None
+                _release_pool(device)
+    finally:
+        for p, data, grad in saved:
+            p.data, p.grad = data, grad
+        for name, algo in saved_algo.items():
+            net.node(name).layer.algo = algo
+    return costs
+
+
+def _release_pool(device: Device) -> None:
+    """Give CuPy's cached blocks back to the driver (the executor's arena wants them)."""
+    if device.is_gpu:
+        import cupy
+        device.synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, float]:
+    """(device seconds, host seconds) of one SGD step (momentum, weight decay) over arrays
+    shaped like the network's parameters."""
+    from ..optim import SGD
+    xp = device.xp
+    params = []
+    with device.compute:
+        for name, p in net.parameters():
+            q = Parameter(p.shape, "zeros")
+            q.data = xp.zeros(p.shape, dtype=net.dtype)
+            q.grad = xp.full(p.shape, 1e-3, dtype=net.dtype)
+            params.append((name, q))
+        opt = SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
+        device_s, host_s = _Clock(device)(opt.step, repeats)
+    del opt, params
+    _release_pool(device)
+    return device_s, host_s
+
+
+def measure_bandwidth(device: Device, nbytes: int | None = None,
+                      repeats: int = 3) -> tuple[float, float, float]:
+    """(device -> host, host -> device, both at once in total) in bytes/s, pinned memory,
+    each direction on its own stream as the memory manager copies."""
+    nbytes = int(nbytes or BANDWIDTH_BYTES[device.kind])
+    if not device.is_gpu:
+        a, b = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        np.copyto(b, a)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            np.copyto(b, a)
+        bw = nbytes * repeats / (time.perf_counter() - t0)
+        return bw, bw, bw
+    rates = _gpu_copy_rates(device, nbytes, repeats)
+    _release_pool(device)
+    return rates
+
+
+def _gpu_copy_rates(device: Device, nbytes: int, repeats: int) -> tuple[float, float, float]:
+    import cupy
+    from cupy.cuda import runtime
+    d2h_kind, h2d_kind = 2, 1   # cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice
+    with device.compute:
+        dev_a = cupy.ones(nbytes, dtype=np.uint8)
+        dev_b = cupy.empty(nbytes, dtype=np.uint8)
+    device.compute.synchronize()
+    pinned_a = cupy.cuda.alloc_pinned_memory(nbytes)
+    pinned_b = cupy.cuda.alloc_pinned_memory(nbytes)
+    host_a = np.frombuffer(pinned_a, np.uint8, nbytes)
+    host_b = np.frombuffer(pinned_b, np.uint8, nbytes)
+    d2h = (device.offload, host_a.ctypes.data, dev_a.data.ptr, d2h_kind)
+    h2d = (device.prefetch, dev_b.data.ptr, host_b.ctypes.data, h2d_kind)
+
+    def rate(copies) -> float:
+        for stream, dst, src, kind in copies:  # once untimed: first-touch costs
+            runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+        device.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            for stream, dst, src, kind in copies:
+                runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+        for stream, *_ in copies:
+            stream.synchronize()
+        return len(copies) * nbytes * repeats / (time.perf_counter() - t0)
+
+    return rate([d2h]), rate([h2d]), rate([d2h, h2d])
+
+
+def device_memory_bytes(device: Device) -> int:
+    if device.is_gpu:
+        import cupy
+        return int(cupy.cuda.runtime.memGetInfo()[1])
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def measure_profile(net, batch: int, device: Device | str = "auto",
+                    repeats: int | None = None) -> Profile:
+    """Measure the Profile of `net` at `batch` on `device` now (no cache; see get_profile)."""
+    device = device if isinstance(device, Device) else select_device(device)
+    kernels = kernel_modules.for_device(device)
+    settings = kernel_settings(kernels)
+    t0 = time.perf_counter()
+    layers = measure_layers(net, batch, device, repeats)
+    opt_s, opt_host_s = measure_optimizer(net, device)
+    d2h, h2d, both = measure_bandwidth(device)
+    notes = [f"measured in {time.perf_counter() - t0:.1f} s"]
+    if not device.is_gpu:
+        notes.append("CPU: layer times are wall-clock; copies are memcpy")
+    return Profile(source="measured", device_name=device.name, math=settings["math"],
+                   network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
+                   d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
+                   optimizer_s=opt_s, optimizer_host_s=opt_host_s,
+                   synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
+                   key_fields={"structure": structure_hash(net, batch)}, notes=notes)

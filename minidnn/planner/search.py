@@ -1,0 +1,362 @@
+"""The planner: which feature maps to offload and which convolution plan each layer runs, so
+that a training step fits the memory budget at the lowest predicted step time.
+
+Every candidate is judged by the StepModel (simulate.py): the real memory manager walked
+through the steps in a dry run, then timed against the profile. So a decision the planner
+calls feasible is one the dry run has seen fit, workspace and temporaries included.
+
+Two searches run, and the faster feasible answer wins:
+
+* vDNN_dyn's greedy order (Rhu et al. 2016), the floor: no offload with the fastest plans;
+  else vDNN_conv, then vDNN_all, with the fastest plans; then, still offloading everything,
+  switch layers one by one to their memory-optimal plan, largest workspace first.
+* Greedy by time cost per byte saved: start from no offload and fastest plans; each round,
+  take the moves that can lower what the step needs (offload one more feature map that is on
+  the device where the step needs the most, or where the most feature-map bytes are live,
+  which with the static layout sets the region's size; or run the neediest call's
+  convolution, or the one with the largest workspace, on its memory-optimal plan), evaluate
+  the most promising few exactly, and take the one that adds the least step time per byte it
+  saves (with the next best ones while the step is still far over). Repeat until the step
+  fits; then prune: drop each offload and restore each fast plan that the budget no longer
+  needs, while the step gets faster. On a fast GPU, where copies do not hide behind compute,
+  this moves far fewer bytes than vDNN_conv/all.
+
+Below the least memory any decision needs (everything offloaded, every convolution
+memory-optimal) the planner raises InfeasibleBudgetError naming that minimum.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
+from ..memory.policy import get_policy, offload_candidates
+from .costs import Profile
+from .simulate import Evaluation, StepModel
+
+# Fraction of the budget left unplanned: the arena's free blocks come in pieces
+# (fragmentation), so a plan that fills the budget to the byte may still not find a block.
+DEFAULT_RESERVE = 0.01
+
+
+class InfeasibleBudgetError(MemoryBudgetError):
+    """No decision fits the budget. `minimum` is the least budget that works (bytes)."""
+
+    def __init__(self, minimum: int, budget: int, what: str, static_bytes: int,
+                 hint: str = "", has_convs: bool = True):
+        self.requested, self.in_use, self.budget, self.where = minimum, 0, budget, what
+        self.minimum = minimum
+        if minimum >= 2**30:
+            suggest = f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"  # rounded up
+        else:
+            suggest = f"{math.ceil(minimum / 2**20)}MiB"
+        convs = ", every convolution on its memory-optimal plan" if has_convs else ""
+        MinidnnError.__init__(
+            self, f"memory budget {fmt_bytes(budget)} is too small for {what}: the least it "
+                  f"can train in is {suggest} (every feature map that backward reads "
+                  f"offloaded{convs}; parameters, gradients, momentum and input batches alone take "
+                  f"{fmt_bytes(static_bytes)})"
+                  f"; give --memory-budget {suggest} or more, or a smaller batch"
+                  + (f"; {hint}" if hint else ""))
+
+
+@dataclass
+class PlanResult:
+    """What the planner found. best: the decision to run (fastest feasible seen); floor: what
+    vDNN_dyn's greedy order picks (None if it finds nothing); floor_trail: [(label,
+    Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
+    memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
+    + '/' + algo: Evaluation}; evaluations: decisions the model evaluated; seconds: time spent.
+    """
+    model: StepModel
+    best: Evaluation
+    floor: Evaluation | None
+    floor_trail: list
+    minimum: Evaluation
+    minimum_budget: int
+    baselines: dict
+    budget: int | None
+    usable: int | None
+    evaluations: int = 0
+    seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+    @property
+    def decision(self):
+        return self.best.decision
+
+
+class Planner:
+    """Plans one network at one batch under one budget from one profile.
+
+    budget: device bytes for everything (None: unlimited: then nothing is offloaded).
+    reserve: the fraction of the budget left for fragmentation. momentum, input_batches,
+    prefetch_lookahead, static_layout: as the run will use them (see StepModel). shortlist:
+    moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
+    evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
+    VGG-116) and keeps the best so far.
+    """
+
+    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
+                 prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
+                 reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
+                 max_evaluations: int = 400, static_layout: bool = True):
+        if not 0 <= reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {reserve}")
+        self.net, self.batch, self.profile = net, int(batch), profile
+        self.budget = None if budget is None else int(budget)
+        self.reserve = float(reserve)
+        self.usable = None if budget is None else int(self.budget * (1 - self.reserve))
+        self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
+                               prefetch_lookahead=prefetch_lookahead, momentum=momentum,
+                               input_batches=input_batches, steps=steps,
+                               static_layout=static_layout)
+        self.lookahead = int(prefetch_lookahead)
+        self.plan = self.model.plan
+        self.candidates = [s.id for s in offload_candidates(self.plan)]
+        self._bytes = {s.id: s.nbytes for s in self.plan.storages}
+        self.shortlist = int(shortlist)
+        self.max_evaluations = int(max_evaluations)
+        self._estimate_cache = None
+
+    # ---- building blocks ---------------------------------------------------------------------
+    def policy_offload(self, name: str) -> frozenset:
+        """The offload set of a built-in policy ('none', 'conv', 'all')."""
+        return frozenset(get_policy(name).decide(self.plan, self.budget).offload)
+
+    def baseline(self, policy: str, algo: str = "fastest") -> Evaluation:
+        return self.model.evaluate(self.policy_offload(policy), self.model.algos(algo))
+
+    def _conv_workspace(self, name: str) -> int:
+        cost = self.profile.layer(name)
+        return max(cost.workspace("forward", "fastest"), cost.workspace("backward", "fastest"))
+
+    def minimum(self) -> Evaluation:
+        """Everything offloaded, every convolution memory-optimal: the least memory (no other
+        decision has fewer feature-map bytes on the device at any moment, or less workspace)."""
+        return self.model.evaluate(frozenset(self.candidates), self.model.algos("min_workspace"))
+
+    def minimum_budget(self) -> int:
+        return int(math.ceil(self.minimum().required_bytes / (1 - self.reserve)))
+
+    # ---- vDNN_dyn's order --------------------------------------------------------------------
+    def floor(self) -> tuple[Evaluation | None, list]:
+        """vDNN_dyn's greedy fallback order; returns (first that fits or None, trail)."""
+        m = self.model
+        trail = []
+        for policy in ("none", "conv", "all"):
+            ev = self.baseline(policy, "fastest")
+            trail.append((f"{policy}, fastest plans", ev))
+            if ev.fits:
+                return ev, trail
+        offload = self.policy_offload("all")
+        algos = m.algos("fastest")
+        order = sorted(m.conv_names, key=lambda n: (-self._conv_workspace(n), m.index[n]))
+        for name in order:
+            algos = dict(algos, **{name: "min_workspace"})
+            ev = m.evaluate(offload, algos)
+            trail.append((f"all, {name} memory-optimal", ev))
+            if ev.fits:
+                return ev, trail
+        return None, trail
+
+    # ---- greedy by cost per byte saved -------------------------------------------------------
+    def _estimates(self) -> dict:
+        """A cheap guess of each move's step-time cost, only to choose which moves to evaluate
+        exactly: the part of a map's copies that the neighbouring layers' compute cannot hide
+        (its offload behind the layers after its last write, its prefetch behind the backward
+        of the layer after its first reader), or the extra time of a memory-optimal plan."""
+        if self._estimate_cache is not None:
+            return self._estimate_cache
+        prof, plan = self.profile, self.plan
+        n = plan.num_nodes
+        fwd = [prof.layer(node.name).time("forward") for node in plan.nodes]
+        bwd = [prof.layer(node.name).time("backward") for node in plan.nodes]
+        est = {}
+        for sid in self.candidates:
+            st = plan.storages[sid]
+            w, u = max(st.last_forward_write, -1), st.last_forward_use
+            fwd_window = sum(fwd[w + 1:max(u, w + 1) + 1])
+            reader = 2 * n - 1 - st.first_backward_use
+            bwd_window = bwd[reader + 1] if reader + 1 < n else 0.0
+            exposed = max(0.0, st.nbytes / prof.d2h_bw - fwd_window) + \
+                max(0.0, st.nbytes / prof.h2d_bw - bwd_window)
+            est[("offload", sid)] = (exposed, st.nbytes)
+        for name in self.model.conv_names:
+            cost = prof.layer(name)
+            extra = sum(cost.time(p, "min_workspace") - cost.time(p, "fastest")
+                        for p in ("forward", "backward"))
+            est[("algo", name)] = (max(extra, 0.0), self._conv_workspace(name))
+        self._estimate_cache = est
+        return est
+
+    def _moves(self, ev: Evaluation, everywhere: bool) -> list:
+        """Moves that may lower what `ev` needs (or, with `everywhere`, any move), most
+        promising first by the estimates: offloading a map that is on the device at the call
+        where the step needs the most, or where the most feature-map bytes are live (with the
+        static layout that moment sets the region's size); running the convolution of the
+        neediest call, or the one with the largest workspace, on its memory-optimal plan."""
+        fast = [n for n in self.model.conv_names
+                if ev.conv_algo.get(n) == "fastest" and self._conv_workspace(n) > 0]
+        if everywhere:
+            offloads = [sid for sid in self.candidates if sid not in ev.offload]
+            names = fast
+        else:
+            resident = set(ev.resident.get(ev.fm_peak_point, ()))
+            if isinstance(ev.peak_point, tuple):
+                resident |= ev.resident.get(ev.peak_point, frozenset())
+            offloads = [sid for sid in self.candidates
+                        if sid not in ev.offload and sid in resident]
+            names = []
+            if isinstance(ev.peak_point, tuple):
+                names.append(self.plan.nodes[ev.peak_point[1]].name)
+            if fast:
+                names.append(max(fast, key=self._conv_workspace))
+            names = [n for n in dict.fromkeys(names) if n in fast]
+        moves = [("offload", sid) for sid in offloads] + [("algo", n) for n in names]
+        est = self._estimates()
+        return sorted(moves, key=lambda mv: (est[mv][0] / max(est[mv][1], 1), -est[mv][1]))
+
+    def _apply(self, ev: Evaluation, moves) -> Evaluation:
+        offload, algos = set(ev.offload), dict(ev.conv_algo)
+        for what, x in moves:
+            if what == "offload":
+                offload.add(x)
+            else:
+                algos[x] = "min_workspace"
+        return self.model.evaluate(frozenset(offload), algos)
+
+    def _out_of_evaluations(self) -> bool:
+        return len(self.model.cache) >= self.max_evaluations
+
+    def greedy(self) -> Evaluation | None:
+        """Greedy by step time per byte saved at the peak, then pruning (see module doc).
+
+        Each round evaluates exactly the `shortlist` most promising moves at the point of the
+        peak (by `_estimates`), takes the one with the least added step time per byte it
+        saves there, and, while the step is still far over the budget, the next best ones
+        with it. None if the budget cannot be met or `max_evaluations` runs out first.
+        """
+        m = self.model
+        ev = m.evaluate(frozenset(), m.algos("fastest"))
+        while not ev.fits:
+            if self._out_of_evaluations():
+                return None
+            scored = []
+            for everywhere, limit in ((False, self.shortlist), (True, self.shortlist),
+                                      (True, None)):
+                for move in self._moves(ev, everywhere)[:limit]:
+                    nxt = self._apply(ev, [move])
+                    dt = nxt.step_time_s - ev.step_time_s
+                    gain = ev.required_bytes - nxt.required_bytes
+                    # When two calls tie for the peak, a move helps one of them first.
+                    local = max(ev.level_at(ev.peak_point) - nxt.level_at(ev.peak_point),
+                                ev.fm_levels.get(ev.fm_peak_point, 0) -
+                                nxt.fm_levels.get(ev.fm_peak_point, 0))
+                    if gain > 0:
+                        scored.append((0, dt / gain, -gain, move, nxt))
+                    elif local > 0:
+                        scored.append((1, dt / local, -local, move, nxt))
+                if scored:
+                    break
+            if not scored:
+                return None
+            scored.sort(key=lambda t: t[:3])
+            best = scored[0][4]
+            deficit = ev.required_bytes - (self.usable or 0)
+            bundle, saved = [scored[0][3]], -scored[0][2]
+            for tier, _, neg_gain, move, _ in scored[1:]:
+                if saved >= deficit or tier > 0 or scored[0][0] > 0:
+                    break
+                bundle.append(move)
+                saved += -neg_gain
+            if len(bundle) > 1:
+                together = self._apply(ev, bundle)
+                if together.required_bytes < best.required_bytes:
+                    best = together
+            ev = best
+        return self.prune(ev)
+
+    def prune(self, ev: Evaluation) -> Evaluation:
+        """Undo what the budget does not need, while the step gets faster (the offloads whose
+        copies are most exposed first)."""
+        m = self.model
+        est = self._estimates()
+        improved = True
+        while improved and not self._out_of_evaluations():
+            improved = False
+            for sid in sorted(ev.offload, key=lambda s: -est[("offload", s)][0]):
+                if self._out_of_evaluations():
+                    break
+                nxt = m.evaluate(ev.offload - {sid}, ev.conv_algo)
+                if nxt.fits and nxt.step_time_s < ev.step_time_s:
+                    ev, improved = nxt, True
+            for name in m.conv_names:
+                if ev.conv_algo.get(name) == "min_workspace" and not self._out_of_evaluations():
+                    nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: "fastest"}))
+                    if nxt.fits and nxt.step_time_s < ev.step_time_s:
+                        ev, improved = nxt, True
+        return ev
+
+    def _lookahead_hint(self) -> str:
+        """Prefetching a layer ahead brings a map back while the layer before still holds
+        its own; at the largest layers that is what the budget lacks. Say so when fetching
+        only on demand would fit."""
+        if self.lookahead == 0:
+            return ""
+        m = self.model
+        on_demand = StepModel(self.net, self.batch, self.profile, budget=self.budget,
+                              usable=self.usable, prefetch_lookahead=0,
+                              momentum=m.momentum_bytes > 0,
+                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1),
+                              static_layout=m.static_layout)
+        least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
+        if not least.fits:
+            return ""
+        return (f"with --prefetch-lookahead 0 (maps fetched back only when their layer "
+                f"runs) it needs {fmt_bytes(least.required_bytes)}, which fits")
+
+    def fastest_feasible(self) -> Evaluation:
+        """The fastest decision evaluated that fits; among equally fast ones (a step bound by
+        the host, say) the one that moves the fewest bytes and keeps the most fast plans."""
+        feasible = [ev for ev in self.model.cache.values() if ev.fits]
+        quickest = min(ev.step_time_s for ev in feasible)
+        ties = [ev for ev in feasible if ev.step_time_s <= quickest * (1 + 1e-6) + 1e-12]
+        return min(ties, key=lambda ev: (ev.offloaded_bytes,
+                                         sum(a == "min_workspace" for a in ev.conv_algo.values()),
+                                         ev.required_bytes))
+
+    # ---- everything --------------------------------------------------------------------------
+    def run(self) -> PlanResult:
+        """Plan (see module doc). Raises InfeasibleBudgetError below the minimum."""
+        t0 = time.perf_counter()
+        m = self.model
+        minimum = self.minimum()
+        what = f"{self.net.name} at batch {self.batch}"
+        if not minimum.fits:
+            static = m.param_grad_bytes + m.extra_bytes
+            raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
+                                        self._lookahead_hint(), bool(m.conv_names))
+        baselines = {}
+        for policy in ("none", "conv", "all"):
+            for algo in ("fastest", "min_workspace"):
+                baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
+        floor, trail = self.floor()
+        notes = []
+        if self.budget is None:
+            best = baselines["none/fastest"]
+            notes.append("no memory budget: nothing is offloaded, every convolution runs its "
+                         "fastest plan")
+        else:
+            self.greedy()
+            best = self.fastest_feasible()
+        return PlanResult(model=m, best=best, floor=floor, floor_trail=trail, minimum=minimum,
+                          minimum_budget=self.minimum_budget(), baselines=baselines,
+                          budget=self.budget, usable=self.usable, evaluations=len(m.cache),
+                          seconds=time.perf_counter() - t0, notes=notes)
+
+
+def plan(net, batch: int, profile: Profile, budget: int | None = None, **options) -> PlanResult:
+    """Plan `net` at `batch` under `budget` from `profile` (see Planner for the options)."""
+    return Planner(net, batch, profile, budget, **options).run()

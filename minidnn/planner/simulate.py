@@ -1,0 +1,547 @@
+"""The step-time and memory model of one memory decision: the real memory manager, timed.
+
+Nothing here re-derives when the manager offloads, evicts, prefetches or frees, or where its
+static layout puts each block. For every decision a dry-run executor (compute=False) is built
+exactly as the run will build it (the same offload set, so the same packed feature-map
+region) on a *recording device*: its three streams and its events are stand-ins that write
+every `record`, `wait_event`, copy and layer call into one log in the order the host issues
+them, and its allocator logs every allocation and every free with the event the free waits
+for. Training steps are walked through it, and the log is then played against a Profile
+(costs.py):
+
+* the host issues the log in order; each layer call costs it the profile's host time (on a
+  synchronous device, the CPU, the host also waits for each operation it issues);
+* each stream (compute, offload, prefetch) runs its operations in order, an operation starting
+  when the host has issued it, the stream is free and every event it waits on has happened
+  (with the static layout, a block's next occupant waits for the copy still reading it);
+  layer calls take the profile's device time, copies bytes / bandwidth (a copy that overlaps
+  a copy in the other direction gets its share of the duplex bandwidth for the overlap);
+* the device arena is replayed as the GPU sees it: a block freed behind a copy stays in use
+  until the copy has finished *by the host's clock*, and an allocation that does not fit the
+  budget makes the host wait for the oldest such copy (memory/arena.py does exactly that).
+  Each layer call also allocates its cuDNN workspace and temporaries for its duration.
+
+Two peaks come out. `required_bytes` is what must fit for the step not to fail: every level
+of the dry run (parameters, gradients, the feature-map region or the live blocks, copies
+reclaimed at once) plus the call's workspace and temporaries, plus the optimizer's momentum,
+the input batches the data source keeps on the device, and the optimizer's temporaries.
+`peak_bytes` is what the arena will report. With the static layout the two agree; with
+blocks allocated at run time the host runs ahead of the GPU, so blocks behind unfinished
+copies pile up until the budget makes the host wait.
+
+The step time is the distance between the compute stream's ends of the last two steps
+(back-to-back steps, the host free to run ahead into the next one), as the training loop's
+step timer measures it.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backend import Device
+from ..executor import Executor
+from ..memory.allocator import CountingAllocator
+from ..memory.policy import MemoryDecision, Policy
+from ..network import DATA, LABEL
+from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
+                    transient_bytes)
+
+
+# ---- the recording device ------------------------------------------------------------------------
+class Mark:
+    """An operation on a stream: a tracer mark, which the log turns into a layer call, a copy,
+    the optimizer step or a step boundary (kind), or a zero-length marker."""
+    __slots__ = ("stream", "kind", "label", "nbytes")
+
+    def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
+        self.stream, self.kind, self.label, self.nbytes = stream, kind, label, nbytes
+
+
+class Record:
+    __slots__ = ("stream", "event")
+
+    def __init__(self, stream: str, event):
+        self.stream, self.event = stream, event
+
+
+class Wait:
+    __slots__ = ("stream", "event")
+
+    def __init__(self, stream: str, event):
+        self.stream, self.event = stream, event
+
+
+class Alloc:
+    __slots__ = ("key", "nbytes")
+
+    def __init__(self, key: int, nbytes: int):
+        self.key, self.nbytes = key, nbytes
+
+
+class Free:
+    __slots__ = ("key", "event")
+
+    def __init__(self, key: int, event):
+        self.key, self.event = key, event
+
+
+class SymbolicEvent:
+    """A CUDA event stand-in that logs where it is recorded. Always `done` for the dry run's
+    own bookkeeping (its frees happen at once); the timeline gives it a real time."""
+    __slots__ = ("log", "time")
+
+    def __init__(self, log: list):
+        self.log = log
+        self.time = 0.0
+
+    def record(self, stream=None) -> None:
+        self.log.append(Record(stream.name, self))
+
+    @property
+    def done(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class SymbolicStream:
+    """A CUDA stream stand-in that logs what is issued on it."""
+
+    def __init__(self, name: str, log: list):
+        self.name = name
+        self.log = log
+
+    def wait_event(self, event) -> None:
+        self.log.append(Wait(self.name, event))
+
+    def record(self, event=None):
+        event = event if event is not None else SymbolicEvent(self.log)
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class SymbolicDevice(Device):
+    """A Device whose streams and events log, for the dry run. Its arrays are NumPy's (the dry
+    run makes none) and it is not a GPU, so the executor picks the CPU kernels (never run)."""
+
+    def __init__(self):  # no Device.__init__: there is nothing to open
+        self.kind = "cpu"
+        self.xp = np
+        self.name = "symbolic"
+        self.log: list = []
+        self.compute = SymbolicStream("compute", self.log)
+        self.offload = SymbolicStream("offload", self.log)
+        self.prefetch = SymbolicStream("prefetch", self.log)
+
+    def event(self):
+        return SymbolicEvent(self.log)
+
+    timing_event = event
+
+    def synchronize(self) -> None:
+        pass
+
+
+class RecordingAllocator(CountingAllocator):
+    """The dry run's device allocator (receipts, no budget), logging allocations and frees."""
+
+    def __init__(self, log: list):
+        super().__init__(None)
+        self.log = log
+        self._serial: dict[int, int] = {}   # id of a live receipt -> its allocation number
+        self._count = 0
+
+    def alloc(self, nbytes: int, where: str = ""):
+        buf = super().alloc(nbytes, where)
+        # Receipts die once freed and Python reuses their ids: the log names blocks by serial.
+        self._count += 1
+        self._serial[id(buf)] = self._count
+        self.log.append(Alloc(self._count, buf.nbytes))
+        return buf
+
+    def free(self, buf, after=None) -> None:
+        super().free(buf, after)
+        self.log.append(Free(self._serial.pop(id(buf)), after))
+
+
+class _Recorder:
+    """The tracer interface (see trace.Tracer) turned into log entries, plus, at the start of
+    every layer call of the first step, the allocator's bytes in use, the feature-map bytes
+    on the device and which storages those are."""
+
+    def __init__(self, log: list, manager, index: dict):
+        self.log = log
+        self.manager = manager
+        self.index = index
+        self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
+        self.sampling = True
+
+    def mark(self, stream):
+        m = Mark(stream.name)
+        self.log.append(m)
+        return m
+
+    def layer(self, phase, name, index, start, end) -> None:
+        start.kind, start.label = "layer", (phase, index)
+
+    def copy(self, track, name, start, end, nbytes) -> None:
+        start.kind, start.label, start.nbytes = "copy", track, int(nbytes)
+
+    def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
+        if self.sampling and when == "start":
+            resident = frozenset(fm.sid for fm in self.manager.maps if fm.device is not None)
+            self.samples.append((phase, self.index[layer], int(device_bytes),
+                                 int(feature_map_bytes), resident))
+
+    def begin_step(self, step) -> None:
+        pass
+
+    def optimizer_and_step_end(self) -> None:
+        self.log.append(Mark("compute", "optimizer"))
+        self.log.append(Mark("compute", "step_end"))
+
+
+class _Given(Policy):
+    """The offload set being evaluated (conv plans are the profile's business: the dry run
+    does not run kernels, and the network's layers are left as they are)."""
+    name = "given"
+
+    def __init__(self, offload=frozenset()):
+        self.offload = frozenset(offload)
+
+    def decide(self, plan, budget=None):
+        return MemoryDecision(offload=self.offload)
+
+
+class _DryExecutor(Executor):
+    """A dry-run executor on the recording device, with the recording allocator. With the
+    static layout (the executor's default) its feature-map region is packed for this offload
+    set, exactly as a real run's would be."""
+
+    def __init__(self, net, batch, device: SymbolicDevice, prefetch_lookahead: int,
+                 offload=frozenset(), static_layout: bool = True):
+        self._log = device.log
+        super().__init__(net, batch, device=device, policy=_Given(offload), memory_budget=None,
+                         prefetch_lookahead=prefetch_lookahead, compute=False,
+                         static_layout=static_layout)
+
+    def _make_allocator(self, budget):
+        return RecordingAllocator(self._log)
+
+    def _make_host(self, limit):
+        return CountingAllocator(limit)
+
+
+# ---- results -------------------------------------------------------------------------------------
+@dataclass
+class Evaluation:
+    """The model's prediction for one decision (offload set, conv plan per conv layer).
+
+    required_bytes: device memory the step needs to run at all (see module doc); peak_bytes:
+    the arena peak the run will report; fits: required_bytes <= the usable budget.
+    held_bytes: what the executor takes before step one (parameters, gradients and, with the
+    static layout, the feature-map region of `region_bytes`). step_time_s: predicted
+    steady-state step; compute_s: the compute stream's busy time in a step (layers and
+    optimizer); offloaded_bytes / prefetched_bytes per step (on-demand fetches included).
+    levels: {(phase, node index): bytes needed during that call}; fm_levels: {(phase, node
+    index): feature-map bytes on the device then}; resident: {(phase, node index): their
+    storage ids}; peak_point: the call of required_bytes (or 'optimizer' / 'allocation');
+    fm_peak_point: the call with the most feature-map bytes. calls: {(phase, node index):
+    (start, end, stall)} of the last step, seconds from its start, stall = time the compute
+    stream sat idle right before the call; host_wait_s: host time spent waiting for copies
+    to free memory.
+    """
+    offload: frozenset
+    conv_algo: dict
+    required_bytes: int
+    peak_bytes: int
+    fits: bool
+    step_time_s: float
+    compute_s: float
+    offloaded_bytes: int
+    prefetched_bytes: int
+    on_demand_fetches: int
+    avg_feature_map_bytes: float
+    held_bytes: int = 0
+    region_bytes: int = 0
+    levels: dict = field(repr=False, default_factory=dict)
+    fm_levels: dict = field(repr=False, default_factory=dict)
+    resident: dict = field(repr=False, default_factory=dict)
+    peak_point: object = None
+    fm_peak_point: object = None
+    calls: dict = field(repr=False, default_factory=dict)
+    host_wait_s: float = 0.0
+    over_budget: bool = False
+
+    @property
+    def decision(self) -> MemoryDecision:
+        return MemoryDecision(offload=frozenset(self.offload), conv_algo=dict(self.conv_algo))
+
+    def level_at(self, point) -> int:
+        return self.levels.get(point, 0)
+
+
+# ---- the model -----------------------------------------------------------------------------------
+class StepModel:
+    """Predicts memory and step time of memory decisions for one network, batch and profile.
+
+    budget: bytes the arena holds (None: no limit); usable: the part of it plans may fill
+    (the rest is left for fragmentation). momentum: SGD keeps one momentum buffer per
+    parameter; input_batches: input batches the data source keeps on the device (the
+    synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
+    default: every feature-map block at an address planned before step one). steps:
+    back-to-back steps simulated (>= 2).
+    """
+
+    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
+                 usable: int | None = None, prefetch_lookahead: int = 1,
+                 momentum: bool = True, input_batches: int = 2, steps: int = 2,
+                 static_layout: bool = True):
+        profile.check_matches(net, batch)
+        self.net, self.batch, self.profile = net, int(batch), profile
+        self.budget = budget
+        self.usable = usable if usable is not None else budget
+        self.steps = max(2, int(steps))
+        self.lookahead = int(prefetch_lookahead)
+        self.static_layout = bool(static_layout)
+        probe = _DryExecutor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False)
+        self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
+        self.nodes = self.plan.nodes
+        self.index = {node.name: i for i, node in enumerate(self.nodes)}
+        self.conv_names = [n.name for n in self.nodes if n.layer.kind == "conv"]
+        self.param_grad_bytes = int(probe.allocator.in_use)
+        self.momentum_bytes = param_bytes(net) if momentum else 0
+        data, label = self.plan.tensors[DATA], self.plan.tensors[LABEL]
+        self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \
+            numel(label.shape) * label.dtype.itemsize
+        self.input_bytes = int(input_batches) * self.input_batch_bytes
+        self.extra_bytes = self.momentum_bytes + self.input_bytes
+        counted = 1 if profile.temporaries_in_arena else 0
+        self.optimizer_transient = counted * optimizer_transient_bytes(net)
+        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
+                           for i, node in enumerate(self.nodes)
+                           for phase in ("forward", "backward")}
+        self.cache: dict = {}
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def key(self, offload, conv_algo) -> tuple:
+        return (frozenset(offload), tuple(conv_algo.get(n, "fastest") for n in self.conv_names))
+
+    def algos(self, algo: str) -> dict:
+        """Every convolution on one plan setting."""
+        if algo not in ALGOS:
+            raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
+        return {n: algo for n in self.conv_names}
+
+    def evaluate(self, offload, conv_algo: dict | None = None) -> Evaluation:
+        """The prediction for offloading `offload` (storage ids) with these conv plans
+        (missing convolutions: 'fastest'). Cached."""
+        conv_algo = {n: (conv_algo or {}).get(n, "fastest") for n in self.conv_names}
+        key = self.key(offload, conv_algo)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._evaluate(frozenset(offload), conv_algo)
+        return hit
+
+    def _evaluate(self, offload: frozenset, conv_algo: dict) -> Evaluation:
+        device = SymbolicDevice()
+        ex = _DryExecutor(self.net, self.batch, device, self.lookahead, offload,
+                          self.static_layout)
+        held = int(ex.allocator.in_use)
+        layout = getattr(ex, "layout", None)
+        log = device.log
+        log.clear()     # parameters and the region were taken before the step: `held`
+        rec = _Recorder(log, ex.manager, self.index)
+        ex.tracer = rec
+        ex.manager.tracer = rec
+        stats = None
+        for _ in range(self.steps):
+            stats = ex.simulate_step()
+            rec.sampling = False
+            rec.optimizer_and_step_end()
+        dry_peak = int(ex.allocator.peak)
+
+        levels, fm_levels, resident = {}, {}, {}
+        for phase, i, in_use, fm_bytes, sids in rec.samples:
+            node = self.nodes[i]
+            ws = self.profile.layer(node.name).workspace(phase, conv_algo.get(node.name,
+                                                                              "fastest"))
+            levels[(phase, i)] = in_use + ws + self._transient[(phase, i)] + self.extra_bytes
+            fm_levels[(phase, i)] = fm_bytes
+            resident[(phase, i)] = sids
+        candidates = dict(levels)
+        candidates["optimizer"] = held + self.optimizer_transient + self.extra_bytes
+        candidates["allocation"] = dry_peak + self.extra_bytes
+        peak_point = max(candidates, key=lambda k: candidates[k])
+        required = int(candidates[peak_point])
+        levels["optimizer"] = candidates["optimizer"]
+
+        t = self._timeline(log, conv_algo, held)
+        fits = self.usable is None or required <= self.usable
+        return Evaluation(
+            offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
+            peak_bytes=int(t["peak"]), fits=fits, step_time_s=t["step"],
+            compute_s=t["compute"], offloaded_bytes=int(stats["offloaded_bytes"]),
+            prefetched_bytes=int(stats["prefetched_bytes"]),
+            on_demand_fetches=int(stats["on_demand_fetches"]),
+            avg_feature_map_bytes=float(stats["avg_feature_map_bytes"]), held_bytes=held,
+            region_bytes=int(layout.size) if layout is not None else 0, levels=levels,
+            fm_levels=fm_levels, resident=resident, peak_point=peak_point,
+            fm_peak_point=max(fm_levels, key=lambda k: fm_levels[k]), calls=t["calls"],
+            host_wait_s=t["host_wait"], over_budget=t["over_budget"])
+
+    # ---- playing the log ---------------------------------------------------------------------
+    def _timeline(self, log: list, conv_algo: dict, held: int) -> dict:
+        prof = self.profile
+        nodes = self.nodes
+        budget = math.inf if self.budget is None else float(self.budget)
+        host = 0.0
+        tail = {"compute": 0.0, "offload": 0.0, "prefetch": 0.0}
+        sizes: dict = {}
+        pending: deque = deque()
+        in_use = held + self.extra_bytes
+        peak = in_use
+        host_wait = 0.0
+        over = False
+        copies = {"offload": ([], []), "prefetch": ([], [])}   # (starts, ends) per stream
+        rate = {"offload": prof.d2h_bw, "prefetch": prof.h2d_bw}
+        total_bw = prof.d2h_bw + prof.h2d_bw
+        shared = {k: min(v, prof.duplex_bw * v / total_bw) for k, v in rate.items()}
+        step_ends: list = []
+        calls: dict = {}
+        busy = 0.0
+        busy_at_step: list = []
+        last_work = 0.0   # end of the latest layer or optimizer step on the compute stream
+
+        def take(n: int) -> None:
+            nonlocal host, in_use, peak, host_wait, over
+            if pending:  # what has finished by now is reclaimed (Arena._take: reclaim_done)
+                still = deque()
+                for key, ev in pending:
+                    if ev.time <= host:
+                        in_use -= sizes.pop(key)
+                    else:
+                        still.append((key, ev))
+                pending.clear()
+                pending.extend(still)
+            while in_use + n > budget and pending:  # under pressure: wait, oldest first
+                key, ev = pending.popleft()
+                if ev.time > host:
+                    host_wait += ev.time - host
+                    host = ev.time
+                in_use -= sizes.pop(key)
+            in_use += n
+            if in_use > budget:
+                over = True
+            peak = max(peak, in_use)
+
+        def copy_end(stream: str, start: float, nbytes: int) -> float:
+            other = "prefetch" if stream == "offload" else "offload"
+            starts, ends = copies[other]
+            t, left = start, float(nbytes)
+            k = bisect_right(ends, t)
+            while k < len(starts) and left > 0:
+                a, b = starts[k], ends[k]
+                if a > t:  # the other direction is idle until a
+                    can = (a - t) * rate[stream]
+                    if can >= left:
+                        return t + left / rate[stream]
+                    left -= can
+                    t = a
+                can = (b - t) * shared[stream]
+                if can >= left:
+                    return t + left / shared[stream]
+                left -= can
+                t = b
+                k += 1
+            return t + left / rate[stream]
+
+        sync = prof.synchronous
+        for op in log:
+            cls = type(op)
+            if cls is Mark:
+                s = op.stream
+                kind = op.kind
+                if kind == "layer":
+                    phase, i = op.label
+                    node = nodes[i]
+                    cost = prof.layer(node.name)
+                    algo = conv_algo.get(node.name, "fastest")
+                    host += cost.host(phase)
+                    temp = cost.workspace(phase, algo) + self._transient[(phase, i)]
+                    if temp:
+                        take(temp)
+                        in_use -= temp  # dropped when the call is enqueued; reuse is ordered
+                    start = max(host, tail[s])
+                    dur = cost.time(phase, algo)
+                    # Idle since the last work on compute: waiting for a copy or for the host.
+                    calls[(phase, i)] = (start, start + dur, start - last_work)
+                    tail[s] = last_work = start + dur
+                    busy += dur
+                elif kind == "copy":
+                    start = max(host, tail[s])
+                    end = copy_end(s, start, op.nbytes)
+                    copies[s][0].append(start)
+                    copies[s][1].append(end)
+                    tail[s] = end
+                elif kind == "optimizer":
+                    host += prof.optimizer_host_s
+                    take(self.optimizer_transient)
+                    in_use -= self.optimizer_transient
+                    start = max(host, tail[s])
+                    tail[s] = last_work = start + prof.optimizer_s
+                    busy += prof.optimizer_s
+                elif kind == "step_end":
+                    tail[s] = max(host, tail[s])
+                    step_ends.append(tail[s])
+                    busy_at_step.append(busy)
+                else:
+                    tail[s] = max(host, tail[s])
+                if sync:  # the host did that work itself
+                    host = max(host, tail[s])
+            elif cls is Record:
+                op.event.time = max(host, tail[op.stream])
+            elif cls is Wait:
+                tail[op.stream] = max(tail[op.stream], op.event.time)
+            elif cls is Alloc:
+                take(op.nbytes)
+                sizes[op.key] = op.nbytes
+            elif cls is Free:
+                ev = op.event
+                if ev is None or ev.time <= host:
+                    in_use -= sizes.pop(op.key)
+                else:
+                    pending.append((op.key, ev))
+
+        begin = step_ends[-2]
+        last = {k: (a - begin, b - begin, stall) for k, (a, b, stall) in calls.items()}
+        return {"step": step_ends[-1] - step_ends[-2], "peak": peak, "calls": last,
+                "compute": busy_at_step[-1] - busy_at_step[-2], "host_wait": host_wait,
+                "over_budget": over}
+
+    # ---- helpers for reports -----------------------------------------------------------------
+    def copy_seconds(self, nbytes: int, direction: str) -> float:
+        bw = self.profile.d2h_bw if direction == "offload" else self.profile.h2d_bw
+        return nbytes / bw
+
+    def lower_bound_s(self, ev: Evaluation) -> float:
+        """max(compute, bytes that cross PCIe / bandwidth): no schedule of these copies and
+        this compute can be faster (BACKGROUND.md's physical limit)."""
+        p = self.profile
+        copies = max(ev.offloaded_bytes / p.d2h_bw, ev.prefetched_bytes / p.h2d_bw,
+                     (ev.offloaded_bytes + ev.prefetched_bytes) / p.duplex_bw)
+        return max(ev.compute_s, copies)

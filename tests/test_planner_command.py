@@ -1,0 +1,118 @@
+"""`minidnn plan`: the per-layer table, the summary, JSON, and predicted against measured."""
+import argparse
+import json
+import math
+
+import pytest
+
+from minidnn.errors import ConfigError, MinidnnError, fmt_bytes
+from minidnn.planner import command
+from minidnn.planner.search import InfeasibleBudgetError
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="minidnn")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["plan", *argv])
+
+
+def run(*argv) -> str:
+    lines = []
+    assert command.run(parse(*argv), out=lines.append) == 0
+    return "\n".join(lines)
+
+
+BASE = ("--model", "tiny_cnn", "--batch", "64", "--image-size", "32", "--num-classes", "10",
+        "--gpu", "h200")
+
+
+def plan_json(*argv) -> dict:
+    return json.loads(run(*BASE, *argv, "--json"))
+
+
+def test_the_table_has_a_row_per_layer_and_the_summary():
+    loose = plan_json()
+    text = run(*BASE, "--memory-budget", str(loose["minimum_budget_bytes"]))
+    for column in ("feature map", "keep/offload", "conv plan", "workspace", "fwd ms", "bwd ms",
+                   "offload ms", "prefetch ms"):
+        assert column in text
+    for layer in ("data", "conv1", "relu1", "pool1", "conv2", "fc3", "drop3", "fc4", "loss"):
+        assert any(line.startswith(layer + " ") for line in text.splitlines()), layer
+    assert "offload" in text.split("plan:")[1].splitlines()[0]
+    assert "predicted peak device memory" in text and "predicted step time" in text
+    assert f"minimum feasible budget: {fmt_bytes(loose['minimum_budget_bytes'])}" in text
+    assert "vDNN_dyn greedy order" in text and "dyn (minidnn planner)" in text
+    assert "analytic model of the h200" in text
+
+
+def test_json_plan_agrees_with_its_table_and_fits():
+    loose = plan_json()
+    assert loose["plan"]["offload"] == [] and loose["plan"]["fits"]
+    assert "no --memory-budget" in " ".join(loose["notes"])
+    budget = loose["minimum_budget_bytes"]
+    tight = plan_json("--memory-budget", str(budget))
+    p = tight["plan"]
+    assert p["fits"] and p["required_bytes"] <= tight["usable_bytes"] <= budget
+    assert p["offload"] and p["offloaded_bytes"] > 0
+    assert p["step_time_s"] >= p["lower_bound_s"] > 0
+    from minidnn import models
+    nodes = models.build("tiny_cnn", num_classes=10, image_size=32).nodes
+    assert [r["layer"] for r in tight["layers"]] == ["data"] + [n.name for n in nodes]
+    offloaded_rows = [r["layer"] for r in tight["layers"] if r["status"].startswith("offload")]
+    assert set(offloaded_rows) <= set(p["offload"])
+    labels = [a["label"] for a in tight["alternatives"]]
+    assert labels[0] == "none, fastest plans" and not tight["alternatives"][0]["fits"]
+
+
+def test_k40_and_h200_plans_differ_in_speed_and_link():
+    h200 = plan_json("--memory-budget", "1GiB")
+    k40 = json.loads(run(*BASE[:-1], "k40", "--memory-budget", "1GiB", "--json"))
+    assert k40["math"] == "fp32" and h200["math"] == "tf32"
+    assert k40["plan"]["compute_time_s"] > h200["plan"]["compute_time_s"]
+    assert k40["bandwidth"]["d2h"] < h200["bandwidth"]["d2h"] / 4
+
+
+def test_a_budget_below_the_minimum_is_an_error_with_the_minimum():
+    loose = plan_json()
+    with pytest.raises(InfeasibleBudgetError) as err:
+        run(*BASE, "--memory-budget", str(loose["minimum_budget_bytes"] // 2))
+    assert isinstance(err.value, MinidnnError)
+    assert f"{math.ceil(loose['minimum_budget_bytes'] / 2**20)}MiB" in str(err.value)
+    # A fixed policy is predicted even where nothing fits, and says so.
+    text = run(*BASE, "--memory-budget", str(loose["minimum_budget_bytes"] // 2),
+               "--policy", "all")
+    assert "DOES NOT FIT" in text and "too small" in text
+
+
+def test_a_run_report_is_compared_with_the_plan(tmp_path):
+    loose = plan_json()
+    budget = (loose["minimum_budget_bytes"] + loose["plan"]["required_bytes"]) // 2
+    planned = plan_json("--memory-budget", str(budget))["plan"]
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": budget, "steps": 20, "math_mode": "tf32",
+              "peak_device_bytes": int(planned["peak_device_bytes"] * 1.02),
+              "images_per_s": 64 / (planned["step_time_s"] * 1.25),
+              "offloaded_bytes": planned["offloaded_bytes"],
+              "prefetched_bytes": planned["prefetched_bytes"]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    out = json.loads(run("--report", str(path), "--json"))    # no GPU here: the h200 model
+    assert out["model"] == "tiny_cnn" and out["batch"] == 64 and out["policy"] == "dyn"
+    assert "h200" in out["profile_source"]
+    rows = {r["quantity"]: r for r in out["comparison"]["rows"]}
+    assert rows["peak device memory"]["relative_error"] == pytest.approx(1 / 1.02 - 1, abs=1e-3)
+    assert rows["peak device memory"]["within_target"] is True
+    assert rows["step time (s)"]["relative_error"] == pytest.approx(1 / 1.25 - 1, rel=1e-6)
+    assert rows["step time (s)"]["within_target"] is False
+    text = run("--report", str(path))
+    assert "predicted against measured" in text and "within 5%: yes" in text
+
+
+def test_missing_model_and_bad_report_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError):
+        run("--gpu", "h200")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ConfigError):
+        run("--report", str(bad))

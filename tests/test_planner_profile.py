@@ -1,0 +1,117 @@
+"""The profiling pass on the CPU (the code path the GPU runs) and its disk cache."""
+import json
+
+import numpy as np
+import pytest
+
+from minidnn import models
+from minidnn.backend import Device
+from minidnn.errors import ConfigError
+from minidnn.planner import profile as profiling
+from minidnn.planner.costs import Profile
+from minidnn.planner.gpus import analytic_profile
+
+
+@pytest.fixture
+def net():
+    n = models.build("tiny_cnn", num_classes=10, image_size=16)
+    n.init_params(0)
+    return n
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path))
+    return tmp_path / "profiles"
+
+
+def test_measuring_covers_every_layer_and_leaves_the_network_as_it_was(net):
+    before = net.state_dict()
+    data = {name: p.data for name, p in net.parameters()}
+    net.node("conv2").layer.algo = "min_workspace"
+    prof = profiling.measure_profile(net, 4, Device("cpu"), repeats=1)
+    assert set(prof.layers) == {n.name for n in net.nodes}
+    for name in ("conv1", "conv2"):
+        cost = prof.layer(name)
+        assert set(cost.forward_s) == set(cost.backward_s) == {"fastest", "min_workspace"}
+        assert all(t > 0 for t in cost.forward_s.values())
+        assert cost.workspace("forward", "fastest") == 0       # NumPy kernels: no cuDNN plans
+    assert prof.layer("fc3").time("backward") > 0
+    assert prof.d2h_bw > 0 and prof.h2d_bw > 0 and prof.duplex_bw >= prof.d2h_bw
+    assert prof.optimizer_s > 0 and prof.memory_bytes > 0
+    assert prof.layer("relu1").host("forward") > 0           # the memory manager's bookkeeping
+    after = net.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert all(p.data is data[name] for name, p in net.parameters())
+    assert net.node("conv2").layer.algo == "min_workspace"
+    assert net.node("conv1").layer.algo == "fastest"
+
+
+def test_profiles_round_trip_through_json(net, tmp_path):
+    prof = analytic_profile(net, 4, "h200")
+    path = tmp_path / "p.json"
+    profiling.save_profile(prof, path)
+    again = profiling.load_profile(path)
+    assert again == prof
+    assert json.loads(path.read_text())["format"] == 1
+    path.write_text('{"format": 99}')
+    with pytest.raises(ConfigError):
+        profiling.load_profile(path)
+    path.write_text("not json")
+    with pytest.raises(ConfigError):
+        profiling.load_profile(path)
+
+
+def test_a_profile_is_measured_once_then_read_from_the_cache(net, cache, monkeypatch):
+    first = profiling.get_profile(net, 4, Device("cpu"), repeats=1)
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1 and first.key in files[0].name
+    assert files[0].name.startswith("tiny_cnn-b4-cpu-")
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("measured again although the cache matches")
+    monkeypatch.setattr(profiling, "measure_profile", must_not_measure)
+    again = profiling.get_profile(net, 4, Device("cpu"))
+    assert again == first
+    with pytest.raises(AssertionError):          # another batch is another profile
+        profiling.get_profile(net, 8, Device("cpu"))
+    with pytest.raises(AssertionError):          # refresh measures again
+        profiling.get_profile(net, 4, Device("cpu"), refresh=True)
+
+
+def test_the_key_changes_with_batch_gpu_versions_math_and_structure(net):
+    versions = {"minidnn": "0.1.0", "numpy": "2.0", "cupy": "14.2.0", "cudnn": 91900}
+    settings = {"math": "tf32", "deterministic": False}
+    key, fields = profiling.profile_key(net, 256, "NVIDIA H200", versions, settings)
+    assert fields["batch"] == 256 and fields["device"] == "NVIDIA H200"
+    variants = [
+        profiling.profile_key(net, 128, "NVIDIA H200", versions, settings),
+        profiling.profile_key(net, 256, "NVIDIA A100", versions, settings),
+        profiling.profile_key(net, 256, "NVIDIA H200", dict(versions, cupy="14.3.0"), settings),
+        profiling.profile_key(net, 256, "NVIDIA H200", dict(versions, cudnn=92000), settings),
+        profiling.profile_key(net, 256, "NVIDIA H200", versions, dict(settings, math="fp32")),
+    ]
+    other = models.build("tiny_cnn", num_classes=5, image_size=16)
+    variants.append(profiling.profile_key(other, 256, "NVIDIA H200", versions, settings))
+    keys = [key] + [k for k, _ in variants]
+    assert len(set(keys)) == len(keys)
+    assert profiling.profile_key(net, 256, "NVIDIA H200", dict(versions), dict(settings))[0] == key
+
+
+def test_a_profile_for_another_network_or_batch_is_refused(net):
+    prof = analytic_profile(net, 4, "h200")
+    prof.check_matches(net, 4)
+    with pytest.raises(ConfigError):
+        prof.check_matches(net, 8)
+    other = models.build("tiny_cnn", num_classes=5, image_size=16)
+    with pytest.raises(ConfigError):
+        prof.check_matches(other, 4)
+
+
+def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path))
+    assert profiling.cache_dir() == tmp_path / "profiles"
+    monkeypatch.delenv("MINIDNN_CACHE")
+    assert profiling.cache_dir().parts[-3:] == (".cache", "minidnn", "profiles")
+    assert isinstance(Profile.from_json(analytic_profile(
+        models.build("mlp", num_classes=10), 2, "k40").to_json()), Profile)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import MinidnnError, fmt_bytes, parse_bytes
+from . import argtypes
+from .errors import MinidnnError, fmt_bytes
 from .train import TrainConfig
 
 
@@ -24,63 +25,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print the usage block and exit
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except MinidnnError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,53 +42,53 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", default=d.model, metavar="NAME|PATH",
                    help=f"built-in model (see 'minidnn models') or a .py file defining "
                         f"build(num_classes, image_size) (default {d.model})")
-    t.add_argument("--batch", type=_positive_int, default=d.batch, metavar="N",
+    t.add_argument("--batch", type=argtypes.positive_int, default=d.batch, metavar="N",
                    help=f"images per step (default {d.batch})")
-    t.add_argument("--image-size", type=_positive_int, default=None, metavar="S",
+    t.add_argument("--image-size", type=argtypes.positive_int, default=None, metavar="S",
                    help="height = width of the input images (default: 64 for shapes, 32 for "
                         "CIFAR-10, each raised to the model's minimum; the model's native size "
                         "for synthetic data and image folders)")
-    t.add_argument("--steps", type=_count, default=d.steps, metavar="N",
+    t.add_argument("--steps", type=argtypes.count, default=d.steps, metavar="N",
                    help=f"train until this step (default {d.steps}; with --resume the total)")
     t.add_argument("--device", choices=("auto", "cpu", "gpu"), default=d.device,
                    help="auto: the GPU when CuPy sees one, else the CPU (default auto)")
     t.add_argument("--seed", type=int, default=d.seed,
                    help=f"seeds initialisation, batch order and dropout (default {d.seed})")
-    t.add_argument("--lr", type=_positive_float, default=d.lr,
+    t.add_argument("--lr", type=argtypes.positive_float, default=d.lr,
                    help=f"SGD learning rate (default {d.lr})")
-    t.add_argument("--momentum", type=_fraction, default=d.momentum,
+    t.add_argument("--momentum", type=argtypes.fraction, default=d.momentum,
                    help=f"SGD momentum (default {d.momentum})")
-    t.add_argument("--weight-decay", type=_non_negative_float, default=d.weight_decay,
+    t.add_argument("--weight-decay", type=argtypes.non_negative_float, default=d.weight_decay,
                    help=f"L2 weight decay (default {d.weight_decay})")
     t.add_argument("--data", default=d.data, metavar="shapes|synthetic|PATH|cifar10:PATH",
                    help="shapes: drawn shapes, 10 classes (default); synthetic: random "
                         "ImageNet-shaped batches; PATH: an image folder with one subfolder per "
                         "class; cifar10:PATH: the CIFAR-10 python batches")
-    t.add_argument("--num-classes", type=_positive_int, default=None, metavar="K",
+    t.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default: what the data has; synthetic 1000)")
     from .memory.policy import policy_names
     t.add_argument("--policy", default=d.policy, metavar="|".join(policy_names()),
                    help="which feature maps to offload to host memory: none; all (vDNN_all: "
                         "every map backward needs); conv (vDNN_conv: the inputs of conv "
                         "layers) (default none)")
-    t.add_argument("--memory-budget", type=_size, default=None, metavar="SIZE",
+    t.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
                    help="device memory budget, e.g. 12GiB or 512MB (default: none)")
-    t.add_argument("--prefetch-lookahead", type=_count, default=d.prefetch_lookahead,
+    t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
                    metavar="N", help="layers ahead to prefetch offloaded maps in backward")
     t.add_argument("--math", choices=("tf32", "fp32"), default=None,
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",
                    help="GPU: only algorithms that give the same bits every run")
-    t.add_argument("--eval-every", type=_count, default=d.eval_every, metavar="N",
+    t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")
-    t.add_argument("--eval-batches", type=_positive_int, default=d.eval_batches, metavar="N",
+    t.add_argument("--eval-batches", type=argtypes.positive_int, default=d.eval_batches, metavar="N",
                    help=f"held-out batches per evaluation (default {d.eval_batches})")
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write a checkpoint here (atomically) at the end and every "
                         "--checkpoint-every steps")
-    t.add_argument("--checkpoint-every", type=_count, default=d.checkpoint_every, metavar="N")
+    t.add_argument("--checkpoint-every", type=argtypes.count, default=d.checkpoint_every, metavar="N")
     t.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint (bit-identical to an uninterrupted run)")
     t.add_argument("--report", default=None, metavar="PATH",
@@ -153,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a Chrome trace (JSON, opens in Perfetto) of compute and copies")
     t.add_argument("--plot", default=None, metavar="PATH",
                    help="write a PNG of device memory over a step")
-    t.add_argument("--log-every", type=_positive_int, default=d.log_every, metavar="N",
+    t.add_argument("--log-every", type=argtypes.positive_int, default=d.log_every, metavar="N",
                    help=f"read the loss back from the device every N steps (default "
                         f"{d.log_every})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -163,12 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "parameters, feature-map size and FLOPs, and the memory a training "
                        "step needs.")
     s.add_argument("--model", required=True, metavar="NAME|PATH")
-    s.add_argument("--batch", type=_positive_int, default=1, metavar="N")
-    s.add_argument("--image-size", type=_positive_int, default=None, metavar="S",
+    s.add_argument("--batch", type=argtypes.positive_int, default=1, metavar="N")
+    s.add_argument("--image-size", type=argtypes.positive_int, default=None, metavar="S",
                    help="default: the model's native size")
-    s.add_argument("--num-classes", type=_positive_int, default=1000, metavar="K")
+    s.add_argument("--num-classes", type=argtypes.positive_int, default=1000, metavar="K")
 
     sub.add_parser("models", help="list the built-in models")
+    from .planner import command as plan_command
+    plan_command.add_parser(sub)
     return parser
 
 
@@ -232,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "summary":
             return _summary(args)
+        if args.command == "plan":
+            from .planner import command as plan_command
+            return plan_command.run(args)
         return _models()
     except (MinidnnError, UsageError) as e:
         print(f"minidnn: error: {e}", file=sys.stderr)

@@ -85,6 +85,11 @@ class Executor:
             self.kernels.configure(**opts)
         self.plan = LivenessPlan(net, self.batch)
         self.policy = get_policy(policy)
+        if static_layout is None:
+            static_layout = memory_budget is not None
+        if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
+            self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
+                             static_layout=static_layout)
         self.decision = self.policy.decide(self.plan, memory_budget)
         for name, algo in self.decision.conv_algo.items():
             net.node(name).layer.algo = algo
@@ -96,8 +101,6 @@ class Executor:
         try:  # from here on, a failure must give the device memory (and CuPy's routing) back
             self._place_parameters()
             self.layout = None
-            if static_layout is None:
-                static_layout = memory_budget is not None
             blocks = self._plan_layout(int(prefetch_lookahead)) if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
@@ -110,6 +113,7 @@ class Executor:
         if trace:
             self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
+        self._peak_before_step = 0     # allocator peak before the current step's reset
         self._outputs = None
         self._in_step = False
         self._closed = False
@@ -282,6 +286,11 @@ class Executor:
                 self._sample(t1, "backward", node.name, "end")
         self._set_where("")
 
+    def _start_step_peak(self) -> None:
+        """From here on the allocator's peak is this step's; the overall peak is kept aside."""
+        self._peak_before_step = max(self._peak_before_step, int(self.allocator.peak))
+        self.allocator.reset_peak()
+
     def _abort(self) -> None:
         """After an error inside a step: release the step's buffers so the next step starts clean."""
         self._set_where("")
@@ -300,6 +309,7 @@ class Executor:
             self.manager.end_step()
             self._in_step = False
         mm = self.manager
+        self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
         if self.tracer:
             self.tracer.begin_step(self.step)
@@ -359,6 +369,7 @@ class Executor:
             self.manager.end_step()
             self._in_step = False
         mm = self.manager
+        self._start_step_peak()
         if self.tracer:
             self.tracer.begin_step(self.step)
         try:
@@ -407,7 +418,9 @@ class Executor:
 
         peak_device_bytes: highest bytes in the device allocator since this executor was made
         (everything it holds: parameters, gradients, optimizer state, feature maps, and on the
-        GPU workspaces and temporaries). peak_/avg_feature_map_bytes: feature maps + aux +
+        GPU workspaces and temporaries). steady_peak_device_bytes: the same during the last
+        step only (from its forward to its optimizer update), which leaves out the first step's
+        measuring of convolution plans. peak_/avg_feature_map_bytes: feature maps + aux +
         gradient maps on the device, highest and mean over the layer calls of the step.
         offloaded_bytes / prefetched_bytes: copied to host / back (on-demand fetches included).
         network_wide_bytes: every feature map, aux and gradient buffer allocated for the whole
@@ -417,7 +430,8 @@ class Executor:
         st = self.manager.stats
         frag = self.allocator.fragmentation() if hasattr(self.allocator, "fragmentation") else 0.0
         return {
-            "peak_device_bytes": int(self.allocator.peak),
+            "peak_device_bytes": max(self._peak_before_step, int(self.allocator.peak)),
+            "steady_peak_device_bytes": int(self.allocator.peak),
             "device_in_use_bytes": int(self.allocator.in_use),
             "memory_budget_bytes": self.memory_budget,
             "peak_feature_map_bytes": int(st.peak_feature_map_bytes),

@@ -46,7 +46,6 @@ class SGD:
 
     def step(self) -> None:
         for name, p in self.params:
-            xp = get_array_module(p.data)
             g = p.grad
             if self.weight_decay:
                 g = g + p.data.dtype.type(self.weight_decay) * p.data

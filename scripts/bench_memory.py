@@ -123,13 +123,13 @@ def run_policy(net, device, batch, policy, budget, args) -> str:
         for _ in range(args.warmup):
             ex.train_step(x, y, opt)
         settled_start = ex.settled_in_use()
-        ex.allocator.reset_peak()  # steady state: not the first step's plan measurements
-        levels = []
+        levels, step_peaks = [], []  # steady state: not the first step's plan measurements
         device.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             loss = ex.train_step(x, y, opt)
             levels.append(ex.allocator.in_use)
+            step_peaks.append(ex.memory_stats()["steady_peak_device_bytes"])
         device.synchronize()
         elapsed = time.perf_counter() - t0
         loss_value = float(loss)
@@ -152,7 +152,7 @@ def run_policy(net, device, batch, policy, budget, args) -> str:
         leak = "none" if settled_end == settled_start else \
             f"{fmt_bytes(settled_end - settled_start)}"
         del opt
-        return (f"| {policy} | {ms:.1f} | {batch / (ms / 1e3):.0f} | {gib(st['peak_device_bytes'])} "
+        return (f"| {policy} | {ms:.1f} | {batch / (ms / 1e3):.0f} | {gib(max(step_peaks or [0]))} "
                 f"| {gib(st['offloaded_bytes'])} | {gib(st['prefetched_bytes'])} "
                 f"| {st['on_demand_fetches']} | {gib(st['host_peak_bytes'])} "
                 f"| {gib(settled_start)} | {gib(settled_end)} "

@@ -41,7 +41,8 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "configure", "math_mode", "conv_plans",
-           "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan"]
+           "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
+           "reset_workspace_fallbacks"]
 
 # Measuring a plan: one run to load its kernels, timed, then one timed run that counts. When
 # the first run alone took more than SLOW_FACTOR times the best plan so far (and more than
@@ -237,6 +238,16 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
 # (layer key, op) -> (chosen plan index, plan index run instead): convolutions whose chosen
 # plan's workspace did not fit the memory budget when they ran.
 workspace_fallbacks: dict = {}
+_fallback_keys: set = set()        # the _ready keys that now hold a leaner plan
+
+
+def reset_workspace_fallbacks() -> None:
+    """Forget the leaner plans chosen under memory pressure: the next call of each such
+    convolution tries its chosen plan again (for a new budget or a new network)."""
+    for key in _fallback_keys:
+        _ready.pop(key, None)
+    _fallback_keys.clear()
+    workspace_fallbacks.clear()
 
 
 def _leaner_plan(key, op, x, w, y, spec, ready):
@@ -257,6 +268,7 @@ def _leaner_plan(key, op, x, w, y, spec, ready):
         lean = _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, ready.group_steps,
                       plan.index)
         _ready[key] = lean
+        _fallback_keys.add(key)
         workspace_fallbacks[(spec.key, op)] = (ready.index, plan.index)
         return lean, ws
     raise ConfigError(f"convolution {spec.key or '(unnamed)'} ({op}): no measured plan runs "
@@ -373,6 +385,7 @@ def conv_cache_entries() -> list:
 def clear_conv_cache() -> None:
     """Forget every graph and measurement (the next call of each shape measures again)."""
     _ready.clear()
+    _fallback_keys.clear()
     workspace_fallbacks.clear()
     _cache().clear()
 

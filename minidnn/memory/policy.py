@@ -83,7 +83,14 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def _register_builtin() -> None:
+    """Policies defined outside this file register themselves on import (dyn lives in the
+    planner, which imports this module, so it is imported here only when names are needed)."""
+    from ..planner import dyn  # noqa: F401
+
+
 def policy_names() -> list[str]:
+    _register_builtin()
     return sorted(_REGISTRY)
 
 
@@ -91,6 +98,7 @@ def get_policy(spec: str | Policy) -> Policy:
     """A Policy instance from a name ('none', 'all', 'conv') or a Policy (returned as is)."""
     if isinstance(spec, Policy):
         return spec
+    _register_builtin()
     cls = _REGISTRY.get(str(spec))
     if cls is None:
         raise ConfigError(f"unknown memory policy {spec!r}; known policies: "

@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from ..errors import ConfigError, MinidnnError, fmt_bytes, parse_bytes
+from .. import argtypes
+from ..errors import ConfigError, fmt_bytes
 
 POLICIES = ("dyn", "none", "conv", "all")
 # The arena keeps this much of a GPU free when no budget is given (memory/arena.py).
@@ -32,31 +33,6 @@ NO_BUDGET_MARGIN = 512 * 1024**2
 
 
 # ---- arguments -----------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except MinidnnError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -69,13 +45,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "predicted peak memory and step time; the least budget that works.")
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="built-in model or a .py model file (default: the --report's)")
-    p.add_argument("--batch", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--batch", type=argtypes.positive_int, default=None, metavar="N",
                    help="images per step (default: the --report's)")
-    p.add_argument("--image-size", type=_positive_int, default=None, metavar="S",
+    p.add_argument("--image-size", type=argtypes.positive_int, default=None, metavar="S",
                    help="height = width of the images (default: the model's native size)")
-    p.add_argument("--num-classes", type=_positive_int, default=None, metavar="K",
+    p.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default 1000, or the --report's)")
-    p.add_argument("--memory-budget", type=_size, default=None, metavar="SIZE",
+    p.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
                    help="device memory for everything, e.g. 12GiB (default: the whole GPU)")
     p.add_argument("--gpu", default=None, metavar="|".join(gpu_names()),
                    help="plan for this GPU from its analytic model (default: measure this "
@@ -88,7 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="dyn: plan (default); none/conv/all: predict that vDNN policy")
     p.add_argument("--conv-algo", choices=("fastest", "min_workspace"), default="fastest",
                    help="convolution plans for --policy none/conv/all (default fastest)")
-    p.add_argument("--prefetch-lookahead", type=_count, default=1, metavar="N",
+    p.add_argument("--prefetch-lookahead", type=argtypes.count, default=1, metavar="N",
                    help="layers ahead backward prefetches (as the run will use; default 1)")
     p.add_argument("--report", default=None, metavar="RUN.json",
                    help="a run report: plan for its settings and compare with its measurements")

@@ -1,0 +1,45 @@
+"""Argument types for the command line: each turns a string into a checked value, or raises
+argparse.ArgumentTypeError with a message that says what was expected and what was given."""
+from __future__ import annotations
+
+import argparse
+
+from .errors import MinidnnError, parse_bytes
+
+
+def _number(text: str, convert, ok, expected: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 1, "a positive integer")
+
+
+def count(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: v > 0, "a positive number")
+
+
+def non_negative_float(text: str) -> float:
+    return _number(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def fraction(text: str) -> float:
+    return _number(text, float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def size(text: str) -> int:
+    """'12GiB' -> bytes (errors.parse_bytes)."""
+    try:
+        return parse_bytes(text)
+    except MinidnnError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

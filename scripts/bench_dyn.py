@@ -128,7 +128,9 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     if hasattr(mod, "configure"):
         mod.configure(math=args.math, deterministic=False)
     t0 = time.perf_counter()
-    prof = get_profile(net, batch, device, directory=out / "profiles")
+    prof = get_profile(net, batch, device, directory=out / "profiles",
+                       log=lambda msg: print(msg, flush=True))
+    print(f"{name} b{batch}: profile ready in {time.perf_counter() - t0:.1f} s", flush=True)
     profile_s = time.perf_counter() - t0
     # The synthetic source keeps its batches on a GPU (in the arena); on the CPU they are
     # host arrays outside it.

@@ -159,8 +159,14 @@ class _Clock:
 
 
 def _random(xp, shape, dtype, rng):
-    values = rng.standard_normal(shape).astype(dtype) if shape else np.asarray(1.0, dtype)
-    return xp.asarray(values)
+    """Standard normal values of `shape` made where they will be used: on a GPU by CuPy's
+    generator (drawing VGG-16's batch-256 maps on the host, in float64, then copying them
+    over would take minutes), on the CPU by NumPy's, both directly in `dtype`."""
+    if not shape:
+        return xp.asarray(np.asarray(1.0, dtype))
+    if xp is np:
+        return rng.standard_normal(shape, dtype=dtype)
+    return xp.random.default_rng(int(rng.integers(2**31))).standard_normal(shape, dtype=dtype)
 
 
 def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
@@ -246,8 +252,12 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
     return fwd, bwd, ws_f, ws_b, host
 
 
-def measure_layers(net, batch: int, device: Device, repeats: int | None = None) -> dict:
-    """{node name: LayerCost} measured on `device` (see the module docstring)."""
+def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
+                   progress: bool = True) -> dict:
+    """{node name: LayerCost} measured on `device` (see the module docstring). progress: a
+    progress bar on stderr, one tick per layer (a first convolution of each shape also
+    measures every cuDNN plan, which takes seconds)."""
+    from tqdm import tqdm
     kernels = kernel_modules.for_device(device)
     deterministic = kernel_settings(kernels)["deterministic"]
     repeats = repeats or DEFAULT_REPEATS[device.kind]
@@ -264,7 +274,10 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None) 
     costs = {}
     try:
         with device.compute:
-            for i, node in enumerate(net.nodes):
+            bar = tqdm(net.nodes, desc=f"profiling {net.name} b{batch}", unit="layer",
+                       disable=not progress, leave=False)
+            for i, node in enumerate(bar):
+                bar.set_postfix_str(node.name)
                 # Parameters of the right shape (their values do not change the time).
                 for p in node.layer.params.values():
                     p.data = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)

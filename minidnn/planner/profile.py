@@ -275,7 +275,7 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     try:
         with device.compute:
             bar = tqdm(net.nodes, desc=f"profiling {net.name} b{batch}", unit="layer",
-                       disable=not progress, leave=False)
+                       disable=None if progress else True, leave=False)  # None: off without a terminal
             for i, node in enumerate(bar):
                 bar.set_postfix_str(node.name)
                 # Parameters of the right shape (their values do not change the time).

@@ -10,20 +10,29 @@ import numpy as np
 
 from .errors import DeviceError
 
+_cupy_error: str = ""
 try:  # CuPy is optional: the whole framework runs and is tested without it.
     import cupy as _cupy
-except Exception:  # ImportError, or a CuPy build that cannot load its CUDA libraries
+except Exception as e:  # ImportError, or a CuPy build that cannot load its CUDA libraries
     _cupy = None
+    _cupy_error = f"{type(e).__name__}: {e}"
 
 
 def gpu_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
+    return not gpu_unavailable_reason()
+
+
+def gpu_unavailable_reason() -> str:
+    """Why there is no GPU to use ('' when there is one): CuPy missing, or CUDA's answer."""
     if _cupy is None:
-        return False
+        return f"CuPy does not import: {_cupy_error}"
     try:
-        return _cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+        if _cupy.cuda.runtime.getDeviceCount() > 0:
+            return ""
+        return "no CUDA device is present"
+    except Exception as e:
+        return f"CUDA reports {type(e).__name__}: {e}"
 
 
 def get_array_module(*arrays):
@@ -98,13 +107,18 @@ class Device:
             raise DeviceError(f"device must be 'cpu' or 'gpu', got {kind!r}")
         self.kind = kind
         if kind == "gpu":
-            if not gpu_available():
-                raise DeviceError("--device gpu was asked for, but CuPy sees no CUDA device "
-                                  "(install the 'gpu' extra on a machine with a CUDA GPU, "
-                                  "or use --device cpu / auto)")
+            reason = gpu_unavailable_reason()
+            if reason:
+                raise DeviceError(f"--device gpu was asked for, but CuPy sees no CUDA device "
+                                  f"({reason}); install the 'gpu' extra on a machine with a "
+                                  f"CUDA GPU, or use --device cpu / auto")
             self.xp = _cupy
-            # Non-blocking streams never implicitly synchronize with the legacy default stream.
-            self.compute = _cupy.cuda.Stream(non_blocking=True)
+            # The compute stream is a blocking stream: work on CuPy's legacy default stream
+            # (reading a loss with float(), copying a state dict in or out) is ordered with
+            # it both ways, so results are never read early nor parameters written late. The
+            # copy streams are non-blocking: nothing on the legacy stream holds them back, and
+            # they overlap compute.
+            self.compute = _cupy.cuda.Stream(non_blocking=False)
             self.offload = _cupy.cuda.Stream(non_blocking=True)
             self.prefetch = _cupy.cuda.Stream(non_blocking=True)
             self.name = _cupy.cuda.runtime.getDeviceProperties(

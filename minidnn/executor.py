@@ -43,7 +43,8 @@ class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
     memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    policy: 'none' | 'all' | 'conv' or a memory.policy.Policy. prefetch_lookahead: layers
+    policy: 'none' | 'all' | 'conv' | 'dyn' (planned for the budget; minidnn/planner) or a
+    memory.policy.Policy. prefetch_lookahead: layers
     ahead that backward brings offloaded maps back (0: only on demand). trace: keep a
     trace.Tracer in `self.tracer`. compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
@@ -91,14 +92,19 @@ class Executor:
             self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
                              static_layout=static_layout)
         self.decision = self.policy.decide(self.plan, memory_budget)
+        # The decision's convolution plans hold while this executor lives; close() restores
+        # the layers' own settings, so a later executor of the same network starts from them.
+        self._own_algos = {n.name: n.layer.algo for n in net.nodes if n.layer.kind == "conv"}
         for name, algo in self.decision.conv_algo.items():
             net.node(name).layer.algo = algo
 
         self.host = self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
-        self.allocator = self._make_allocator(memory_budget)
+        self._host_params: list = []   # (parameter, its host values) before they moved here
+        self.allocator = None
         try:  # from here on, a failure must give the device memory (and CuPy's routing) back
+            self.allocator = self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
             blocks = self._plan_layout(int(prefetch_lookahead)) if static_layout else None
@@ -107,8 +113,13 @@ class Executor:
                                          prefetch_lookahead=int(prefetch_lookahead),
                                          dry=not self.compute, blocks=blocks)
         except BaseException:
-            self._release_device_memory()
+            for p, values in self._host_params:  # not views into memory about to go away
+                p.data, p.grad = values, None
+            self._restore_algos()
+            if self.allocator is not None:
+                self._release_device_memory()
             raise
+        self._host_params = []
         self.tracer = None
         if trace:
             self.enable_trace()
@@ -144,9 +155,14 @@ class Executor:
                         f"{what} {name}"))
             return
         if any(p.data is None for _, p in params):
+            # Initialize what is missing; values already loaded (a partial state dict) stay.
+            loaded = {id(p): p.data for _, p in params if p.data is not None}
             self.net.init_params(self.seed)
+            for _, p in params:
+                p.data = loaded.get(id(p), p.data)
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
+            self._host_params.append((p, values))
             data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
             self._held_bufs.append(buf)
             grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
@@ -171,6 +187,10 @@ class Executor:
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
 
+    def _restore_algos(self) -> None:
+        for name, algo in self._own_algos.items():
+            self.net.node(name).layer.algo = algo
+
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
             self.allocator.free(buf)
@@ -194,6 +214,8 @@ class Executor:
         self._release_device_memory()
         if hasattr(self.host, "close"):
             self.host.close()
+        self._restore_algos()
+        self._host_params = []
         self._closed = True
 
     def __enter__(self):
@@ -249,7 +271,7 @@ class Executor:
         self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
                            self.manager.resident_bytes)
 
-    def _run_forward(self, ctx, train: bool) -> None:
+    def _run_forward(self, ctx) -> None:
         """The forward loop (ctx None: dry run, no compute)."""
         mm, tracer, compute = self.manager, self.tracer, self.device.compute
         for i, node in enumerate(self.plan.nodes):
@@ -304,6 +326,8 @@ class Executor:
         logits so that `outputs()` can read them.
         """
         self._need_compute("forward")
+        x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
+        labels = labels if hasattr(labels, "shape") else np.asarray(labels)
         self._check_batch(x, labels)
         if self._in_step:  # a forward without its backward: drop that step's buffers
             self.manager.end_step()
@@ -318,7 +342,7 @@ class Executor:
                 mm.begin_step(train, keep)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run_forward(self._ctx(train), train)
+                self._run_forward(self._ctx(train))
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -377,7 +401,7 @@ class Executor:
                 mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it
                 mm.write_input(DATA, None)
                 mm.write_input(LABEL, None)
-                self._run_forward(None, train)
+                self._run_forward(None)
                 if train:
                     self._run_backward(None)
                 mm.end_step()
@@ -440,6 +464,7 @@ class Executor:
             "prefetched_bytes": int(st.prefetched_bytes),
             "on_demand_fetches": int(st.on_demand_fetches),
             "on_demand_bytes": int(st.on_demand_bytes),
+            "deferred_prefetches": int(st.deferred_prefetches),
             "network_wide_bytes": int(self.plan.network_wide_bytes()),
             "liveness_peak_bytes": int(self.plan.liveness_peak_bytes()),
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),

@@ -15,7 +15,6 @@ execution order of forward (backward runs it in reverse).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +84,8 @@ class Network:
 
     def add_loss(self, logits: str | None = None) -> str:
         """Append softmax cross-entropy on `logits` (default: the last node) and `label`."""
+        if logits is None and not self.nodes:
+            raise ConfigError(f"network {self.name!r} has no layer to compute a loss on")
         logits = logits or self.nodes[-1].name
         return self.add(SoftmaxCrossEntropy(), inputs=[logits, LABEL], name="loss")
 
@@ -203,12 +204,10 @@ class Network:
                 p.data[...] = xp.asarray(value.astype(p.data.dtype, copy=False))
 
     def param_checksum(self) -> str:
-        """sha256 over every parameter's bytes (float32, C order) in `parameters()` order."""
-        h = hashlib.sha256()
-        for name, arr in self.state_dict().items():
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(arr).tobytes())
-        return h.hexdigest()
+        """sha256 over every parameter's name and bytes (the network's dtype, C order) in
+        `parameters()` order: equal checksums mean bit-identical parameters."""
+        from .checkpoint import params_checksum
+        return params_checksum(self.state_dict().items())
 
     # ---- reporting -------------------------------------------------------------------------
     def summary_rows(self, batch: int) -> list[dict]:

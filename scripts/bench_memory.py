@@ -50,9 +50,6 @@ def parse_configs(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def gib(n) -> str:
-    return fmt_bytes(n)
-
 
 # ---- dry mode -----------------------------------------------------------------------------------
 def dry(configs, policies, lookahead: int, budget) -> None:
@@ -69,11 +66,11 @@ def dry(configs, policies, lookahead: int, budget) -> None:
             st = ex.simulate_step()
             nw = st["network_wide_bytes"]
             fits = "-" if budget is None else ("yes" if st["peak_device_bytes"] <= budget else "no")
-            print(f"| {name} | {batch} | {size} | {gib(nw)} | {gib(st['liveness_peak_bytes'])} "
-                  f"| {policy} | {gib(st['peak_feature_map_bytes'])} "
-                  f"| {gib(st['avg_feature_map_bytes'])} "
+            print(f"| {name} | {batch} | {size} | {fmt_bytes(nw)} | {fmt_bytes(st['liveness_peak_bytes'])} "
+                  f"| {policy} | {fmt_bytes(st['peak_feature_map_bytes'])} "
+                  f"| {fmt_bytes(st['avg_feature_map_bytes'])} "
                   f"| {st['avg_feature_map_bytes'] / nw - 1:+.1%} "
-                  f"| {gib(st['offloaded_bytes'])} | {gib(st['peak_device_bytes'])} | {fits} |")
+                  f"| {fmt_bytes(st['offloaded_bytes'])} | {fmt_bytes(st['peak_device_bytes'])} | {fits} |")
         print(f"<!-- {name} b{batch}: {time.perf_counter() - t0:.2f} s -->", file=sys.stderr)
     print()
     print("network-wide: every feature map, aux and gradient buffer allocated for the whole "
@@ -152,11 +149,11 @@ def run_policy(net, device, batch, policy, budget, args) -> str:
         leak = "none" if settled_end == settled_start else \
             f"{fmt_bytes(settled_end - settled_start)}"
         del opt
-        return (f"| {policy} | {ms:.1f} | {batch / (ms / 1e3):.0f} | {gib(max(step_peaks or [0]))} "
-                f"| {gib(st['offloaded_bytes'])} | {gib(st['prefetched_bytes'])} "
-                f"| {st['on_demand_fetches']} | {gib(st['host_peak_bytes'])} "
-                f"| {gib(settled_start)} | {gib(settled_end)} "
-                f"| {gib(min(levels or [0]))}..{gib(max(levels or [0]))} | {leak} |")
+        return (f"| {policy} | {ms:.1f} | {batch / (ms / 1e3):.0f} | {fmt_bytes(max(step_peaks or [0]))} "
+                f"| {fmt_bytes(st['offloaded_bytes'])} | {fmt_bytes(st['prefetched_bytes'])} "
+                f"| {st['on_demand_fetches']} | {fmt_bytes(st['host_peak_bytes'])} "
+                f"| {fmt_bytes(settled_start)} | {fmt_bytes(settled_end)} "
+                f"| {fmt_bytes(min(levels or [0]))}..{fmt_bytes(max(levels or [0]))} | {leak} |")
 
 
 def main(argv=None) -> int:

@@ -3,9 +3,9 @@
 #
 #     OUT=/some/dir scripts/gpu_check.sh [kernel-benchmark batch, default 32]
 #
-# Installs the cuDNN frontend wheel carried in .whl/ (if any) into /tmp/site, runs the GPU
-# tests (pytest -m gpu) and a short kernel benchmark against PyTorch, and writes full logs
-# under $OUT (default ./gpu_check_out): env.txt, pytest_gpu.log, bench_kernels.log/.json.
+# Installs any cuDNN frontend wheel found in .whl/ (machines without a package index) into
+# /tmp/site, runs the GPU tests (pytest -m gpu) and a short kernel benchmark against PyTorch,
+# and writes full logs under $OUT (default ./gpu_check_out): env.txt, pytest_gpu.log, bench_kernels.log/.json.
 # Prints a compact summary; exits non-zero when the tests fail.
 # Environment: BENCH_ARGS (extra arguments of the kernel benchmark, e.g. "--convs 4"),
 # TEST_TIMEOUT and BENCH_TIMEOUT (seconds, default 420 and 240).

@@ -431,3 +431,15 @@ def test_routed_blocks_outlive_a_closed_arena(fake_cupy):
 def test_gpu_arena_without_a_budget_keeps_a_safety_margin(fake_cupy):
     arena = Arena(_FakeGpu(), None)                # the stand-in reports 1.5 GiB free
     assert arena.budget == 1 << 30
+
+
+def test_arenas_routed_in_turn_can_be_closed_in_any_order(fake_cupy):
+    default = fake_cupy.cuda.get_allocator()
+    first, second = Arena(_FakeGpu(), 8 * KiB), Arena(_FakeGpu(), 8 * KiB)
+    first.install()
+    second.install()
+    first.close()                                  # not the newest: CuPy stays with `second`
+    assert fake_cupy.cuda.get_allocator() == second._cupy_malloc
+    assert second.owns(fake_cupy.empty(KiB).ptr)
+    second.close()
+    assert fake_cupy.cuda.get_allocator() is default

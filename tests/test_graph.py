@@ -143,3 +143,9 @@ def test_sequential_alexnet_shaped_net_trains():
     for _ in range(15):
         ex.train_step(x, labels, opt)
     assert float(ex.evaluate(x, labels)[0]) < first
+
+
+def test_a_loss_needs_a_layer_before_it():
+    from minidnn.errors import ConfigError
+    with pytest.raises(ConfigError, match="no layer to compute a loss on"):
+        Network.sequential((3, 4, 4), [])

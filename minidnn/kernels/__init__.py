@@ -1,9 +1,11 @@
 """Kernels: the heavy operations behind the layers, one module per implementation.
 
-* `cpu.py`  — the reference: written against `xp` (NumPy arrays in, NumPy arrays out; it also
-  runs on CuPy arrays, which is how the GPU ran before the tuned kernels existed).
-* `cuda.py` — the GPU implementation: cuDNN (through the cuDNN frontend) for convolutions,
-  CuPy RawKernels for pooling and LRN. Every function has the signature of its cpu.py twin.
+* `cpu.py`  — the reference: written against `xp` (NumPy arrays in, NumPy arrays out; the
+  same code also runs on CuPy arrays, which the GPU tests use as a second opinion).
+* `cuda.py` — the GPU implementation, every function with the signature of its cpu.py twin:
+  convolutions through cuDNN (`cudnn_conv.py`: the frontend's graphs and measured plans),
+  pooling, LRN and ReLU as CuPy elementwise kernels (`cuda_pool.py`, `cuda_lrn.py`,
+  `cuda_relu.py`).
 
 Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts
 the right module in the StepContext for its device. Every op writes into output arrays it is
@@ -82,12 +84,14 @@ class LRNSpec:
 
 
 def for_device(device):
-    """The kernel module for a Device: cuda.py on a GPU (when it imports), else cpu.py."""
+    """The kernel module for a Device: cuda.py on a GPU, cpu.py on the CPU."""
     if device is not None and device.is_gpu:
         try:
             from . import cuda
-            return cuda
-        except ImportError:
-            pass
+        except ImportError as e:
+            from ..errors import DeviceError
+            raise DeviceError(f"the GPU kernels need the cuDNN frontend and CuPy "
+                              f"(install the 'gpu' extra): {e}") from e
+        return cuda
     from . import cpu
     return cpu

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import cupy as cp
 
+from .cpu import _lrn_reach
+
 _lrn_forward = cp.ElementwiseKernel(
     "raw T x, int32 C, int64 HW, int32 before, int32 after, float64 alpha_over_size, "
     "float64 k, float64 beta",
@@ -53,21 +55,17 @@ _lrn_backward = cp.ElementwiseKernel(
     "minidnn_lrn_backward")
 
 
-def _reach(size: int) -> tuple:
-    """Channels (before, after) the window centred on c covers (even sizes lean forward)."""
-    return size // 2, (size - 1) // 2
-
 
 def lrn_forward(x, y, scale, spec) -> None:
     """scale = k + alpha/size * window sum of x**2; y = x * scale**-beta."""
     n, c, h, w = x.shape
-    before, after = _reach(spec.size)
+    before, after = _lrn_reach(spec.size)
     _lrn_forward(x, c, h * w, before, after, spec.alpha / spec.size, spec.k, spec.beta, y, scale)
 
 
 def lrn_backward(x, y, scale, gy, gx, spec) -> None:
     """gx from x, scale and gy (y is not read and may be None); overwrites gx."""
     n, c, h, w = x.shape
-    before, after = _reach(spec.size)
+    before, after = _lrn_reach(spec.size)
     _lrn_backward(x, scale, gy, c, h * w, before, after,
                   2.0 * spec.alpha * spec.beta / spec.size, spec.beta, gx)

@@ -40,7 +40,6 @@ DTYPES = ("float32", "float64")
 
 # What each op reads and writes, in the roles x (image), w (filter), y (output map):
 #   fprop  y  = conv(x, w)          dgrad  x = conv^T(y, w)          wgrad  w = corr(x, y)
-OUTPUT_ROLE = {"fprop": "y", "dgrad": "x", "wgrad": "w"}
 
 
 def deselected_notes(math_mode: str, deterministic: bool, dtype: str = "float32") -> tuple:
@@ -365,8 +364,3 @@ class CudnnConvGraph:
             self.execute(index, x_ptr, w_ptr, y_ptr, workspace_ptr)
         return run
 
-    def plan_name(self, index: int) -> str:
-        for i, _, name in self.candidates:
-            if i == index:
-                return name
-        return "?"

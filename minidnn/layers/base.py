@@ -11,7 +11,8 @@ layer says, before any compute, what it needs:
 * `aux_specs()` names the small side buffers forward leaves for backward (a dropout mask,
   a pooling argmax, a softmax), which the manager owns like feature maps;
 * `inplace` says the output may share input 0's buffer (and the input gradient the output
-  gradient's), which the network grants only when no one else needs the input.
+  gradient's), which the liveness plan (memory/plan.py) grants only when no one else needs
+  the input.
 
 Shapes always include the batch: (N, C, H, W) for images, (N, F) for vectors.
 """

@@ -1,5 +1,5 @@
 """ReLU: y = max(x, 0). Backward reads only the output (y > 0 <=> x > 0), so the input can be
-overwritten: the network runs it in place whenever no one else needs the input."""
+overwritten: the liveness plan runs it in place whenever no one else needs the input."""
 from __future__ import annotations
 
 from .base import Layer

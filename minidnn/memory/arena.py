@@ -30,6 +30,10 @@ from .blocks import BlockList, PendingFrees
 # cuBLAS's handles and kernels live there, and they allocate outside CuPy.
 GPU_SAFETY_MARGIN = 512 * 1024**2
 
+# Arenas that CuPy's allocator is routed to, oldest first, and what CuPy had before them.
+_ROUTED: list = []
+_ROUTED_BASE: list = [None]
+
 
 def make_allocator(device, budget: int | None):
     """The allocator for `device`: an Arena, or a SimpleAllocator on the CPU without a budget.
@@ -87,12 +91,11 @@ class Arena:
         self.peak = 0
         self.allocs = 0
         self.frees = 0
-        self._lock = threading.RLock()     # a data-loading thread may allocate through CuPy
+        self._lock = threading.RLock()     # CuPy may free a block from any thread (garbage collection)
         self._live: dict[int, tuple[int, int]] = {}   # address -> (offset, size) of alloc()'d
         self._routed: set[int] = set()     # offsets lent to CuPy through route_cupy
         self._returned: deque[int] = deque()   # offsets CuPy has dropped, not yet released
         self._pending = PendingFrees()
-        self._previous_allocator = None
         self._installed = False
         self._closed = False
         if self.is_gpu:
@@ -250,21 +253,28 @@ class Arena:
     # create CuPy arrays with a copy stream current while routing is installed.
 
     def install(self) -> None:
-        """Route every CuPy device allocation to this arena (until `uninstall`)."""
+        """Route every CuPy device allocation to this arena (until `uninstall`).
+
+        Arenas installed one after another form a stack: the newest serves CuPy, and
+        uninstalling any of them, in any order, hands CuPy to the newest one left (or to
+        the allocator CuPy had before the first).
+        """
         if not self.is_gpu or self._installed:
             return
         if self._closed:
             raise RuntimeError("cannot route CuPy to a closed arena")
-        self._previous_allocator = self._cupy.cuda.get_allocator()
+        if not _ROUTED:
+            _ROUTED_BASE[0] = self._cupy.cuda.get_allocator()
+        _ROUTED.append(self)
         self._cupy.cuda.set_allocator(self._cupy_malloc)
         self._installed = True
 
     def uninstall(self) -> None:
-        """Give CuPy back the allocator it had before `install`."""
+        """Stop serving CuPy; the newest other installed arena, or CuPy's own, takes over."""
         if not self._installed:
             return
-        self._cupy.cuda.set_allocator(self._previous_allocator)
-        self._previous_allocator = None
+        _ROUTED.remove(self)
+        self._cupy.cuda.set_allocator(_ROUTED[-1]._cupy_malloc if _ROUTED else _ROUTED_BASE[0])
         self._installed = False
 
     @contextlib.contextmanager

@@ -105,10 +105,6 @@ class BlockList:
         self._insert_free(start, end - start)
         return size
 
-    def size_of(self, offset: int) -> int:
-        """Size of the allocated block at `offset` (KeyError when there is none)."""
-        return self._allocated[offset]
-
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to the alignment (at least one alignment unit)."""
         return -(-max(int(nbytes), 1) // self.alignment) * self.alignment

@@ -114,13 +114,18 @@ class HostSlab:
                 "frees": self.frees}
 
     def close(self) -> None:
-        """Drop every chunk (arrays still viewing one keep it alive until they die)."""
+        """Drop every chunk (arrays still viewing one keep it alive until they die) and give
+        CuPy's pinned pool back to the system: page-locked memory left pinned is memory the
+        rest of the machine cannot page."""
         self._chunks.clear()
         self._backing.clear()
         self._chunk_bases.clear()
         self._live.clear()
         self._pending = PendingFrees()
         self._blocks = BlockList(ALIGNMENT)
+        if self.device.is_gpu:
+            import cupy
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
 
     def __repr__(self) -> str:
         return (f"HostSlab({self.device.kind}, {len(self._chunks)} chunks, capacity "

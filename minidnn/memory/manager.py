@@ -325,14 +325,6 @@ class MemoryManager:
         self._ensure(sid, where or tensor)
         return self._view(self.maps[sid], tensor)
 
-    def has(self, tensor: str) -> bool:
-        """True when the tensor's bytes are on the device now."""
-        return self.maps[self.plan.tensors[tensor].storage].device is not None
-
-    def state(self, tensor: str) -> str:
-        """'device', 'host', 'both' or 'freed'."""
-        return self.maps[self.plan.tensors[tensor].storage].state
-
     # ---- moving -----------------------------------------------------------------------------
     def _offload(self, sid: int) -> None:
         fm = self.maps[sid]

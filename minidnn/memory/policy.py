@@ -1,15 +1,17 @@
 """Memory policies: what the memory manager does with each buffer, decided before step one.
 
 A policy reads the LivenessPlan (every buffer, its size, who writes and reads it and when) and
-returns a MemoryDecision. Today that is the set of storages to offload to host memory during
-forward (and prefetch back during backward) and, optionally, a convolution algorithm per conv
-layer; later policies (vDNN_dyn, compression, recomputation) add fields to the decision, and
-layers never change for them.
+returns a MemoryDecision: the set of storages to offload to host memory during forward (and
+prefetch back during backward) and, optionally, a convolution plan per conv layer. Policies
+that move fewer bytes (compression, recomputation) would add fields to the decision; layers
+never change for them.
 
     none   keep every feature map on the device (liveness alone frees what is dead)
     all    vDNN_all: offload every feature map that backward reads
     conv   vDNN_conv: offload only the inputs of convolution layers (their long compute
            hides the copy)
+    dyn    vDNN_dyn: what the planner finds fastest within the budget, convolution plans
+           included (minidnn/planner/dyn.py; registered when first asked for)
 
     policy = get_policy("all")             # or a Policy instance
     decision = policy.decide(plan)

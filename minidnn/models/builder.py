@@ -41,10 +41,6 @@ class NetBuilder:
             self.net = Network((in_channels, self.size, self.size), num_classes=num_classes,
                                name=name)
 
-    def _add(self, layer_factory, name: str) -> None:
-        if not self.dry:
-            self.net.add(layer_factory(), name=name)
-
     def _window(self, name: str, kernel: int, stride: int, padding: int, dilation: int = 1,
                 ceil_mode: bool = False) -> None:
         span = dilation * (kernel - 1) + 1

@@ -139,12 +139,13 @@ def load_checkpoint(path: str) -> Checkpoint:
         entries = set(npz.files)
         meta = _read_meta(npz, entries, path)
         ckpt = Checkpoint(path, meta)
-        for name, shape in meta["params"]:
-            ckpt.params[name] = _read_entry(npz, entries, f"param/{name}", path, tuple(shape))
+        shapes = {name: tuple(shape) for name, shape in meta["params"]}
+        for name, shape in shapes.items():
+            ckpt.params[name] = _read_entry(npz, entries, f"param/{name}", path, shape)
         for key in sorted(entries):
             if key.startswith("momentum/"):
                 name = key[len("momentum/"):]
-                shape = dict((n, tuple(s)) for n, s in meta["params"]).get(name)
+                shape = shapes.get(name)
                 if shape is None:
                     raise CheckpointError(f"checkpoint {path!r}: entry {key!r} belongs to no "
                                           f"parameter listed in {META}")

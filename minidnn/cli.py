@@ -1,9 +1,15 @@
-"""The `minidnn` command: train a network, or print a network's layers and memory.
+"""The `minidnn` command: train a network, plan its memory, or print its layers and memory.
 
     minidnn train                        the main job: AlexNet on drawn shapes (CPU or GPU)
     minidnn train --model vgg16 --data synthetic --batch 64 --policy all --memory-budget 12GiB
+    minidnn train --model vgg16 --data synthetic --batch 256 --policy dyn --memory-budget 12GiB
+    minidnn plan --model vgg16 --batch 256 --memory-budget 12GiB     (planner/command.py)
     minidnn summary --model alexnet --batch 128
     minidnn models
+
+--policy dyn (vDNN_dyn) profiles the network on the device once, then lets the planner choose
+what to offload and which convolution plan each convolution runs; `minidnn plan` shows that
+plan, and its predicted memory and speed, before anything runs.
 
 Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget) prints as
 one line `minidnn: error: ...` and exits with status 2; so do argument errors.
@@ -15,6 +21,7 @@ import sys
 
 from . import argtypes
 from .errors import MinidnnError, fmt_bytes
+from .report import MATH_MODES
 from .train import TrainConfig
 
 
@@ -70,12 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--policy", default=d.policy, metavar="|".join(policy_names()),
                    help="which feature maps to offload to host memory: none; all (vDNN_all: "
                         "every map backward needs); conv (vDNN_conv: the inputs of conv "
-                        "layers) (default none)")
+                        "layers); dyn (vDNN_dyn: what the planner chooses for the memory "
+                        "budget, with each convolution's plan; see 'minidnn plan') "
+                        "(default none)")
     t.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
                    help="device memory budget, e.g. 12GiB or 512MB (default: none)")
     t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
                    metavar="N", help="layers ahead to prefetch offloaded maps in backward")
-    t.add_argument("--math", choices=("tf32", "fp32"), default=None,
+    t.add_argument("--math", choices=MATH_MODES, default=None,
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",

@@ -37,27 +37,34 @@ class SGD:
         if self.allocator is None:
             xp = get_array_module(like)
             return xp.array(values, copy=True)
-        old = self._buffers.pop(name, None)
-        if old is not None:  # replaced by load_state_dict: give the old one back
-            self.allocator.free(old)
         v, self._buffers[name] = self.allocator.empty(like.shape, like.dtype, f"momentum of {name}")
         v[...] = values
         return v
 
     def step(self) -> None:
+        # One temporary the size of the parameter, alive at a time (the largest counts against
+        # the memory budget: planner/costs.py): it holds grad + wd * w, then lr * v. The
+        # operations, and so the bits, are those of the formulas in the module docstring.
         for name, p in self.params:
-            g = p.grad
+            w, scalar = p.data, p.data.dtype.type
+            g, tmp = p.grad, None
             if self.weight_decay:
-                g = g + p.data.dtype.type(self.weight_decay) * p.data
+                tmp = w * scalar(self.weight_decay)
+                tmp += g
+                g = tmp
             if self.momentum:
                 v = self.velocity.get(name)
                 if v is None:
-                    v = self.velocity[name] = self._new_velocity(name, p.data, g)
+                    v = self.velocity[name] = self._new_velocity(name, w, g)
                 else:
-                    v *= p.data.dtype.type(self.momentum)
+                    v *= scalar(self.momentum)
                     v += g
                 g = v
-            p.data -= p.data.dtype.type(self.lr) * g
+            if tmp is None:
+                tmp = g * scalar(self.lr)
+            else:
+                get_array_module(w).multiply(g, scalar(self.lr), out=tmp)
+            w -= tmp
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,

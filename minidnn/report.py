@@ -1,6 +1,6 @@
 """The run report: one JSON object describing a training run, written atomically.
 
-Fields (DESIGN.md's run report; these names never change, new fields may be added):
+Fields (these names never change; new fields may be added):
     model, batch, image_size, device ('cpu' or 'gpu'), policy, memory_budget_bytes (null when
     none), steps (the step count reached), loss (one float per step of this run),
     step_time_s (one per step), images_per_s (steady state: the first `warmup_steps` steps
@@ -37,12 +37,22 @@ def steady_images_per_s(step_times: list[float], batch: int, warmup_steps: int =
 
 def memory_figures(ex) -> dict:
     """The executor's memory statistics (Executor.memory_stats: per-step figures are of the
-    last step), with the four the report names at its top level always present."""
-    stats = dict(ex.memory_stats())
-    for key in ("peak_device_bytes", "peak_feature_map_bytes", "offloaded_bytes",
-                "prefetched_bytes"):
-        stats.setdefault(key, None)
-    return stats
+    last step; the four the report names at its top level are among them)."""
+    return dict(ex.memory_stats())
+
+
+# ---- the GPU's float32 math mode -----------------------------------------------------------------
+#: What `--math` accepts: TF32 tensor-core math for float32 convolutions and matrix products,
+#: or strict FP32.
+MATH_MODES = ("tf32", "fp32")
+
+
+def kernel_settings(kernels) -> dict:
+    """{'math': ..., 'deterministic': ...} of a kernel module (the CPU's is strict FP32)."""
+    mode = getattr(kernels, "math_mode", None)
+    if callable(mode):
+        return dict(mode())
+    return {"math": "fp32", "deterministic": True}
 
 
 def math_mode(ex) -> str:
@@ -50,14 +60,17 @@ def math_mode(ex) -> str:
     ('tf32' or 'fp32', with ' deterministic' when only deterministic algorithms run)."""
     if not ex.device.is_gpu:
         return "fp32"
-    mode = getattr(ex.kernels, "math_mode", None)
-    if not callable(mode):
-        return "unknown"
-    state = mode()
-    if isinstance(state, dict):
-        return str(state.get("math", "unknown")) + (" deterministic"
-                                                    if state.get("deterministic") else "")
-    return str(state)
+    state = kernel_settings(ex.kernels)
+    return str(state.get("math", "unknown")) + (" deterministic"
+                                                if state.get("deterministic") else "")
+
+
+def parse_math_mode(text) -> tuple:
+    """(math, deterministic) of a report's `math_mode` ('fp32 deterministic' -> ('fp32',
+    True)); math is None when the text names no mode of MATH_MODES."""
+    words = str(text or "").split()
+    math = words[0] if words and words[0] in MATH_MODES else None
+    return math, "deterministic" in words[1:]
 
 
 def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
@@ -105,20 +118,21 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
     return report
 
 
-def _json_safe(value):
-    """NaN and infinities are not JSON: write them as null."""
+def json_safe(value):
+    """`value` with NaN and infinities as None (JSON has neither) and NumPy scalars as Python
+    numbers, inside dicts, lists and tuples too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item") and callable(value.item):  # NumPy scalars
-        return _json_safe(value.item())
+        return json_safe(value.item())
     return value
 
 
 def write_report(path: str, report: dict) -> None:
     """Write the report as indented JSON, atomically."""
-    text = json.dumps(_json_safe(report), indent=1) + "\n"
+    text = json.dumps(json_safe(report), indent=1) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))

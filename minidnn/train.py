@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -24,10 +25,10 @@ from . import models
 from .backend import select_device
 from .checkpoint import load_checkpoint, restore, restore_optimizer, save_checkpoint
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
-from .errors import CheckpointError, ConfigError, MinidnnError
+from .errors import CheckpointError, ConfigError, DataError, MinidnnError
 from .executor import Executor
 from .optim import SGD
-from .report import build_report, memory_figures, steady_images_per_s, write_report
+from .report import MATH_MODES, build_report, memory_figures, steady_images_per_s, write_report
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).
 SHAPES_IMAGE_SIZE = 64
@@ -109,10 +110,18 @@ def _check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"momentum must be in [0, 1), got {cfg.momentum}")
     if not cfg.weight_decay >= 0:
         raise ConfigError(f"weight-decay must be >= 0, got {cfg.weight_decay}")
-    if cfg.math not in (None, "tf32", "fp32"):
-        raise ConfigError(f"math must be 'tf32' or 'fp32', got {cfg.math!r}")
+    if cfg.math is not None and cfg.math not in MATH_MODES:
+        raise ConfigError(f"math must be one of {', '.join(MATH_MODES)}, got {cfg.math!r}")
     if cfg.resume and not cfg.checkpoint:
         raise ConfigError("--resume needs --checkpoint PATH (the checkpoint to continue from)")
+    if cfg.plot:
+        # Checked now, not when the plot is drawn after the whole run.
+        try:
+            import matplotlib  # noqa: F401 (imported to see that it imports)
+        except ImportError as e:
+            raise ConfigError(f"--plot {cfg.plot!r} needs matplotlib, which does not import "
+                              f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'"
+                              ) from None
 
 
 def resolve_image_size(cfg: TrainConfig) -> int:
@@ -178,6 +187,9 @@ class StepTimer:
 def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0) -> dict:
     """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`."""
     steps = min(max_batches, len(dataset) // batch)
+    if steps < 1:
+        raise DataError(f"evaluation needs at least one full batch: the held-out set has "
+                        f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")
     correct = total = 0
     loss_sum = 0.0
     with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps) as loader:
@@ -273,15 +285,29 @@ def train(config: TrainConfig | None = None, log=print) -> dict:
                               start_step=start, losses=run.losses, step_times=run.timer.times,
                               evals=run.evals, memory=run.memory or memory_figures(ex),
                               wall_time_s=time.perf_counter() - started)
+        # The report first: a trace or plot that cannot be written must not lose it.
+        if cfg.report:
+            write_output("--report", cfg.report, lambda path: write_report(path, report))
         if run.tracer is not None and cfg.trace:
-            run.tracer.write_chrome_trace(cfg.trace)
+            write_output("--trace", cfg.trace, run.tracer.write_chrome_trace)
         if run.tracer is not None and cfg.plot:
-            run.tracer.plot_memory(cfg.plot)
+            write_output("--plot", cfg.plot, run.tracer.plot_memory)
     finally:
         ex.close()
-    if cfg.report:
-        write_report(cfg.report, report)
     return report
+
+
+def write_output(option: str, path: str, write) -> None:
+    """`write(path)` after creating the folders above `path`; a failure (no permission, a
+    file where a folder should be, no matplotlib) is a ConfigError naming the option."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write(path)
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot write {path!r}: {e.strerror or e}") from e
+    except ImportError as e:
+        raise ConfigError(f"{option}: cannot write {path!r}: {e}; install the 'plot' extra: "
+                          f"pip install 'minidnn[plot]'") from e
 
 
 class _Loop:

@@ -20,8 +20,8 @@ without offload (no cap), and under torch.autograd.graph.save_on_cpu(pin_memory=
 at the budget (and, if that runs out of memory, again without the cap to show what it needs).
 
 Writes bench_dyn.md (tables), bench_dyn.json (everything) and bench_dyn.png (memory and speed
-per policy per network) into --out. Sized for one 10-minute GPU call: few steps, and a time
-limit after which the remaining configurations are skipped (and listed as skipped).
+per policy per network) into --out. Kept short: few steps, and a time limit (--time-limit)
+after which the remaining configurations are skipped (and listed as skipped).
 
     python3 scripts/bench_dyn.py --out runs/bench_dyn
     python3 scripts/bench_dyn.py --configs vgg16:256 --policies all,dyn --budget 12GiB
@@ -31,6 +31,7 @@ limit after which the remaining configurations are skipped (and listed as skippe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -44,21 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minidnn import Executor, SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import MemoryDecision, Policy  # noqa: E402
+from minidnn.memory.policy import MemoryDecision  # noqa: E402
+from minidnn.planner.dyn import FixedDecision  # noqa: E402
+from minidnn.report import MATH_MODES  # noqa: E402
 
 DEFAULT_CONFIGS = "vgg16:256,vgg16:128,vgg16:64,alexnet:128,overfeat:128"
 PLAN_LABELS = {"fastest": "fastest", "min_workspace": "memory-optimal", "planned": "planned"}
-
-
-class GivenDecision(Policy):
-    """A decision made beforehand (by the planner, or a vDNN policy with one conv plan)."""
-    name = "given"
-
-    def __init__(self, decision: MemoryDecision):
-        self.decision = decision
-
-    def decide(self, plan, budget=None):
-        return self.decision
 
 
 # ---- one minidnn run ----------------------------------------------------------------------------
@@ -66,7 +58,7 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
                 math: str, warmup: int, steps: int, input_batches: int = 2) -> dict:
     """Train `steps` timed steps after `warmup`; steady-state memory and speed."""
     from minidnn.data import SyntheticImages
-    ex = Executor(net, batch, device=device, seed=0, policy=GivenDecision(decision),
+    ex = Executor(net, batch, device=device, seed=0, policy=FixedDecision(decision),
                   memory_budget=budget, math=math if device.is_gpu else None)
     # Convolutions whose planned workspace did not fit at run time ran a leaner plan instead;
     # each configuration starts from the planned choices.
@@ -109,13 +101,6 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
             "layout_bytes": stats.get("layout_bytes"),
             "workspace_fallbacks": len(fallbacks) - fallbacks_before,
             "fragmentation": float(stats["fragmentation"]), "loss": final_loss}
-
-
-def physical_bound(prof, compute_s: float, offloaded: int, prefetched: int) -> float:
-    """max(compute, bytes over PCIe / measured bandwidth) (BACKGROUND.md's limit)."""
-    copies = max(offloaded / prof.d2h_bw, prefetched / prof.h2d_bw,
-                 (offloaded + prefetched) / prof.duplex_bw)
-    return max(compute_s, copies)
 
 
 def bench_config(name: str, batch: int, args, device, out: Path, deadline: float) -> list:
@@ -178,8 +163,10 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                 print(f"{name} b{batch} {policy}/{algo}: FAILED {row['error']}", flush=True)
                 continue
             row.update(m)
-            row["bound_s"] = physical_bound(prof, ev.compute_s, m["offloaded_bytes"],
-                                            m["prefetched_bytes"])
+            # The planned compute with the bytes the run moved (on-demand fetches included).
+            moved = dataclasses.replace(ev, offloaded_bytes=m["offloaded_bytes"],
+                                        prefetched_bytes=m["prefetched_bytes"])
+            row["bound_s"] = planner.model.lower_bound_s(moved)
             row["peak_error"] = ev.peak_bytes / m["peak_device_bytes"] - 1
             row["step_error"] = ev.step_time_s / m["step_time_s"] - 1
             print(f"{name} b{batch} {policy}/{algo}: {m['step_time_s'] * 1e3:.1f} ms "
@@ -199,25 +186,12 @@ def torch_worker(argv: list) -> None:
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_vs_pytorch import torch_model
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = math == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
+    from bench_vs_pytorch import torch_training
     if budget is not None:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(budget / total, 1.0))
-    net = models.build(name, num_classes=1000, image_size=image)
-    net.init_params(0)
-    model, pairs = torch_model(net)
-    weights = net.state_dict()
-    with torch.no_grad():
-        for key, p in pairs:
-            p.copy_(torch.from_numpy(weights[key]))
-    model = model.cuda().train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
-    labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    model, opt, x, labels = torch_training(name, batch, image, math, lr=1e-3, momentum=0.9,
+                                           weight_decay=5e-4)
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -404,7 +378,7 @@ def parse_args(argv):
     p.add_argument("--budget", default="12GiB", help="memory budget of every minidnn run "
                    "('none': the whole device)")
     p.add_argument("--image-size", type=int, default=None, help="default: each model's own")
-    p.add_argument("--math", choices=("tf32", "fp32"), default="tf32")
+    p.add_argument("--math", choices=MATH_MODES, default="tf32")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")

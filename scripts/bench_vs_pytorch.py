@@ -126,31 +126,35 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
         losses.append(ex.train_step(x, labels, opt))
     ex.device.synchronize()
     warm_s = time.perf_counter() - t0
-    ex.allocator.reset_peak()
+    # peak_device_bytes counts the warm-up's plan measurements; steady_peak_device_bytes is
+    # the peak of the last step alone, so take its largest over the timed steps.
+    step_peaks = []
     t0 = time.perf_counter()
     for _ in range(steps):
         losses.append(ex.train_step(x, labels, opt))
+        step_peaks.append(ex.memory_stats()["steady_peak_device_bytes"])
     ex.device.synchronize()
     dt = (time.perf_counter() - t0) / steps
-    stats = ex.memory_stats()
     cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
     extra = {"profile": layer_profile(ex, x, labels, opt)} if profile else {}
     return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
-            "peak_bytes": int(stats["peak_device_bytes"]), "warmup_s": warm_s,
+            "peak_bytes": int(max(step_peaks)), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
             "conv_graphs": cache.get("graphs_built"), "conv_build_s": cache.get("build_s"),
             "conv_measure_s": cache.get("measure_s")}
 
 
-def run_torch(name, batch, math, steps, warmup, profile=False):
+def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
+    """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network
+    translated by torch_model with minidnn's initial weights (seed 0), on the GPU in training
+    mode, SGD, one synthetic batch made on the device, cuDNN benchmark mode and TF32 as `math`
+    says ('tf32' or 'fp32')."""
     import torch
-    import torch.nn.functional as F
     from minidnn import models
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = math == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
-    size = image_size(name)
-    net = models.build(name, num_classes=1000, image_size=size)
+    net = models.build(name, num_classes=1000, image_size=image)
     net.init_params(0)
     model, pairs = torch_model(net)
     weights = net.state_dict()
@@ -158,10 +162,19 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
         for key, p in pairs:
             p.copy_(torch.from_numpy(weights[key]))
     model = model.cuda().train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(batch, 3, size, size, device="cuda", generator=gen)
+    x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
     labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    return model, opt, x, labels
+
+
+def run_torch(name, batch, math, steps, warmup, profile=False):
+    import torch
+    import torch.nn.functional as F
+    model, opt, x, labels = torch_training(name, batch, image_size(name), math, lr=0.01,
+                                           momentum=0.9)
 
     def step():
         opt.zero_grad(set_to_none=False)

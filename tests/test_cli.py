@@ -88,6 +88,21 @@ def test_train_writes_report_and_checkpoint(capsys, tmp_path):
     assert "resuming at step 6" in out
 
 
+def test_outputs_in_new_folders_and_an_unwritable_report(capsys, tmp_path):
+    """The README's `--report runs/... --trace runs/...` with no runs/ folder yet."""
+    pytest.importorskip("matplotlib")
+    runs = tmp_path / "runs"
+    common = ("train", "--model", "mlp", "--image-size", "16", "--steps", "2", "--batch", "8",
+              "--no-progress", "--device", "cpu")
+    code, out, err = run(capsys, *common, "--report", str(runs / "r.json"),
+                         "--trace", str(runs / "t.json"), "--plot", str(runs / "p" / "m.png"))
+    assert code == 0, err
+    assert {p.name for p in runs.rglob("*")} == {"r.json", "t.json", "p", "m.png"}
+    (tmp_path / "file").write_text("")
+    code, _, err = run(capsys, *common, "--report", str(tmp_path / "file" / "r.json"))
+    assert code == 2 and "--report: cannot write" in one_error_line(err)
+
+
 def test_summary_and_models(capsys):
     code, out, _ = run(capsys, "summary", "--model", "alexnet", "--batch", "2")
     assert code == 0
@@ -100,6 +115,8 @@ def test_summary_and_models(capsys):
 def test_help_and_no_command(capsys):
     code, out, _ = run(capsys, "train", "--help")
     assert code == 0 and "--memory-budget" in out and "--resume" in out
+    text = " ".join(out.split())             # argparse wraps the help
+    assert "dyn (vDNN_dyn" in text and "see 'minidnn plan'" in text
     code, out, _ = run(capsys, )
     assert code == 2 and "train" in out and "summary" in out
 

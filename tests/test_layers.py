@@ -196,11 +196,28 @@ def test_bad_input_shape_names_the_layer(layer, shapes, words):
     (lambda: Dropout(1.0), "p must be in [0, 1)"),
     (lambda: LRN(k=0.0), "k > 0"),
     (lambda: Concat(axis=0), "non-batch axis"),
+    (lambda: Linear(0, name="fc"), "Linear 'fc': out_features must be a positive int, got 0"),
+    (lambda: Linear("x"), "Linear: out_features must be a positive int, got 'x'"),
+    (lambda: Linear(True), "out_features must be a positive int, got True"),
+    (lambda: Linear(10, init="he_norml"), "init must be one of he_normal, uniform_fan_in, "
+                                          "normal_0.01, zeros, ones; got 'he_norml'"),
+    (lambda: Conv2d(4, 3, init="xavier", name="c"), "Conv2d 'c': init must be one of"),
 ])
 def test_bad_arguments(make, words):
     with pytest.raises(ConfigError, match=None) as err:
         make()
     assert words in str(err.value)
+
+
+def test_the_initializers_layers_accept_are_those_parameters_know():
+    from minidnn.layers.base import Parameter
+    from minidnn.layers.conv import INITIALIZERS
+    rng = np.random.default_rng(0)
+    for init in INITIALIZERS:
+        assert Parameter((2, 3), init, fan_in=3).initial_value(rng, np.float32).shape == (2, 3)
+        assert Linear(4, init=init).init == Conv2d(4, 3, init=init).init == init
+    with pytest.raises(ValueError, match="unknown initializer"):
+        Parameter((2, 3), "xavier").initial_value(rng, np.float32)
 
 
 # ---- settings the rest of the framework reads ----------------------------------------------------

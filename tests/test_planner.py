@@ -131,7 +131,7 @@ def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_
     temporaries = max([optimizer_transient_bytes(net)] +
                       [transient_bytes(n.layer, p) for n in net.nodes
                        for p in ("forward", "backward")])
-    assert temporaries == 2 * 10 * 16 * 16 * 16 * 4     # SGD's two copies of fc's weight
+    assert temporaries == 10 * 16 * 16 * 16 * 4     # SGD's one temporary of fc's weight's size
     for policy in ("none", "all"):
         offload = get_policy(policy).decide(model.plan).offload
         ex = Executor(net, 8, device="cpu", policy=policy, compute=False,
@@ -284,3 +284,18 @@ def test_the_executor_can_tell_dyn_what_it_runs_with():
     assert (policy.device, policy.prefetch_lookahead, policy.static_layout) == ("cpu", 0, False)
     policy.bind(device="gpu")                       # a device given at construction stays
     assert policy.device == "cpu"
+
+
+def test_a_fixed_decision_is_run_as_given():
+    from minidnn.memory.policy import MemoryDecision
+    from minidnn.planner import FixedDecision
+    net = conv_chain()
+    model = StepModel(net, 4, flat_profile(net, 4))
+    offload = get_policy("all").decide(model.plan).offload
+    decision = MemoryDecision(offload=offload, conv_algo={"conv2": "min_workspace"})
+    ex = Executor(net, 4, device="cpu", policy=FixedDecision(decision), compute=False)
+    assert ex.decision is decision
+    assert net.node("conv2").layer.algo == "min_workspace"
+    assert net.node("conv1").layer.algo == "fastest"
+    stats = ex.simulate_step()
+    assert stats["offloaded_bytes"] == model.evaluate(offload).offloaded_bytes > 0

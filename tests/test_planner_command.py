@@ -109,6 +109,69 @@ def test_a_run_report_is_compared_with_the_plan(tmp_path):
     assert "predicted against measured" in text and "within 5%: yes" in text
 
 
+@pytest.mark.parametrize("math_mode, math, deterministic", [
+    ("fp32 deterministic", "fp32", True), ("fp32", "fp32", False),
+    ("tf32 deterministic", "tf32", True), ("tf32", "tf32", False), ("unknown", "tf32", False)])
+def test_the_math_mode_of_a_report_is_planned_for(tmp_path, math_mode, math, deterministic):
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "none",
+              "memory_budget_bytes": None, "math_mode": math_mode, "peak_device_bytes": 1}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    args = parse("--report", str(path), "--gpu", "h200", "--json")
+    settings = command._settings(args, command._load_report(str(path)))
+    assert (settings["math"], settings["deterministic"]) == (math, deterministic)
+    assert plan_json_of(args)["math"] == math
+    # --math on the command line wins over the report's
+    other = "tf32" if math == "fp32" else "fp32"
+    assert plan_json_of(parse("--report", str(path), "--gpu", "h200", "--math", other,
+                              "--json"))["math"] == other
+
+
+def plan_json_of(args) -> dict:
+    lines = []
+    assert command.run(args, out=lines.append) == 0
+    return json.loads("\n".join(lines))
+
+
+def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path, monkeypatch):
+    """On a GPU the plan measures a profile under the report's math mode: both words of it."""
+    import minidnn.backend
+    import minidnn.kernels
+    from minidnn import models
+    from minidnn.planner import profile as profiling
+    from minidnn.planner.gpus import analytic_profile
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"model": "tiny_cnn", "batch": 64, "image_size": 32,
+                                "num_classes": 10, "policy": "none", "peak_device_bytes": 1,
+                                "math_mode": "fp32 deterministic"}))
+    args = parse("--report", str(path))
+    report = command._load_report(str(path))
+    s = command._settings(args, report)
+    net = models.build("tiny_cnn", num_classes=10, image_size=32)
+    configured = {}
+
+    class FakeKernels:
+        @staticmethod
+        def configure(math, deterministic):
+            configured.update(math=math, deterministic=deterministic)
+
+        @staticmethod
+        def math_mode():
+            return {"math": "tf32", "deterministic": False}
+
+    def fake_get_profile(net, batch, device, refresh=False):
+        return analytic_profile(net, batch, "h200", configured["math"])
+    with monkeypatch.context() as m:   # a GPU as far as the plan command can tell
+        m.setattr(minidnn.backend, "gpu_available", lambda: True)
+        m.setattr(minidnn.backend, "Device", lambda kind: kind)
+        m.setattr(minidnn.kernels, "for_device", lambda device: FakeKernels)
+        m.setattr(profiling, "get_profile", fake_get_profile)
+        prof, source = command._profile(args, net, 64, s["math"], report, s["deterministic"])
+    assert configured == {"math": "fp32", "deterministic": True}
+    assert prof.math == "fp32" and "measured profile of this" in source
+
+
 def test_missing_model_and_bad_report_are_config_errors(tmp_path):
     with pytest.raises(ConfigError):
         run("--gpu", "h200")

@@ -79,6 +79,19 @@ def test_a_profile_is_measured_once_then_read_from_the_cache(net, cache, monkeyp
         profiling.get_profile(net, 4, Device("cpu"), refresh=True)
 
 
+def test_a_corrupt_cached_profile_is_measured_again_and_replaced(net, cache):
+    first = profiling.get_profile(net, 4, Device("cpu"), repeats=1)
+    (path,) = cache.glob("*.json")
+    path.write_text('{"format": 1, "truncated')
+    messages = []
+    again = profiling.get_profile(net, 4, Device("cpu"), repeats=1, log=messages.append)
+    assert again.key == first.key and set(again.layers) == set(first.layers)
+    assert "unreadable" in messages[0] and path.name in messages[0]
+    assert any(m.startswith("profiling tiny_cnn") for m in messages)
+    assert profiling.load_profile(path) == again                  # overwritten: readable again
+    assert list(cache.glob("*.json")) == [path]
+
+
 def test_the_key_changes_with_batch_gpu_versions_math_and_structure(net):
     versions = {"minidnn": "0.1.0", "numpy": "2.0", "cupy": "14.2.0", "cudnn": 91900}
     settings = {"math": "tf32", "deterministic": False}

@@ -133,3 +133,108 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+# ---- output files --------------------------------------------------------------------------------
+def test_outputs_go_into_folders_that_do_not_exist_yet(tmp_path):
+    pytest.importorskip("matplotlib")
+    report, trace = tmp_path / "runs" / "r.json", tmp_path / "runs" / "traces" / "t.json"
+    plot = tmp_path / "plots" / "m.png"
+    train(small(steps=2, report=str(report), trace=str(trace), plot=str(plot)), log=quiet)
+    assert json.loads(report.read_text())["steps"] == 2
+    assert "traceEvents" in json.loads(trace.read_text())
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_output_that_cannot_be_written_is_a_config_error_and_the_report_survives(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a folder should be")
+    bad = str(blocker / "t.json")
+    report = tmp_path / "r.json"
+    with pytest.raises(ConfigError, match=f"--trace: cannot write {re.escape(repr(bad))}"):
+        train(small(steps=2, report=str(report), trace=bad), log=quiet)
+    assert json.loads(report.read_text())["steps"] == 2     # written before the trace
+    with pytest.raises(ConfigError, match=f"--report: cannot write {re.escape(repr(bad))}"):
+        train(small(steps=2, report=bad), log=quiet)
+
+
+def test_plot_without_matplotlib_fails_before_training(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib now fails
+    with pytest.raises(ConfigError, match=r"--plot 'm.png' needs matplotlib.*minidnn\[plot\]"):
+        train(small(plot="m.png"), log=lambda msg: pytest.fail(f"training started: {msg}"))
+
+
+def test_an_import_error_while_writing_names_the_option(tmp_path):
+    from minidnn.train import write_output
+
+    def draw(path):
+        raise ImportError("No module named 'matplotlib'")
+    path = str(tmp_path / "new" / "m.png")
+    with pytest.raises(ConfigError, match="--plot: cannot write .*m.png.*matplotlib"):
+        write_output("--plot", path, draw)
+    assert (tmp_path / "new").is_dir()
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+def test_evaluating_less_than_one_batch_is_a_data_error():
+    from minidnn import models
+    from minidnn.data import Shapes
+    from minidnn.errors import DataError
+    from minidnn.train import evaluate
+    net = models.build("mlp", num_classes=10, image_size=8)
+    ex = Executor(net, 16, device="cpu")
+    try:
+        with pytest.raises(DataError, match="held-out set has 8 images, batch 16"):
+            evaluate(ex, Shapes(10, 8, n=8), batch=16, max_batches=4)
+        with pytest.raises(DataError, match="max_batches 0"):
+            evaluate(ex, Shapes(10, 8, n=64), batch=16, max_batches=0)
+        assert evaluate(ex, Shapes(10, 8, n=64), batch=16, max_batches=1)["images"] == 16
+    finally:
+        ex.close()
+
+
+# ---- SGD -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("momentum, weight_decay", [(0.9, 1e-2), (0.9, 0.0), (0.0, 1e-2),
+                                                    (0.0, 0.0)])
+def test_sgd_is_pytorchs_formula_bit_for_bit(momentum, weight_decay):
+    from minidnn import SGD
+    from minidnn.layers.base import Parameter
+    rng = np.random.default_rng(0)
+    p = Parameter((64, 33), "zeros")
+    p.data = rng.standard_normal(p.shape, dtype=np.float32)
+    w, v = p.data.copy(), None
+    f32 = np.float32
+    opt = SGD([("w", p)], lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    for _ in range(4):
+        p.grad = rng.standard_normal(p.shape, dtype=np.float32)
+        opt.step()
+        g = p.grad + f32(weight_decay) * w if weight_decay else p.grad
+        if momentum:
+            v = g.copy() if v is None else f32(momentum) * v + g
+            g = v
+        w = w - f32(0.1) * g
+        assert p.data.dtype == np.float32
+        assert np.array_equal(p.data, w)
+
+
+@pytest.mark.parametrize("momentum, weight_decay", [(0.9, 5e-4), (0.9, 0.0), (0.0, 5e-4),
+                                                    (0.0, 0.0)])
+def test_sgd_makes_one_parameter_sized_temporary(momentum, weight_decay):
+    import tracemalloc
+    from minidnn import SGD
+    from minidnn.layers.base import Parameter
+    p = Parameter((1024, 1024), "zeros")
+    p.data = np.ones(p.shape, np.float32)
+    p.grad = np.full(p.shape, 1e-3, np.float32)
+    opt = SGD([("w", p)], lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    opt.step()                                   # makes the momentum buffer, if any
+    nbytes = p.data.nbytes
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        opt.step()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert nbytes <= peak < 1.5 * nbytes

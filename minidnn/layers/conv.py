@@ -7,6 +7,17 @@ from ..kernels import ConvSpec, out_size
 from .base import Layer
 
 CONV_ALGOS = ("fastest", "min_workspace")
+#: The initializers Parameter.initial_value (base.py) knows, checked when a layer is made so that
+#: a misspelt name fails there rather than at the first init_params.
+INITIALIZERS = ("he_normal", "uniform_fan_in", "normal_0.01", "zeros", "ones")
+
+
+def check_init(init, owner: str) -> str:
+    """`init` if it names one of INITIALIZERS; ConfigError otherwise."""
+    if init not in INITIALIZERS:
+        raise ConfigError(f"{owner}: init must be one of {', '.join(INITIALIZERS)}; "
+                          f"got {init!r}")
+    return init
 
 
 def as_pair(value, what: str, owner: str, minimum: int) -> tuple:
@@ -45,7 +56,7 @@ class Conv2d(Layer):
         self.dilation = as_pair(dilation, "dilation", owner, 1)
         self.groups = groups
         self.bias = bool(bias)
-        self.init = init
+        self.init = check_init(init, owner)
         self.algo = algo
 
     @property

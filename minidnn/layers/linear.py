@@ -1,7 +1,9 @@
 """Fully connected layer: y = x W^T + b, with W of shape (out, in) as in PyTorch."""
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .base import Layer
+from .conv import check_init
 
 
 class Linear(Layer):
@@ -11,11 +13,14 @@ class Linear(Layer):
     def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",
                  name: str | None = None):
         super().__init__(name)
-        if int(out_features) <= 0:
-            raise ValueError(f"Linear: out_features must be positive, got {out_features}")
-        self.out_features = int(out_features)
+        owner = f"Linear {name!r}" if name else "Linear"
+        if isinstance(out_features, bool) or not isinstance(out_features, int) or \
+                out_features <= 0:
+            raise ConfigError(f"{owner}: out_features must be a positive int, got "
+                              f"{out_features!r}")
+        self.out_features = out_features
         self.bias = bool(bias)
-        self.init = init
+        self.init = check_init(init, owner)
 
     def infer(self, in_shapes):
         s = in_shapes[0]

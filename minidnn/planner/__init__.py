@@ -9,10 +9,11 @@
 Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models of named GPUs),
 profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
 memory manager's dry run, timed against a Profile), search.py (the planner), dyn.py (the
-`dyn` memory policy), command.py (`minidnn plan`).
+`dyn` memory policy, and FixedDecision for a decision made beforehand), command.py
+(`minidnn plan`).
 """
 from .costs import LayerCost, Profile
-from .dyn import DynPolicy
+from .dyn import DynPolicy, FixedDecision
 from .gpus import GpuModel, PRESETS, analytic_profile, get_gpu, gpu_names
 
 
@@ -31,7 +32,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["LayerCost", "Profile", "DynPolicy", "GpuModel", "PRESETS", "analytic_profile",
-           "get_gpu", "gpu_names", "Planner", "PlanResult", "InfeasibleBudgetError", "plan",
-           "StepModel", "Evaluation", "get_profile", "measure_profile", "load_profile",
-           "save_profile", "cache_dir"]
+__all__ = ["LayerCost", "Profile", "DynPolicy", "FixedDecision", "GpuModel", "PRESETS",
+           "analytic_profile", "get_gpu", "gpu_names", "Planner", "PlanResult",
+           "InfeasibleBudgetError", "plan", "StepModel", "Evaluation", "get_profile",
+           "measure_profile", "load_profile", "save_profile", "cache_dir"]

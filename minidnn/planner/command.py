@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import numpy as np
 
 from .. import argtypes
 from ..errors import ConfigError, fmt_bytes
+from ..memory.arena import GPU_SAFETY_MARGIN
+from ..report import MATH_MODES, json_safe, parse_math_mode
+from .costs import ALGOS
 
 POLICIES = ("dyn", "none", "conv", "all")
-# The arena keeps this much of a GPU free when no budget is given (memory/arena.py).
-NO_BUDGET_MARGIN = 512 * 1024**2
 
 
 # ---- arguments -----------------------------------------------------------------------------------
@@ -58,11 +58,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "machine's GPU, or the h200 model when there is none)")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="plan from a measured profile (JSON, as the profiling pass caches it)")
-    p.add_argument("--math", choices=("tf32", "fp32"), default=None,
-                   help="convolution math: tf32 (default, as training) or strict fp32")
+    p.add_argument("--math", choices=MATH_MODES, default=None,
+                   help="convolution math: tf32 or strict fp32 (default: the --report's, "
+                        "else tf32, as training)")
     p.add_argument("--policy", choices=POLICIES, default=None,
                    help="dyn: plan (default); none/conv/all: predict that vDNN policy")
-    p.add_argument("--conv-algo", choices=("fastest", "min_workspace"), default="fastest",
+    p.add_argument("--conv-algo", choices=ALGOS, default="fastest",
                    help="convolution plans for --policy none/conv/all (default fastest)")
     p.add_argument("--prefetch-lookahead", type=argtypes.count, default=1, metavar="N",
                    help="layers ahead backward prefetches (as the run will use; default 1)")
@@ -93,9 +94,11 @@ def _load_report(path: str) -> dict:
 
 
 def _settings(args, report: dict | None) -> dict:
-    """Model, batch, image size, classes, policy, budget, math: the command line's, else the
-    report's, else the defaults."""
+    """Model, batch, image size, classes, policy, budget, math, deterministic: the command
+    line's, else the report's, else the defaults."""
     r = report or {}
+    # A report writes e.g. 'fp32 deterministic' (report.math_mode).
+    report_math, deterministic = parse_math_mode(r.get("math_mode"))
     s = {
         "model": args.model or r.get("model"),
         "batch": args.batch or r.get("batch"),
@@ -104,7 +107,8 @@ def _settings(args, report: dict | None) -> dict:
         "policy": args.policy or r.get("policy") or "dyn",
         "budget": args.memory_budget if args.memory_budget is not None
         else r.get("memory_budget_bytes"),
-        "math": args.math or r.get("math_mode") or "tf32",
+        "math": args.math or report_math or "tf32",
+        "deterministic": deterministic,
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -112,13 +116,13 @@ def _settings(args, report: dict | None) -> dict:
     if s["policy"] not in POLICIES:
         raise ConfigError(f"cannot plan policy {s['policy']!r} (from the report); plannable: "
                           f"{', '.join(POLICIES)}")
-    if s["math"] not in ("tf32", "fp32"):
-        s["math"] = "tf32"
     return s
 
 
-def _profile(args, net, batch: int, math_mode: str, report: dict | None) -> tuple:
-    """(Profile, a line saying where it comes from)."""
+def _profile(args, net, batch: int, math_mode: str, report: dict | None,
+             deterministic: bool = False) -> tuple:
+    """(Profile, a line saying where it comes from). deterministic: measure this GPU with
+    deterministic algorithms only (as the run of the --report did)."""
     from ..backend import Device, gpu_available
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
@@ -135,7 +139,8 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None) -> tupl
         device = Device("gpu")
         mod = kernels.for_device(device)
         if hasattr(mod, "configure"):
-            mod.configure(math=math_mode, deterministic=mod.math_mode()["deterministic"])
+            mod.configure(math=math_mode,
+                          deterministic=deterministic or mod.math_mode()["deterministic"])
         prof = get_profile(net, batch, device, refresh=args.refresh_profile)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
@@ -247,13 +252,13 @@ def make_plan(args) -> dict:
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
-    prof, source = _profile(args, net, batch, s["math"], report)
+    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
     notes = list(prof.notes)
     budget = s["budget"]
     if budget is None:
-        budget = max(int(prof.memory_bytes) - NO_BUDGET_MARGIN, 0)
+        budget = max(int(prof.memory_bytes) - GPU_SAFETY_MARGIN, 0)
         notes.append(f"no --memory-budget: planning for the whole {prof.device_name} "
-                     f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(NO_BUDGET_MARGIN)} the "
+                     f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(GPU_SAFETY_MARGIN)} the "
                      f"arena leaves to CUDA)")
     planner = Planner(net, batch, prof, budget=int(budget),
                       prefetch_lookahead=args.prefetch_lookahead)
@@ -404,21 +409,11 @@ def format_plan(out: dict) -> str:
     return "\n".join(lines)
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def run(args, out=print) -> int:
     """Run `minidnn plan` with parsed arguments; returns the exit status (0)."""
     planned = make_plan(args)
     if args.json:
-        out(json.dumps(_json_safe(planned), indent=1))
+        out(json.dumps(json_safe(planned), indent=1))
     else:
         out(format_plan(planned))
     return 0

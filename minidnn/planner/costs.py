@@ -12,7 +12,7 @@ the same either way:
 
 The planner (search.py) and the step-time model (simulate.py) read only this file's types.
 Besides the workspace, a few layers allocate temporaries inside a call (dropout draws float32
-randoms, the optimizer's weight decay and update make parameter-sized temporaries);
+randoms, the optimizer's weight decay and update make a parameter-sized temporary);
 `transient_bytes` bounds them from the layer shapes.
 """
 from __future__ import annotations
@@ -24,9 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
-from ..network import DATA, LABEL
-
-ALGOS = ("fastest", "min_workspace")
+from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
 FORMAT_VERSION = 1
 
@@ -146,12 +144,6 @@ def structure_hash(net, batch: int) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
-def wants_input_grad(node) -> bool:
-    """Does this node's backward compute a gradient for its input 0 (the conv's dgrad)?"""
-    return node.layer.has_grad_inputs and node.inputs[0] not in (DATA, LABEL) and \
-        node.layer.kind != "loss"
-
-
 def numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
@@ -173,10 +165,10 @@ def transient_bytes(layer, phase: str) -> int:
 
 
 def optimizer_transient_bytes(net) -> int:
-    """SGD with weight decay makes `wd * w` and `grad + wd * w`, then `lr * g`, so two
-    parameter-sized temporaries of the largest parameter are alive at once."""
+    """SGD (optim.py) updates each parameter through one temporary of its size (`wd * w`,
+    then `lr * v`), so the largest parameter's bytes."""
     sizes = [numel(p.shape) * net.dtype.itemsize for _, p in net.parameters()]
-    return 2 * max(sizes) if sizes else 0
+    return max(sizes) if sizes else 0
 
 
 def param_bytes(net) -> int:

@@ -1,11 +1,13 @@
-"""The `dyn` memory policy (vDNN_dyn): profile the network, then plan for the budget.
+"""The planner's memory policies: `dyn` (vDNN_dyn: profile the network, then plan for the
+budget) and FixedDecision (a decision made beforehand).
 
     ex = Executor(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
     ex = Executor(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB", compute=False)
+    ex = Executor(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
 
-decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or measured
-on the device, cached on disk: profile.py), runs the planner (search.py) and returns its
-decision: which feature maps to offload and which convolution plan each convolution runs.
+DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
+measured on the device, cached on disk: profile.py), runs the planner (search.py) and returns
+its decision: which feature maps to offload and which convolution plan each convolution runs.
 Without a budget nothing needs planning: no offload, the fastest plans. A budget below what
 any decision needs raises InfeasibleBudgetError (a MemoryBudgetError) naming the minimum.
 
@@ -100,3 +102,18 @@ class DynPolicy(Policy):
         source = f"gpu={self.gpu!r}" if self.gpu else \
             ("profile" if self.profile is not None else "measured")
         return f"DynPolicy({source})"
+
+
+class FixedDecision(Policy):
+    """A decision made beforehand (by the planner, or a vDNN policy with one conv plan), handed
+    to an executor as it is: the planner's dry runs and the benchmarks run decisions this way."""
+    name = "fixed"
+
+    def __init__(self, decision: MemoryDecision):
+        self.decision = decision
+
+    def decide(self, plan, budget=None):
+        return self.decision
+
+    def __repr__(self) -> str:
+        return f"FixedDecision({self.decision!r})"

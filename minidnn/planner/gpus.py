@@ -11,9 +11,10 @@ it; an H200 computes ~35x faster while its PCIe is only ~4.5x faster, so the sam
 stall it. `minidnn plan --gpu k40` and `--gpu h200` show the difference on a laptop.
 
 Every number below says where it comes from. "Datasheet" figures are the vendor's peak
-numbers; "measured" ones were measured on the H200 of this project's GPU machine (see
-BACKGROUND.md); "assumed" ones are modelling choices, stated with their reason, to be replaced
-by a measured profile (profile.py) wherever the GPU is at hand.
+numbers; "measured" ones were measured on an H200 (cuDNN convolution times, workspaces and
+pinned copy bandwidth, each stated with its measurement); "assumed" ones are modelling choices,
+stated with their reason, to be replaced by a measured profile (profile.py) wherever the GPU
+is at hand.
 
 Convolution cost model: time = forward FLOPs (2 * N * O * OH * OW * C/groups * KH * KW) /
 rate, where the rate is an *effective* one, i.e. per direct-convolution FLOP, so FFT and
@@ -27,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..memory.plan import LivenessPlan
 from ..network import Network
-from .costs import ALGOS, LayerCost, Profile, numel, structure_hash, wants_input_grad
+from ..report import MATH_MODES
+from .costs import ALGOS, LayerCost, Profile, numel, structure_hash
 
 GB = 1e9
 GiB = 1024 ** 3
@@ -63,8 +66,8 @@ class GpuModel:
 
     def math_for(self, math: str) -> str:
         """The math mode the model uses for `math` (a GPU without TF32 computes in FP32)."""
-        if math not in ("tf32", "fp32"):
-            raise ConfigError(f"math must be 'tf32' or 'fp32', got {math!r}")
+        if math not in MATH_MODES:
+            raise ConfigError(f"math must be one of {', '.join(MATH_MODES)}, got {math!r}")
         return math if math in self.conv_flops else "fp32"
 
 
@@ -122,7 +125,7 @@ TITANX = GpuModel(
 
 H200 = GpuModel(
     name="h200",
-    description="NVIDIA H200 (Hopper, 141 GB HBM3e, PCIe gen5): this project's GPU machine",
+    description="NVIDIA H200 (Hopper, 141 GB HBM3e, PCIe gen5)",
     memory_bytes=140 * GiB,
     conv_flops={"tf32": {"fastest": 148 * TFLOPS, "min_workspace": 41 * TFLOPS},
                 "fp32": {"fastest": 70 * TFLOPS, "min_workspace": 41 * TFLOPS}},
@@ -203,7 +206,7 @@ def layer_cost(node, gpu: GpuModel, math: str) -> LayerCost:
     host = {"forward": gpu.host_s_per_call, "backward": gpu.host_s_per_call}
     if kind == "conv":
         flops = float(layer.flops())
-        passes = 2 if wants_input_grad(node) else 1
+        passes = 2 if LivenessPlan.wants_grad(node, 0) else 1
         fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
         bias = getattr(layer, "bias", False)
         for algo in ALGOS:
@@ -218,7 +221,7 @@ def layer_cost(node, gpu: GpuModel, math: str) -> LayerCost:
         return LayerCost(fwd, bwd, ws_f, ws_b, host)
     if kind == "linear":
         flops = float(layer.flops())
-        passes = 2 if wants_input_grad(node) else 1
+        passes = 2 if LivenessPlan.wants_grad(node, 0) else 1
         rate = gpu.gemm_flops[m]
         fwd = max(flops / rate, gpu.kernel_s) + _memory_bound(gpu, 2 * out_b, 1)
         bwd = max(passes * flops / rate, passes * gpu.kernel_s) + _memory_bound(gpu, out_b, 1)
@@ -251,7 +254,7 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         notes.append(f"{gpu.name} has no TF32: convolutions and matrix products modelled in "
                      f"strict FP32")
     # SGD with momentum and weight decay streams ~13 parameter-sized passes (see optim.py:
-    # wd * w, grad + that, v *= m, v += g, lr * g, w -= that) and launches ~6 kernels each.
+    # wd * w, grad + that, v *= m, v += g, lr * v, w -= that) and launches ~6 kernels each.
     opt_s = _memory_bound(gpu, 13 * pbytes, 6 * len(params))
     return Profile(
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,

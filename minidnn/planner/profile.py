@@ -36,7 +36,8 @@ from ..errors import ConfigError
 from ..layers.base import Parameter, StepContext
 from ..memory.plan import LivenessPlan
 from ..network import LABEL
-from .costs import ALGOS, LayerCost, Profile, structure_hash, wants_input_grad
+from ..report import kernel_settings
+from .costs import ALGOS, LayerCost, Profile, structure_hash
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
@@ -68,14 +69,6 @@ def library_versions(device: Device) -> dict:
         except Exception:  # no cuDNN to load: convolutions cannot run, the key says so
             v["cudnn"] = None
     return v
-
-
-def kernel_settings(kernels) -> dict:
-    """{'math': ..., 'deterministic': ...} of a kernel module (the CPU's is strict FP32)."""
-    mode = getattr(kernels, "math_mode", None)
-    if callable(mode):
-        return dict(mode())
-    return {"math": "fp32", "deterministic": True}
 
 
 def profile_key(net, batch: int, device_name: str, versions: dict, settings: dict) -> tuple:
@@ -116,9 +109,14 @@ def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = 
     key, fields = profile_key(net, batch, device.name, library_versions(device), settings)
     path = profile_path(net, batch, device.name, key, directory)
     if path.exists() and not refresh:
-        prof = load_profile(path)
-        if prof.key == key:
-            return prof
+        try:
+            prof = load_profile(path)
+        except ConfigError as e:  # a corrupt or outdated file: measure again, overwriting it
+            if log:
+                log(f"cached profile is unreadable, measuring again: {e}")
+        else:
+            if prof.key == key:
+                return prof
     if log:
         log(f"profiling {net.name} at batch {batch} on {device.name} (cached in {path})")
     prof = measure_profile(net, batch, device, repeats=repeats)
@@ -206,7 +204,7 @@ def _conv_workspace(kernels, layer, node, algo: str, deterministic: bool) -> tup
     from ..kernels.cudnn_conv import PlanTiming, choose_plan
     x_shape = layer.in_shapes[0]
     w_shape = layer.params["weight"].shape
-    ops = ["wgrad"] + (["dgrad"] if wants_input_grad(node) else [])
+    ops = ["wgrad"] + (["dgrad"] if LivenessPlan.wants_grad(node, 0) else [])
     chosen = {}
     for op in ["fprop"] + ops:
         table = [PlanTiming(*t) for t in conv_plans(op, x_shape, w_shape, layer.spec,

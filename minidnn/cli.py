@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device memory budget, e.g. 12GiB or 512MB (default: none)")
     t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
                    metavar="N", help="layers ahead to prefetch offloaded maps in backward")
+    t.add_argument("--relu-bits", action="store_true",
+                   help="ReLUs whose output no other layer keeps (before a max-pool or a "
+                        "dropout) keep one bit per value for backward instead: lossless, and "
+                        "those maps are free after forward")
     t.add_argument("--math", choices=MATH_MODES, default=None,
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
@@ -134,7 +138,7 @@ def _train(args) -> int:
         device=args.device, seed=args.seed, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
-        prefetch_lookahead=args.prefetch_lookahead, math=args.math,
+        prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
         deterministic=args.deterministic, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,

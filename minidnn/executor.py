@@ -35,7 +35,7 @@ from .memory.host import HostSlab
 from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
-from .memory.policy import get_policy
+from .memory.policy import get_policy, use_relu_bits
 from .network import DATA, LABEL, Network
 
 
@@ -44,14 +44,16 @@ class Executor:
 
     memory_budget: bytes (int or '12GiB') for everything on the device, or None.
     policy: 'none' | 'all' | 'conv' | 'dyn' (planned for the budget; minidnn/planner) or a
-    memory.policy.Policy. prefetch_lookahead: layers
-    ahead that backward brings offloaded maps back (0: only on demand). trace: keep a
-    trace.Tracer in `self.tracer`. compute=False: dry run (simulate_step only).
+    memory.policy.Policy. prefetch_lookahead: layers ahead that backward brings offloaded
+    maps back (0: only on demand). trace: keep a trace.Tracer in `self.tracer`.
+    compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
     (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
     None (default): planned when a memory budget is given, where fragmentation can make a
     step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
     across the step, which gives a lower peak.
+    relu_bits: ReLUs whose output no other layer keeps for backward keep one bit per value
+    instead (layers/relu.py; lossless), so that map is free after forward.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
@@ -64,7 +66,8 @@ class Executor:
                  memory_budget: int | str | None = None, policy="none",
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool | None = None):
+                 deterministic: bool | None = None, static_layout: bool | None = None,
+                 relu_bits: bool = False):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -84,26 +87,29 @@ class Executor:
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
                     if v is not None}
             self.kernels.configure(**opts)
-        self.plan = LivenessPlan(net, self.batch)
-        self.policy = get_policy(policy)
-        if static_layout is None:
-            static_layout = memory_budget is not None
-        if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
-            self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
-                             static_layout=static_layout)
-        self.decision = self.policy.decide(self.plan, memory_budget)
-        # The decision's convolution plans hold while this executor lives; close() restores
-        # the layers' own settings, so a later executor of the same network starts from them.
+        # Settings of the network's layers that this executor changes while it lives (ReLU
+        # masks, the decision's convolution plans); close() gives them back, so a later
+        # executor of the same network starts from the layers' own settings.
+        self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
         self._own_algos = {n.name: n.layer.algo for n in net.nodes if n.layer.kind == "conv"}
-        for name, algo in self.decision.conv_algo.items():
-            net.node(name).layer.algo = algo
-
         self.host = self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
         self.allocator = None
-        try:  # from here on, a failure must give the device memory (and CuPy's routing) back
+        try:  # from here on, a failure must give the layers, device memory and CuPy back
+            if relu_bits:
+                use_relu_bits(net)
+            self.plan = LivenessPlan(net, self.batch)
+            self.policy = get_policy(policy)
+            if static_layout is None:
+                static_layout = memory_budget is not None
+            if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
+                self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
+                                 static_layout=static_layout)
+            self.decision = self.policy.decide(self.plan, memory_budget)
+            for name, algo in self.decision.conv_algo.items():
+                net.node(name).layer.algo = algo
             self.allocator = self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
@@ -115,7 +121,7 @@ class Executor:
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
-            self._restore_algos()
+            self._restore_layers()
             if self.allocator is not None:
                 self._release_device_memory()
             raise
@@ -187,9 +193,12 @@ class Executor:
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
 
-    def _restore_algos(self) -> None:
+    def _restore_layers(self) -> None:
+        """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
         for name, algo in self._own_algos.items():
             self.net.node(name).layer.algo = algo
+        for name, keep in self._own_keeps.items():
+            self.net.node(name).layer.keep = keep
 
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
@@ -214,7 +223,7 @@ class Executor:
         self._release_device_memory()
         if hasattr(self.host, "close"):
             self.host.close()
-        self._restore_algos()
+        self._restore_layers()
         self._host_params = []
         self._closed = True
 

@@ -69,6 +69,7 @@ class TrainConfig:
     policy: str = "none"
     memory_budget: int | None = None
     prefetch_lookahead: int = 1
+    relu_bits: bool = False
     math: str | None = None
     deterministic: bool = False
     eval_every: int = 50
@@ -140,7 +141,7 @@ def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
     return Executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                    deterministic=cfg.deterministic or None)
+                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits)
 
 
 class StepTimer:

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minidnn import Executor, SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import MemoryDecision  # noqa: E402
+from minidnn.memory.policy import MemoryDecision, use_relu_bits  # noqa: E402
 from minidnn.planner.dyn import FixedDecision  # noqa: E402
 from minidnn.report import MATH_MODES  # noqa: E402
 
@@ -109,6 +109,8 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     from minidnn.planner.profile import get_profile
     from minidnn.planner.search import InfeasibleBudgetError, Planner
     net = models.build(name, num_classes=1000, image_size=args.image_size)
+    if args.relu_bits:
+        use_relu_bits(net)
     mod = kernels.for_device(device)
     if hasattr(mod, "configure"):
         mod.configure(math=args.math, deterministic=False)
@@ -385,6 +387,8 @@ def parse_args(argv):
     p.add_argument("--time-limit", type=float, default=500.0,
                    help="seconds after which remaining configurations are skipped")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    p.add_argument("--relu-bits", action="store_true",
+                   help="ReLUs whose output no other layer keeps keep one bit per value")
     p.add_argument("--torch-config", default="vgg16:256", help="model:batch run in PyTorch")
     p.add_argument("--torch-timeout", type=int, default=120)
     args = p.parse_args(argv)

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from minidnn import Executor, SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import MemoryBudgetError, MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
+from minidnn.memory.policy import use_relu_bits  # noqa: E402
 
 # The paper's networks and batches (vDNN, Rhu et al. 2016): (model, image size, batch).
 PAPER_CONFIGS = "alexnet:227:128,overfeat:231:128,vgg16:224:64,vgg16:224:128,vgg16:224:256"
@@ -52,7 +53,7 @@ def parse_configs(text: str) -> list[tuple[str, int, int]]:
 
 
 # ---- dry mode -----------------------------------------------------------------------------------
-def dry(configs, policies, lookahead: int, budget) -> None:
+def dry(configs, policies, lookahead: int, budget, relu_bits: bool = False) -> None:
     print("| model | batch | image | network-wide | liveness peak | policy | peak feature maps "
           "| avg feature maps | avg vs network-wide | offloaded / step | peak device "
           "(+ params, grads) | fits budget |")
@@ -60,6 +61,8 @@ def dry(configs, policies, lookahead: int, budget) -> None:
     for name, size, batch in configs:
         t0 = time.perf_counter()
         net = models.build(name, num_classes=1000, image_size=size)
+        if relu_bits:
+            use_relu_bits(net)
         for policy in policies:
             ex = Executor(net, batch, device="cpu", policy=policy, compute=False,
                           prefetch_lookahead=lookahead)
@@ -98,6 +101,8 @@ def real(args, policies, budget) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for policy in policies:
         net = models.build(net_name, num_classes=args.num_classes, image_size=size)
+        if args.relu_bits:
+            use_relu_bits(net)
         try:
             row = run_policy(net, device, batch, policy, budget, args)
         except MemoryBudgetError as e:
@@ -165,6 +170,8 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default="none,all,conv", help="comma-separated policy names")
     p.add_argument("--memory-budget", default=None, help="e.g. 12GiB (default: none)")
     p.add_argument("--lookahead", type=int, default=1, help="prefetch lookahead in layers")
+    p.add_argument("--relu-bits", action="store_true",
+                   help="ReLUs whose output no other layer keeps keep one bit per value")
     p.add_argument("--model", default="vgg16")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--image-size", type=int, default=None)
@@ -180,7 +187,7 @@ def main(argv=None) -> int:
     try:
         budget = parse_bytes(args.memory_budget) if args.memory_budget else None
         if args.dry:
-            dry(parse_configs(args.configs), policies, args.lookahead, budget)
+            dry(parse_configs(args.configs), policies, args.lookahead, budget, args.relu_bits)
         else:
             real(args, policies, budget)
     except MinidnnError as e:

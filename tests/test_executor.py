@@ -59,3 +59,37 @@ def test_forward_takes_nested_lists():
     x = np.zeros((2, 3, 16, 16), np.float32).tolist()
     loss = ex.forward(x, [0, 4], train=False)
     assert np.isfinite(float(loss))
+
+
+def _train_checksum(relu_bits, policy, steps=3):
+    net = models.build("vgg11", num_classes=5, image_size=32)
+    ex = Executor(net, 2, device="cpu", seed=3, policy=policy, relu_bits=relu_bits)
+    from minidnn import SGD
+    opt = SGD(net.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(5)
+    for _ in range(steps):
+        ex.train_step(rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
+                      rng.integers(0, 5, 2), opt)
+    stats = ex.memory_stats()
+    keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
+    ex.close()
+    return net.param_checksum(), stats, keeps, net
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_relu_bit_masks_change_no_bit_and_free_the_maps_before_pools(policy):
+    plain, plain_stats, _, _ = _train_checksum(False, policy)
+    bits, bits_stats, keeps, net = _train_checksum(True, policy)
+    assert bits == plain
+    # The ReLUs before a max-pool switch (VGG: the last of each stage) and those before a
+    # dropout (which can then run in place); never one whose output a layer keeps anyway.
+    switched = {name for name, keep in keeps.items() if keep == "bits"}
+    pooled = {n.inputs[0] for n in net.nodes if n.layer.kind == "pool"}
+    assert pooled <= switched
+    keepers = {n.inputs[0] for n in net.nodes if n.layer.kind in ("conv", "linear")}
+    assert not switched & keepers
+    assert bits_stats["avg_feature_map_bytes"] < plain_stats["avg_feature_map_bytes"]
+    if policy == "all":
+        assert bits_stats["offloaded_bytes"] < plain_stats["offloaded_bytes"]
+    # close() gives the layers their own setting back.
+    assert all(n.layer.keep == "output" for n in net.nodes if n.layer.kind == "relu")

@@ -369,3 +369,22 @@ def test_lrn_backward_matches_jacobian(size):
             naive_lrn(x - d.reshape(x.shape), size, spec.alpha, spec.beta, spec.k)[0]
         expect[i] = np.sum(gy * (plus - minus)) / (2 * eps)
     np.testing.assert_allclose(gx.ravel(), expect, rtol=1e-6, atol=1e-8)
+
+
+def test_relu_bit_mask_layout():
+    """Bit i % 8 of byte i // 8 holds value i's y > 0; the bytes after the last value are 0."""
+    from minidnn.kernels import relu_mask_bytes
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)      # 105 values, 4 words
+    y = np.empty_like(x)
+    mask = np.full(relu_mask_bytes(x.size), 0xAB, np.uint8)    # poisoned
+    cpu.relu_forward_bits(x, y, mask)
+    flat = x.ravel()
+    for i in range(flat.size):
+        assert bool(mask[i // 8] >> (i % 8) & 1) == (flat[i] > 0)
+    assert mask.size == 16 and not mask[14:].any() and mask[13] >> 1 == 0
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    gy = rng.standard_normal(x.shape).astype(np.float32)
+    gx = np.full_like(gy, np.nan)
+    cpu.relu_backward_bits(mask, gy, gx)
+    np.testing.assert_array_equal(gx, gy * (x > 0))

@@ -119,6 +119,8 @@ def test_add_gradients(n):
 
 def test_given_layers_gradients():
     check_backward(ReLU(), [(3, 4, 2, 2)])
+    check_backward(ReLU(keep="bits"), [(3, 4, 2, 2)])
+    check_backward(ReLU(keep="bits"), [(3, 7, 5, 3)])       # 315 values: a partial last word
     check_backward(Linear(5), [(3, 7)])
     check_backward(Linear(2, bias=False), [(4, 3)])
     check_backward(Flatten(), [(2, 3, 2, 2)])
@@ -279,3 +281,15 @@ def test_layers_use_the_kernels_in_the_context():
         layer.backward([x], None, np.ones_like(y), [np.empty_like(x)], aux, ctx)
     assert calls == ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
                      "maxpool2d_forward", "maxpool2d_backward", "lrn_forward", "lrn_backward"]
+
+
+def test_relu_keeps_its_output_or_a_bit_per_value():
+    from minidnn.errors import ConfigError
+    with pytest.raises(ConfigError, match="keep must be one of output, bits"):
+        ReLU(keep="mask")
+    relu = ReLU(keep="bits")
+    relu.setup([(2, 3, 5, 7)])
+    assert not relu.retain_output
+    assert relu.aux_specs() == {"mask": ((28,), np.uint8)}  # 210 values: 7 words of 32 bits
+    relu.keep = "output"
+    assert relu.retain_output and relu.aux_specs() == {}

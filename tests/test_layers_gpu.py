@@ -159,6 +159,8 @@ def test_linear(gpu):
 
 @pytest.mark.parametrize("layer, shapes", [
     (ReLU(), [(2, 5, 4, 3)]),
+    (ReLU(keep="bits"), [(2, 5, 4, 3)]),          # 120 values: the last 32-bit word is partial
+    (ReLU(keep="bits"), [(3, 7, 11, 13)]),        # several blocks, a partial last warp
     (Flatten(), [(2, 3, 4, 5)]),
     (Concat(), [(2, 3, 4, 4), (2, 1, 4, 4), (2, 2, 4, 4)]),
     (Concat(axis=-1), [(3, 2, 5), (3, 2, 1)]),
@@ -215,7 +217,7 @@ def test_dropout_eval_is_identity(gpu):
     np.testing.assert_array_equal(to_numpy(y), to_numpy(x))
 
 
-@pytest.mark.parametrize("layer", [ReLU(), Dropout(0.0)])
+@pytest.mark.parametrize("layer", [ReLU(), ReLU(keep="bits"), Dropout(0.0)])
 def test_in_place_layers_on_device(gpu, layer):
     """Output written over the input and input gradient over the output gradient."""
     cp, device, gpu_kernels = gpu

@@ -179,3 +179,9 @@ def test_missing_model_and_bad_report_are_config_errors(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ConfigError):
         run("--report", str(bad))
+
+
+def test_relu_bit_masks_lower_the_least_budget():
+    plain = plan_json()
+    bits = plan_json("--relu-bits")
+    assert bits["minimum_budget_bytes"] < plain["minimum_budget_bytes"]

@@ -26,6 +26,10 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
     relu_forward(x, y)                               y = max(x, 0); y may be x (in place)
     relu_backward(y, gy, gx)                         gx = gy * (y > 0); gx may be gy
+    relu_forward_bits(x, y, mask)                    the same, and the bits of y > 0 into mask:
+                                                     uint8 (relu_mask_bytes(x.size),), element
+                                                     i at bit i % 8 of byte i // 8
+    relu_backward_bits(mask, gy, gx)                 gx = gy where the bit is set, else 0
 """
 from __future__ import annotations
 
@@ -45,6 +49,11 @@ def out_size(size: int, kernel: int, stride: int, padding: int, dilation: int = 
     else:
         out = num // stride + 1
     return out
+
+
+def relu_mask_bytes(n: int) -> int:
+    """Bytes of a ReLU bit mask of n values: whole 32-bit words, one bit per value."""
+    return (int(n) + 31) // 32 * 4
 
 
 @dataclass(frozen=True)

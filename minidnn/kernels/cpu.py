@@ -382,3 +382,20 @@ def relu_backward(y, gy, gx) -> None:
     """gx = gy where y > 0, else 0; gx may be gy itself. Reads only the output (y > 0 <=> x > 0)."""
     xp = get_array_module(y)
     xp.multiply(gy, y > 0, out=gx)
+
+
+def relu_forward_bits(x, y, mask) -> None:
+    """y = max(x, 0), and mask (uint8, relu_mask_bytes(x.size)) = the bits of y > 0, element i
+    at bit i % 8 of byte i // 8 (little-endian bit order, so 32-bit words read the same)."""
+    xp = get_array_module(x)
+    xp.maximum(x, 0, out=y)
+    bits = xp.packbits((y > 0).ravel(), bitorder="little")
+    mask[:bits.size] = bits
+    mask[bits.size:] = 0
+
+
+def relu_backward_bits(mask, gy, gx) -> None:
+    """gx = gy where the mask's bit is set, else 0; gx may be gy itself."""
+    xp = get_array_module(gy)
+    keep = xp.unpackbits(mask, count=gy.size, bitorder="little").reshape(gy.shape)
+    xp.multiply(gy, keep, out=gx)

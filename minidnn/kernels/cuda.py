@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_relu import relu_backward, relu_forward
+from .cuda_relu import relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
@@ -40,7 +40,8 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
-           "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "configure", "math_mode", "conv_plans",
+           "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
+           "relu_backward_bits", "configure", "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks"]
 

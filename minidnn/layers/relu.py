@@ -1,27 +1,68 @@
-"""ReLU: y = max(x, 0). Backward reads only the output (y > 0 <=> x > 0), so the input can be
-overwritten: the liveness plan runs it in place whenever no one else needs the input."""
+"""ReLU: y = max(x, 0). Backward needs only where y > 0 (which is where x > 0), so the input
+can be overwritten: the liveness plan runs it in place whenever no one else needs the input.
+
+keep='output' (default): backward reads the output itself, which costs nothing extra when the
+next layer keeps that map anyway (a convolution keeps its input). keep='bits': forward also
+writes one bit per value (y > 0) as an aux buffer and backward reads only that, 1/32 of the
+bytes; the output is then free after its last forward reader. Worth it where no one else keeps
+the output (a ReLU before a max-pool, which keeps only its argmax). Lossless either way: the
+gradients are bit-identical.
+"""
 from __future__ import annotations
 
+import numpy as np
+
+from ..errors import ConfigError
+from ..kernels import relu_mask_bytes
 from .base import Layer
+
+KEEP = ("output", "bits")
 
 
 class ReLU(Layer):
     kind = "relu"
-    retain_output = True
     inplace = True
+
+    def __init__(self, keep: str = "output", name: str | None = None):
+        super().__init__(name)
+        self.keep = keep
+
+    @property
+    def keep(self) -> str:
+        return self._keep
+
+    @keep.setter
+    def keep(self, keep: str) -> None:
+        if keep not in KEEP:
+            raise ConfigError(f"ReLU {self.name!r}: keep must be one of {', '.join(KEEP)}, "
+                              f"got {keep!r}")
+        self._keep = keep
+        self.retain_output = keep == "output"
 
     def infer(self, in_shapes):
         return in_shapes[0]
 
+    def aux_specs(self):
+        if self.keep == "bits":
+            return {"mask": ((relu_mask_bytes(int(np.prod(self.in_shapes[0]))),), np.uint8)}
+        return {}
+
     def forward(self, xs, y, aux, ctx):
-        ctx.kernels.relu_forward(xs[0], y)
+        if self.keep == "bits":
+            ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"])
+        else:
+            ctx.kernels.relu_forward(xs[0], y)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
-        if gxs[0] is not None:
-            ctx.kernels.relu_backward(y, gy, gxs[0])  # gxs[0] may be gy itself
+        if gxs[0] is None:
+            return
+        if self.keep == "bits":  # gxs[0] may be gy itself
+            ctx.kernels.relu_backward_bits(aux["mask"], gy, gxs[0])
+        else:
+            ctx.kernels.relu_backward(y, gy, gxs[0])
 
     def flops(self):
-        n = 1
-        for d in self.out_shape:
-            n *= d
-        return n
+        return int(np.prod(self.out_shape))
+
+    def describe(self):
+        return "" if self.keep == "output" else "keep bits"

@@ -61,6 +61,28 @@ def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePl
     return out
 
 
+def relus_worth_bits(plan: LivenessPlan) -> list[str]:
+    """ReLU nodes whose output only their own backward reads (a ReLU before a max-pool, say):
+    keeping one bit per value instead (ReLU keep='bits') frees that map after forward."""
+    out = []
+    for i, node in enumerate(plan.nodes):
+        layer = node.layer
+        if layer.kind != "relu" or getattr(layer, "keep", "bits") != "output":
+            continue
+        if plan.storage_of(node.name).backward_uses == [plan.backward_time(i)]:
+            out.append(node.name)
+    return out
+
+
+def use_relu_bits(net) -> list[str]:
+    """Switch the ReLUs of `net` that `relus_worth_bits` names to keep='bits'; returns them.
+    Which ones does not depend on the batch, so a plan at batch 1 decides."""
+    names = relus_worth_bits(LivenessPlan(net, 1))
+    for name in names:
+        net.node(name).layer.keep = "bits"
+    return names
+
+
 class Policy:
     """Base of every policy. Subclasses set `name` and override `decide`."""
 

@@ -67,6 +67,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="convolution plans for --policy none/conv/all (default fastest)")
     p.add_argument("--prefetch-lookahead", type=argtypes.count, default=1, metavar="N",
                    help="layers ahead backward prefetches (as the run will use; default 1)")
+    p.add_argument("--relu-bits", action="store_true",
+                   help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--report", default=None, metavar="RUN.json",
                    help="a run report: plan for its settings and compare with its measurements")
     p.add_argument("--refresh-profile", action="store_true",
@@ -252,6 +254,9 @@ def make_plan(args) -> dict:
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
+    if args.relu_bits or (report or {}).get("relu_bits"):
+        from ..memory.policy import use_relu_bits
+        use_relu_bits(net)
     prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
     notes = list(prof.notes)
     budget = s["budget"]

@@ -6,7 +6,8 @@
 # 1. every GPU test (pytest -m gpu); 2. the README's main job on the GPU, with its run report;
 # 3. VGG-16 at batch 256 without offload (no budget) and under vDNN_all in a 12 GiB budget for
 # 200 steps (speed, peak, bytes moved, arena level after every step: no leak), with a trace and
-# a memory plot of one step each, and vDNN_conv in 12 GiB for 20 steps; 4. the PyTorch
+# a memory plot of one step each, vDNN_conv in 12 GiB for 20 steps, and none / all with ReLU
+# bit masks in 12 GiB; 4. the PyTorch
 # comparison of scripts/bench_vs_pytorch.py.
 # SKIP_MAIN=1 skips step 2; PT_RUNS="" skips step 4. Everything is logged to $OUT/run.log;
 # traces, plots and reports land beside it.
@@ -48,6 +49,10 @@ timeout 300 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies
 log "VGG-16 b256, policy conv, 12 GiB budget"
 timeout 150 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies conv \
     --memory-budget 12GiB --steps 20 --warmup 3 2>&1 | tail -n 15 | tee -a "$OUT/run.log"
+
+log "VGG-16 b256 with ReLU bit masks, policies none and all, 12 GiB budget"
+timeout 200 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies none,all \
+    --relu-bits --memory-budget 12GiB --steps 20 --warmup 3 2>&1 | tail -n 15 | tee -a "$OUT/run.log"
 
 [ "${PT_RUNS-x}" = "" ] && exit 0
 log "PyTorch comparison"

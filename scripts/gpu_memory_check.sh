@@ -7,8 +7,7 @@
 # 3. VGG-16 at batch 256 without offload (no budget) and under vDNN_all in a 12 GiB budget for
 # 200 steps (speed, peak, bytes moved, arena level after every step: no leak), with a trace and
 # a memory plot of one step each, vDNN_conv in 12 GiB for 20 steps, and none / all with ReLU
-# bit masks in 12 GiB; 4. the PyTorch
-# comparison of scripts/bench_vs_pytorch.py.
+# bit masks in 12 GiB; 4. the PyTorch comparison of scripts/bench_vs_pytorch.py.
 # SKIP_MAIN=1 skips step 2; PT_RUNS="" skips step 4. Everything is logged to $OUT/run.log;
 # traces, plots and reports land beside it.
 set -uo pipefail

@@ -110,13 +110,16 @@ class Executor:
             self.decision = self.policy.decide(self.plan, memory_budget)
             for name, algo in self.decision.conv_algo.items():
                 net.node(name).layer.algo = algo
+            if self.decision.prefetch_lookahead is not None:  # the policy chose it
+                prefetch_lookahead = self.decision.prefetch_lookahead
+            self.prefetch_lookahead = int(prefetch_lookahead)
             self.allocator = self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
-            blocks = self._plan_layout(int(prefetch_lookahead)) if static_layout else None
+            blocks = self._plan_layout(self.prefetch_lookahead) if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
-                                         prefetch_lookahead=int(prefetch_lookahead),
+                                         prefetch_lookahead=self.prefetch_lookahead,
                                          dry=not self.compute, blocks=blocks)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away

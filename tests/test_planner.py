@@ -299,3 +299,15 @@ def test_a_fixed_decision_is_run_as_given():
     assert net.node("conv1").layer.algo == "fastest"
     stats = ex.simulate_step()
     assert stats["offloaded_bytes"] == model.evaluate(offload).offloaded_bytes > 0
+
+
+def test_a_dyn_decision_carries_its_prefetch_lookahead_to_the_executor():
+    from minidnn import Executor, models
+    from minidnn.planner import DynPolicy
+    from minidnn.planner.search import LOOKAHEADS
+    net = models.build("tiny_cnn", num_classes=10, image_size=32)
+    probe = Executor(net, 64, device="cpu", policy=DynPolicy(gpu="h200"), compute=False,
+                     memory_budget="4GiB")
+    assert probe.decision.prefetch_lookahead in LOOKAHEADS
+    assert probe.prefetch_lookahead == probe.decision.prefetch_lookahead
+    assert probe.manager.prefetch_lookahead == probe.prefetch_lookahead

@@ -185,3 +185,15 @@ def test_relu_bit_masks_lower_the_least_budget():
     plain = plan_json()
     bits = plan_json("--relu-bits")
     assert bits["minimum_budget_bytes"] < plain["minimum_budget_bytes"]
+
+
+def test_dyn_chooses_the_prefetch_lookahead_unless_given():
+    from minidnn.planner.search import LOOKAHEADS
+    loose = plan_json()
+    tight = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
+    assert tight["prefetch_lookahead"] in LOOKAHEADS
+    assert any("prefetch lookahead" in n and "chosen" in n for n in tight["notes"])
+    fixed = plan_json("--memory-budget", str(2 * loose["minimum_budget_bytes"]),
+                      "--prefetch-lookahead", "2")
+    assert fixed["prefetch_lookahead"] == 2
+    assert not any("chosen" in n for n in fixed["notes"])

@@ -35,9 +35,12 @@ class MemoryDecision:
     offload: storage ids to copy to host after their last forward write and release from the
     device after their last forward read. conv_algo: {conv node name: ConvSpec.algo}
     ('fastest' / 'min_workspace') for layers whose algorithm the policy sets.
+    prefetch_lookahead: layers ahead backward prefetches, when the policy chose it (None: the
+    executor's own setting).
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
+    prefetch_lookahead: int | None = None
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)

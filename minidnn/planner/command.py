@@ -65,8 +65,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="dyn: plan (default); none/conv/all: predict that vDNN policy")
     p.add_argument("--conv-algo", choices=ALGOS, default="fastest",
                    help="convolution plans for --policy none/conv/all (default fastest)")
-    p.add_argument("--prefetch-lookahead", type=argtypes.count, default=1, metavar="N",
-                   help="layers ahead backward prefetches (as the run will use; default 1)")
+    p.add_argument("--prefetch-lookahead", type=argtypes.count, default=None, metavar="N",
+                   help="layers ahead backward prefetches, as the run will use (default: dyn "
+                        "chooses it; 1 for the other policies)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--report", default=None, metavar="RUN.json",
@@ -248,7 +249,7 @@ def _evaluation_json(model, ev) -> dict:
 def make_plan(args) -> dict:
     """Everything `minidnn plan` shows, as a dict (see run() for the printing)."""
     from .. import models
-    from .search import InfeasibleBudgetError, Planner
+    from .search import LOOKAHEADS, InfeasibleBudgetError, Planner
     report = _load_report(args.report) if args.report else None
     s = _settings(args, report)
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
@@ -265,16 +266,32 @@ def make_plan(args) -> dict:
         notes.append(f"no --memory-budget: planning for the whole {prof.device_name} "
                      f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(GPU_SAFETY_MARGIN)} the "
                      f"arena leaves to CUDA)")
-    planner = Planner(net, batch, prof, budget=int(budget),
-                      prefetch_lookahead=args.prefetch_lookahead)
+    # dyn chooses the prefetch lookahead too, unless --prefetch-lookahead fixes it.
+    choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
+    lookaheads = LOOKAHEADS if choose else (1 if args.prefetch_lookahead is None
+                                            else args.prefetch_lookahead,)
+    planner = result = infeasible = lookahead = None
+    minimum_budget = None           # the least over the lookaheads tried
+    for candidate in lookaheads:
+        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate)
+        least = trial.minimum_budget()
+        minimum_budget = least if minimum_budget is None else min(minimum_budget, least)
+        try:
+            found = trial.run()
+        except InfeasibleBudgetError as e:
+            if infeasible is None or e.minimum < infeasible.minimum:
+                infeasible = e
+            planner = planner or trial
+            continue
+        if result is None or found.best.step_time_s < result.best.step_time_s:
+            planner, result, lookahead, infeasible = trial, found, candidate, None
+    if result is None and s["policy"] == "dyn":
+        raise infeasible
+    if choose:
+        tried = ", ".join(map(str, LOOKAHEADS))
+        notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
+    lookahead = lookahead if lookahead is not None else lookaheads[0]
     model = planner.model
-    result, infeasible = None, None
-    try:
-        result = planner.run()
-    except InfeasibleBudgetError as e:
-        if s["policy"] == "dyn":
-            raise
-        infeasible = e
     if s["policy"] == "dyn":
         ev = result.best
     else:
@@ -300,8 +317,8 @@ def make_plan(args) -> dict:
         "image_size": net.input_shape[-1], "num_classes": int(s["num_classes"]),
         "policy": s["policy"], "math": prof.math, "profile_source": source,
         "gpu": prof.device_name, "memory_budget_bytes": int(budget),
-        "usable_bytes": planner.usable, "prefetch_lookahead": args.prefetch_lookahead,
-        "minimum_budget_bytes": planner.minimum_budget(),
+        "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,
+        "minimum_budget_bytes": minimum_budget,
         "plan": _evaluation_json(model, ev),
         "decision": _decision_line(model, ev),
         "layers": layer_rows(model, ev),

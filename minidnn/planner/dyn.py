@@ -19,6 +19,8 @@ policy costs nothing.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sys
 
 from ..memory.policy import MemoryDecision, Policy, register_policy
@@ -37,7 +39,9 @@ class DynPolicy(Policy):
     'h200', ...) instead of measuring. device: where to measure (a Device or 'auto'/'gpu'/
     'cpu'; the executor's device when it sets one). math: math mode of the analytic model
     (default: the kernels' mode, 'tf32'). prefetch_lookahead, momentum, input_batches,
-    reserve, static_layout: as the run will use them (see search.Planner). cache_dir: where
+    reserve, static_layout: as the run will use them (see search.Planner); with
+    choose_lookahead (default) the plan also picks the prefetch lookahead (search.LOOKAHEADS)
+    and the decision carries it, else it plans for `prefetch_lookahead`. cache_dir: where
     measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
     of a profiling pass goes (default: standard error).
     """
@@ -48,7 +52,7 @@ class DynPolicy(Policy):
     def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
-                 log=None):
+                 log=None, choose_lookahead: bool = True):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -60,6 +64,7 @@ class DynPolicy(Policy):
         self.cache_dir = cache_dir
         self.static_layout = bool(static_layout)
         self.log = log
+        self.choose_lookahead = bool(choose_lookahead)
         self.result = None
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
@@ -85,18 +90,22 @@ class DynPolicy(Policy):
                            log=self.log or _to_stderr)
 
     def decide(self, plan, budget=None):
-        from .search import DEFAULT_RESERVE, Planner
+        from .search import DEFAULT_RESERVE, Planner, plan_lookaheads
         net, batch = plan.net, plan.batch
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
         if budget is None:
             self.result = None
             return MemoryDecision(conv_algo=convs)
-        planner = Planner(net, batch, self.profile_for(net, batch), budget=int(budget),
-                          prefetch_lookahead=self.prefetch_lookahead, momentum=self.momentum,
-                          input_batches=self.input_batches, static_layout=self.static_layout,
-                          reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
-        self.result = planner.run()
-        return self.result.decision
+        options = dict(momentum=self.momentum, input_batches=self.input_batches,
+                       static_layout=self.static_layout,
+                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
+        profile = self.profile_for(net, batch)
+        if not self.choose_lookahead:
+            self.result = Planner(net, batch, profile, budget=int(budget),
+                                  prefetch_lookahead=self.prefetch_lookahead, **options).run()
+            return self.result.decision
+        self.result, lookahead = plan_lookaheads(net, batch, profile, int(budget), **options)
+        return replace(self.result.decision, prefetch_lookahead=lookahead)
 
     def __repr__(self) -> str:
         source = f"gpu={self.gpu!r}" if self.gpu else \

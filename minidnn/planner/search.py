@@ -357,6 +357,30 @@ class Planner:
                           seconds=time.perf_counter() - t0, notes=notes)
 
 
+# Prefetch lookaheads a plan may choose from: 0 fetches each map only when its layer needs it
+# (least memory), more layers start copies earlier (more overlap, more memory held).
+LOOKAHEADS = (0, 1, 2)
+
+
+def plan_lookaheads(net, batch: int, profile: Profile, budget: int | None,
+                    lookaheads=LOOKAHEADS, **options) -> tuple[PlanResult, int]:
+    """Plan at each prefetch lookahead; returns the fastest feasible result and its lookahead.
+    Raises the InfeasibleBudgetError with the smallest minimum when none fits."""
+    best, errors = None, []
+    for lookahead in lookaheads:
+        try:
+            result = Planner(net, batch, profile, budget=budget, prefetch_lookahead=lookahead,
+                             **options).run()
+        except InfeasibleBudgetError as e:
+            errors.append(e)
+            continue
+        if best is None or result.best.step_time_s < best[0].best.step_time_s:
+            best = (result, lookahead)
+    if best is None:
+        raise min(errors, key=lambda e: e.minimum)
+    return best
+
+
 def plan(net, batch: int, profile: Profile, budget: int | None = None, **options) -> PlanResult:
     """Plan `net` at `batch` under `budget` from `profile` (see Planner for the options)."""
     return Planner(net, batch, profile, budget, **options).run()

@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
                    help="device memory budget, e.g. 12GiB or 512MB (default: none)")
     t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
-                   metavar="N", help="layers ahead to prefetch offloaded maps in backward")
+                   metavar="N", help="layers ahead to prefetch offloaded maps in backward (with "
+                        "--policy dyn the plan chooses it)")
     t.add_argument("--relu-bits", action="store_true",
                    help="ReLUs whose output no other layer keeps (before a max-pool or a "
                         "dropout) keep one bit per value for backward instead: lossless, and "

@@ -8,30 +8,7 @@ from minidnn.memory.allocator import ALIGNMENT, SimpleAllocator
 from minidnn.memory.arena import Arena, make_allocator
 from minidnn.memory.blocks import BlockList
 
-KiB = 1024
-
-
-class FakeEvent:
-    """An event that completes only when the test says so, or when waited on."""
-
-    def __init__(self):
-        self._done = False
-        self.waits = 0
-
-    @property
-    def done(self):
-        return self._done
-
-    def complete(self):
-        self._done = True
-
-    def synchronize(self):
-        self.waits += 1
-        self._done = True
-
-
-def addr(buf):
-    return buf.__array_interface__["data"][0]
+from fakes import FakeEvent, KiB, addr
 
 
 @pytest.fixture

@@ -7,25 +7,7 @@ from minidnn.errors import ConfigError, HostMemoryError
 from minidnn.memory.allocator import ALIGNMENT
 from minidnn.memory.host import DEFAULT_CHUNK_BYTES, HostSlab
 
-KiB = 1024
-
-
-class FakeEvent:
-    def __init__(self):
-        self._done = False
-        self.waits = 0
-
-    @property
-    def done(self):
-        return self._done
-
-    def synchronize(self):
-        self.waits += 1
-        self._done = True
-
-
-def addr(buf):
-    return buf.__array_interface__["data"][0]
+from fakes import FakeEvent, KiB, addr
 
 
 @pytest.fixture

@@ -285,40 +285,41 @@ class Executor:
 
     def _run_forward(self, ctx) -> None:
         """The forward loop (ctx None: dry run, no compute)."""
-        mm, tracer, compute = self.manager, self.tracer, self.device.compute
+        mm = self.manager
         for i, node in enumerate(self.plan.nodes):
-            where = f"forward of {node.name}"
-            self._set_where(where)
+            self._set_where(f"forward of {node.name}")
             xs, y, aux = mm.forward_buffers(i)
-            if tracer:
-                t0 = tracer.mark(compute)
-                self._sample(t0, "forward", node.name, "start")
-            if ctx is not None:
-                node.layer.forward(xs, y, aux, ctx)
-            mm.after_forward(i)
-            if tracer:
-                t1 = tracer.mark(compute)
-                tracer.layer("forward", node.name, i, t0, t1)
-                self._sample(t1, "forward", node.name, "end")
+            self._call("forward", i, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
+                       mm.after_forward)
         self._set_where("")
 
     def _run_backward(self, ctx) -> None:
-        mm, tracer, compute = self.manager, self.tracer, self.device.compute
+        """The backward loop, in reverse order (ctx None: dry run, no compute)."""
+        mm = self.manager
         for i in reversed(range(len(self.plan.nodes))):
             node = self.plan.nodes[i]
             self._set_where(f"backward of {node.name}")
             xs, y, gy, gxs, aux = mm.backward_buffers(i)
-            if tracer:
-                t0 = tracer.mark(compute)
-                self._sample(t0, "backward", node.name, "start")
-            if ctx is not None:
-                node.layer.backward(xs, y, gy, gxs, aux, ctx)
-            mm.after_backward(i)
-            if tracer:
-                t1 = tracer.mark(compute)
-                tracer.layer("backward", node.name, i, t0, t1)
-                self._sample(t1, "backward", node.name, "end")
+            self._call("backward", i,
+                       ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
+                       mm.after_backward)
         self._set_where("")
+
+    def _call(self, phase: str, i: int, run, after) -> None:
+        """One layer call: `run` (None in a dry run), then the manager's `after(i)`; timed and
+        sampled when tracing (the end sample sees the memory the manager released)."""
+        tracer = self.tracer
+        name = self.plan.nodes[i].name
+        if tracer:
+            t0 = tracer.mark(self.device.compute)
+            self._sample(t0, phase, name, "start")
+        if run is not None:
+            run()
+        after(i)
+        if tracer:
+            t1 = tracer.mark(self.device.compute)
+            tracer.layer(phase, name, i, t0, t1)
+            self._sample(t1, phase, name, "end")
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""

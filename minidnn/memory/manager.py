@@ -117,12 +117,7 @@ class Mover:
         written.record(dev.compute)          # behind the last writer's kernels
         dev.offload.wait_event(written)
         fm.host = self.host.alloc(fm.nbytes)
-        start = self.tracer.mark(dev.offload) if self.tracer else None
-        self._copy(fm.host, fm.device, fm.nbytes, _DEVICE_TO_HOST, dev.offload)
-        done = dev.event()
-        done.record(dev.offload)
-        if self.tracer:
-            self.tracer.copy("offload", fm.name, start, self.tracer.mark(dev.offload), fm.nbytes)
+        done = self._traced_copy("offload", fm, fm.host, fm.device, _DEVICE_TO_HOST, dev.offload)
         fm.offloaded = fm.device_busy = fm.host_busy = done
         fm.note(time)
 
@@ -137,15 +132,20 @@ class Mover:
         dev.prefetch.wait_event(issued)
         if fm.offloaded is not None:
             dev.prefetch.wait_event(fm.offloaded)
-        start = self.tracer.mark(dev.prefetch) if self.tracer else None
-        self._copy(fm.device, fm.host, fm.nbytes, _HOST_TO_DEVICE, dev.prefetch)
-        done = dev.event()
-        done.record(dev.prefetch)
-        if self.tracer:
-            self.tracer.copy("prefetch", fm.name, start, self.tracer.mark(dev.prefetch), fm.nbytes)
+        done = self._traced_copy("prefetch", fm, fm.device, fm.host, _HOST_TO_DEVICE, dev.prefetch)
         fm.fetched = fm.device_busy = fm.host_busy = done
         fm.compute_waited = False
         fm.note(time)
+
+    def _traced_copy(self, track: str, fm: FeatureMap, dst, src, kind: int, stream):
+        """Issue the copy on `stream` (marked in the trace); returns the event recorded after it."""
+        start = self.tracer.mark(stream) if self.tracer else None
+        self._copy(dst, src, fm.nbytes, kind, stream)
+        done = self.device.event()
+        done.record(stream)
+        if self.tracer:
+            self.tracer.copy(track, fm.name, start, self.tracer.mark(stream), fm.nbytes)
+        return done
 
     def wait(self, fm: FeatureMap) -> None:
         """Make compute wait for `fm`'s prefetch (once)."""

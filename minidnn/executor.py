@@ -91,7 +91,8 @@ class Executor:
         # masks, the decision's convolution plans); close() gives them back, so a later
         # executor of the same network starts from the layers' own settings.
         self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-        self._own_algos = {n.name: n.layer.algo for n in net.nodes if n.layer.kind == "conv"}
+        self._own_algos = {n.name: n.layer.plan_setting for n in net.nodes
+                           if n.layer.kind == "conv"}
         self.host = self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
@@ -108,8 +109,8 @@ class Executor:
                 self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
                                  static_layout=static_layout)
             self.decision = self.policy.decide(self.plan, memory_budget)
-            for name, algo in self.decision.conv_algo.items():
-                net.node(name).layer.algo = algo
+            for name, setting in self.decision.conv_algo.items():
+                net.node(name).layer.plan_setting = setting
             if self.decision.prefetch_lookahead is not None:  # the policy chose it
                 prefetch_lookahead = self.decision.prefetch_lookahead
             self.prefetch_lookahead = int(prefetch_lookahead)
@@ -198,8 +199,8 @@ class Executor:
 
     def _restore_layers(self) -> None:
         """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
-        for name, algo in self._own_algos.items():
-            self.net.node(name).layer.algo = algo
+        for name, setting in self._own_algos.items():
+            self.net.node(name).layer.plan_setting = setting
         for name, keep in self._own_keeps.items():
             self.net.node(name).layer.keep = keep
 

@@ -65,7 +65,6 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
     if hasattr(ex.kernels, "reset_workspace_fallbacks"):
         ex.kernels.reset_workspace_fallbacks()
     fallbacks = getattr(ex.kernels, "workspace_fallbacks", {})
-    fallbacks_before = len(fallbacks)
     try:
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
@@ -99,7 +98,10 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
             "prefetched_bytes": int(stats["prefetched_bytes"]),
             "on_demand_fetches": int(stats["on_demand_fetches"]),
             "layout_bytes": stats.get("layout_bytes"),
-            "workspace_fallbacks": len(fallbacks) - fallbacks_before,
+            "workspace_fallbacks": [
+                {"layer": layer, "op": op, "planned_workspace": f.chosen_workspace,
+                 "ran_workspace": f.ran_workspace, "reason": f.reason}
+                for (layer, op), f in fallbacks.items()],
             "fragmentation": float(stats["fragmentation"]), "loss": final_loss}
 
 
@@ -174,8 +176,11 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
             print(f"{name} b{batch} {policy}/{algo}: {m['step_time_s'] * 1e3:.1f} ms "
                   f"(planned {ev.step_time_s * 1e3:.1f}), peak {fmt_bytes(m['peak_device_bytes'])}"
                   f" (planned {fmt_bytes(ev.peak_bytes)}), {m['images_per_s']:.0f} img/s"
-                  + (f"; {m['workspace_fallbacks']} convolutions ran a leaner plan than planned"
-                     if m["workspace_fallbacks"] else ""), flush=True)
+                  + (f"; {len(m['workspace_fallbacks'])} convolutions ran a leaner plan than "
+                     f"planned" if m["workspace_fallbacks"] else ""), flush=True)
+            for f in m["workspace_fallbacks"]:
+                print(f"    {f['layer']} {f['op']}: workspace {fmt_bytes(f['planned_workspace'])}"
+                      f" -> {fmt_bytes(f['ran_workspace'])}: {f['reason']}", flush=True)
     return rows
 
 

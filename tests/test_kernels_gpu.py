@@ -366,6 +366,29 @@ def test_plan_table_and_choice(stream):
     assert lean.time_ms == min(t[2] for t in ran if t[1] == lean.workspace_bytes)
 
 
+def test_a_workspace_limit_runs_the_fastest_plan_within_it(stream):
+    """Each rung of the ladder: the plan run is the one choose_plan names, within the limit,
+    and the result is right."""
+    from minidnn.kernels.cudnn_conv import PlanTiming, choose_plan, workspace_ladder
+    x, w, b, gy, spec = _conv_data((16, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+                                   np.float32)
+    args = (spec.stride, spec.padding, spec.dilation, spec.groups)
+    want = ref_conv(x, w, *args) + b[None, :, None, None]
+    _run_conv_ops(x, w, b, gy, spec)       # measures every plan of the three ops
+    tables = {op: [PlanTiming(*t) for t in cuda.conv_plans(op, x.shape, w.shape, spec)]
+              for op in ("fprop", "dgrad", "wgrad")}
+    limits = workspace_ladder(tables) + [0]
+    for limit in limits:
+        limited = ConvSpec(stride=spec.stride, padding=spec.padding, key=f"limit{limit}",
+                           workspace_limit=limit)
+        y = _run_conv_ops(x, w, b, gy, limited)[0]
+        assert rel_err(y, want) < TF32_RTOL
+        plan = choose_plan(tables["fprop"], "fastest", workspace_limit=limit)
+        assert plan.workspace_bytes <= max(limit, min(t.workspace_bytes for t in tables["fprop"]
+                                                      if np.isfinite(t.time_ms)))
+    print("fprop/dgrad/wgrad ladder (MiB):", [round(v / 2**20, 1) for v in limits])
+
+
 def test_plan_cache_reuses_graphs(stream):
     cuda.clear_conv_cache()
     x, w, b, gy, spec = _conv_data(CONV_CASES[0], np.float32)

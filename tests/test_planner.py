@@ -205,8 +205,8 @@ def test_every_planned_decision_fits_its_budget_in_the_dry_run(gpu):
             best.required_bytes <= policy.result.usable <= budget
         assert best.peak_bytes <= budget and not best.over_budget
         assert set(ex.decision.offload) == set(best.offload)
-        for name, algo in best.conv_algo.items():
-            assert net.node(name).layer.algo == algo
+        for name, setting in best.conv_algo.items():
+            assert net.node(name).layer.plan_setting == setting
         if best.offload:
             assert stats["offloaded_bytes"] > 0
 

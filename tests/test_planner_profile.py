@@ -8,6 +8,7 @@ from minidnn import models
 from minidnn.backend import Device
 from minidnn.errors import ConfigError
 from minidnn.planner import profile as profiling
+from minidnn.planner import costs
 from minidnn.planner.costs import Profile
 from minidnn.planner.gpus import analytic_profile
 
@@ -53,7 +54,7 @@ def test_profiles_round_trip_through_json(net, tmp_path):
     profiling.save_profile(prof, path)
     again = profiling.load_profile(path)
     assert again == prof
-    assert json.loads(path.read_text())["format"] == 1
+    assert json.loads(path.read_text())["format"] == costs.FORMAT_VERSION
     path.write_text('{"format": 99}')
     with pytest.raises(ConfigError):
         profiling.load_profile(path)

@@ -4,8 +4,8 @@
   same code also runs on CuPy arrays, which the GPU tests use as a second opinion).
 * `cuda.py` — the GPU implementation, every function with the signature of its cpu.py twin:
   convolutions through cuDNN (`cudnn_conv.py`: the frontend's graphs and measured plans),
-  pooling, LRN and ReLU as CuPy elementwise kernels (`cuda_pool.py`, `cuda_lrn.py`,
-  `cuda_relu.py`).
+  pooling as CuPy raw kernels (`cuda_pool.py`), LRN and ReLU as CuPy elementwise kernels
+  (`cuda_lrn.py`, `cuda_relu.py`).
 
 Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts
 the right module in the StepContext for its device. Every op writes into output arrays it is
@@ -61,8 +61,9 @@ class ConvSpec:
     """A 2-D convolution's settings.
 
     algo: 'fastest' (the cuDNN plan measured fastest, any workspace) or 'min_workspace' (the
-    fastest plan among those needing the least workspace); the memory manager may change it per
-    layer. key: a name for caches (the layer's name).
+    fastest plan among those needing the least workspace); workspace_limit: with 'fastest',
+    the fastest plan whose workspace is at most this many bytes (None: no limit). The memory
+    manager may change both per layer. key: a name for caches (the layer's name).
     """
     stride: tuple = (1, 1)
     padding: tuple = (0, 0)
@@ -70,6 +71,7 @@ class ConvSpec:
     groups: int = 1
     algo: str = "fastest"
     key: str = ""
+    workspace_limit: int | None = None
 
 
 @dataclass(frozen=True)

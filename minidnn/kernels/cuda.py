@@ -191,7 +191,8 @@ def _prepare(op, x, w, y, spec, plan_index) -> _Ready:
     except PlanUnavailable as exc:
         raise ConfigError(f"convolution {spec.key or '(unnamed)'}: {exc}") from None
     if plan_index is None:
-        plan = entry.plan_for(spec.algo, where=f"convolution {spec.key or '(unnamed)'}")
+        plan = entry.plan_for(spec.algo, where=f"convolution {spec.key or '(unnamed)'}",
+                              workspace_limit=spec.workspace_limit)
     else:
         plan = next((p for p in entry.table if p.index == plan_index), None)
         if plan is None:
@@ -223,8 +224,8 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
         ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index)
     try:
         ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes else None
-    except MemoryError:  # the budget cannot hold this plan's workspace now: a leaner plan
-        ready, ws = _leaner_plan(key, op, x, w, y, spec, ready)
+    except MemoryError as exc:  # the budget cannot hold this plan's workspace now
+        ready, ws = _leaner_plan(key, op, x, w, y, spec, ready, str(exc))
     ws_ptr = ws.data.ptr if ws is not None else 0
     if ready.group_steps is None:
         ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr)
@@ -236,8 +237,18 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
     del ws  # back to the allocator now; later reuse is ordered on this stream
 
 
-# (layer key, op) -> (chosen plan index, plan index run instead): convolutions whose chosen
-# plan's workspace did not fit the memory budget when they ran.
+class Fallback(NamedTuple):
+    """A convolution that ran a leaner plan than its chosen one: plan indices and workspaces
+    (bytes) of both, and why the chosen one's workspace could not be had."""
+    chosen: int
+    ran: int
+    chosen_workspace: int
+    ran_workspace: int
+    reason: str
+
+
+# (layer key, op) -> Fallback: convolutions whose chosen plan's workspace did not fit the
+# memory budget when they ran.
 workspace_fallbacks: dict = {}
 _fallback_keys: set = set()        # the _ready keys that now hold a leaner plan
 
@@ -251,7 +262,7 @@ def reset_workspace_fallbacks() -> None:
     workspace_fallbacks.clear()
 
 
-def _leaner_plan(key, op, x, w, y, spec, ready):
+def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
     """The fastest measured plan whose workspace can be allocated now, and that workspace.
 
     Called when the chosen plan's workspace does not fit the budget (the feature maps of a
@@ -270,7 +281,9 @@ def _leaner_plan(key, op, x, w, y, spec, ready):
                       plan.index)
         _ready[key] = lean
         _fallback_keys.add(key)
-        workspace_fallbacks[(spec.key, op)] = (ready.index, plan.index)
+        workspace_fallbacks[(spec.key, op)] = Fallback(ready.index, plan.index,
+                                                       ready.workspace_bytes,
+                                                       plan.workspace_bytes, reason)
         return lean, ws
     raise ConfigError(f"convolution {spec.key or '(unnamed)'} ({op}): no measured plan runs "
                       f"without workspace, and the budget holds no workspace now")

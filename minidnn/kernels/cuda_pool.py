@@ -1,129 +1,278 @@
-"""Max and average pooling on the GPU as CuPy ElementwiseKernels (float32 and float64).
+"""Max and average pooling on the GPU as CuPy raw kernels (float32 and float64).
 
-Forward runs one thread per output element. Backward runs one thread per *input* element and
-gathers from the windows that cover it, in a fixed order: no atomics, so the result is the
-same bit for bit on every run. Semantics are cpu.py's (PyTorch's): max-pool padding never wins,
-ties keep the first maximum in (kh, kw) order and argmax is kh * KW + kw within the window;
-avg-pool divides by the window size counting padding (count_include_pad) but never the part of
-a ceil_mode window past the padding.
+Semantics are cpu.py's (PyTorch's): max-pool padding never wins, ties keep the first maximum in
+(kh, kw) order and argmax is kh * KW + kw within the window; avg-pool divides by the window size
+counting padding (count_include_pad) but never the part of a ceil_mode window past the padding.
+
+Forward runs one thread per output element. Backward is a gather, not a scatter: every input
+element sums, in a fixed order (oh ascending, then ow ascending), the gradients of the windows
+that cover it. No atomics, so the result is the same bit for bit on every run. A backward thread
+owns one *cell*: the SH x SW input elements whose rows and columns share one stride step
+(input row h lies in cell row (h + PH) // SH), so the windows covering each of its elements
+follow from the cell without a division.
+
+Index math is 32-bit inside a launch: thread i is plane plane0 + i / per_plane, and its row and
+column in that plane's grid are divmod(i % per_plane, cols). Both divisions are by numbers fixed
+for the launch and run as a multiply-high, an add and a shift with constants from the host
+(_divider); only a plane's base offset is 64-bit. A tensor with 2**31 or more threads' worth of
+work runs as several launches of whole planes.
 
 The kernels allocate nothing and never synchronize with the host; they run on CuPy's current
-stream. Shapes: x, gx (N, C, H, W); y, gy, argmax (N, C, OH, OW).
+stream. Shapes: x, gx (N, C, H, W); y, gy, argmax (N, C, OH, OW); all C-contiguous.
 """
 from __future__ import annotations
+
+import functools
 
 import cupy as cp
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShapeError
 
-_GEOMETRY = ("int32 H, int32 W, int32 OH, int32 OW, int32 KH, int32 KW, int32 SH, int32 SW, "
-             "int32 PH, int32 PW")
+_SOURCE = r"""
+// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 from (mul, shift) computed on the host for d:
+// a 32-bit division by a run-time value takes a dozen or more instructions, this takes three.
+__device__ __forceinline__ unsigned int divide(unsigned int n, unsigned int mul,
+                                               unsigned int shift) {
+    return (__umulhi(n, mul) + n) >> shift;
+}
 
-_maxpool_forward = cp.ElementwiseKernel(
-    "raw T x, " + _GEOMETRY + ", float64 neg_inf",
-    "T y, uint8 argmax",
-    r"""
-    const int ow = (int)(i % OW);
-    const int oh = (int)((i / OW) % OH);
-    const long long base = (i / ((long long)OW * OH)) * H * W;   // plane n * C + c
+__device__ __forceinline__ float minus_inf(float) { return __int_as_float((int)0xff800000u); }
+__device__ __forceinline__ double minus_inf(double) {
+    return __longlong_as_double((long long)0xfff0000000000000ull);
+}
+
+#define GEOMETRY int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW
+// Thread i of a launch of `count` threads works on plane plane0 + i / (rows * cols), at
+// (row, col) = divmod(i % (rows * cols), cols) of that plane's grid of threads.
+#define LAUNCH long long plane0, unsigned int count, unsigned int plane_mul, \
+               unsigned int plane_shift, unsigned int col_mul, unsigned int col_shift
+
+struct Place { long long plane; int row, col; };
+
+__device__ __forceinline__ bool locate(Place& p, unsigned int rows, unsigned int cols, LAUNCH) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return false;
+    const unsigned int q = divide(i, plane_mul, plane_shift);
+    const unsigned int r = i - q * (rows * cols);
+    const unsigned int row = divide(r, col_mul, col_shift);
+    p.plane = plane0 + q;
+    p.row = (int)row;
+    p.col = (int)(r - row * cols);
+    return true;
+}
+
+// One thread per output element (oh, ow).
+template<typename T>
+__global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
+                                  unsigned char* __restrict__ argmax, GEOMETRY, LAUNCH) {
+    Place p;
+    if (!locate(p, OH, OW, plane0, count, plane_mul, plane_shift, col_mul, col_shift)) return;
+    const int oh = p.row, ow = p.col;
+    x += p.plane * H * W;
+    const long long o = p.plane * OH * OW + oh * OW + ow;
     const int h0 = oh * SH - PH, w0 = ow * SW - PW;
+    // The window's valid part: rows kh0 <= kh < kh1, columns kw0 <= kw < kw1.
+    const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
+    const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
     // Window position 0 (padding reads as -inf) starts the search; a later position wins only
     // when strictly greater, as in cpu.py, so ties keep the first and padding never wins.
-    T best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? x[base + (long long)h0 * W + w0]
-                                                      : (T)neg_inf;
+    T best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? x[h0 * W + w0] : minus_inf(T(0));
     int arg = 0;
-    for (int kh = 0; kh < KH; ++kh) {
-        const int h = h0 + kh;
-        if (h < 0 || h >= H) continue;
-        for (int kw = 0; kw < KW; ++kw) {
-            const int w = w0 + kw;
-            if ((kh == 0 && kw == 0) || w < 0 || w >= W) continue;
-            const T v = x[base + (long long)h * W + w];
+    for (int kh = kh0; kh < kh1; ++kh) {
+        const T* row = x + (h0 + kh) * W;
+        for (int kw = kw0; kw < kw1; ++kw) {
+            if (kh == 0 && kw == 0) continue;
+            const T v = row[w0 + kw];
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
-    y = best;
-    argmax = (unsigned char)arg;
-    """,
-    "minidnn_maxpool2d_forward")
+    y[o] = best;
+    argmax[o] = (unsigned char)arg;
+}
 
-# The output rows whose windows cover input row h: oh * SH - PH <= h <= oh * SH - PH + KH - 1.
-_COVERING = r"""
-    const int a_h = h + PH - KH + 1, a_w = w + PW - KW + 1;
-    const int oh_lo = a_h > 0 ? (a_h + SH - 1) / SH : 0;
-    const int ow_lo = a_w > 0 ? (a_w + SW - 1) / SW : 0;
-    const int oh_hi = min((h + PH) / SH, OH - 1);
-    const int ow_hi = min((w + PW) / SW, OW - 1);
-"""
+// Backward threads own cells. Cell (ch, cw) holds the input rows h = ch * SH - PH + dh and
+// columns w = cw * SW - PW + dw, 0 <= dh < SH, 0 <= dw < SW, clipped to the input; the first
+// cell row and column are CH0 = PH / SH and CW0 = PW / SW. The windows covering row h are
+// oh_lo(dh) <= oh <= oh_hi with oh_hi = min(ch, OH - 1) and
+// oh_lo(dh) = max(ch - floor((KH - 1 - dh) / SH), 0); with KH - 1 = QH * SH + RH (0 <= RH < SH)
+// that floor is QH for dh <= RH and QH - 1 beyond (-1, no window at all, when QH = 0).
+#define CELLS int CH0, int CW0, int QH, int RH, int QW, int RW
 
-_maxpool_backward = cp.ElementwiseKernel(
-    "raw T gy, raw uint8 argmax, " + _GEOMETRY,
-    "T gx",
-    r"""
-    const int w = (int)(i % W);
-    const int h = (int)((i / W) % H);
-    const long long obase = (i / ((long long)W * H)) * OH * OW;
-    """ + _COVERING + r"""
-    T acc = 0;
-    for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-        const int kh = h - (oh * SH - PH);
-        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-            const long long o = obase + (long long)oh * OW + ow;
-            if (argmax[o] == kh * KW + (w - (ow * SW - PW))) acc += gy[o];
+template<typename T>
+__global__ void maxpool2d_backward(const T* __restrict__ gy,
+                                   const unsigned char* __restrict__ argmax,
+                                   T* __restrict__ gx, GEOMETRY, CELLS, int rows, int cols,
+                                   LAUNCH) {
+    Place p;
+    if (!locate(p, rows, cols, plane0, count, plane_mul, plane_shift, col_mul, col_shift))
+        return;
+    gy += p.plane * OH * OW;
+    argmax += p.plane * OH * OW;
+    gx += p.plane * H * W;
+    const int ch = CH0 + p.row, cw = CW0 + p.col;
+    const int oh_hi = min(ch, OH - 1), ow_hi = min(cw, OW - 1);
+    for (int dh = 0; dh < SH; ++dh) {
+        const int h = ch * SH - PH + dh;
+        if (h < 0) continue;
+        if (h >= H) break;
+        const int oh_lo = max(ch - (dh <= RH ? QH : QH - 1), 0);
+        for (int dw = 0; dw < SW; ++dw) {
+            const int w = cw * SW - PW + dw;
+            if (w < 0) continue;
+            if (w >= W) break;
+            const int ow_lo = max(cw - (dw <= RW ? QW : QW - 1), 0);
+            T acc = 0;
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const int kh = h - (oh * SH - PH);
+                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                    const int o = oh * OW + ow;
+                    if (argmax[o] == kh * KW + (w - (ow * SW - PW))) acc += gy[o];
+                }
+            }
+            gx[h * W + w] = acc;
         }
     }
-    gx = acc;
-    """,
-    "minidnn_maxpool2d_backward")
+}
 
-# Window [start, start + K) clipped to the padding, then to the input (PyTorch's divisor rule).
-_AVG_WINDOW = r"""
+// Rows (or columns) a window starting at s0 averages: [s0, s0 + K) clipped to the padding,
+// then, unless padding counts, to the input (PyTorch's divisor rule).
+__device__ __forceinline__ int span(int s0, int K, int S, int P, int include_pad) {
+    const int e0 = min(s0 + K, S + P);
+    return include_pad ? e0 - s0 : min(e0, S) - max(s0, 0);
+}
+
+template<typename T>
+__global__ void avgpool2d_forward(const T* __restrict__ x, T* __restrict__ y, GEOMETRY,
+                                  int include_pad, LAUNCH) {
+    Place p;
+    if (!locate(p, OH, OW, plane0, count, plane_mul, plane_shift, col_mul, col_shift)) return;
+    const int oh = p.row, ow = p.col;
+    x += p.plane * H * W;
     const int hs0 = oh * SH - PH, ws0 = ow * SW - PW;
-    const int he0 = min(hs0 + KH, H + PH), we0 = min(ws0 + KW, W + PW);
-    const int hs = max(hs0, 0), ws = max(ws0, 0), he = min(he0, H), we = min(we0, W);
-    const int count = count_include_pad ? (he0 - hs0) * (we0 - ws0) : (he - hs) * (we - ws);
-"""
-
-_avgpool_forward = cp.ElementwiseKernel(
-    "raw T x, " + _GEOMETRY + ", bool count_include_pad",
-    "T y",
-    r"""
-    const int ow = (int)(i % OW);
-    const int oh = (int)((i / OW) % OH);
-    const long long base = (i / ((long long)OW * OH)) * H * W;
-    """ + _AVG_WINDOW + r"""
+    const int hs = max(hs0, 0), ws = max(ws0, 0);
+    const int he = min(hs0 + KH, H), we = min(ws0 + KW, W);
+    const int count_ = span(hs0, KH, H, PH, include_pad) * span(ws0, KW, W, PW, include_pad);
     T acc = 0;
     for (int h = hs; h < he; ++h)
-        for (int w = ws; w < we; ++w) acc += x[base + (long long)h * W + w];
-    y = count > 0 ? acc / (T)count : (T)0;
-    """,
-    "minidnn_avgpool2d_forward")
+        for (int w = ws; w < we; ++w) acc += x[h * W + w];
+    y[p.plane * OH * OW + oh * OW + ow] = count_ > 0 ? acc / (T)count_ : (T)0;
+}
 
-_avgpool_backward = cp.ElementwiseKernel(
-    "raw T gy, " + _GEOMETRY + ", bool count_include_pad",
-    "T gx",
-    r"""
-    const int w = (int)(i % W);
-    const int h = (int)((i / W) % H);
-    const long long obase = (i / ((long long)W * H)) * OH * OW;
-    """ + _COVERING + r"""
-    T acc = 0;
-    for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-            """ + _AVG_WINDOW + r"""
-            if (count > 0) acc += gy[obase + (long long)oh * OW + ow] / (T)count;
+template<typename T>
+__global__ void avgpool2d_backward(const T* __restrict__ gy, T* __restrict__ gx, GEOMETRY,
+                                   int include_pad, CELLS, int rows, int cols, LAUNCH) {
+    Place p;
+    if (!locate(p, rows, cols, plane0, count, plane_mul, plane_shift, col_mul, col_shift))
+        return;
+    gy += p.plane * OH * OW;
+    gx += p.plane * H * W;
+    const int ch = CH0 + p.row, cw = CW0 + p.col;
+    const int oh_hi = min(ch, OH - 1), ow_hi = min(cw, OW - 1);
+    for (int dh = 0; dh < SH; ++dh) {
+        const int h = ch * SH - PH + dh;
+        if (h < 0) continue;
+        if (h >= H) break;
+        const int oh_lo = max(ch - (dh <= RH ? QH : QH - 1), 0);
+        for (int dw = 0; dw < SW; ++dw) {
+            const int w = cw * SW - PW + dw;
+            if (w < 0) continue;
+            if (w >= W) break;
+            const int ow_lo = max(cw - (dw <= RW ? QW : QW - 1), 0);
+            T acc = 0;
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const int rows_ = span(oh * SH - PH, KH, H, PH, include_pad);
+                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                    const int count_ = rows_ * span(ow * SW - PW, KW, W, PW, include_pad);
+                    if (count_ > 0) acc += gy[oh * OW + ow] / (T)count_;
+                }
+            }
+            gx[h * W + w] = acc;
         }
     }
-    gx = acc;
-    """,
-    "minidnn_avgpool2d_backward")
+}
+"""
+
+_KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward")
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_module = cp.RawModule(code=_SOURCE,
+                       name_expressions=[f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()])
+
+_THREADS = 256
+_INDEX_LIMIT = 2**31        # in-plane offsets and the divisions' operands stay below this
+_MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
+
+
+@functools.lru_cache(maxsize=None)
+def _divider(d: int) -> tuple:
+    """(mul, shift) as uint32 such that n // d == (umulhi(n, mul) + n) >> shift, in 32-bit
+    unsigned arithmetic, for every 0 <= n < 2**31 (1 <= d < 2**31; Granlund and Montgomery's
+    round-up method, as in PyTorch's IntDivider)."""
+    if not 1 <= d < _INDEX_LIMIT:
+        raise ValueError(f"divisor {d} is outside [1, 2**31)")
+    shift = (d - 1).bit_length()                      # the least s with 2**s >= d
+    mul = ((1 << 32) * ((1 << shift) - d)) // d + 1   # < 2**32 because 2**shift < 2 * d
+    return np.uint32(mul), np.uint32(shift)
+
+
+def _check(name: str, arrays, argmax=None) -> str:
+    """The C type of the float arrays (one dtype, float32 or float64); raises on anything the
+    kernels would misread: another dtype, a strided array, an argmax that is not uint8."""
+    dtype = np.dtype(arrays[0].dtype)
+    ctype = _CTYPES.get(dtype)
+    if ctype is None or any(np.dtype(a.dtype) != dtype for a in arrays):
+        raise TypeError(f"{name}: pooling takes float32 or float64 arrays of one dtype, got "
+                        f"{[str(a.dtype) for a in arrays]}")
+    if argmax is not None:
+        if np.dtype(argmax.dtype) != np.uint8:
+            raise TypeError(f"{name}: argmax must be uint8, got {argmax.dtype}")
+        arrays = (*arrays, argmax)
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name}: expected C-contiguous arrays, got strides {a.strides} "
+                             f"for shape {a.shape}")
+    return ctype
 
 
 def _geometry(x_shape, y_shape, spec) -> tuple:
+    """(H, W, OH, OW, KH, KW, SH, SW, PH, PW) as int32 kernel arguments."""
+    if len(x_shape) != 4 or len(y_shape) != 4 or tuple(x_shape[:2]) != tuple(y_shape[:2]):
+        raise ShapeError(f"pooling: expected (N, C, H, W) and (N, C, OH, OW), got {x_shape} "
+                         f"and {y_shape}")
     (h, w), (oh, ow) = x_shape[2:], y_shape[2:]
+    if h * w >= _INDEX_LIMIT or oh * ow >= _INDEX_LIMIT:
+        raise ConfigError(f"pooling planes of {h}x{w} -> {oh}x{ow} values: each plane must "
+                          f"hold fewer than 2**31")
     (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
-    return h, w, oh, ow, kh, kw, sh, sw, ph, pw
+    return tuple(np.int32(v) for v in (h, w, oh, ow, kh, kw, sh, sw, ph, pw))
+
+
+def _cells(x_shape, spec) -> tuple:
+    """(rows, cols, CELLS arguments) of backward's grid of cells over one input plane."""
+    h, w = x_shape[2:]
+    (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
+    ch0, cw0 = ph // sh, pw // sw
+    rows, cols = (h - 1 + ph) // sh - ch0 + 1, (w - 1 + pw) // sw - cw0 + 1
+    qh, rh = divmod(kh - 1, sh)
+    qw, rw = divmod(kw - 1, sw)
+    return rows, cols, tuple(np.int32(v) for v in (ch0, cw0, qh, rh, qw, rw))
+
+
+def _launch(name: str, ctype: str, planes: int, rows: int, cols: int, args: tuple) -> None:
+    """Runs kernel `name` over planes x rows x cols threads (LAUNCH arguments appended), as few
+    launches of whole planes as the 32-bit thread index allows."""
+    per_plane = rows * cols
+    if planes <= 0 or per_plane <= 0:
+        return
+    if per_plane >= _INDEX_LIMIT:
+        raise ConfigError(f"{name}: {rows}x{cols} threads per plane; at most 2**31 - 1 fit")
+    kernel = _module.get_function(f"{name}<{ctype}>")
+    by_plane, by_col = _divider(per_plane), _divider(cols)
+    step = max(_MAX_THREADS // per_plane, 1)
+    for plane0 in range(0, planes, step):
+        count = min(step, planes - plane0) * per_plane
+        kernel(((count + _THREADS - 1) // _THREADS,), (_THREADS,),
+               args + (np.int64(plane0), np.uint32(count), *by_plane, *by_col))
 
 
 def maxpool2d_forward(x, y, argmax, spec) -> None:
@@ -132,19 +281,42 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
     if kh * kw > 256:
         raise ConfigError(f"max-pool window {kh}x{kw} has more than 256 positions, which a "
                           f"uint8 argmax cannot index")
-    _maxpool_forward(x, *_geometry(x.shape, y.shape, spec), -np.inf, y, argmax)
+    ctype = _check("maxpool2d_forward", (x, y), argmax)
+    if argmax.shape != y.shape:
+        raise ShapeError(f"maxpool2d_forward: argmax {argmax.shape} must have y's shape {y.shape}")
+    geometry = _geometry(x.shape, y.shape, spec)
+    n, c, oh, ow = y.shape
+    _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry)
 
 
 def maxpool2d_backward(gy, argmax, gx, spec) -> None:
     """gx = gy routed to each window's winner (summed where windows overlap); overwrites gx."""
-    _maxpool_backward(gy, argmax, *_geometry(gx.shape, gy.shape, spec), gx)
+    ctype = _check("maxpool2d_backward", (gy, gx), argmax)
+    if argmax.shape != gy.shape:
+        raise ShapeError(f"maxpool2d_backward: argmax {argmax.shape} must have gy's shape "
+                         f"{gy.shape}")
+    geometry = _geometry(gx.shape, gy.shape, spec)
+    rows, cols, cells = _cells(gx.shape, spec)
+    n, c = gx.shape[:2]
+    _launch("maxpool2d_backward", ctype, n * c, rows, cols,
+            (gy, argmax, gx) + geometry + cells + (np.int32(rows), np.int32(cols)))
 
 
 def avgpool2d_forward(x, y, spec) -> None:
     """y = window means of x (zero padding; divisor per spec.count_include_pad)."""
-    _avgpool_forward(x, *_geometry(x.shape, y.shape, spec), bool(spec.count_include_pad), y)
+    ctype = _check("avgpool2d_forward", (x, y))
+    geometry = _geometry(x.shape, y.shape, spec)
+    n, c, oh, ow = y.shape
+    _launch("avgpool2d_forward", ctype, n * c, oh, ow,
+            (x, y) + geometry + (np.int32(bool(spec.count_include_pad)),))
 
 
 def avgpool2d_backward(gy, gx, spec) -> None:
     """gx = each gy / divisor spread over its window; overwrites gx."""
-    _avgpool_backward(gy, *_geometry(gx.shape, gy.shape, spec), bool(spec.count_include_pad), gx)
+    ctype = _check("avgpool2d_backward", (gy, gx))
+    geometry = _geometry(gx.shape, gy.shape, spec)
+    rows, cols, cells = _cells(gx.shape, spec)
+    n, c = gx.shape[:2]
+    _launch("avgpool2d_backward", ctype, n * c, rows, cols,
+            (gy, gx) + geometry + (np.int32(bool(spec.count_include_pad)),) + cells
+            + (np.int32(rows), np.int32(cols)))

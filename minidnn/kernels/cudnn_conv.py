@@ -147,13 +147,16 @@ class PlanTiming(NamedTuple):
     time_ms: float
 
 
-def choose_plan(table, algo: str, by_rank: bool = False, where: str = "") -> PlanTiming:
+def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
+                workspace_limit: int | None = None) -> PlanTiming:
     """The plan to run from a problem's table (in the heuristics' rank order).
 
-    algo 'fastest': the least measured time. 'min_workspace': among the plans needing the
-    least workspace, the least time. by_rank=True (deterministic mode) takes the best-ranked
-    plan instead of the fastest, so that the choice does not depend on timing noise.
-    Plans that did not run (time inf) are never chosen.
+    algo 'fastest': the least measured time among the plans whose workspace is at most
+    `workspace_limit` (None: any workspace; when no plan is that lean, the leanest ones).
+    'min_workspace': among the plans needing the least workspace, the least time.
+    by_rank=True (deterministic mode) takes the best-ranked plan instead of the fastest, so
+    that the choice does not depend on timing noise. Plans that did not run (time inf) are
+    never chosen.
     """
     if algo not in ALGOS:
         raise ConfigError(f"{where or 'convolution'}: algo must be one of {', '.join(ALGOS)}; "
@@ -162,12 +165,54 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "") -> Pla
     if not ran:
         raise ConfigError(f"{where or 'convolution'}: none of the {len(table)} cuDNN plans could "
                           f"run (each one's workspace failed to allocate, or none was offered)")
-    if algo == "min_workspace":
-        least = min(p.workspace_bytes for p in ran)
+    least = min(p.workspace_bytes for p in ran)
+    if algo == "min_workspace" or (workspace_limit is not None and workspace_limit < least):
         ran = [p for p in ran if p.workspace_bytes == least]
+    elif workspace_limit is not None:
+        ran = [p for p in ran if p.workspace_bytes <= workspace_limit]
     if by_rank:
         return ran[0]
     return min(ran, key=lambda p: p.time_ms)
+
+
+# At most this many workspace limits are offered between a convolution's fastest and its
+# memory-optimal plans: enough to trade memory for time in steps, few enough for the planner.
+MAX_RUNGS = 6
+
+
+def workspace_ladder(tables: dict, by_rank: bool = False, max_rungs: int = MAX_RUNGS) -> list:
+    """Workspace limits worth running a convolution layer under, between its fastest and its
+    memory-optimal setting (both excluded), most workspace first.
+
+    tables: {op: [PlanTiming]} of the ops one layer runs (fprop, and dgrad and/or wgrad); one
+    limit applies to all of them. A limit is kept only if it is a rung of the trade-off: it
+    needs less workspace (the largest of its ops' chosen plans) than the rung above and takes
+    less time (the sum of its ops' chosen plans) than the memory-optimal setting. Each limit is
+    the workspace its choice actually needs, so equal choices give one rung. With more than
+    `max_rungs`, evenly spaced ones are kept.
+    """
+    def setting(limit):
+        chosen = [choose_plan(t, "fastest", by_rank, workspace_limit=limit)
+                  for t in tables.values()]
+        return max(p.workspace_bytes for p in chosen), sum(p.time_ms for p in chosen)
+
+    top_ws, _ = setting(None)
+    chosen = [choose_plan(t, "min_workspace", by_rank) for t in tables.values()]
+    bottom_ws = max(p.workspace_bytes for p in chosen)
+    bottom_ms = sum(p.time_ms for p in chosen)
+    limits = sorted({p.workspace_bytes for t in tables.values() for p in t
+                     if math.isfinite(p.time_ms) and bottom_ws < p.workspace_bytes < top_ws},
+                    reverse=True)
+    rungs, above = [], top_ws
+    for limit in limits:
+        ws, ms = setting(limit)
+        if bottom_ws < ws < above and ms < bottom_ms:
+            rungs.append(ws)
+            above = ws
+    if len(rungs) > max_rungs:
+        step = (len(rungs) - 1) / (max_rungs - 1) if max_rungs > 1 else 0
+        rungs = sorted({rungs[round(k * step)] for k in range(max_rungs)}, reverse=True)
+    return rungs
 
 
 class PlanUnavailable(Exception):
@@ -176,18 +221,21 @@ class PlanUnavailable(Exception):
 
 @dataclass
 class ConvEntry:
-    """A built graph, its measured plan table, and the plan chosen for each algo."""
+    """A built graph, its measured plan table, and the plan chosen for each (algo, workspace
+    limit)."""
     problem: ConvProblem
     graph: object
     table: list
     chosen: dict = field(default_factory=dict)
 
-    def plan_for(self, algo: str, where: str = "") -> PlanTiming:
-        plan = self.chosen.get(algo)
+    def plan_for(self, algo: str, where: str = "", workspace_limit: int | None = None
+                 ) -> PlanTiming:
+        plan = self.chosen.get((algo, workspace_limit))
         if plan is None:
-            plan = self.chosen[algo] = choose_plan(
+            plan = self.chosen[(algo, workspace_limit)] = choose_plan(
                 self.table, algo, by_rank=self.problem.deterministic,
-                where=f"{where + ': ' if where else ''}{self.problem.describe()}")
+                where=f"{where + ': ' if where else ''}{self.problem.describe()}",
+                workspace_limit=workspace_limit)
         return plan
 
 

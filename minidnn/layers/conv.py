@@ -7,6 +7,36 @@ from ..kernels import ConvSpec, out_size
 from .base import Layer
 
 CONV_ALGOS = ("fastest", "min_workspace")
+# A plan setting names how a convolution layer picks its cuDNN plans, in one string (the
+# planner's decisions and profiles are keyed by it): 'fastest', 'min_workspace', or
+# 'fastest<=BYTES', the fastest plans whose workspace is at most BYTES.
+LIMIT_PREFIX = "fastest<="
+
+
+def plan_setting(algo: str, workspace_limit: int | None = None) -> str:
+    """The setting string of (algo, workspace_limit)."""
+    return algo if workspace_limit is None else f"{LIMIT_PREFIX}{int(workspace_limit)}"
+
+
+def parse_plan_setting(setting: str) -> tuple:
+    """(algo, workspace_limit) of a setting string; ConfigError if it is none."""
+    if setting in CONV_ALGOS:
+        return setting, None
+    if isinstance(setting, str) and setting.startswith(LIMIT_PREFIX):
+        digits = setting[len(LIMIT_PREFIX):]
+        if digits.isdigit():
+            return "fastest", int(digits)
+    raise ConfigError(f"convolution plan setting must be one of {', '.join(CONV_ALGOS)} or "
+                      f"'{LIMIT_PREFIX}BYTES'; got {setting!r}")
+
+
+def describe_plan_setting(setting: str) -> str:
+    """'fastest', 'memory-optimal' or '<= 1.50 GiB' (the fastest plans within it), for tables."""
+    from ..errors import fmt_bytes
+    algo, limit = parse_plan_setting(setting)
+    if limit is not None:
+        return f"<= {fmt_bytes(limit)}"
+    return "memory-optimal" if algo == "min_workspace" else algo
 #: The initializers Parameter.initial_value (base.py) knows, checked when a layer is made so that
 #: a misspelt name fails there rather than at the first init_params.
 INITIALIZERS = ("he_normal", "uniform_fan_in", "normal_0.01", "zeros", "ones")
@@ -58,6 +88,7 @@ class Conv2d(Layer):
         self.bias = bool(bias)
         self.init = check_init(init, owner)
         self.algo = algo
+        self.workspace_limit = None
 
     @property
     def algo(self) -> str:
@@ -71,10 +102,35 @@ class Conv2d(Layer):
         self._algo = value
 
     @property
+    def workspace_limit(self) -> int | None:
+        """With algo 'fastest': run the fastest plans whose workspace is at most this many
+        bytes (None: any)."""
+        return self._workspace_limit
+
+    @workspace_limit.setter
+    def workspace_limit(self, value) -> None:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 0):
+            raise ConfigError(f"Conv2d {self.name!r}: workspace_limit must be None or an int "
+                              f">= 0 (bytes); got {value!r}")
+        self._workspace_limit = value
+
+    @property
+    def plan_setting(self) -> str:
+        """algo and workspace_limit as one setting string (see plan_setting())."""
+        return plan_setting(self.algo, self.workspace_limit)
+
+    @plan_setting.setter
+    def plan_setting(self, setting: str) -> None:
+        self.algo, self.workspace_limit = parse_plan_setting(setting)
+
+    @property
     def spec(self) -> ConvSpec:
-        """The kernels' description of this convolution (follows later changes of `algo`)."""
+        """The kernels' description of this convolution (follows later changes of `algo` and
+        `workspace_limit`)."""
         return ConvSpec(stride=self.stride, padding=self.padding, dilation=self.dilation,
-                        groups=self.groups, algo=self.algo, key=self.name or "")
+                        groups=self.groups, algo=self.algo, key=self.name or "",
+                        workspace_limit=self.workspace_limit)
 
     def infer(self, in_shapes):
         s = in_shapes[0]

@@ -33,8 +33,9 @@ class MemoryDecision:
     """What a policy decided for one (network, batch).
 
     offload: storage ids to copy to host after their last forward write and release from the
-    device after their last forward read. conv_algo: {conv node name: ConvSpec.algo}
-    ('fastest' / 'min_workspace') for layers whose algorithm the policy sets.
+    device after their last forward read. conv_algo: {conv node name: plan setting}
+    ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
+    plans the policy sets.
     prefetch_lookahead: layers ahead backward prefetches, when the policy chose it (None: the
     executor's own setting).
     """

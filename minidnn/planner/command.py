@@ -27,6 +27,7 @@ from .. import argtypes
 from ..errors import ConfigError, fmt_bytes
 from ..memory.arena import GPU_SAFETY_MARGIN
 from ..report import MATH_MODES, json_safe, parse_math_mode
+from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
 
 POLICIES = ("dyn", "none", "conv", "all")
@@ -216,13 +217,15 @@ def _decision_line(model, ev) -> str:
     n_off = len(ev.offload)
     total = len(offload_candidates(model.plan))
     mem_opt = sorted(n for n, a in ev.conv_algo.items() if a == "min_workspace")
+    limited = sorted(n for n, a in ev.conv_algo.items() if a not in ALGOS)
     parts = [f"offload {n_off} of {total} feature maps ({fmt_bytes(ev.offloaded_bytes)} per "
              f"step each way)" if n_off else "offload nothing"]
-    if mem_opt:
-        parts.append(f"{len(mem_opt)} of {len(ev.conv_algo)} convolutions on their "
-                     f"memory-optimal plan ({', '.join(mem_opt[:6])}"
-                     f"{', ...' if len(mem_opt) > 6 else ''})")
-    elif ev.conv_algo:
+    for names, what in ((limited, "the fastest plans within a workspace limit"),
+                        (mem_opt, "their memory-optimal plan")):
+        if names:
+            parts.append(f"{len(names)} of {len(ev.conv_algo)} convolutions on {what} "
+                         f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
+    if ev.conv_algo and not mem_opt and not limited:
         parts.append("every convolution on its fastest plan")
     return "; ".join(parts)
 
@@ -383,7 +386,8 @@ def format_plan(out: dict) -> str:
     lines += [head, "-" * len(head)]
     for r in out["layers"]:
         lines.append(f"{r['layer'][:12]:<13}{r['type'][:19]:<20}{fmt_bytes(r['bytes']):>12}  "
-                     f"{r['status'][:19]:<20}{r['algo'].replace('_', '-'):<15}"
+                     f"{r['status'][:19]:<20}"
+                     f"{describe_plan_setting(r['algo']) if r['algo'] else '':<15}"
                      f"{fmt_bytes(r['workspace']) if r['workspace'] else '-':>11}"
                      f"{_ms(r['forward_s']):>9}{_ms(r['backward_s']):>9}"
                      f"{_ms(r['offload_s']) if r['offload_s'] else '-':>11}"

@@ -1,7 +1,8 @@
 """What a training step costs, layer by layer: the Profile the planner plans from.
 
 A Profile holds, for one (network, batch, device, math mode), every layer's forward and
-backward time under each convolution plan setting ('fastest' / 'min_workspace'), the cuDNN
+backward time under each convolution plan setting ('fastest', 'min_workspace' and, where
+measured, workspace limits between them, 'fastest<=BYTES': layers/conv.py), the cuDNN
 workspace each setting needs, the host's time to issue each layer call, the optimizer step,
 and the copy bandwidths between host and device. It comes from one of two places and looks
 the same either way:
@@ -26,13 +27,14 @@ import numpy as np
 from ..errors import ConfigError
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: conv plan settings with workspace limits
 
 
 @dataclass
 class LayerCost:
-    """One layer's costs. Each dict maps a conv plan setting ('fastest', 'min_workspace') to a
-    value; layers that are not convolutions have only 'fastest' (the setting changes nothing).
+    """One layer's costs. Each dict maps a conv plan setting ('fastest', 'min_workspace',
+    'fastest<=BYTES') to a value; layers that are not convolutions have only 'fastest' (the
+    setting changes nothing).
 
     forward_s / backward_s: device time of one call (seconds). workspace_forward /
     workspace_backward: the largest cuDNN workspace the call allocates (bytes; the backward's
@@ -59,6 +61,29 @@ class LayerCost:
 
     def host(self, phase: str) -> float:
         return float(self.host_s.get(phase, 0.0))
+
+    def max_workspace(self, setting: str = "fastest") -> int:
+        return max(self.workspace("forward", setting), self.workspace("backward", setting))
+
+    def settings(self) -> list:
+        """The plan settings costed, most workspace first: 'fastest' first, 'min_workspace'
+        last, the workspace limits between them in order."""
+        def total(s):
+            return self.time("forward", s) + self.time("backward", s)
+        return sorted(self.forward_s, key=lambda s: (-self.max_workspace(s), total(s),
+                                                     s != "fastest"))
+
+    def leaner(self, setting: str) -> str | None:
+        """The next setting needing less workspace than `setting` (None at the end)."""
+        order = self.settings()
+        k = order.index(setting) if setting in order else 0
+        return order[k + 1] if k + 1 < len(order) else None
+
+    def faster(self, setting: str) -> str | None:
+        """The previous setting, faster and needing more workspace (None at 'fastest')."""
+        order = self.settings()
+        k = order.index(setting) if setting in order else 0
+        return order[k - 1] if k > 0 else None
 
 
 @dataclass

@@ -6,7 +6,8 @@ For every layer of the network (one at a time, so a network far larger than the 
 still be profiled) the pass builds the layer's input, output, aux and gradient buffers on the
 device and times its forward and backward, for each convolution plan setting ('fastest',
 'min_workspace') on convolutions; it reads each setting's cuDNN workspace from the kernels'
-measured plan table (`conv_plans`), measures the host's time to issue each call, one SGD step,
+measured plan table (`conv_plans`), and adds the workspace limits between the two that trade
+memory for time (`fastest<=BYTES`, timed from the plan table's differences); it measures the host's time to issue each call, one SGD step,
 and the pinned copy bandwidth device -> host, host -> device and both at once.
 
 Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream (the
@@ -34,6 +35,7 @@ from .. import __version__, kernels as kernel_modules
 from ..backend import Device, select_device
 from ..errors import ConfigError
 from ..layers.base import Parameter, StepContext
+from ..layers.conv import parse_plan_setting, plan_setting
 from ..memory.plan import LivenessPlan
 from ..network import LABEL
 from ..report import kernel_settings
@@ -195,23 +197,57 @@ def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
     return xs, y, aux, gy, gxs
 
 
-def _conv_workspace(kernels, layer, node, algo: str, deterministic: bool) -> tuple[int, int]:
-    """(forward, backward) workspace bytes of the plan `algo` selects, from the kernels'
-    measured plan tables; (0, 0) for kernels without cuDNN plans (the CPU)."""
+def _conv_tables(kernels, layer, node) -> dict:
+    """{op: [PlanTiming]}: the kernels' measured plan tables of the convolution ops a conv layer
+    runs (fprop; wgrad; dgrad when its input wants a gradient), or {} for kernels without
+    cuDNN plans (the CPU)."""
     conv_plans = getattr(kernels, "conv_plans", None)
     if conv_plans is None:
-        return 0, 0
-    from ..kernels.cudnn_conv import PlanTiming, choose_plan
-    x_shape = layer.in_shapes[0]
-    w_shape = layer.params["weight"].shape
-    ops = ["wgrad"] + (["dgrad"] if LivenessPlan.wants_grad(node, 0) else [])
-    chosen = {}
-    for op in ["fprop"] + ops:
-        table = [PlanTiming(*t) for t in conv_plans(op, x_shape, w_shape, layer.spec,
-                                                    dtype=layer.dtype)]
-        chosen[op] = choose_plan(table, algo, by_rank=deterministic,
-                                 where=f"profile of {layer.name}").workspace_bytes
-    return chosen["fprop"], max(chosen[op] for op in ops)
+        return {}
+    from ..kernels.cudnn_conv import PlanTiming
+    ops = ["fprop", "wgrad"] + (["dgrad"] if LivenessPlan.wants_grad(node, 0) else [])
+    return {op: [PlanTiming(*t) for t in conv_plans(op, layer.in_shapes[0],
+                                                    layer.params["weight"].shape, layer.spec,
+                                                    dtype=layer.dtype)] for op in ops}
+
+
+def _chosen(tables: dict, setting: str, deterministic: bool, where: str) -> dict:
+    """{op: PlanTiming} each op runs under a plan setting."""
+    from ..kernels.cudnn_conv import choose_plan
+    algo, limit = parse_plan_setting(setting)
+    return {op: choose_plan(t, algo, by_rank=deterministic, where=where, workspace_limit=limit)
+            for op, t in tables.items()}
+
+
+def _conv_settings(layer, node, ctx, clock, repeats, deterministic, run) -> tuple:
+    """(forward_s, backward_s, workspace_forward, workspace_backward, host times) of a conv
+    layer under each plan setting: 'fastest' and 'min_workspace' timed by running the layer,
+    and the workspace limits between them (cudnn_conv.workspace_ladder) from the fastest
+    setting's times and the plan tables' measured differences, without running them again."""
+    from ..kernels.cudnn_conv import workspace_ladder
+    fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
+    host = (0.0, 0.0)
+    for algo in ALGOS:
+        layer.plan_setting = algo
+        fwd[algo], bwd[algo], host = run()
+    tables = _conv_tables(ctx.kernels, layer, node)
+    if not tables:
+        return fwd, bwd, {a: 0 for a in ALGOS}, {a: 0 for a in ALGOS}, host
+    where = f"profile of {layer.name}"
+    settings = list(ALGOS) + [plan_setting("fastest", limit)
+                              for limit in workspace_ladder(tables, by_rank=deterministic)]
+    fastest = _chosen(tables, "fastest", deterministic, where)
+    for setting in settings:
+        chosen = _chosen(tables, setting, deterministic, where)
+        backward_ops = [op for op in chosen if op != "fprop"]
+        if setting not in fwd:
+            fwd[setting] = fwd["fastest"] + \
+                (chosen["fprop"].time_ms - fastest["fprop"].time_ms) / 1e3
+            bwd[setting] = bwd["fastest"] + sum(chosen[op].time_ms - fastest[op].time_ms
+                                                for op in backward_ops) / 1e3
+        ws_f[setting] = chosen["fprop"].workspace_bytes
+        ws_b[setting] = max(chosen[op].workspace_bytes for op in backward_ops)
+    return fwd, bwd, ws_f, ws_b, host
 
 
 def _manager_overhead(net, batch: int) -> float:
@@ -234,19 +270,16 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
     xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes)
     bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
     by = y if layer.retain_output else None
-    fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
-    host = (0.0, 0.0)
-    for algo in (ALGOS if layer.kind == "conv" else ("fastest",)):
-        if layer.kind == "conv":
-            layer.algo = algo
-        fwd[algo], hf = clock(lambda: layer.forward(xs, y, aux, ctx), repeats)
-        bwd[algo], hb = clock(lambda: layer.backward(bxs, by, gy, gxs, aux, ctx), repeats)
-        if layer.kind == "conv":
-            ws_f[algo], ws_b[algo] = _conv_workspace(ctx.kernels, layer, node, algo,
-                                                     deterministic)
-        else:
-            ws_f[algo] = ws_b[algo] = 0
-        host = (hf, hb)
+
+    def run() -> tuple:
+        f, hf = clock(lambda: layer.forward(xs, y, aux, ctx), repeats)
+        b, hb = clock(lambda: layer.backward(bxs, by, gy, gxs, aux, ctx), repeats)
+        return f, b, (hf, hb)
+
+    if layer.kind == "conv":
+        return _conv_settings(layer, node, ctx, clock, repeats, deterministic, run)
+    f, b, host = run()
+    return {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}, host
     return fwd, bwd, ws_f, ws_b, host
 
 
@@ -268,7 +301,7 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     clock = _Clock(device)
     manager_s = _manager_overhead(net, batch)
     saved = [(p, p.data, p.grad) for _, p in net.parameters()]
-    saved_algo = {n.name: n.layer.algo for n in net.nodes if n.layer.kind == "conv"}
+    saved_settings = {n.name: n.layer.plan_setting for n in net.nodes if n.layer.kind == "conv"}
     costs = {}
     try:
         with device.compute:
@@ -290,8 +323,8 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     finally:
         for p, data, grad in saved:
             p.data, p.grad = data, grad
-        for name, algo in saved_algo.items():
-            net.node(name).layer.algo = algo
+        for name, setting in saved_settings.items():
+            net.node(name).layer.plan_setting = setting
     return costs
 
 

@@ -13,12 +13,13 @@ Two searches run, and the faster feasible answer wins:
 * Greedy by time cost per byte saved: start from no offload and fastest plans; each round,
   take the moves that can lower what the step needs (offload one more feature map that is on
   the device where the step needs the most, or where the most feature-map bytes are live,
-  which with the static layout sets the region's size; or run the neediest call's
-  convolution, or the one with the largest workspace, on its memory-optimal plan), evaluate
+  which with the static layout sets the region's size; or move the neediest call's
+  convolution, or the one with the largest workspace, one setting leaner: to the next
+  workspace limit measured for it, down to its memory-optimal plan), evaluate
   the most promising few exactly, and take the one that adds the least step time per byte it
   saves (with the next best ones while the step is still far over). Repeat until the step
-  fits; then prune: drop each offload and restore each fast plan that the budget no longer
-  needs, while the step gets faster. On a fast GPU, where copies do not hide behind compute,
+  fits; then prune: drop each offload and move each convolution back to a faster setting when
+  the budget no longer needs it, while the step gets faster. On a fast GPU, where copies do not hide behind compute,
   this moves far fewer bytes than vDNN_conv/all.
 
 Below the least memory any decision needs (everything offloaded, every convolution
@@ -183,22 +184,37 @@ class Planner:
             exposed = max(0.0, st.nbytes / prof.d2h_bw - fwd_window) + \
                 max(0.0, st.nbytes / prof.h2d_bw - bwd_window)
             est[("offload", sid)] = (exposed, st.nbytes)
-        for name in self.model.conv_names:
-            cost = prof.layer(name)
-            extra = sum(cost.time(p, "min_workspace") - cost.time(p, "fastest")
-                        for p in ("forward", "backward"))
-            est[("algo", name)] = (max(extra, 0.0), self._conv_workspace(name))
         self._estimate_cache = est
         return est
+
+    def _leaner(self, ev: Evaluation, name: str) -> str | None:
+        """The next leaner plan setting of convolution `name` from its setting in `ev`, if it
+        needs less workspace (None otherwise)."""
+        cost = self.profile.layer(name)
+        now = ev.conv_algo.get(name, "fastest")
+        nxt = cost.leaner(now)
+        if nxt is None or cost.max_workspace(nxt) >= cost.max_workspace(now):
+            return None
+        return nxt
+
+    def _estimate(self, ev: Evaluation, move) -> tuple:
+        """(step-time cost, bytes saved) guessed for a move (see _estimates): for a leaner
+        convolution setting, its extra time and the workspace it saves."""
+        what, x = move
+        if what == "offload":
+            return self._estimates()[move]
+        cost = self.profile.layer(x)
+        now, nxt = ev.conv_algo.get(x, "fastest"), self._leaner(ev, x)
+        extra = sum(cost.time(p, nxt) - cost.time(p, now) for p in ("forward", "backward"))
+        return max(extra, 0.0), cost.max_workspace(now) - cost.max_workspace(nxt)
 
     def _moves(self, ev: Evaluation, everywhere: bool) -> list:
         """Moves that may lower what `ev` needs (or, with `everywhere`, any move), most
         promising first by the estimates: offloading a map that is on the device at the call
         where the step needs the most, or where the most feature-map bytes are live (with the
         static layout that moment sets the region's size); running the convolution of the
-        neediest call, or the one with the largest workspace, on its memory-optimal plan."""
-        fast = [n for n in self.model.conv_names
-                if ev.conv_algo.get(n) == "fastest" and self._conv_workspace(n) > 0]
+        neediest call, or the one with the largest workspace, one setting leaner."""
+        fast = [n for n in self.model.conv_names if self._leaner(ev, n) is not None]
         if everywhere:
             offloads = [sid for sid in self.candidates if sid not in ev.offload]
             names = fast
@@ -212,10 +228,11 @@ class Planner:
             if isinstance(ev.peak_point, tuple):
                 names.append(self.plan.nodes[ev.peak_point[1]].name)
             if fast:
-                names.append(max(fast, key=self._conv_workspace))
+                names.append(max(fast, key=lambda n: self.profile.layer(n).max_workspace(
+                    ev.conv_algo.get(n, "fastest"))))
             names = [n for n in dict.fromkeys(names) if n in fast]
         moves = [("offload", sid) for sid in offloads] + [("algo", n) for n in names]
-        est = self._estimates()
+        est = {mv: self._estimate(ev, mv) for mv in moves}
         return sorted(moves, key=lambda mv: (est[mv][0] / max(est[mv][1], 1), -est[mv][1]))
 
     def _apply(self, ev: Evaluation, moves) -> Evaluation:
@@ -224,7 +241,7 @@ class Planner:
             if what == "offload":
                 offload.add(x)
             else:
-                algos[x] = "min_workspace"
+                algos[x] = self._leaner(ev, x)
         return self.model.evaluate(frozenset(offload), algos)
 
     def _out_of_evaluations(self) -> bool:
@@ -293,8 +310,9 @@ class Planner:
                 if nxt.fits and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
-                if ev.conv_algo.get(name) == "min_workspace" and not self._out_of_evaluations():
-                    nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: "fastest"}))
+                faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
+                if faster is not None and not self._out_of_evaluations():
+                    nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: faster}))
                     if nxt.fits and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
         return ev
@@ -324,7 +342,7 @@ class Planner:
         quickest = min(ev.step_time_s for ev in feasible)
         ties = [ev for ev in feasible if ev.step_time_s <= quickest * (1 + 1e-6) + 1e-12]
         return min(ties, key=lambda ev: (ev.offloaded_bytes,
-                                         sum(a == "min_workspace" for a in ev.conv_algo.values()),
+                                         sum(a != "fastest" for a in ev.conv_algo.values()),
                                          ev.required_bytes))
 
     # ---- everything --------------------------------------------------------------------------

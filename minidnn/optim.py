@@ -7,7 +7,10 @@
 Momentum buffers live beside the parameters on the same device; `state_dict()` returns them as
 NumPy arrays for checkpoints. Given the executor's allocator (`SGD(..., allocator=ex.allocator)`)
 they come out of it, so the memory budget and `peak_device_bytes` count them on the CPU too (on
-the GPU every CuPy allocation is routed into the arena anyway).
+the GPU every CuPy allocation is routed into the arena anyway). They are then taken when the
+optimizer is made, side by side, rather than at the first step: taken there, between the
+step's short-lived temporaries, they would leave holes in the arena that every later step's
+large cuDNN workspaces could not use.
 """
 from __future__ import annotations
 
@@ -31,13 +34,25 @@ class SGD:
         self.allocator = allocator
         self.velocity: dict[str, object] = {}
         self._buffers: dict[str, object] = {}   # allocator buffers behind `velocity`
+        self._slots: dict[str, object] = {}     # name -> momentum array, taken up front
+        if allocator is not None and self.momentum:
+            for name, p in self.params:
+                if p.data is not None:
+                    self._slots[name], self._buffers[name] = allocator.empty(
+                        p.data.shape, p.data.dtype, f"momentum of {name}")
 
     def _new_velocity(self, name: str, like, values):
         """A momentum buffer shaped like `like`, holding `values`."""
         if self.allocator is None:
             xp = get_array_module(like)
             return xp.array(values, copy=True)
-        v, self._buffers[name] = self.allocator.empty(like.shape, like.dtype, f"momentum of {name}")
+        v = self._slots.get(name)
+        if v is None or v.shape != like.shape or v.dtype != like.dtype:
+            if name in self._buffers:
+                self.allocator.free(self._buffers[name])
+            v, self._buffers[name] = self.allocator.empty(like.shape, like.dtype,
+                                                          f"momentum of {name}")
+            self._slots[name] = v
         v[...] = values
         return v
 
@@ -79,10 +94,7 @@ class SGD:
         self.lr = float(state["lr"])
         self.momentum = float(state["momentum"])
         self.weight_decay = float(state["weight_decay"])
-        self.velocity = {}
-        for buf in self._buffers.values():
-            self.allocator.free(buf)
-        self._buffers = {}
+        self.velocity = {}   # the slots stay: _new_velocity refills them
         for name, p in self.params:
             if name in state["velocity"]:
                 v = np.asarray(state["velocity"][name])

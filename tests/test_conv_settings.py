@@ -53,6 +53,10 @@ def test_the_ladder_keeps_the_rungs_that_trade_memory_for_time():
     # A rung no faster than memory-optimal is dropped.
     slow = [PlanTiming(0, 100, 1.0), PlanTiming(1, 50, 5.0), PlanTiming(2, 0, 5.0)]
     assert workspace_ladder({"fprop": slow}) == []
+    # A plan that saves a sliver of the workspace of the rung above is no rung.
+    sliver = [PlanTiming(0, 600, 1.0), PlanTiming(1, 590, 1.1), PlanTiming(2, 300, 1.5),
+              PlanTiming(3, 0, 5.0)]
+    assert workspace_ladder({"fprop": sliver}) == [300]
     # Nothing between when the fastest plan needs no workspace.
     assert workspace_ladder({"fprop": [PlanTiming(0, 0, 1.0), PlanTiming(1, 9, 2.0)]}) == []
 

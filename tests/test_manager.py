@@ -182,12 +182,16 @@ def test_no_leak_across_steps():
 
 def test_momentum_buffers_come_from_the_allocator():
     ex = Executor(dag_net(), BATCH, device="cpu")
-    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
     before = ex.allocator.in_use
-    ex.train_step(*batch(), opt)
+    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
+    # Taken when the optimizer is made (side by side, not between a step's temporaries) ...
     expected = sum(aligned(p.data.nbytes) for _, p in ex.parameters())
     assert ex.allocator.in_use - before == expected
-    # ... and the parameters and gradients are counted too.
+    taken = ex.allocator.in_use
+    ex.train_step(*batch(), opt)
+    ex.train_step(*batch(), opt)
+    assert ex.allocator.in_use == taken      # ... and the steps fill them, taking no more.
+    # The parameters and gradients are counted too.
     assert before >= 2 * expected
 
 

@@ -178,6 +178,10 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
 # At most this many workspace limits are offered between a convolution's fastest and its
 # memory-optimal plans: enough to trade memory for time in steps, few enough for the planner.
 MAX_RUNGS = 6
+# A rung must need at most this fraction of the workspace of the rung above: cuDNN offers many
+# plans a few MiB apart, and a step that saves 0.1% of the workspace for 50% more time is no
+# trade the planner could use.
+RUNG_RATIO = 0.9
 
 
 def workspace_ladder(tables: dict, by_rank: bool = False, max_rungs: int = MAX_RUNGS) -> list:
@@ -186,7 +190,8 @@ def workspace_ladder(tables: dict, by_rank: bool = False, max_rungs: int = MAX_R
 
     tables: {op: [PlanTiming]} of the ops one layer runs (fprop, and dgrad and/or wgrad); one
     limit applies to all of them. A limit is kept only if it is a rung of the trade-off: it
-    needs less workspace (the largest of its ops' chosen plans) than the rung above and takes
+    needs at most RUNG_RATIO of the workspace (the largest of its ops' chosen plans) of the rung
+    above (the fastest of those that do) and takes
     less time (the sum of its ops' chosen plans) than the memory-optimal setting. Each limit is
     the workspace its choice actually needs, so equal choices give one rung. With more than
     `max_rungs`, evenly spaced ones are kept.
@@ -206,7 +211,7 @@ def workspace_ladder(tables: dict, by_rank: bool = False, max_rungs: int = MAX_R
     rungs, above = [], top_ws
     for limit in limits:
         ws, ms = setting(limit)
-        if bottom_ws < ws < above and ms < bottom_ms:
+        if bottom_ws < ws <= above * RUNG_RATIO and ms < bottom_ms:
             rungs.append(ws)
             above = ws
     if len(rungs) > max_rungs:

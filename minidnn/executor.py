@@ -117,11 +117,15 @@ class Executor:
             self.allocator = self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
-            blocks = self._plan_layout(self.prefetch_lookahead) if static_layout else None
+            # Workspaces are planned blocks only inside a static layout.
+            workspace = self._workspace_blocks() if static_layout else {}
+            blocks = self._plan_layout(self.prefetch_lookahead, workspace) if static_layout \
+                else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
-                                         dry=not self.compute, blocks=blocks)
+                                         dry=not self.compute, blocks=blocks,
+                                         workspace=workspace)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
@@ -186,11 +190,25 @@ class Executor:
                 grad.fill(0)
             p.data, p.grad = data, grad
 
-    def _plan_layout(self, lookahead: int):
-        """Record one step's blocks, pack them (memory/layout.py), and take the region for them
-        from the allocator now, so that a budget too small fails before step one."""
+    def _workspace_blocks(self) -> dict:
+        """{(node index, phase): bytes} of the decision's planned workspaces."""
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        blocks = {}
+        for (name, phase), nbytes in self.decision.workspace.items():
+            if name not in index or phase not in ("forward", "backward"):
+                raise ConfigError(f"memory decision plans a workspace for {name!r} ({phase}), "
+                                  f"which is not a layer call of network {self.net.name!r}")
+            if int(nbytes) > 0:
+                blocks[(index[name], phase)] = int(nbytes)
+        return blocks
+
+    def _plan_layout(self, lookahead: int, workspace: dict):
+        """Record one step's blocks (and planned workspaces), pack them (memory/layout.py), and
+        take the region for them from the allocator now, so that a budget too small fails
+        before step one."""
         keep = (self.net.loss_node.name, self.net.output)
-        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep)
+        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep,
+                                            workspace)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
@@ -290,7 +308,7 @@ class Executor:
         for i, node in enumerate(self.plan.nodes):
             self._set_where(f"forward of {node.name}")
             xs, y, aux = mm.forward_buffers(i)
-            self._call("forward", i, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
+            self._call("forward", i, ctx, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
                        mm.after_forward)
         self._set_where("")
 
@@ -301,21 +319,28 @@ class Executor:
             node = self.plan.nodes[i]
             self._set_where(f"backward of {node.name}")
             xs, y, gy, gxs, aux = mm.backward_buffers(i)
-            self._call("backward", i,
+            self._call("backward", i, ctx,
                        ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
                        mm.after_backward)
         self._set_where("")
 
-    def _call(self, phase: str, i: int, run, after) -> None:
-        """One layer call: `run` (None in a dry run), then the manager's `after(i)`; timed and
-        sampled when tracing (the end sample sees the memory the manager released)."""
+    def _call(self, phase: str, i: int, ctx, run, after) -> None:
+        """One layer call: `run` (None in a dry run) with its planned workspace block in
+        ctx.workspace, then the manager's `after(i)`; timed and sampled when tracing (the end
+        sample sees the memory the manager released)."""
         tracer = self.tracer
         name = self.plan.nodes[i].name
         if tracer:
             t0 = tracer.mark(self.device.compute)
             self._sample(t0, phase, name, "start")
+        workspace = self.manager.acquire_workspace(i, phase)
         if run is not None:
-            run()
+            ctx.workspace = workspace
+            try:
+                run()
+            finally:
+                ctx.workspace = None
+        self.manager.release_workspace()
         after(i)
         if tracer:
             t1 = tracer.mark(self.device.compute)

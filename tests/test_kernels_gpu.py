@@ -389,6 +389,28 @@ def test_a_workspace_limit_runs_the_fastest_plan_within_it(stream):
     print("fprop/dgrad/wgrad ladder (MiB):", [round(v / 2**20, 1) for v in limits])
 
 
+def test_a_given_workspace_is_used_instead_of_an_allocation(stream, monkeypatch):
+    x, w, b, gy, spec = _conv_data((8, 32, 28, 28, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+                                   np.float32)
+    want = _run_conv_ops(x, w, b, gy, spec)            # measures the plans
+    entry = next(e for e in cuda.conv_cache_entries() if e.problem.op == "fprop"
+                 and e.problem.x[0] == x.shape and e.problem.math == "tf32")
+    need = entry.plan_for("fastest").workspace_bytes
+    if need == 0:
+        pytest.skip("the fastest plan of this problem needs no workspace")
+    block = cp.empty(need, dtype=np.uint8)
+    sizes = []
+    real_empty = cp.empty
+    monkeypatch.setattr(cp, "empty", lambda *a, **k: sizes.append(a[0]) or real_empty(*a, **k))
+    dx, dw, db = cp.asarray(x), cp.asarray(w), cp.asarray(b)
+    y = real_empty(gy.shape, np.float32)
+    cuda.conv2d_forward(dx, dw, db, y, spec, workspace=block)
+    assert need not in sizes                      # no workspace of its own
+    assert np.array_equal(cp.asnumpy(y), want[0])  # same plan, same bits
+    cuda.conv2d_forward(dx, dw, db, y, spec, workspace=block[:need // 2])   # too small
+    assert need in sizes
+
+
 def test_plan_cache_reuses_graphs(stream):
     cuda.clear_conv_cache()
     x, w, b, gy, spec = _conv_data(CONV_CASES[0], np.float32)

@@ -104,3 +104,79 @@ def test_vgg16_b256_feature_maps_under_vdnn_all_pack_without_waste():
     assert st["layout_bytes"] <= 1.01 * st["layout_live_peak_bytes"]
     momentum = sum(int(np.prod(p.shape)) * 4 for _, p in net.parameters())
     assert st["peak_device_bytes"] + momentum < 12 * 2**30, fmt_bytes(st["peak_device_bytes"])
+
+
+# ---- planned cuDNN workspaces ------------------------------------------------------------------
+def test_a_workspace_block_lives_for_its_call_and_packs_over_dead_maps():
+    """tiny_cnn's last conv runs when its first conv's output is dead: a workspace there takes
+    those addresses, so the region grows by less than the workspace; one at the first conv,
+    where the maps alive are few but will all be needed, is placed beside them."""
+    from minidnn.memory.layout import record_intervals
+    from minidnn.memory.plan import LivenessPlan
+    net = models.build("tiny_cnn", num_classes=5, image_size=16)
+    plan = LivenessPlan(net, 4)
+    convs = [i for i, n in enumerate(plan.nodes) if n.layer.kind == "conv"]
+    keep = (net.loss_node.name, net.output)
+    bare = StaticLayout.for_step(plan, frozenset(), 1, keep)
+    ws = 64 * 1024
+    with_ws = StaticLayout.for_step(plan, frozenset(), 1, keep,
+                                    {(convs[-1], "backward"): ws, (convs[0], "forward"): ws})
+    assert with_ws.workspace_bytes() == 2 * ws
+    assert with_ws.size < bare.size + 2 * ws          # workspaces share addresses with maps
+    intervals = record_intervals(plan, frozenset(), 1, keep, {(convs[-1], "backward"): ws})
+    (block,) = [iv for iv in intervals if iv.sid == ("workspace", convs[-1], "backward")]
+    assert block.end == block.start + 1 and block.nbytes == ws
+    # Alive with it: exactly the blocks acquired before and released after it.
+    alive = [iv for iv in intervals if iv.start < block.start < iv.end]
+    assert alive and all(iv.sid != block.sid for iv in alive)
+
+
+def _train_with_workspace(workspace: dict, steps=3):
+    """tiny_cnn on the CPU in a budget (static layout), with planned workspace blocks;
+    returns the checksum and the blocks each conv call saw in ctx.workspace."""
+    from minidnn.memory.policy import MemoryDecision
+    from minidnn.planner.dyn import FixedDecision
+    net = models.build("tiny_cnn", num_classes=5, image_size=16)
+    seen = {}
+    for node in net.nodes:
+        if node.layer.kind == "conv":
+            layer = node.layer
+
+            def spy(orig, name, phase):
+                def call(*args):
+                    ctx = args[-1]
+                    seen[(name, phase)] = ctx.workspace
+                    return orig(*args)
+                return call
+            layer.forward = spy(layer.forward, node.name, "forward")
+            layer.backward = spy(layer.backward, node.name, "backward")
+    ex = Executor(net, 4, device="cpu", seed=1, memory_budget="64MiB",
+                  policy=FixedDecision(MemoryDecision(workspace=workspace)))
+    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
+    rng = np.random.default_rng(2)
+    for _ in range(steps):
+        x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+        ex.train_step(x, rng.integers(0, 5, 4), opt)
+    return net.param_checksum(), seen, ex
+
+
+def test_a_conv_call_gets_its_planned_workspace_block_from_the_region():
+    planned = {("conv2", "backward"): 4096, ("conv1", "forward"): 1000}
+    checksum, seen, ex = _train_with_workspace(planned)
+    region = ex.layout
+    for key, nbytes in planned.items():
+        block = seen[key]
+        assert block is not None and block.dtype == np.uint8 and block.nbytes == nbytes
+        iv = region.intervals[(("workspace", ex.plan.nodes.index(ex.net.node(key[0])),
+                                key[1]), 0)]
+        assert iv.nbytes == nbytes
+    assert seen[("conv1", "backward")] is None and seen[("conv2", "forward")] is None
+    assert ex.memory_stats()["unplanned_blocks"] == 0
+    plain, _, _ = _train_with_workspace({})
+    assert checksum == plain      # the blocks change where workspace lives, not one bit
+
+
+def test_a_workspace_for_an_unknown_call_is_named():
+    from minidnn.errors import ConfigError
+    with pytest.raises(ConfigError, match="workspace for 'conv9'"):
+        _train_with_workspace({("conv9", "forward"): 1024}, steps=0)

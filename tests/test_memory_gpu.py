@@ -186,3 +186,22 @@ def test_budget_and_no_leak_on_gpu():
     assert stats["offloaded_bytes"] == stats["prefetched_bytes"] > 0
     # Step 1 allocates momentum (and the kernels may cache per-layer state); then steady.
     assert len(set(levels[1:])) == 1, levels
+
+
+def test_planned_workspaces_give_the_same_bits_and_need_no_allocation():
+    """Every convolution call's workspace as a planned block of the static layout (as dyn
+    plans them): the same parameters to the bit as workspaces allocated by the kernels, no
+    convolution falls back to a leaner plan, and the blocks are in the layout."""
+    from minidnn.memory.policy import MemoryDecision, get_policy
+    from minidnn.planner.dyn import FixedDecision
+    from minidnn.kernels import cuda
+    convs = [n.name for n in dag_net().nodes if n.layer.kind == "conv"]
+    probe = Executor(dag_net(), 8, device="cpu", compute=False)
+    offload = get_policy("all").decide(probe.plan).offload
+    workspace = {(c, p): 16 * 1024**2 for c in convs for p in ("forward", "backward")}
+    planned = FixedDecision(MemoryDecision(offload=offload, workspace=workspace))
+    cuda.reset_workspace_fallbacks()
+    with_blocks = _train(planned)
+    assert not cuda.workspace_fallbacks
+    assert with_blocks[1]["layout_bytes"] >= 16 * 1024**2
+    assert with_blocks[0] == _train("all")[0]

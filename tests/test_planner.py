@@ -144,10 +144,20 @@ def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_
         else:
             assert dry + extras <= lean.required_bytes <= dry + extras + temporaries
         fast = model.evaluate(offload, model.algos("fastest"))
-        for i, node in enumerate(net.nodes):            # each conv call holds its workspace
-            for phase in ("forward", "backward"):
-                extra = ws if node.layer.kind == "conv" else 0
-                assert fast.levels[(phase, i)] - lean.levels[(phase, i)] == extra
+        convs = [n.name for n in net.nodes if n.layer.kind == "conv"]
+        if static_layout:
+            # Workspaces are blocks of the region, packed among the feature maps: the region
+            # grows by at most one workspace, and every level by that growth.
+            assert fast.workspace == {(c, p): ws for c in convs for p in ("forward", "backward")}
+            grow = fast.region_bytes - lean.region_bytes
+            assert 0 < grow <= ws
+            assert all(fast.levels[k] - lean.levels[k] == grow for k in lean.levels)
+        else:
+            assert fast.workspace == {}
+            for i, node in enumerate(net.nodes):        # each conv call holds its workspace
+                for phase in ("forward", "backward"):
+                    extra = ws if node.layer.kind == "conv" else 0
+                    assert fast.levels[(phase, i)] - lean.levels[(phase, i)] == extra
         assert fast.required_bytes > lean.required_bytes
 
 
@@ -205,8 +215,10 @@ def test_every_planned_decision_fits_its_budget_in_the_dry_run(gpu):
             best.required_bytes <= policy.result.usable <= budget
         assert best.peak_bytes <= budget and not best.over_budget
         assert set(ex.decision.offload) == set(best.offload)
-        for name, setting in best.conv_algo.items():
+        for name, setting in best.decision.conv_algo.items():
             assert net.node(name).layer.plan_setting == setting
+        assert ex.decision.workspace == best.workspace
+        assert ex.layout.workspace_bytes() == sum(best.workspace.values())
         if best.offload:
             assert stats["offloaded_bytes"] > 0
 

@@ -14,9 +14,12 @@ given (it never returns a new feature map) and may draw temporaries only from th
 
 The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
 
-    conv2d_forward(x, w, b, y, spec)                 y = conv(x, w) + b   (b may be None)
-    conv2d_backward_data(gy, w, gx, spec)            gx = conv^T(gy, w)   (overwrites gx)
-    conv2d_backward_filter(x, gy, gw, gb, spec)      gw, gb (gb may be None; both overwritten)
+    conv2d_forward(x, w, b, y, spec, workspace=None) y = conv(x, w) + b   (b may be None)
+    conv2d_backward_data(gy, w, gx, spec, workspace=None)      gx = conv^T(gy, w) (overwrites gx)
+    conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None)
+                                                     gw, gb (gb may be None; both overwritten)
+    (workspace: a flat uint8 device block for cuDNN, planned by the memory manager; the
+    convolution allocates its own when it is None or too small)
     maxpool2d_forward(x, y, argmax, spec)            argmax: uint8 (N, C, OH, OW), the winning
                                                      offset kh * KW + kw inside the window
     maxpool2d_backward(gy, argmax, gx, spec)         gx overwritten (zeros where no winner)

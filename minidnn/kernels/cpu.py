@@ -98,8 +98,9 @@ def _im2col(x, w_shape, out_hw, spec):
     return cols.reshape(spec.groups, cg * kh_size * kw_size, n * oh * ow)
 
 
-def conv2d_forward(x, w, b, y, spec) -> None:
-    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None)."""
+def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
+    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
+    workspace: unused here (the GPU's cuDNN plans take one)."""
     xp = get_array_module(x)
     n_total = x.shape[0]
     o, cg, kh, kw = w.shape
@@ -119,8 +120,8 @@ def conv2d_forward(x, w, b, y, spec) -> None:
             xp.add(out, bias, out=y[n0:n1])
 
 
-def conv2d_backward_data(gy, w, gx, spec) -> None:
-    """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx."""
+def conv2d_backward_data(gy, w, gx, spec, workspace=None) -> None:
+    """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx. workspace: unused."""
     xp = get_array_module(gy)
     n_total, c, h, wd = gx.shape
     o, cg, kh_size, kw_size = w.shape
@@ -147,9 +148,9 @@ def conv2d_backward_data(gy, w, gx, spec) -> None:
             _unpad_into(gx[n0:n1], acc, (ph, pw), channels_first=True)
 
 
-def conv2d_backward_filter(x, gy, gw, gb, spec) -> None:
+def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
     """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x (N, C, H, W) and
-    gy (N, O, OH, OW); both overwritten."""
+    gy (N, O, OH, OW); both overwritten. workspace: unused."""
     xp = get_array_module(x)
     n_total = x.shape[0]
     o, cg, kh, kw = gw.shape

@@ -10,10 +10,11 @@ Convolutions
   call when the stream is unchanged). On CuPy's legacy default stream the convolution runs on a
   private non-blocking stream fenced by events on both sides, so cuDNN never runs on the legacy
   stream and the ordering with the caller's work is kept.
-* Workspace is allocated per call from CuPy's allocator (which the framework routes into its
-  arena, so it is counted against the budget) and dropped as soon as the plan is enqueued. A
-  layer's workspace thus exists only while its convolution runs, as in vDNN, instead of one
-  buffer per layer held for the whole step; reuse of the freed bytes is ordered on the stream.
+* Workspace: a block the caller passes (`workspace=`, the memory manager's planned block in
+  the static layout) when it is large enough; otherwise allocated per call from CuPy's
+  allocator (which the framework routes into its arena, so it is counted against the budget)
+  and dropped as soon as the plan is enqueued. Either way a layer's workspace exists only while
+  its convolution runs, as in vDNN; reuse of the bytes is ordered on the stream.
 * Bias add (forward) and bias gradient are CuPy kernels on the same stream.
 
 configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
@@ -207,12 +208,13 @@ def _prepare(op, x, w, y, spec, plan_index) -> _Ready:
     return _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, steps, plan.index)
 
 
-def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
-    """Run a convolution op on the roles x (image), w (filter), y (output map)."""
+def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None) -> None:
+    """Run a convolution op on the roles x (image), w (filter), y (output map); `workspace`: a
+    flat uint8 device array to use if it is large enough for the plan."""
     stream = cp.cuda.get_current_stream()
     if stream.ptr == 0:                      # legacy default stream: run fenced on our own
         with _cudnn_stream():
-            _conv(op, x, w, y, spec, plan_index)
+            _conv(op, x, w, y, spec, plan_index, workspace)
         return
     dev = x.data.device_id
     handle = _handles.get(dev) or _handle()
@@ -222,11 +224,16 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None) -> None:
     ready = _ready.get(key)
     if ready is None:
         ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index)
-    try:
-        ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes else None
-    except MemoryError as exc:  # the budget cannot hold this plan's workspace now
-        ready, ws = _leaner_plan(key, op, x, w, y, spec, ready, str(exc))
-    ws_ptr = ws.data.ptr if ws is not None else 0
+    ws = None
+    if workspace is not None and workspace.nbytes >= ready.workspace_bytes:
+        ws_ptr = workspace.data.ptr if ready.workspace_bytes else 0
+    else:
+        try:
+            ws = cp.empty(ready.workspace_bytes, dtype=np.uint8) if ready.workspace_bytes \
+                else None
+        except MemoryError as exc:  # the budget cannot hold this plan's workspace now
+            ready, ws = _leaner_plan(key, op, x, w, y, spec, ready, str(exc))
+        ws_ptr = ws.data.ptr if ws is not None else 0
     if ready.group_steps is None:
         ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr)
     else:
@@ -320,21 +327,22 @@ def _bias_grad(gy, gb) -> None:
 
 
 # ---- convolution ops ----------------------------------------------------------------------------
-def conv2d_forward(x, w, b, y, spec) -> None:
-    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None)."""
-    _conv("fprop", x, w, y, spec)
+def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
+    """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
+    workspace: a flat uint8 device array for cuDNN, used when large enough (see _conv)."""
+    _conv("fprop", x, w, y, spec, workspace=workspace)
     if b is not None:
         _add_bias(y, b)
 
 
-def conv2d_backward_data(gy, w, gx, spec) -> None:
+def conv2d_backward_data(gy, w, gx, spec, workspace=None) -> None:
     """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx."""
-    _conv("dgrad", gx, w, gy, spec)
+    _conv("dgrad", gx, w, gy, spec, workspace=workspace)
 
 
-def conv2d_backward_filter(x, gy, gw, gb, spec) -> None:
+def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
     """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x and gy; both overwritten."""
-    _conv("wgrad", x, gw, gy, spec)
+    _conv("wgrad", x, gw, gy, spec, workspace=workspace)
     if gb is not None:
         _bias_grad(gy, gb)
 

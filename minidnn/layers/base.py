@@ -63,7 +63,8 @@ class StepContext:
 
     xp: numpy or cupy; kernels: the kernel module for the device (minidnn/kernels); train:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
-    so that a resumed run draws the same numbers again.
+    so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
+    workspace block the memory manager planned for it (a flat uint8 device array), or None.
     """
     xp: Any
     kernels: Any = None
@@ -71,6 +72,7 @@ class StepContext:
     step: int = 0
     seed: int = 0
     device: Any = None
+    workspace: Any = None
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

@@ -158,15 +158,17 @@ class Conv2d(Layer):
     def forward(self, xs, y, aux, ctx):
         """x (N, C, H, W) -> y (N, O, OH, OW)."""
         b = self.params["bias"].data if self.bias else None
-        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec)
+        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec,
+                                   workspace=ctx.workspace)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         spec = self.spec
         w = self.params["weight"]
+        # One after the other on one stream, so the two convolutions share one workspace.
         if gxs[0] is not None:
-            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec)
+            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)
         gb = self.params["bias"].grad if self.bias else None
-        ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec)
+        ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec, workspace=ctx.workspace)
 
     def flops(self):
         n, o, oh, ow = self.out_shape

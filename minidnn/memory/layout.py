@@ -21,6 +21,11 @@ How:
 
 Blocks that were not planned (a step that differs from the recorded one) fall back to the
 dynamic allocator, so a layout can make a step slower but never wrong.
+
+cuDNN workspaces can be planned too (`workspace={(node index, phase): bytes}`): each layer
+call's workspace is one more block, alive only during that call, so it packs over the
+addresses of feature maps that are dead by then instead of needing room beside the whole
+region. The executor hands the block to the layer (StepContext.workspace).
 """
 from __future__ import annotations
 
@@ -46,8 +51,18 @@ class Interval:
         return (self.sid, self.k)
 
 
+class WorkspaceBlock:
+    """A layer call's cuDNN workspace as a block: what the blocks classes need of a storage."""
+
+    def __init__(self, i: int, phase: str, nbytes: int):
+        self.sid = ("workspace", i, phase)
+        self.nbytes = int(nbytes)
+        self.device = None
+
+
 class DynamicBlocks:
     """Feature-map blocks straight from the device allocator (no plan)."""
+    plans_workspace = False       # workspaces are the kernels' own allocations
 
     def __init__(self, allocator):
         self.allocator = allocator
@@ -64,6 +79,7 @@ class DynamicBlocks:
 
 class RecordingBlocks(DynamicBlocks):
     """Dynamic blocks from receipts that note every block's interval (for `record_intervals`)."""
+    plans_workspace = True
 
     def __init__(self):
         super().__init__(CountingAllocator(None))
@@ -87,23 +103,29 @@ class RecordingBlocks(DynamicBlocks):
         super().release(fm, after)
 
 
-def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = ()) -> list[Interval]:
-    """The block intervals of one training step under this offload set (a dry run)."""
+def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
+                     workspace: dict | None = None) -> list[Interval]:
+    """The block intervals of one training step under this offload set (a dry run), with a
+    block for each layer call's workspace in `workspace` ({(node index, phase): bytes})."""
     from .manager import MemoryManager
     blocks = RecordingBlocks()
     from ..backend import Device
     mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
                        offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
-                       blocks=blocks)
+                       blocks=blocks, workspace=workspace)
     mm.begin_step(True, keep)
     mm.write_input("data", None)
     mm.write_input("label", None)
     n = plan.num_nodes
     for i in range(n):
         mm.forward_buffers(i)
+        mm.acquire_workspace(i, "forward")
+        mm.release_workspace()
         mm.after_forward(i)
     for i in reversed(range(n)):
         mm.backward_buffers(i)
+        mm.acquire_workspace(i, "backward")
+        mm.release_workspace()
         mm.after_backward(i)
     mm.end_step()
     return blocks.intervals
@@ -146,8 +168,14 @@ class StaticLayout:
         self.intervals = {iv.key: iv for iv in intervals}
 
     @classmethod
-    def for_step(cls, plan, offload, prefetch_lookahead: int, keep: tuple = ()) -> "StaticLayout":
-        return cls(record_intervals(plan, offload, prefetch_lookahead, keep))
+    def for_step(cls, plan, offload, prefetch_lookahead: int, keep: tuple = (),
+                 workspace: dict | None = None) -> "StaticLayout":
+        return cls(record_intervals(plan, offload, prefetch_lookahead, keep, workspace))
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the planned workspace blocks (all of them, not at once)."""
+        return sum(iv.nbytes for iv in self.intervals.values()
+                   if isinstance(iv.sid, tuple) and iv.sid[0] == "workspace")
 
     def live_peak(self) -> int:
         """The most aligned bytes alive at once (what no layout can beat)."""
@@ -167,6 +195,7 @@ class PlannedBlocks(DynamicBlocks):
     write it first) waits on the release events of its predecessors. release(fm, after):
     remembers `after` (the copy that may still use the block) for later occupants.
     """
+    plans_workspace = True
 
     def __init__(self, layout: StaticLayout, region, allocator):
         super().__init__(allocator)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MemoryBudgetError
-from .layout import DynamicBlocks
+from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
@@ -218,11 +218,14 @@ class MemoryManager:
     offload: storage ids to move to host between forward and backward (training steps only).
     prefetch_lookahead: how many layers ahead backward brings offloaded maps back (0: only on
     demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
-    copied and views are None (for simulate_step).
+    copied and views are None (for simulate_step). workspace: {(node index, phase): bytes}
+    of cuDNN workspace blocks that the static layout plans (acquire_workspace around the
+    call); without a static layout the kernels allocate their workspaces themselves.
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
-                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None):
+                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None,
+                 workspace: dict | None = None):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
@@ -238,6 +241,8 @@ class MemoryManager:
         self.maps = [FeatureMap(s) for s in plan.storages]
         self.blocks = blocks if blocks is not None else DynamicBlocks(allocator)
         self.mover = Mover(device, self.blocks, host, dry=dry)
+        self.workspace = dict(workspace or {})
+        self._workspace_held = None
         self.tracer = tracer
         self.train = True
         self.keep: set[int] = set()
@@ -467,6 +472,26 @@ class MemoryManager:
                 gxs.append(tmp)
         self.stats.samples.append(("backward", i, self.resident_bytes))
         return xs, y, gy, gxs, aux
+
+    def acquire_workspace(self, i: int, phase: str):
+        """The planned workspace block of node i's `phase` call (a flat uint8 device array;
+        None when none is planned, or in a dry run). Held until release_workspace()."""
+        nbytes = self.workspace.get((i, phase), 0)
+        if not nbytes or not self.blocks.plans_workspace:
+            return None
+        block = WorkspaceBlock(i, phase, nbytes)
+        where = f"workspace of {self.plan.nodes[i].name} ({phase})"
+        block.device = self.blocks.acquire(block, where, self.device.compute)
+        self._workspace_held = block
+        return None if self.dry else block.device[:nbytes]
+
+    def release_workspace(self) -> None:
+        """Give the held workspace block back. Its users all ran on the compute stream, so later
+        occupants need no event: compute work is ordered, and a prefetch into those addresses
+        first waits for everything compute was given before it (Mover.fetch)."""
+        if self._workspace_held is not None:
+            self.blocks.release(self._workspace_held, after=None)
+            self._workspace_held = None
 
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:

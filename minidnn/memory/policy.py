@@ -37,11 +37,14 @@ class MemoryDecision:
     ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
     plans the policy sets.
     prefetch_lookahead: layers ahead backward prefetches, when the policy chose it (None: the
-    executor's own setting).
+    executor's own setting). workspace: {(conv node name, 'forward' | 'backward'): bytes} of
+    the cuDNN workspace each call's plan setting needs, for the static layout to plan among
+    the feature maps (empty: the kernels allocate workspaces at run time).
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
     prefetch_lookahead: int | None = None
+    workspace: dict = field(default_factory=dict)
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)

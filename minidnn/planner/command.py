@@ -238,6 +238,7 @@ def _evaluation_json(model, ev) -> dict:
         "required_bytes": ev.required_bytes,
         "peak_device_bytes": ev.peak_bytes,
         "feature_map_region_bytes": ev.region_bytes,
+        "planned_workspace": {f"{name}/{phase}": n for (name, phase), n in ev.workspace.items()},
         "step_time_s": ev.step_time_s,
         "images_per_s": model.batch / ev.step_time_s if ev.step_time_s > 0 else None,
         "compute_time_s": ev.compute_s,
@@ -400,7 +401,8 @@ def format_plan(out: dict) -> str:
         f"plan: {out['decision']}",
         f"predicted peak device memory {fmt_bytes(p['peak_device_bytes'])} (the step needs "
         f"{fmt_bytes(p['required_bytes'])}: {fit} the budget"
-        + (f"; feature maps in a static region of {fmt_bytes(p['feature_map_region_bytes'])}"
+        + (f"; feature maps{' and cuDNN workspaces' if p['planned_workspace'] else ''} in a "
+           f"static region of {fmt_bytes(p['feature_map_region_bytes'])}"
            if p["feature_map_region_bytes"] else "") + ")",
         f"predicted step time {p['step_time_s'] * 1e3:.1f} ms ({p['images_per_s']:.0f} "
         f"images/s); compute alone {p['compute_time_s'] * 1e3:.1f} ms; no schedule of these "

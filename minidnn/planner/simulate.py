@@ -44,6 +44,7 @@ import numpy as np
 
 from ..backend import Device
 from ..executor import Executor
+from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator
 from ..memory.policy import MemoryDecision
 from ..network import DATA, LABEL
@@ -222,11 +223,11 @@ class _DryExecutor(Executor):
     set, exactly as a real run's would be."""
 
     def __init__(self, net, batch, device: SymbolicDevice, prefetch_lookahead: int,
-                 offload=frozenset(), static_layout: bool = True):
+                 offload=frozenset(), static_layout: bool = True, workspace=None):
         self._log = device.log
-        # The offload set alone: conv plans are the profile's business (the dry run runs no
-        # kernels), and the network's layers are left as they are.
-        decision = MemoryDecision(offload=frozenset(offload))
+        # The offload set and the workspace blocks: conv plans are the profile's business (the
+        # dry run runs no kernels), and the network's layers are left as they are.
+        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}))
         super().__init__(net, batch, device=device, policy=FixedDecision(decision),
                          memory_budget=None, prefetch_lookahead=prefetch_lookahead,
                          compute=False, static_layout=static_layout)
@@ -278,10 +279,21 @@ class Evaluation:
     calls: dict = field(repr=False, default_factory=dict)
     host_wait_s: float = 0.0
     over_budget: bool = False
+    workspace: dict = field(repr=False, default_factory=dict)
 
     @property
     def decision(self) -> MemoryDecision:
-        return MemoryDecision(offload=frozenset(self.offload), conv_algo=dict(self.conv_algo))
+        """The decision to run. Its workspace blocks are planned for the profile's plans, so a
+        'fastest' setting is pinned to the workspace it was planned with ('fastest<=BYTES'): a
+        run that measures its plans again then cannot pick a fastest plan needing more."""
+        settings = dict(self.conv_algo)
+        for name, setting in settings.items():
+            planned = max(self.workspace.get((name, "forward"), 0),
+                          self.workspace.get((name, "backward"), 0))
+            if setting == "fastest" and planned:
+                settings[name] = plan_setting("fastest", planned)
+        return MemoryDecision(offload=frozenset(self.offload), conv_algo=settings,
+                              workspace=dict(self.workspace))
 
     def level_at(self, point) -> int:
         return self.levels.get(point, 0)
@@ -349,10 +361,25 @@ class StepModel:
             hit = self.cache[key] = self._evaluate(frozenset(offload), conv_algo)
         return hit
 
+    def workspace_blocks(self, conv_algo: dict) -> dict:
+        """{(conv name, phase): bytes} the static layout plans for these plan settings (none
+        without a static layout: then the kernels allocate workspaces beside the region)."""
+        if not self.static_layout:
+            return {}
+        blocks = {}
+        for name in self.conv_names:
+            cost = self.profile.layer(name)
+            for phase in ("forward", "backward"):
+                nbytes = cost.workspace(phase, conv_algo.get(name, "fastest"))
+                if nbytes:
+                    blocks[(name, phase)] = int(nbytes)
+        return blocks
+
     def _evaluate(self, offload: frozenset, conv_algo: dict) -> Evaluation:
         device = SymbolicDevice()
+        planned = self.workspace_blocks(conv_algo)
         ex = _DryExecutor(self.net, self.batch, device, self.lookahead, offload,
-                          self.static_layout)
+                          self.static_layout, planned)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log
@@ -370,8 +397,8 @@ class StepModel:
         levels, fm_levels, resident = {}, {}, {}
         for phase, i, in_use, fm_bytes, sids in rec.samples:
             node = self.nodes[i]
-            ws = self.profile.layer(node.name).workspace(phase, conv_algo.get(node.name,
-                                                                              "fastest"))
+            ws = 0 if (node.name, phase) in planned else self.profile.layer(node.name).workspace(
+                phase, conv_algo.get(node.name, "fastest"))      # planned: inside the region
             levels[(phase, i)] = in_use + ws + self._transient[(phase, i)] + self.extra_bytes
             fm_levels[(phase, i)] = fm_bytes
             resident[(phase, i)] = sids
@@ -382,9 +409,9 @@ class StepModel:
         required = int(candidates[peak_point])
         levels["optimizer"] = candidates["optimizer"]
 
-        t = self._timeline(log, conv_algo, held)
+        t = self._timeline(log, conv_algo, held, planned)
         fits = self.usable is None or required <= self.usable
-        return Evaluation(
+        return Evaluation(workspace=planned,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
             peak_bytes=int(t["peak"]), fits=fits, step_time_s=t["step"],
             compute_s=t["compute"], offloaded_bytes=int(stats["offloaded_bytes"]),
@@ -397,7 +424,7 @@ class StepModel:
             host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _timeline(self, log: list, conv_algo: dict, held: int) -> dict:
+    def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
         prof = self.profile
         nodes = self.nodes
         budget = math.inf if self.budget is None else float(self.budget)
@@ -474,7 +501,8 @@ class StepModel:
                     cost = prof.layer(node.name)
                     algo = conv_algo.get(node.name, "fastest")
                     host += cost.host(phase)
-                    temp = cost.workspace(phase, algo) + self._transient[(phase, i)]
+                    ws = 0 if (node.name, phase) in planned else cost.workspace(phase, algo)
+                    temp = ws + self._transient[(phase, i)]
                     if temp:
                         take(temp)
                         in_use -= temp  # dropped when the call is enqueued; reuse is ordered

@@ -337,7 +337,8 @@ def figure(results: dict, path: Path) -> None:
                              squeeze=False)
     for col, key in enumerate(groups):
         rows = [r for r in results["minidnn"] if f"{r['network']} b{r['batch']}" == key]
-        labels = [f"{r['policy']}\n{r['conv_plans'][:6]}" for r in rows]
+        short = {"fastest": "fast", "memory-optimal": "mem-opt", "planned": "planned"}
+        labels = [f"{r['policy']}\n{short.get(r['conv_plans'], r['conv_plans'])}" for r in rows]
         x = range(len(rows))
         gib = 2**30
         ax = axes[0][col]

@@ -91,7 +91,7 @@ class Executor:
         # masks, the decision's convolution plans); close() gives them back, so a later
         # executor of the same network starts from the layers' own settings.
         self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-        self._own_algos = {n.name: n.layer.plan_setting for n in net.nodes
+        self._own_plan_settings = {n.name: n.layer.plan_setting for n in net.nodes
                            if n.layer.kind == "conv"}
         self.host = self._make_host(host_limit)
         self._routed = False
@@ -217,7 +217,7 @@ class Executor:
 
     def _restore_layers(self) -> None:
         """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
-        for name, setting in self._own_algos.items():
+        for name, setting in self._own_plan_settings.items():
             self.net.node(name).layer.plan_setting = setting
         for name, keep in self._own_keeps.items():
             self.net.node(name).layer.keep = keep

@@ -37,8 +37,9 @@ from .allocator import ALIGNMENT, CountingAllocator, aligned
 @dataclass
 class Interval:
     """One device block of one storage in a step: taken at `start`, given back at `end`
-    (positions in the manager's sequence of block operations). k: the storage's k-th block."""
-    sid: int
+    (positions in the manager's sequence of block operations). k: the storage's k-th block.
+    sid: the storage id, or ('workspace', node index, phase) for a planned workspace."""
+    sid: int | tuple
     k: int
     nbytes: int
     start: int

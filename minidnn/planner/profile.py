@@ -7,8 +7,9 @@ still be profiled) the pass builds the layer's input, output, aux and gradient b
 device and times its forward and backward, for each convolution plan setting ('fastest',
 'min_workspace') on convolutions; it reads each setting's cuDNN workspace from the kernels'
 measured plan table (`conv_plans`), and adds the workspace limits between the two that trade
-memory for time (`fastest<=BYTES`, timed from the plan table's differences); it measures the host's time to issue each call, one SGD step,
-and the pinned copy bandwidth device -> host, host -> device and both at once.
+memory for time (`fastest<=BYTES`, timed from the plan table's differences). It measures the
+host's time to issue each call, one SGD step, and the pinned copy bandwidth device -> host,
+host -> device and both at once.
 
 Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream (the
 host runs ahead, so this is device time) and the host clock for the time to issue them; on
@@ -219,7 +220,7 @@ def _chosen(tables: dict, setting: str, deterministic: bool, where: str) -> dict
             for op, t in tables.items()}
 
 
-def _conv_settings(layer, node, ctx, clock, repeats, deterministic, run) -> tuple:
+def _conv_settings(layer, node, ctx, deterministic, run) -> tuple:
     """(forward_s, backward_s, workspace_forward, workspace_backward, host times) of a conv
     layer under each plan setting: 'fastest' and 'min_workspace' timed by running the layer,
     and the workspace limits between them (cudnn_conv.workspace_ladder) from the fastest
@@ -277,10 +278,9 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
         return f, b, (hf, hb)
 
     if layer.kind == "conv":
-        return _conv_settings(layer, node, ctx, clock, repeats, deterministic, run)
+        return _conv_settings(layer, node, ctx, deterministic, run)
     f, b, host = run()
     return {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}, host
-    return fwd, bwd, ws_f, ws_b, host
 
 
 def measure_layers(net, batch: int, device: Device, repeats: int | None = None,

@@ -19,8 +19,8 @@ Two searches run, and the faster feasible answer wins:
   the most promising few exactly, and take the one that adds the least step time per byte it
   saves (with the next best ones while the step is still far over). Repeat until the step
   fits; then prune: drop each offload and move each convolution back to a faster setting when
-  the budget no longer needs it, while the step gets faster. On a fast GPU, where copies do not hide behind compute,
-  this moves far fewer bytes than vDNN_conv/all.
+  the budget no longer needs it, while the step gets faster. On a fast GPU, where copies do
+  not hide behind compute, this moves far fewer bytes than vDNN_conv/all.
 
 Below the least memory any decision needs (everything offloaded, every convolution
 memory-optimal) the planner raises InfeasibleBudgetError naming that minimum.

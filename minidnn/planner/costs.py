@@ -138,7 +138,9 @@ class Profile:
         if self.key_fields.get("structure") and \
                 self.key_fields["structure"] != structure_hash(net, batch):
             raise ConfigError(f"profile ({self.source}) was made for another structure of "
-                              f"network {net.name!r} (layer settings or shapes differ)")
+                              f"network {net.name!r} (layer settings or shapes differ: the "
+                              f"image size, the number of classes, or ReLU bit masks, which "
+                              f"--relu-bits turns on)")
 
     # ---- JSON ----------------------------------------------------------------------------------
     def to_json(self) -> dict:

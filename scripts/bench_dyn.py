@@ -7,7 +7,8 @@ under one memory budget (default 12 GiB, the paper's K40):
 1. profile the network on this GPU (planner/profile.py; the profiles are written to the
    output folder, so `minidnn plan --profile FILE` can plan from them anywhere);
 2. plan every policy: none, vDNN_conv and vDNN_all with the fastest and with the
-   memory-optimal convolution plans, and dyn (the planner's decision); a configuration whose
+   memory-optimal convolution plans (prefetch lookahead 1, the executor's default), and dyn
+   (the planner's decision, its prefetch lookahead included, as `--policy dyn`); a configuration whose
    planned need exceeds the budget is skipped (it would fail), and so recorded;
 3. train each remaining configuration for --warmup + --steps steps on synthetic data, in an
    arena of the budget, and measure the steady-state peak of the arena, the average bytes of
@@ -109,7 +110,7 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     """Plan and run every policy of one (network, batch); returns one row per configuration."""
     from minidnn import kernels
     from minidnn.planner.profile import get_profile
-    from minidnn.planner.search import InfeasibleBudgetError, Planner
+    from minidnn.planner.search import InfeasibleBudgetError, Planner, plan_lookaheads
     net = models.build(name, num_classes=1000, image_size=args.image_size)
     if args.relu_bits:
         use_relu_bits(net)
@@ -124,9 +125,12 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     # The synthetic source keeps its batches on a GPU (in the arena); on the CPU they are
     # host arrays outside it.
     inputs = 2 if device.is_gpu else 0
+    # vDNN's policies at the executor's default prefetch lookahead (one layer); dyn as
+    # `--policy dyn` runs it, choosing the lookahead too.
     planner = Planner(net, batch, prof, budget=args.budget, input_batches=inputs)
     try:
-        planned = planner.run()
+        planned, lookahead = plan_lookaheads(net, batch, prof, args.budget,
+                                             input_batches=inputs)
     except InfeasibleBudgetError as e:
         planned = None
         print(f"{name} b{batch}: no decision fits: {e}", flush=True)
@@ -144,8 +148,11 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                     row["skipped"] = f"nothing fits (least budget {least})"
                     continue
                 ev = planned.best
+                decision = dataclasses.replace(ev.decision, prefetch_lookahead=lookahead)
+                row["conv_plans"] = f"planned (prefetch lookahead {lookahead})"
             else:
                 ev = planner.baseline(policy, algo)
+                decision = ev.decision
             row.update(planned_required_bytes=ev.required_bytes,
                        planned_region_bytes=ev.region_bytes,
                        planned_peak_bytes=ev.peak_bytes, planned_step_time_s=ev.step_time_s,
@@ -160,7 +167,7 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                 row["skipped"] = "time limit"
                 continue
             try:
-                m = measure_run(net, batch, device, ev.decision, args.budget, args.math,
+                m = measure_run(net, batch, device, decision, args.budget, args.math,
                                 args.warmup, args.steps, input_batches=max(inputs, 1))
             except Exception as e:  # a failed configuration is a result; the others still run
                 row["error"] = f"{type(e).__name__}: {e}"
@@ -337,8 +344,9 @@ def figure(results: dict, path: Path) -> None:
                              squeeze=False)
     for col, key in enumerate(groups):
         rows = [r for r in results["minidnn"] if f"{r['network']} b{r['batch']}" == key]
-        short = {"fastest": "fast", "memory-optimal": "mem-opt", "planned": "planned"}
-        labels = [f"{r['policy']}\n{short.get(r['conv_plans'], r['conv_plans'])}" for r in rows]
+        short = {"fastest": "fast", "memory-optimal": "mem-opt"}
+        labels = [f"{r['policy']}\n{short.get(r['conv_plans'], r['conv_plans'].split(' (')[0])}"
+                  for r in rows]
         x = range(len(rows))
         gib = 2**30
         ax = axes[0][col]

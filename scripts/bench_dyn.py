@@ -8,8 +8,9 @@ under one memory budget (default 12 GiB, the paper's K40):
    output folder, so `minidnn plan --profile FILE` can plan from them anywhere);
 2. plan every policy: none, vDNN_conv and vDNN_all with the fastest and with the
    memory-optimal convolution plans (prefetch lookahead 1, the executor's default), and dyn
-   (the planner's decision, its prefetch lookahead included, as `--policy dyn`); a configuration whose
-   planned need exceeds the budget is skipped (it would fail), and so recorded;
+   (the planner's decision, its prefetch lookahead included, as `--policy dyn`); a
+   configuration whose planned need exceeds the budget is skipped (it would fail), and so
+   recorded;
 3. train each remaining configuration for --warmup + --steps steps on synthetic data, in an
    arena of the budget, and measure the steady-state peak of the arena, the average bytes of
    feature maps on the device, images/s, and bytes moved per step;

@@ -175,6 +175,12 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
     return min(ran, key=lambda p: p.time_ms)
 
 
+def choose_plans(tables: dict, algo: str, by_rank: bool = False, where: str = "",
+                 workspace_limit: int | None = None) -> dict:
+    """{op: PlanTiming}: choose_plan for each op of one layer ({op: table}) under one setting."""
+    return {op: choose_plan(t, algo, by_rank, where, workspace_limit) for op, t in tables.items()}
+
+
 # At most this many workspace limits are offered between a convolution's fastest and its
 # memory-optimal plans: enough to trade memory for time in steps, few enough for the planner.
 MAX_RUNGS = 6
@@ -191,26 +197,23 @@ def workspace_ladder(tables: dict, by_rank: bool = False, max_rungs: int = MAX_R
     tables: {op: [PlanTiming]} of the ops one layer runs (fprop, and dgrad and/or wgrad); one
     limit applies to all of them. A limit is kept only if it is a rung of the trade-off: it
     needs at most RUNG_RATIO of the workspace (the largest of its ops' chosen plans) of the rung
-    above (the fastest of those that do) and takes
-    less time (the sum of its ops' chosen plans) than the memory-optimal setting. Each limit is
-    the workspace its choice actually needs, so equal choices give one rung. With more than
-    `max_rungs`, evenly spaced ones are kept.
+    above (the fastest of those that do) and takes less time (the sum of its ops' chosen
+    plans) than the memory-optimal setting. Each limit is the workspace its choice actually
+    needs, so equal choices give one rung. With more than `max_rungs`, evenly spaced ones are
+    kept.
     """
-    def setting(limit):
-        chosen = [choose_plan(t, "fastest", by_rank, workspace_limit=limit)
-                  for t in tables.values()]
+    def setting(algo, limit=None):
+        chosen = choose_plans(tables, algo, by_rank, workspace_limit=limit).values()
         return max(p.workspace_bytes for p in chosen), sum(p.time_ms for p in chosen)
 
-    top_ws, _ = setting(None)
-    chosen = [choose_plan(t, "min_workspace", by_rank) for t in tables.values()]
-    bottom_ws = max(p.workspace_bytes for p in chosen)
-    bottom_ms = sum(p.time_ms for p in chosen)
+    top_ws, _ = setting("fastest")
+    bottom_ws, bottom_ms = setting("min_workspace")
     limits = sorted({p.workspace_bytes for t in tables.values() for p in t
                      if math.isfinite(p.time_ms) and bottom_ws < p.workspace_bytes < top_ws},
                     reverse=True)
     rungs, above = [], top_ws
     for limit in limits:
-        ws, ms = setting(limit)
+        ws, ms = setting("fastest", limit)
         if bottom_ws < ws <= above * RUNG_RATIO and ms < bottom_ms:
             rungs.append(ws)
             above = ws

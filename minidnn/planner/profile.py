@@ -212,20 +212,12 @@ def _conv_tables(kernels, layer, node) -> dict:
                                                     dtype=layer.dtype)] for op in ops}
 
 
-def _chosen(tables: dict, setting: str, deterministic: bool, where: str) -> dict:
-    """{op: PlanTiming} each op runs under a plan setting."""
-    from ..kernels.cudnn_conv import choose_plan
-    algo, limit = parse_plan_setting(setting)
-    return {op: choose_plan(t, algo, by_rank=deterministic, where=where, workspace_limit=limit)
-            for op, t in tables.items()}
-
-
 def _conv_settings(layer, node, ctx, deterministic, run) -> tuple:
     """(forward_s, backward_s, workspace_forward, workspace_backward, host times) of a conv
     layer under each plan setting: 'fastest' and 'min_workspace' timed by running the layer,
     and the workspace limits between them (cudnn_conv.workspace_ladder) from the fastest
     setting's times and the plan tables' measured differences, without running them again."""
-    from ..kernels.cudnn_conv import workspace_ladder
+    from ..kernels.cudnn_conv import choose_plans, workspace_ladder
     fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
     host = (0.0, 0.0)
     for algo in ALGOS:
@@ -237,9 +229,10 @@ def _conv_settings(layer, node, ctx, deterministic, run) -> tuple:
     where = f"profile of {layer.name}"
     settings = list(ALGOS) + [plan_setting("fastest", limit)
                               for limit in workspace_ladder(tables, by_rank=deterministic)]
-    fastest = _chosen(tables, "fastest", deterministic, where)
+    fastest = choose_plans(tables, "fastest", deterministic, where)
     for setting in settings:
-        chosen = _chosen(tables, setting, deterministic, where)
+        algo, limit = parse_plan_setting(setting)
+        chosen = choose_plans(tables, algo, deterministic, where, workspace_limit=limit)
         backward_ops = [op for op in chosen if op != "fprop"]
         if setting not in fwd:
             fwd[setting] = fwd["fastest"] + \

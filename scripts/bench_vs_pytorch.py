@@ -170,6 +170,24 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
     return model, opt, x, labels
 
 
+def torch_kernel_profile(step, top=16) -> dict:
+    """GPU time of one profiled PyTorch step: in total and for its slowest kernels by name
+    (the counterpart of layer_profile; PyTorch has no layer spans on the stream)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            ms, count = kernels.get(e.name, (0.0, 0))
+            kernels[e.name] = (ms + e.device_time_total / 1e3, count + 1)
+    slowest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"total_ms": round(sum(ms for ms, _ in kernels.values()), 2),
+            "slowest": [(name[:90], round(ms, 2), count) for name, (ms, count) in slowest]}
+
+
 def run_torch(name, batch, math, steps, warmup, profile=False):
     import torch
     import torch.nn.functional as F
@@ -192,7 +210,8 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
     losses += [step() for _ in range(steps)]
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
-    return {"framework": "pytorch", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+    extra = {"profile": torch_kernel_profile(step)} if profile else {}
+    return {**extra, "framework": "pytorch", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(torch.cuda.max_memory_allocated()), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
 
@@ -400,7 +419,8 @@ def main(argv=None) -> None:
     ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
                     choices=["minidnn", "pytorch"], help="which to run (default both)")
     ap.add_argument("--profile", action="store_true",
-                    help="minidnn: also trace one step and report compute time per layer kind")
+                    help="also profile one step: minidnn's compute time per layer kind, "
+                         "PyTorch's slowest kernels")
     ap.add_argument("--kernels", action="store_true", help="per-kernel table instead")
     ap.add_argument("--batch", type=int, default=32, help="batch of the kernel table")
     ap.add_argument("--convs", type=int, default=0,

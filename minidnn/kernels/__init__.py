@@ -4,8 +4,9 @@
   same code also runs on CuPy arrays, which the GPU tests use as a second opinion).
 * `cuda.py` — the GPU implementation, every function with the signature of its cpu.py twin:
   convolutions through cuDNN (`cudnn_conv.py`: the frontend's graphs and measured plans),
-  pooling as CuPy raw kernels (`cuda_pool.py`), LRN and ReLU as CuPy elementwise kernels
-  (`cuda_lrn.py`, `cuda_relu.py`).
+  pooling, ReLU and the bias add as CuPy raw kernels (`cuda_pool.py`, `cuda_pointwise.py`,
+  with `cuda_divide.py`'s division by launch constants), LRN as CuPy elementwise kernels
+  (`cuda_lrn.py`).
 
 Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts
 the right module in the StepContext for its device. Every op writes into output arrays it is

@@ -15,7 +15,7 @@ Convolutions
   allocator (which the framework routes into its arena, so it is counted against the budget)
   and dropped as soon as the plan is enqueued. Either way a layer's workspace exists only while
   its convolution runs, as in vDNN; reuse of the bytes is ordered on the stream.
-* Bias add (forward) and bias gradient are CuPy kernels on the same stream.
+* Bias add (forward, cuda_pointwise.py) and bias gradient are CuPy kernels on the same stream.
 
 configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
 matrix products (Linear): 'tf32' or 'fp32'. Until it is called, convolutions use TF32 and
@@ -33,7 +33,8 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_relu import relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
+from .cuda_pointwise import bias_add, relu_backward, relu_backward_bits, relu_forward, \
+    relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
@@ -296,27 +297,7 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
                       f"without workspace, and the budget holds no workspace now")
 
 
-# ---- bias ---------------------------------------------------------------------------------------
-# y (N, O, OH, OW) += b[o]: the channel of flat index i is (i / (OH*OW)) % O. One 32-bit division
-# per element where the sizes allow it (64-bit division costs tens of instructions, enough to
-# fall short of memory speed on large maps); CuPy's broadcasting add unravels all four indices.
-_bias_add32 = cp.ElementwiseKernel(
-    "raw T b, uint32 hw, uint32 channels", "T y",
-    "y += b[((unsigned int)i / hw) % channels];", "minidnn_conv_bias_add32")
-_bias_add64 = cp.ElementwiseKernel(
-    "raw T b, int64 hw, int64 channels", "T y",
-    "y += b[(i / hw) % channels];", "minidnn_conv_bias_add64")
-
-
-def _add_bias(y, b) -> None:
-    if not y.flags.c_contiguous:   # a strided view: CuPy's broadcasting handles any layout
-        y += b.reshape(1, -1, 1, 1)
-        return
-    n, o = y.shape[:2]
-    hw = y.size // max(n * o, 1)
-    (_bias_add32 if y.size < 2**32 else _bias_add64)(b, hw, o, y)
-
-
+# ---- bias gradient ------------------------------------------------------------------------------
 def _bias_grad(gy, gb) -> None:
     """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Summing each (n, o) row first reduces
     contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one thread block per
@@ -332,7 +313,7 @@ def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
     workspace: a flat uint8 device array for cuDNN, used when large enough (see _conv)."""
     _conv("fprop", x, w, y, spec, workspace=workspace)
     if b is not None:
-        _add_bias(y, b)
+        bias_add(y, b)
 
 
 def conv2d_backward_data(gy, w, gx, spec, workspace=None) -> None:

@@ -14,29 +14,21 @@ follow from the cell without a division.
 Index math is 32-bit inside a launch: thread i is plane plane0 + i / per_plane, and its row and
 column in that plane's grid are divmod(i % per_plane, cols). Both divisions are by numbers fixed
 for the launch and run as a multiply-high, an add and a shift with constants from the host
-(_divider); only a plane's base offset is 64-bit. A tensor with 2**31 or more threads' worth of
-work runs as several launches of whole planes.
+(cuda_divide.py); only a plane's base offset is 64-bit. A tensor with 2**31 or more threads'
+worth of work runs as several launches of whole planes.
 
 The kernels allocate nothing and never synchronize with the host; they run on CuPy's current
 stream. Shapes: x, gx (N, C, H, W); y, gy, argmax (N, C, OH, OW); all C-contiguous.
 """
 from __future__ import annotations
 
-import functools
-
 import cupy as cp
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
+from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 
-_SOURCE = r"""
-// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 from (mul, shift) computed on the host for d:
-// a 32-bit division by a run-time value takes a dozen or more instructions, this takes three.
-__device__ __forceinline__ unsigned int divide(unsigned int n, unsigned int mul,
-                                               unsigned int shift) {
-    return (__umulhi(n, mul) + n) >> shift;
-}
-
+_SOURCE = DIVIDE_SOURCE + r"""
 __device__ __forceinline__ float minus_inf(float) { return __int_as_float((int)0xff800000u); }
 __device__ __forceinline__ double minus_inf(double) {
     return __longlong_as_double((long long)0xfff0000000000000ull);
@@ -199,20 +191,7 @@ _module = cp.RawModule(code=_SOURCE,
                        name_expressions=[f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()])
 
 _THREADS = 256
-_INDEX_LIMIT = 2**31        # in-plane offsets and the divisions' operands stay below this
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
-
-
-@functools.lru_cache(maxsize=None)
-def _divider(d: int) -> tuple:
-    """(mul, shift) as uint32 such that n // d == (umulhi(n, mul) + n) >> shift, in 32-bit
-    unsigned arithmetic, for every 0 <= n < 2**31 (1 <= d < 2**31; Granlund and Montgomery's
-    round-up method, as in PyTorch's IntDivider)."""
-    if not 1 <= d < _INDEX_LIMIT:
-        raise ValueError(f"divisor {d} is outside [1, 2**31)")
-    shift = (d - 1).bit_length()                      # the least s with 2**s >= d
-    mul = ((1 << 32) * ((1 << shift) - d)) // d + 1   # < 2**32 because 2**shift < 2 * d
-    return np.uint32(mul), np.uint32(shift)
 
 
 def _check(name: str, arrays, argmax=None) -> str:
@@ -240,7 +219,7 @@ def _geometry(x_shape, y_shape, spec) -> tuple:
         raise ShapeError(f"pooling: expected (N, C, H, W) and (N, C, OH, OW), got {x_shape} "
                          f"and {y_shape}")
     (h, w), (oh, ow) = x_shape[2:], y_shape[2:]
-    if h * w >= _INDEX_LIMIT or oh * ow >= _INDEX_LIMIT:
+    if h * w >= INDEX_LIMIT or oh * ow >= INDEX_LIMIT:
         raise ConfigError(f"pooling planes of {h}x{w} -> {oh}x{ow} values: each plane must "
                           f"hold fewer than 2**31")
     (kh, kw), (sh, sw), (ph, pw) = spec.kernel, spec.stride, spec.padding
@@ -264,10 +243,10 @@ def _launch(name: str, ctype: str, planes: int, rows: int, cols: int, args: tupl
     per_plane = rows * cols
     if planes <= 0 or per_plane <= 0:
         return
-    if per_plane >= _INDEX_LIMIT:
+    if per_plane >= INDEX_LIMIT:
         raise ConfigError(f"{name}: {rows}x{cols} threads per plane; at most 2**31 - 1 fit")
     kernel = _module.get_function(f"{name}<{ctype}>")
-    by_plane, by_col = _divider(per_plane), _divider(cols)
+    by_plane, by_col = divider(per_plane), divider(cols)
     step = max(_MAX_THREADS // per_plane, 1)
     for plane0 in range(0, planes, step):
         count = min(step, planes - plane0) * per_plane

@@ -1,0 +1,255 @@
+"""Pointwise passes over feature maps at memory speed: ReLU (with or without a bit mask) and
+the convolution's bias add, as CuPy raw kernels.
+
+Each of these reads and writes every value once, so only memory bandwidth bounds them. Two
+things get them there (CuPy's ElementwiseKernel reached about a third of it on large maps):
+* A thread moves one 16-byte vector (4 floats or 2 doubles) per load and store, when every
+  array starts 16-byte aligned and the size allows; otherwise one value (the same code with
+  a vector of one).
+* Index math is 32-bit: a launch covers fewer than 2**31 values, and larger arrays run as
+  several launches (the bias add's per-value channel comes from two divisions by launch
+  constants, cuda_divide.py).
+
+ReLU forward and backward may run in place (y is x, gx is gy): each thread reads its values
+before it writes them. The `_bits` pair keeps for backward one bit per value instead of the
+output (1/32 of the bytes): bit i % 8 of byte i // 8 is `y[i] > 0`, NumPy's little-endian
+packbits order. Forward builds each 32-bit word of the mask from the 32 / VEC threads that
+hold its values, OR-ing their VEC-bit pieces across lanes with warp shuffles.
+
+The kernels allocate nothing and never synchronize with the host; they run on CuPy's current
+stream. All arrays are C-contiguous (the bias add also takes strided y, through CuPy).
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from .cuda_divide import DIVIDE_SOURCE, divider
+
+_SOURCE = DIVIDE_SOURCE + r"""
+// VEC consecutive values of type T, moved by one load or store of VEC * sizeof(T) bytes.
+template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+template<typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load(const T* p, unsigned int k) {
+    return reinterpret_cast<const Pack<T, VEC>*>(p)[k];
+}
+
+template<typename T, int VEC>
+__device__ __forceinline__ void store(T* p, unsigned int k, const Pack<T, VEC>& a) {
+    reinterpret_cast<Pack<T, VEC>*>(p)[k] = a;
+}
+
+// Thread k of a launch owns values k * VEC ... k * VEC + VEC - 1; n is a multiple of VEC.
+
+template<typename T, int VEC>
+__global__ void relu_forward(const T* x, T* y, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    Pack<T, VEC> a = load<T, VEC>(x, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] = a.v[j] > (T)0 ? a.v[j] : (T)0;
+    store<T, VEC>(y, k, a);
+}
+
+template<typename T, int VEC>
+__global__ void relu_backward(const T* y, const T* gy, T* gx, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const Pack<T, VEC> out = load<T, VEC>(y, k);
+    Pack<T, VEC> g = load<T, VEC>(gy, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) g.v[j] = out.v[j] > (T)0 ? g.v[j] : (T)0;
+    store<T, VEC>(gx, k, g);
+}
+
+// mask: the launch's words (value k * VEC lies in word k * VEC / 32). Every lane of a warp
+// takes part in the shuffles (the block size is a multiple of 32); lanes past the end add no
+// bits, so the last word's unused bits are 0.
+template<typename T, int VEC>
+__global__ void relu_forward_bits(const T* x, T* y, unsigned int* mask, unsigned int n) {
+    const int LANES = 32 / VEC;                        // threads per mask word
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool active = k < n / VEC;
+    unsigned int bits = 0;
+    if (active) {
+        Pack<T, VEC> a = load<T, VEC>(x, k);
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const bool positive = a.v[j] > (T)0;
+            bits |= (unsigned int)positive << j;
+            a.v[j] = positive ? a.v[j] : (T)0;
+        }
+        store<T, VEC>(y, k, a);
+    }
+    bits <<= VEC * (k % LANES);
+    #pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset /= 2)
+        bits |= __shfl_xor_sync(0xffffffffu, bits, offset);
+    if (active && k % LANES == 0) mask[k / LANES] = bits;
+}
+
+template<typename T, int VEC>
+__global__ void relu_backward_bits(const unsigned int* mask, const T* gy, T* gx,
+                                   unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int bits = mask[first / 32] >> (first % 32);
+    Pack<T, VEC> g = load<T, VEC>(gy, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) g.v[j] = (bits >> j) & 1u ? g.v[j] : (T)0;
+    store<T, VEC>(gx, k, g);
+}
+
+// y (planes of hw values; plane p has channel (p % C)) += b[channel]. The launch starts at a
+// plane whose channel is c0; hw is a multiple of VEC, so a vector never straddles planes.
+template<typename T, int VEC>
+__global__ void bias_add(T* y, const T* b, unsigned int c0, unsigned int C,
+                         unsigned int hw_mul, unsigned int hw_shift, unsigned int c_mul,
+                         unsigned int c_shift, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int plane = c0 + divide(k * VEC, hw_mul, hw_shift);
+    const T bias = b[plane - divide(plane, c_mul, c_shift) * C];
+    Pack<T, VEC> a = load<T, VEC>(y, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] += bias;
+    store<T, VEC>(y, k, a);
+}
+"""
+
+_KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
+            "bias_add")
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_VECTOR_BYTES = 16
+
+
+def _instances():
+    for ctype, size in (("float", 4), ("double", 8)):
+        for vec in (1, _VECTOR_BYTES // size):
+            for name in _KERNELS:
+                yield f"{name}<{ctype}, {vec}>"
+
+
+_module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
+
+_THREADS = 256          # a multiple of 32: warps never straddle blocks
+#: Values per launch; larger arrays run as several launches of this many (a multiple of every
+#: vector width and of 32, so the pieces keep the vectors and the mask words whole). The bias
+#: add keeps each piece's operands below 2**31 by the same bound.
+_CHUNK = 2**30
+
+
+def _ctype(name: str, arrays) -> str:
+    """The C type of the float arrays (one dtype, float32 or float64); raises on anything the
+    kernels would misread: another dtype, a strided array, mismatched sizes."""
+    dtype = np.dtype(arrays[0].dtype)
+    ctype = _CTYPES.get(dtype)
+    if ctype is None or any(np.dtype(a.dtype) != dtype for a in arrays):
+        raise TypeError(f"{name}: takes float32 or float64 arrays of one dtype, got "
+                        f"{[str(a.dtype) for a in arrays]}")
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name}: expected C-contiguous arrays, got strides {a.strides} "
+                             f"for shape {a.shape}")
+        if a.size != arrays[0].size:
+            raise ValueError(f"{name}: arrays of {arrays[0].size} and {a.size} values")
+    return ctype
+
+
+def _vector(arrays, n: int, unit: int | None = None) -> int:
+    """Values per thread: a 16-byte vector when every array starts 16-byte aligned and both n
+    and `unit` (if given: a run of values no vector may straddle) are multiples of it, else 1."""
+    vec = _VECTOR_BYTES // arrays[0].dtype.itemsize
+    aligned = all(a.data.ptr % _VECTOR_BYTES == 0 for a in arrays)
+    whole = n % vec == 0 and (unit is None or unit % vec == 0)
+    return vec if aligned and whole else 1
+
+
+def _run(name: str, ctype: str, vec: int, n: int, args: tuple) -> None:
+    """One launch of kernel `name` over n (< 2**31) values, `vec` per thread."""
+    if n:
+        threads = n // vec
+        kernel = _module.get_function(f"{name}<{ctype}, {vec}>")
+        kernel(((threads + _THREADS - 1) // _THREADS,), (_THREADS,), args + (np.uint32(n),))
+
+
+def _pieces(n: int):
+    """(start, stop) of the launches over n values."""
+    return ((s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK))
+
+
+def relu_forward(x, y) -> None:
+    """y = max(x, 0). x, y: same shape and dtype, contiguous; y may be x."""
+    ctype = _ctype("relu_forward", (x, y))
+    x, y = x.reshape(-1), y.reshape(-1)
+    vec = _vector((x, y), x.size)
+    for s, e in _pieces(x.size):
+        _run("relu_forward", ctype, vec, e - s, (x[s:e], y[s:e]))
+
+
+def relu_backward(y, gy, gx) -> None:
+    """gx = gy where y > 0, else 0; gx may be gy."""
+    ctype = _ctype("relu_backward", (y, gy, gx))
+    y, gy, gx = y.reshape(-1), gy.reshape(-1), gx.reshape(-1)
+    vec = _vector((y, gy, gx), y.size)
+    for s, e in _pieces(y.size):
+        _run("relu_backward", ctype, vec, e - s, (y[s:e], gy[s:e], gx[s:e]))
+
+
+def _words(mask, n: int):
+    """The mask as uint32 words, checked: uint8, 4-byte aligned, relu_mask_bytes(n) long."""
+    if np.dtype(mask.dtype) != np.uint8 or not mask.flags.c_contiguous:
+        raise TypeError(f"ReLU mask must be contiguous uint8, got {mask.dtype}")
+    need = (n + 31) // 32 * 4
+    if mask.size < need or mask.data.ptr % 4:
+        raise ValueError(f"ReLU mask of {n} values needs {need} bytes, 4-byte aligned; got "
+                         f"{mask.size} bytes at {mask.data.ptr:#x}")
+    return mask[:need].view(np.uint32)
+
+
+def relu_forward_bits(x, y, mask) -> None:
+    """y = max(x, 0) and mask (uint8, relu_mask_bytes(x.size), 4-byte aligned) = bits of y > 0."""
+    ctype = _ctype("relu_forward_bits", (x, y))
+    x, y = x.reshape(-1), y.reshape(-1)
+    words = _words(mask, x.size)
+    vec = _vector((x, y), x.size)
+    for s, e in _pieces(x.size):
+        _run("relu_forward_bits", ctype, vec, e - s, (x[s:e], y[s:e], words[s // 32:]))
+
+
+def relu_backward_bits(mask, gy, gx) -> None:
+    """gx = gy where the mask's bit is set, else 0; gx may be gy itself."""
+    ctype = _ctype("relu_backward_bits", (gy, gx))
+    gy, gx = gy.reshape(-1), gx.reshape(-1)
+    words = _words(mask, gy.size)
+    vec = _vector((gy, gx), gy.size)
+    for s, e in _pieces(gy.size):
+        _run("relu_backward_bits", ctype, vec, e - s, (words[s // 32:], gy[s:e], gx[s:e]))
+
+
+def bias_add(y, b) -> None:
+    """y (N, C, ...) += b (C,) along axis 1, in place. A strided y goes through CuPy's
+    broadcasting (any layout, slower)."""
+    if not y.flags.c_contiguous:
+        y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+        return
+    ctype = _ctype("bias_add", (y,))
+    if b.dtype != y.dtype or b.shape != (y.shape[1],) or not b.flags.c_contiguous:
+        raise ValueError(f"bias_add: b must be contiguous {y.dtype} of shape ({y.shape[1]},), "
+                         f"got {b.dtype} {b.shape}")
+    channels = y.shape[1]
+    hw = y.size // max(y.shape[0] * channels, 1)
+    if not hw:
+        return
+    planes_per_launch = max(_CHUNK // hw, 1)
+    if planes_per_launch * hw >= 2**31:
+        raise ValueError(f"bias_add: planes of {hw} values; each must hold fewer than 2**31")
+    y = y.reshape(-1, hw)
+    vec = _vector((y,), y.size, unit=hw)
+    by_hw, by_c = divider(hw), divider(channels)
+    for p0 in range(0, y.shape[0], planes_per_launch):
+        piece = y[p0:p0 + planes_per_launch]
+        _run("bias_add", ctype, vec, piece.size,
+             (piece, b, np.uint32(p0 % channels), np.uint32(channels), *by_hw, *by_c))

@@ -1,0 +1,167 @@
+"""ReLU and the bias add as raw kernels (kernels/cuda_pointwise.py) against NumPy, bit for bit:
+both vector widths (16-byte vectors and single values), both dtypes, in place, arrays split
+over several launches, and the checks on bad input. Skipped without a CUDA GPU."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+pw = pytest.importorskip("minidnn.kernels.cuda_pointwise")
+
+# Sizes: vectors with a partial last mask word; odd (single values); several 256-thread blocks
+# with a partial last warp; whole words.
+SIZES = (120, 1001, 3 * 7 * 11 * 13, 4096)
+
+
+def on_device(host, offset=0):
+    """A device copy of `host` starting `offset` values into a fresh allocation (offset 1
+    misaligns it for the 16-byte vectors)."""
+    buf = cp.empty(host.size + offset, host.dtype)
+    out = buf[offset:offset + host.size].reshape(host.shape)
+    out[...] = cp.asarray(host)
+    return out
+
+
+def signed_values(n, dtype, seed=0):
+    """Random values with exact zeros and negative zeros among them."""
+    v = np.random.default_rng(seed).standard_normal(n).astype(dtype)
+    v[::7] = 0.0
+    v[3::11] = -0.0
+    return v
+
+
+def packbits(positive) -> np.ndarray:
+    """The mask layout: bit i % 8 of byte i // 8, padded with zero bits to whole 32-bit words."""
+    mask = np.packbits(positive, bitorder="little")
+    return np.concatenate([mask, np.zeros((-mask.size) % 4, np.uint8)])
+
+
+def same_bits(got, want) -> bool:
+    got, want = np.ascontiguousarray(cp.asnumpy(got)), np.ascontiguousarray(want)
+    return got.dtype == want.dtype and got.shape == want.shape and \
+        got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_width_follows_alignment_and_size(dtype):
+    vec = 16 // np.dtype(dtype).itemsize
+    x = cp.zeros(64, dtype)
+    assert pw._vector((x,), x.size) == vec
+    assert pw._vector((x[1:],), x.size - 1) == 1                       # misaligned, odd
+    assert pw._vector((x[vec:],), x.size - vec) == vec
+    assert pw._vector((x, x[1:vec * 8 + 1]), vec * 8) == 1             # one operand misaligned
+    assert pw._vector((x,), x.size, unit=vec + 1) == 1                 # planes not whole vectors
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_relu(dtype, n, offset):
+    x = signed_values(n, dtype)
+    y_want = np.where(x > 0, x, 0).astype(dtype)
+    gy = signed_values(n, dtype, seed=1)
+    gx_want = np.where(y_want > 0, gy, 0).astype(dtype)
+
+    dx, dy = on_device(x, offset), on_device(np.full(n, np.nan, dtype), offset)
+    pw.relu_forward(dx, dy)
+    assert same_bits(dy, y_want)
+    dgy, dgx = on_device(gy, offset), on_device(np.full(n, np.nan, dtype), offset)
+    pw.relu_backward(dy, dgy, dgx)
+    assert same_bits(dgx, gx_want)
+
+    pw.relu_forward(dx, dx)                     # in place
+    assert same_bits(dx, y_want)
+    pw.relu_backward(dy, dgy, dgy)
+    assert same_bits(dgy, gx_want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_relu_bits(dtype, n, offset):
+    x = signed_values(n, dtype).reshape(1, -1)
+    y_want = np.where(x > 0, x, 0).astype(dtype)
+    mask_want = packbits(x.reshape(-1) > 0)
+    gy = signed_values(n, dtype, seed=2).reshape(1, -1)
+    gx_want = np.where(x > 0, gy, 0).astype(dtype)
+
+    dx, dy = on_device(x, offset), on_device(np.full(x.shape, np.nan, dtype), offset)
+    mask = cp.full(mask_want.size, 0xAB, np.uint8)           # poisoned
+    pw.relu_forward_bits(dx, dy, mask)
+    assert same_bits(dy, y_want)
+    assert same_bits(mask, mask_want)
+    dgy, dgx = on_device(gy, offset), on_device(np.full(x.shape, np.nan, dtype), offset)
+    pw.relu_backward_bits(mask, dgy, dgx)
+    assert same_bits(dgx, gx_want)
+
+    mask[...] = 0xAB
+    pw.relu_forward_bits(dx, dx, mask)          # in place
+    assert same_bits(dx, y_want) and same_bits(mask, mask_want)
+    pw.relu_backward_bits(mask, dgy, dgy)
+    assert same_bits(dgy, gx_want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 5, 4, 3), (3, 7, 11, 13), (4, 3, 2, 1), (5, 6, 8),
+                                   (64, 17)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_bias_add(dtype, shape, offset):
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal(shape).astype(dtype)
+    b = rng.standard_normal(shape[1]).astype(dtype)
+    want = y + b.reshape((1, -1) + (1,) * (len(shape) - 2))
+    dy = on_device(y, offset)
+    pw.bias_add(dy, cp.asarray(b))
+    assert same_bits(dy, want)
+
+
+def test_bias_add_strided_goes_through_cupy():
+    y = np.arange(2 * 3 * 4 * 6, dtype=np.float32).reshape(2, 3, 4, 6)
+    b = np.array([0.5, -1.0, 2.25], np.float32)
+    dy = cp.asarray(y)
+    pw.bias_add(dy[..., ::2], cp.asarray(b))
+    want = y.copy()
+    want[..., ::2] += b.reshape(1, -1, 1, 1)
+    assert same_bits(dy, want)
+
+
+def test_several_launches_give_the_same_bits(monkeypatch):
+    """Arrays over the launch size run as several launches; with the size made small (one
+    vector-aligned piece = 64 values, the bias add's pieces not a multiple of the channels),
+    the results stay exact."""
+    n = 64 * 5 + 32
+    x = signed_values(n, np.float32)
+    y_want = np.where(x > 0, x, 0).astype(np.float32)
+    y = np.random.default_rng(4).standard_normal((3, 5, 4, 8)).astype(np.float32)
+    b = np.random.default_rng(5).standard_normal(5).astype(np.float32)
+    monkeypatch.setattr(pw, "_CHUNK", 64)
+    dx, dy, mask = cp.asarray(x), cp.empty(n, np.float32), cp.zeros(n // 8, np.uint8)
+    pw.relu_forward_bits(dx, dy, mask)
+    assert same_bits(dy, y_want) and same_bits(mask, packbits(x > 0))
+    dg = cp.asarray(x)
+    pw.relu_backward_bits(mask, dg, dg)
+    assert same_bits(dg, np.where(x > 0, x, 0).astype(np.float32))
+    pw.relu_forward(dx, dx)
+    assert same_bits(dx, y_want)
+    by = cp.asarray(y)                                  # 2 planes of 32 values per launch
+    pw.bias_add(by, cp.asarray(b))
+    assert same_bits(by, y + b.reshape(1, -1, 1, 1))
+
+
+def test_bad_input_is_refused():
+    x = cp.zeros((4, 8), np.float32)
+    with pytest.raises(TypeError):
+        pw.relu_forward(x.astype(np.float16), x.astype(np.float16))
+    with pytest.raises(TypeError):
+        pw.relu_forward(x, x.astype(np.float64))
+    with pytest.raises(ValueError):
+        pw.relu_forward(x[:, ::2], x[:, ::2])
+    with pytest.raises(ValueError):
+        pw.relu_forward(x, x[:2])
+    with pytest.raises(ValueError):
+        pw.relu_forward_bits(x, x, cp.zeros(3, np.uint8))        # a 32-value mask needs 4 bytes
+    with pytest.raises(TypeError):
+        pw.relu_backward_bits(cp.zeros(1, np.uint32), x, x)
+    with pytest.raises(ValueError):
+        pw.bias_add(x, cp.zeros(3, np.float32))

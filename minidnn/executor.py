@@ -125,7 +125,8 @@ class Executor:
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
                                          dry=not self.compute, blocks=blocks,
-                                         workspace=workspace)
+                                         workspace=workspace,
+                                         recompute=self.decision.recompute)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
@@ -195,7 +196,7 @@ class Executor:
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
         blocks = {}
         for (name, phase), nbytes in self.decision.workspace.items():
-            if name not in index or phase not in ("forward", "backward"):
+            if name not in index or phase not in ("forward", "backward", "recompute"):
                 raise ConfigError(f"memory decision plans a workspace for {name!r} ({phase}), "
                                   f"which is not a layer call of network {self.net.name!r}")
             if int(nbytes) > 0:
@@ -208,7 +209,7 @@ class Executor:
         before step one."""
         keep = (self.net.loss_node.name, self.net.output)
         self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep,
-                                            workspace)
+                                            workspace, self.decision.recompute)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
@@ -313,9 +314,17 @@ class Executor:
         self._set_where("")
 
     def _run_backward(self, ctx) -> None:
-        """The backward loop, in reverse order (ctx None: dry run, no compute)."""
+        """The backward loop, in reverse order (ctx None: dry run, no compute); before a
+        layer's backward, the forward of the layers whose dropped outputs it reads first."""
         mm = self.manager
         for i in reversed(range(len(self.plan.nodes))):
+            for j in mm.recompute_before(i):
+                writer = self.plan.nodes[j]
+                self._set_where(f"recompute of {writer.name}")
+                xs, y = mm.recompute_buffers(j)
+                self._call("recompute", j, ctx,
+                           ctx and (lambda: writer.layer.forward(xs, y, {}, ctx)),
+                           lambda j: None)
             node = self.plan.nodes[i]
             self._set_where(f"backward of {node.name}")
             xs, y, gy, gxs, aux = mm.backward_buffers(i)

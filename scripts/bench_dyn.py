@@ -8,7 +8,8 @@ under one memory budget (default 12 GiB, the paper's K40):
    output folder, so `minidnn plan --profile FILE` can plan from them anywhere);
 2. plan every policy: none, vDNN_conv and vDNN_all with the fastest and with the
    memory-optimal convolution plans (prefetch lookahead 1, the executor's default), and dyn
-   (the planner's decision, its prefetch lookahead included, as `--policy dyn`); a
+   (the planner's decision, its prefetch lookahead included, as `--policy dyn`; when it
+   recomputes maps, also its plan with offload only, to measure what recomputing gains); a
    configuration whose planned need exceeds the budget is skipped (it would fail), and so
    recorded;
 3. train each remaining configuration for --warmup + --steps steps on synthetic data, in an
@@ -52,7 +53,8 @@ from minidnn.planner.dyn import FixedDecision  # noqa: E402
 from minidnn.report import MATH_MODES  # noqa: E402
 
 DEFAULT_CONFIGS = "vgg16:256,vgg16:128,vgg16:64,alexnet:128,overfeat:128"
-PLAN_LABELS = {"fastest": "fastest", "min_workspace": "memory-optimal", "planned": "planned"}
+PLAN_LABELS = {"fastest": "fastest", "min_workspace": "memory-optimal", "planned": "planned",
+               "offload only": "planned, offload only"}
 
 
 # ---- one minidnn run ----------------------------------------------------------------------------
@@ -129,28 +131,36 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     # vDNN's policies at the executor's default prefetch lookahead (one layer); dyn as
     # `--policy dyn` runs it, choosing the lookahead too.
     planner = Planner(net, batch, prof, budget=args.budget, input_batches=inputs)
-    try:
-        planned, lookahead = plan_lookaheads(net, batch, prof, args.budget,
-                                             input_batches=inputs)
-    except InfeasibleBudgetError as e:
-        planned = None
-        print(f"{name} b{batch}: no decision fits: {e}", flush=True)
+    # dyn's plan; when it recomputes maps, also the plan with offload only (vDNN's own means),
+    # so that the run measures what recomputation gains.
+    dyn_plans = {}
+    for algo, recompute in (("planned", True), ("offload only", False)):
+        if algo == "offload only" and not (dyn_plans.get("planned") and
+                                           dyn_plans["planned"][0].best.recompute):
+            continue
+        try:
+            dyn_plans[algo] = plan_lookaheads(net, batch, prof, args.budget,
+                                              input_batches=inputs, recompute=recompute)
+        except InfeasibleBudgetError as e:
+            dyn_plans[algo] = None
+            print(f"{name} b{batch}: no decision fits: {e}", flush=True)
     rows = []
     for policy in args.policies:
-        algos = ["planned"] if policy == "dyn" else args.algos
+        algos = list(dyn_plans) if policy == "dyn" else args.algos
         for algo in algos:
             row = {"network": name, "batch": batch, "image_size": net.input_shape[-1],
                    "policy": policy, "conv_plans": PLAN_LABELS[algo],
                    "budget_bytes": args.budget, "profile_s": profile_s}
             rows.append(row)
             if policy == "dyn":
-                if planned is None:
+                if dyn_plans[algo] is None:
                     least = fmt_bytes(planner.minimum_budget())
                     row["skipped"] = f"nothing fits (least budget {least})"
                     continue
+                planned, lookahead = dyn_plans[algo]
                 ev = planned.best
                 decision = dataclasses.replace(ev.decision, prefetch_lookahead=lookahead)
-                row["conv_plans"] = f"planned (prefetch lookahead {lookahead})"
+                row["conv_plans"] = f"{PLAN_LABELS[algo]} (prefetch lookahead {lookahead})"
             else:
                 ev = planner.baseline(policy, algo)
                 decision = ev.decision
@@ -160,6 +170,8 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                        planned_compute_s=ev.compute_s,
                        planned_offloaded_bytes=ev.offloaded_bytes,
                        offload=[planner.plan.storages[s].tensors[0] for s in sorted(ev.offload)],
+                       recompute=[planner.plan.storages[s].tensors[0]
+                                  for s in sorted(ev.recompute)],
                        conv_algo=dict(ev.conv_algo))
             if not ev.fits:
                 row["skipped"] = f"needs {fmt_bytes(ev.required_bytes)}, over the budget"
@@ -345,7 +357,8 @@ def figure(results: dict, path: Path) -> None:
                              squeeze=False)
     for col, key in enumerate(groups):
         rows = [r for r in results["minidnn"] if f"{r['network']} b{r['batch']}" == key]
-        short = {"fastest": "fast", "memory-optimal": "mem-opt"}
+        short = {"fastest": "fast", "memory-optimal": "mem-opt",
+                 "planned, offload only": "offload only"}
         labels = [f"{r['policy']}\n{short.get(r['conv_plans'], r['conv_plans'].split(' (')[0])}"
                   for r in rows]
         x = range(len(rows))

@@ -136,7 +136,10 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
     ex.device.synchronize()
     dt = (time.perf_counter() - t0) / steps
     cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
-    extra = {"profile": layer_profile(ex, x, labels, opt)} if profile else {}
+    extra = {}
+    if profile:
+        extra["profile"] = layer_profile(ex, x, labels, opt)
+        extra["kernels"] = torch_kernel_profile(lambda: ex.train_step(x, labels, opt))
     return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(max(step_peaks)), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
@@ -171,8 +174,8 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
 
 
 def torch_kernel_profile(step, top=16) -> dict:
-    """GPU time of one profiled PyTorch step: in total and for its slowest kernels by name
-    (the counterpart of layer_profile; PyTorch has no layer spans on the stream)."""
+    """GPU time of one step, `step()`, of either framework, in total and for its slowest
+    kernels by name, as PyTorch's profiler (CUPTI) sees every kernel of the process."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -210,7 +213,7 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
     losses += [step() for _ in range(steps)]
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
-    extra = {"profile": torch_kernel_profile(step)} if profile else {}
+    extra = {"kernels": torch_kernel_profile(step)} if profile else {}
     return {**extra, "framework": "pytorch", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(torch.cuda.max_memory_allocated()), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
@@ -245,8 +248,9 @@ def train_bench(args) -> list:
                 print(f"{fw} {run}: {res['ms_per_iter']:.1f} ms/iter, "
                       f"{res['images_per_s']:.0f} img/s, peak {res['peak_bytes'] / GiB:.2f} GiB "
                       f"({time.time() - t0:.0f} s with start-up)", flush=True)
-                if "profile" in res:
-                    print("  profile: " + json.dumps(res["profile"]), flush=True)
+                for key in ("profile", "kernels"):
+                    if key in res:
+                        print(f"  {key}: " + json.dumps(res[key]), flush=True)
             results.append(res)
     print()
     print("| network | batch | precision | framework | ms/iter | images/s | peak memory | "
@@ -419,8 +423,8 @@ def main(argv=None) -> None:
     ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
                     choices=["minidnn", "pytorch"], help="which to run (default both)")
     ap.add_argument("--profile", action="store_true",
-                    help="also profile one step: minidnn's compute time per layer kind, "
-                         "PyTorch's slowest kernels")
+                    help="also profile one step: its slowest GPU kernels (PyTorch's "
+                         "profiler), and minidnn's compute time per layer kind")
     ap.add_argument("--kernels", action="store_true", help="per-kernel table instead")
     ap.add_argument("--batch", type=int, default=32, help="batch of the kernel table")
     ap.add_argument("--convs", type=int, default=0,

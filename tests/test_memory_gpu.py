@@ -205,3 +205,25 @@ def test_planned_workspaces_give_the_same_bits_and_need_no_allocation():
     assert not cuda.workspace_fallbacks
     assert with_blocks[1]["layout_bytes"] >= 16 * 1024**2
     assert with_blocks[0] == _train("all")[0]
+
+
+def test_recomputed_maps_give_the_same_bits_on_gpu():
+    """Maps dropped after forward and rebuilt in backward by running their layers again
+    (deterministic plans), alone and next to offloaded ones: the parameters to the bit of a
+    run that keeps everything, and nothing fetched on demand."""
+    from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
+                                       recompute_inputs, unchained)
+    from minidnn.planner.dyn import FixedDecision
+    plan = Executor(dag_net(), 8, device="cpu", compute=False).plan
+    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    assert {plan.storages[s].tensors[0] for s in recompute} >= {"conv1"}
+    reads = {t for s in recompute for t in recompute_inputs(plan, s)}
+    offload = frozenset(get_policy("all").decide(plan).offload - recompute)
+    assert offload & reads       # some maps a recomputation reads come back from the host
+    kept = _train("none")
+    rebuilt = _train(FixedDecision(MemoryDecision(recompute=recompute)))
+    mixed = _train(FixedDecision(MemoryDecision(offload=offload, recompute=recompute)))
+    assert rebuilt[0] == kept[0] and mixed[0] == kept[0]
+    assert rebuilt[1]["avg_feature_map_bytes"] < kept[1]["avg_feature_map_bytes"]
+    assert rebuilt[1]["offloaded_bytes"] == 0 and mixed[1]["offloaded_bytes"] > 0
+    assert mixed[1]["on_demand_fetches"] == 0

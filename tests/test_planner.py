@@ -215,6 +215,7 @@ def test_every_planned_decision_fits_its_budget_in_the_dry_run(gpu):
             best.required_bytes <= policy.result.usable <= budget
         assert best.peak_bytes <= budget and not best.over_budget
         assert set(ex.decision.offload) == set(best.offload)
+        assert ex.decision.recompute == best.recompute
         for name, setting in best.decision.conv_algo.items():
             assert net.node(name).layer.plan_setting == setting
         assert ex.decision.workspace == best.workspace
@@ -233,13 +234,18 @@ def test_the_planner_beats_vdnn_dyns_greedy_order_when_copies_are_slow():
     probe = Planner(net, 64, prof, budget=None, input_batches=0)
     none, least = probe.baseline("none").required_bytes, probe.minimum().required_bytes
     budget = int((least + 0.95 * (none - least)) / 0.99) + 1
-    result = Planner(net, 64, prof, budget=budget, input_batches=0).run()
+    result = Planner(net, 64, prof, budget=budget, input_batches=0, recompute=False).run()
     names = {result.model.plan.storages[s].tensors[0] for s in result.best.offload}
     floor_names = {result.model.plan.storages[s].tensors[0] for s in result.floor.offload}
     assert result.floor.fits and result.best.fits
     assert floor_names == {"data", "conv1", "conv2"}   # vDNN_conv: every conv's input
     assert names == {"data"}
     assert result.best.step_time_s < 0.5 * result.floor.step_time_s
+    # Allowed to recompute, it copies nothing: running conv1 again costs less than any copy.
+    rebuilt = Planner(net, 64, prof, budget=budget, input_batches=0).run().best
+    assert rebuilt.fits and rebuilt.offload == frozenset()
+    assert {result.model.plan.storages[s].tensors[0] for s in rebuilt.recompute} == {"conv1"}
+    assert rebuilt.step_time_s < result.best.step_time_s
 
 
 def test_a_budget_below_the_minimum_names_the_minimum():

@@ -12,7 +12,8 @@ layer says, before any compute, what it needs:
   a pooling argmax, a softmax), which the manager owns like feature maps;
 * `inplace` says the output may share input 0's buffer (and the input gradient the output
   gradient's), which the liveness plan (memory/plan.py) grants only when no one else needs
-  the input.
+  the input;
+* `recomputable` says forward may run again in backward to rebuild a dropped output.
 
 Shapes always include the batch: (N, C, H, W) for images, (N, F) for vectors.
 """
@@ -94,6 +95,10 @@ class Layer:
     retain_output = False     # backward reads the output
     inplace = False           # output may alias input 0 (and grad input the grad output)
     has_grad_inputs = True    # False for layers whose inputs never need a gradient (the loss's labels)
+    # Forward is a fixed function of the inputs and parameters (no randomness, no mode): with
+    # no aux buffers, running it again in backward rewrites the output bit for bit, so the
+    # memory manager may drop that output after forward and recompute it (memory/policy.py).
+    recomputable = False
 
     def __init__(self, name: str | None = None):
         self.name = name

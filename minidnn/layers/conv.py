@@ -65,6 +65,7 @@ def as_pair(value, what: str, owner: str, minimum: int) -> tuple:
 
 class Conv2d(Layer):
     kind = "conv"
+    recomputable = True
     retain_inputs = (0,)
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,

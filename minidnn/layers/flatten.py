@@ -7,6 +7,7 @@ from .base import Layer
 
 class Flatten(Layer):
     kind = "reshape"
+    recomputable = True
     inplace = True
 
     def infer(self, in_shapes):

@@ -8,6 +8,7 @@ from .conv import check_init
 
 class Linear(Layer):
     kind = "linear"
+    recomputable = True
     retain_inputs = (0,)
 
     def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",

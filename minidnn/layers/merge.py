@@ -11,6 +11,7 @@ from .base import Layer
 
 class Concat(Layer):
     kind = "concat"
+    recomputable = True
     num_inputs = None
 
     def __init__(self, axis: int = 1, name: str | None = None):
@@ -63,6 +64,7 @@ class Concat(Layer):
 
 class Add(Layer):
     kind = "add"
+    recomputable = True
     num_inputs = None
 
     def infer(self, in_shapes):

@@ -15,6 +15,7 @@ from .conv import as_pair
 
 class _Pool2d(Layer):
     kind = "pool"
+    recomputable = True
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  name: str | None = None):

@@ -21,6 +21,7 @@ KEEP = ("output", "bits")
 
 class ReLU(Layer):
     kind = "relu"
+    recomputable = True
     inplace = True
 
     def __init__(self, keep: str = "output", name: str | None = None):

@@ -10,7 +10,8 @@ removes that failure and makes the feature-map peak a number known before step o
 How:
 1. `record_intervals` walks one step through a dry memory manager (receipts, no memory) and
    notes, in the manager's own order of operations, when each block is taken and given back.
-   A storage that is offloaded and prefetched has two blocks (two intervals).
+   A storage that is offloaded and prefetched, or dropped and recomputed, has two blocks
+   (two intervals).
 2. `pack` assigns offsets: largest block first, each at the lowest address where it overlaps no
    already-placed block that is alive at the same time (a greedy solution of the dynamic storage
    allocation problem; near the live-bytes peak on these networks).
@@ -105,15 +106,16 @@ class RecordingBlocks(DynamicBlocks):
 
 
 def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                     workspace: dict | None = None) -> list[Interval]:
-    """The block intervals of one training step under this offload set (a dry run), with a
-    block for each layer call's workspace in `workspace` ({(node index, phase): bytes})."""
+                     workspace: dict | None = None, recompute=()) -> list[Interval]:
+    """The block intervals of one training step under this offload (and recompute) set, a
+    dry run, with a block for each layer call's workspace in `workspace` ({(node index,
+    phase): bytes}). The calls are the executor's, in its order."""
     from .manager import MemoryManager
     blocks = RecordingBlocks()
     from ..backend import Device
     mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
                        offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
-                       blocks=blocks, workspace=workspace)
+                       blocks=blocks, workspace=workspace, recompute=recompute)
     mm.begin_step(True, keep)
     mm.write_input("data", None)
     mm.write_input("label", None)
@@ -124,6 +126,10 @@ def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
         mm.release_workspace()
         mm.after_forward(i)
     for i in reversed(range(n)):
+        for j in mm.recompute_before(i):
+            mm.recompute_buffers(j)
+            mm.acquire_workspace(j, "recompute")
+            mm.release_workspace()
         mm.backward_buffers(i)
         mm.acquire_workspace(i, "backward")
         mm.release_workspace()
@@ -170,8 +176,9 @@ class StaticLayout:
 
     @classmethod
     def for_step(cls, plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                 workspace: dict | None = None) -> "StaticLayout":
-        return cls(record_intervals(plan, offload, prefetch_lookahead, keep, workspace))
+                 workspace: dict | None = None, recompute=()) -> "StaticLayout":
+        return cls(record_intervals(plan, offload, prefetch_lookahead, keep, workspace,
+                                    recompute))
 
     def workspace_bytes(self) -> int:
         """Bytes of the planned workspace blocks (all of them, not at once)."""

@@ -24,6 +24,12 @@ the same code gives the exact residency pattern):
   the destination block may have been freed by compute work still in flight, and (b) the
   offload that filled the host copy. Layer i's compute then waits on the prefetch events of the
   maps it reads. A map that was not prefetched is fetched on demand (a stall, counted).
+
+Recomputation, the other way to free a map between forward and backward: a storage in the
+`recompute` set is released after its last forward use, like an offloaded one, but nothing
+is copied. Before the backward of its first reader, the executor runs its writers' forward
+again (`recompute_before`, `recompute_buffers`), into a new block, from inputs that are still
+on the books then (the prefetch window brings offloaded ones back as it does for backward).
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
+from .policy import recompute_candidates, recompute_inputs
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
 _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
@@ -212,10 +219,13 @@ class MemoryManager:
     Call order for one step (the executor does this):
         begin_step(train) ; write_input(DATA, x) ; write_input(LABEL, y)
         for i in forward order:   forward_buffers(i) -> compute -> after_forward(i)
-        for i in reverse order:   backward_buffers(i) -> compute -> after_backward(i)
+        for i in reverse order:
+            for j in recompute_before(i):  recompute_buffers(j) -> forward of node j again
+            backward_buffers(i) -> compute -> after_backward(i)
         end_step()
 
     offload: storage ids to move to host between forward and backward (training steps only).
+    recompute: storage ids to drop after forward and rebuild in backward (training steps only).
     prefetch_lookahead: how many layers ahead backward brings offloaded maps back (0: only on
     demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
     copied and views are None (for simulate_step). workspace: {(node index, phase): bytes}
@@ -225,7 +235,7 @@ class MemoryManager:
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
                  prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None,
-                 workspace: dict | None = None):
+                 workspace: dict | None = None, recompute=()):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
@@ -261,7 +271,7 @@ class MemoryManager:
         self._last_time = 2 * n - 1
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []
-        self.set_offload(offload)
+        self.set_offload(offload, recompute)
 
     @property
     def tracer(self):
@@ -272,21 +282,47 @@ class MemoryManager:
         self._tracer = tracer
         self.mover.tracer = tracer
 
-    def set_offload(self, offload) -> None:
-        """Choose the storages to offload (applies from the next step on)."""
+    def set_offload(self, offload, recompute=()) -> None:
+        """Choose the storages to offload and to recompute (applies from the next step on)."""
         offload = frozenset(int(s) for s in offload)
+        recompute = frozenset(int(s) for s in recompute)
         for sid in offload:
             s = self.plan.storages[sid]
             if s.kind == "grad" or not s.needed_in_backward:
                 raise ValueError(f"storage {sid} ({s.tensors[0]}) cannot be offloaded: only "
                                  f"feature maps that backward reads can")
-        self.offload = offload
+        self._check_recompute(offload, recompute)
+        self.offload, self.recompute = offload, recompute
         self._offload_after: dict[int, list[int]] = defaultdict(list)  # last forward write -> sids
         self._evict_after: dict[int, list[int]] = defaultdict(list)    # last forward use -> sids
         for sid in sorted(offload):
             s = self.plan.storages[sid]
             self._offload_after[s.last_forward_write].append(sid)
             self._evict_after[s.last_forward_use].append(sid)
+        self._drop_after: dict[int, list[int]] = defaultdict(list)     # last forward use -> sids
+        self._recompute_at: dict[int, list[int]] = defaultdict(list)   # first reader node -> sids
+        self._recompute_reads: dict[int, list[int]] = defaultdict(list)  # ... -> sids they read
+        for sid in sorted(recompute):
+            s = self.plan.storages[sid]
+            reader = self.plan.backward_time(0) - s.first_backward_use   # time 2n-1-i -> node i
+            self._drop_after[s.last_forward_use].append(sid)
+            self._recompute_at[reader].append(sid)
+            self._recompute_reads[reader].extend(recompute_inputs(self.plan, sid))
+
+    def _check_recompute(self, offload: frozenset, recompute: frozenset) -> None:
+        if not recompute:
+            return
+        allowed = {s.id for s in recompute_candidates(self.plan)}
+        for sid in sorted(recompute):
+            name = self.plan.storages[sid].tensors[0]
+            if sid not in allowed:
+                raise ValueError(f"storage {sid} ({name}) cannot be recomputed: see "
+                                 f"memory.policy.recompute_candidates for which can")
+            if sid in offload:
+                raise ValueError(f"storage {sid} ({name}) is both offloaded and recomputed")
+            if set(recompute_inputs(self.plan, sid)) & recompute:
+                raise ValueError(f"storage {sid} ({name}) would be recomputed from a storage "
+                                 f"that is itself recomputed")
 
     # ---- buffers ------------------------------------------------------------------------------
     def _ensure(self, sid: int, where: str):
@@ -346,6 +382,15 @@ class MemoryManager:
             self.log.append((self.time, "evict", sid))
             fm.note(self.time)
 
+    def _drop(self, sid: int) -> None:
+        """Release a storage that backward will recompute (nothing to copy)."""
+        fm = self.maps[sid]
+        if fm.device is not None:
+            self.mover.release_device(fm)
+            self._count(-fm.nbytes)
+            self.log.append((self.time, "drop", sid))
+            fm.note(self.time)
+
     def _fetch(self, fm: FeatureMap, where: str, on_demand: bool) -> None:
         self.mover.fetch(fm, self.time, where)
         self._count(fm.nbytes)
@@ -366,7 +411,7 @@ class MemoryManager:
         that does not fit the budget now is left for later (it will be fetched on demand).
         """
         for j in range(i - 1, max(i - 1 - self.prefetch_lookahead, -1), -1):
-            for sid in self.plan.backward_reads[j]:
+            for sid in self._recompute_reads.get(j, []) + self.plan.backward_reads[j]:
                 fm = self.maps[sid]
                 if fm.device is None and fm.host is not None:
                     try:
@@ -432,6 +477,40 @@ class MemoryManager:
             for sid in self._evict_after.get(i, ()):
                 if self._offloading(sid) and self.maps[sid].host is not None:
                     self._evict(sid)
+            for sid in self._drop_after.get(i, ()):
+                if self._offloading(sid):
+                    self._drop(sid)
+
+    def recompute_before(self, i: int) -> list[int]:
+        """Nodes to run forward again, in order, before node i's backward: the writers of the
+        dropped storages that node i's backward is the first to read. Their other inputs are
+        put on their way first, then the prefetch window of node i's backward is issued, so
+        its copies overlap the recomputation."""
+        if not self.train:
+            return []
+        sids = [sid for sid in self._recompute_at.get(i, ()) if sid not in self.keep]
+        if not sids:
+            return []
+        self.time = self.plan.backward_time(i)
+        where = f"recompute for backward of {self.plan.nodes[i].name}"
+        for sid in sids:
+            for t in recompute_inputs(self.plan, sid):
+                self._ensure(t, where)
+        self._prefetch_window(i)
+        return sorted({j for sid in sids for j in self.plan.writers(sid)})
+
+    def recompute_buffers(self, j: int):
+        """(inputs, output) of node j for its forward run again in backward."""
+        node = self.plan.nodes[j]
+        where = f"recompute of {node.name}"
+        for name in node.inputs:
+            sid = self.plan.tensors[name].storage
+            self._ensure(sid, where)
+            self.mover.wait(self.maps[sid])
+        xs = [self.view(name, where) for name in node.inputs]
+        y = self.view(node.name, where)
+        self.stats.samples.append(("recompute", j, self.resident_bytes))
+        return xs, y
 
     def backward_buffers(self, i: int):
         """(retained inputs, retained output, grad output, grad inputs, aux) of node i."""

@@ -176,6 +176,12 @@ class LivenessPlan:
     def storage_of(self, tensor: str) -> StoragePlan:
         return self.storages[self.tensors[tensor].storage]
 
+    def writers(self, sid: int) -> list[int]:
+        """Indices of the nodes whose forward writes storage `sid`, in order: its producer and
+        the in-place layers (and views) that share its buffer."""
+        return [i for i, node in enumerate(self.nodes)
+                if self.tensors[node.name].storage == sid]
+
     @staticmethod
     def wants_grad(node, k: int) -> bool:
         return node.layer.has_grad_inputs and node.inputs[k] not in (DATA, LABEL) and \

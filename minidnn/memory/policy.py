@@ -2,9 +2,9 @@
 
 A policy reads the LivenessPlan (every buffer, its size, who writes and reads it and when) and
 returns a MemoryDecision: the set of storages to offload to host memory during forward (and
-prefetch back during backward) and, optionally, a convolution plan per conv layer. Policies
-that move fewer bytes (compression, recomputation) would add fields to the decision; layers
-never change for them.
+prefetch back during backward), the set to drop after forward and recompute in backward
+(running their writers' forward again, right before the first backward reader), and,
+optionally, a convolution plan per conv layer. Layers never change for any of it.
 
     none   keep every feature map on the device (liveness alone frees what is dead)
     all    vDNN_all: offload every feature map that backward reads
@@ -37,14 +37,20 @@ class MemoryDecision:
     ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
     plans the policy sets.
     prefetch_lookahead: layers ahead backward prefetches, when the policy chose it (None: the
-    executor's own setting). workspace: {(conv node name, 'forward' | 'backward'): bytes} of
-    the cuDNN workspace each call's plan setting needs, for the static layout to plan among
-    the feature maps (empty: the kernels allocate workspaces at run time).
+    executor's own setting). workspace: {(conv node name, 'forward' | 'backward' |
+    'recompute'): bytes} of the cuDNN workspace each call's plan setting needs, for the static
+    layout to plan among the feature maps (empty: the kernels allocate workspaces at run time).
+    recompute: storage ids (from `recompute_candidates`) to release after their last forward
+    use and rebuild before their first backward use by running their writers' forward again;
+    no storage is both offloaded and recomputed, and none is rebuilt from another one that
+    is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on
+    the GPU: the deterministic math mode, or plans without atomics).
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
     prefetch_lookahead: int | None = None
     workspace: dict = field(default_factory=dict)
+    recompute: frozenset = frozenset()
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)
@@ -66,6 +72,58 @@ def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePl
             continue
         out.append(s)
     return out
+
+
+def recompute_inputs(plan: LivenessPlan, sid: int) -> list[int]:
+    """Storages that rebuilding storage `sid` reads: its writers' inputs other than itself."""
+    out = []
+    for j in plan.writers(sid):
+        for name in plan.nodes[j].inputs:
+            t = plan.tensors[name].storage
+            if t != sid and t not in out:
+                out.append(t)
+    return out
+
+
+def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:
+    """Offload candidates (see above) that can instead be rebuilt right before their first
+    backward reader by running their writers' forward again.
+
+    Every writer must be `recomputable` with no aux buffers (a max-pool's argmax or a
+    dropout mask would be written twice). Every other storage the writers read must still be
+    alive then (a convolution's input is: its own backward reads it later) and must hold the
+    bytes the writer read in forward (nothing wrote it after that writer ran).
+    """
+    out = []
+    for s in offload_candidates(plan, min_bytes):
+        if s.kind != "feature":
+            continue
+        writers = plan.writers(s.id)
+        layers = [plan.nodes[j].layer for j in writers]
+        if not all(layer.recomputable and not layer.aux_specs() for layer in layers):
+            continue
+        ok = True
+        for j in writers:
+            for name in plan.nodes[j].inputs:
+                t = plan.storage_of(name)
+                if t.id != s.id and (t.free_time < s.first_backward_use or
+                                     t.last_forward_write >= j):
+                    ok = False
+        if ok:
+            out.append(s)
+    return out
+
+
+def unchained(plan: LivenessPlan, sids) -> frozenset:
+    """The storages of `sids` (recompute candidates), in order, leaving out each one that
+    would be rebuilt from, or read to rebuild, a storage already taken: a set the manager
+    accepts as its recompute set."""
+    taken: set = set()
+    for sid in sids:
+        reads = set(recompute_inputs(plan, sid))
+        if not reads & taken and not any(sid in recompute_inputs(plan, t) for t in taken):
+            taken.add(sid)
+    return frozenset(taken)
 
 
 def relus_worth_bits(plan: LivenessPlan) -> list[str]:

@@ -40,9 +40,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the `plan` subcommand to an argparse subparsers object; returns its parser."""
     from .gpus import gpu_names
     p = subparsers.add_parser(
-        "plan", help="plan memory for a budget: what to offload, which conv plans, how fast",
-        description="Plan a training step within a memory budget (vDNN_dyn): per layer, keep "
-                    "or offload its feature map and which convolution plan to run; the "
+        "plan", help="plan memory for a budget: what to offload or recompute, which conv "
+                     "plans, how fast",
+        description="Plan a training step within a memory budget (vDNN_dyn): per layer, keep, "
+                    "offload or recompute its feature map and which convolution plan to run; the "
                     "predicted peak memory and step time; the least budget that works.")
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="built-in model or a .py model file (default: the --report's)")
@@ -156,8 +157,9 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
                   f"with --gpu)")
 
 
-def _offload_tensors(plan, offload) -> list[str]:
-    return [plan.storages[s].tensors[0] for s in sorted(offload)]
+def _tensor_names(plan, sids) -> list[str]:
+    """The first tensor of each storage, in storage order."""
+    return [plan.storages[s].tensors[0] for s in sorted(sids)]
 
 
 def layer_rows(model, ev) -> list[dict]:
@@ -176,6 +178,8 @@ def layer_rows(model, ev) -> list[dict]:
             status = f"= {s.tensors[0]}"
         elif sid in ev.offload:
             status = "offload"
+        elif sid in ev.recompute:
+            status = "recompute"
         elif s.needed_in_backward:
             status = "keep"
         else:
@@ -207,7 +211,7 @@ def layer_rows(model, ev) -> list[dict]:
                                             cost.workspace("backward", a)),
                    forward_s=cost.time("forward", a), backward_s=cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
-                              for p in ("forward", "backward")))
+                              for p in ("forward", "backward", "recompute")))
         rows.append(row)
     return rows
 
@@ -220,6 +224,11 @@ def _decision_line(model, ev) -> str:
     limited = sorted(n for n, a in ev.conv_algo.items() if a not in ALGOS)
     parts = [f"offload {n_off} of {total} feature maps ({fmt_bytes(ev.offloaded_bytes)} per "
              f"step each way)" if n_off else "offload nothing"]
+    if ev.recompute:
+        names = _tensor_names(model.plan, ev.recompute)
+        nbytes = sum(model.plan.storages[sid].nbytes for sid in ev.recompute)
+        parts.append(f"recompute {len(names)} ({', '.join(names[:6])}"
+                     f"{', ...' if len(names) > 6 else ''}: {fmt_bytes(nbytes)}) in backward")
     for names, what in ((limited, "the fastest plans within a workspace limit"),
                         (mem_opt, "their memory-optimal plan")):
         if names:
@@ -232,7 +241,8 @@ def _decision_line(model, ev) -> str:
 
 def _evaluation_json(model, ev) -> dict:
     return {
-        "offload": _offload_tensors(model.plan, ev.offload),
+        "offload": _tensor_names(model.plan, ev.offload),
+        "recompute": _tensor_names(model.plan, ev.recompute),
         "conv_algo": dict(ev.conv_algo),
         "fits": ev.fits,
         "required_bytes": ev.required_bytes,

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
+FORWARD_LIKE = ("forward", "recompute")   # a recomputation is a forward call run again
 FORMAT_VERSION = 2   # 2: conv plan settings with workspace limits
 
 
@@ -40,7 +41,8 @@ class LayerCost:
     workspace_backward: the largest cuDNN workspace the call allocates (bytes; the backward's
     data- and filter-gradient convolutions run one after the other, each with its own).
     host_s: {'forward': s, 'backward': s}, the host's time to issue one call (Python, the
-    memory manager, kernel launches).
+    memory manager, kernel launches). A 'recompute' call (forward run again in backward)
+    costs what a forward call costs.
     """
     forward_s: dict
     backward_s: dict
@@ -53,14 +55,15 @@ class LayerCost:
         return table[algo] if algo in table else table["fastest"]
 
     def time(self, phase: str, algo: str = "fastest") -> float:
-        return float(self._pick(self.forward_s if phase == "forward" else self.backward_s, algo))
+        return float(self._pick(self.forward_s if phase in FORWARD_LIKE else self.backward_s,
+                                algo))
 
     def workspace(self, phase: str, algo: str = "fastest") -> int:
-        table = self.workspace_forward if phase == "forward" else self.workspace_backward
+        table = self.workspace_forward if phase in FORWARD_LIKE else self.workspace_backward
         return int(self._pick(table, algo))
 
     def host(self, phase: str) -> float:
-        return float(self.host_s.get(phase, 0.0))
+        return float(self.host_s.get("forward" if phase in FORWARD_LIKE else phase, 0.0))
 
     def max_workspace(self, setting: str = "fastest") -> int:
         return max(self.workspace("forward", setting), self.workspace("backward", setting))

@@ -43,7 +43,8 @@ class DynPolicy(Policy):
     choose_lookahead (default) the plan also picks the prefetch lookahead (search.LOOKAHEADS)
     and the decision carries it, else it plans for `prefetch_lookahead`. cache_dir: where
     measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
-    of a profiling pass goes (default: standard error).
+    of a profiling pass goes (default: standard error). recompute: the planner may drop maps
+    after forward and run their layers again in backward (default); False: offload only.
     """
     name = "dyn"
     description = ("vDNN_dyn: profile the network, then choose per layer what to offload and "
@@ -52,7 +53,7 @@ class DynPolicy(Policy):
     def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
-                 log=None, choose_lookahead: bool = True):
+                 log=None, choose_lookahead: bool = True, recompute: bool = True):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -65,6 +66,7 @@ class DynPolicy(Policy):
         self.static_layout = bool(static_layout)
         self.log = log
         self.choose_lookahead = bool(choose_lookahead)
+        self.recompute = bool(recompute)
         self.result = None
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
@@ -97,7 +99,7 @@ class DynPolicy(Policy):
             self.result = None
             return MemoryDecision(conv_algo=convs)
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
-                       static_layout=self.static_layout,
+                       static_layout=self.static_layout, recompute=self.recompute,
                        reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
         profile = self.profile_for(net, batch)
         if not self.choose_lookahead:

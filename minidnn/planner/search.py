@@ -11,16 +11,18 @@ Two searches run, and the faster feasible answer wins:
   else vDNN_conv, then vDNN_all, with the fastest plans; then, still offloading everything,
   switch layers one by one to their memory-optimal plan, largest workspace first.
 * Greedy by time cost per byte saved: start from no offload and fastest plans; each round,
-  take the moves that can lower what the step needs (offload one more feature map that is on
-  the device where the step needs the most, or where the most feature-map bytes are live,
-  which with the static layout sets the region's size; or move the neediest call's
-  convolution, or the one with the largest workspace, one setting leaner: to the next
-  workspace limit measured for it, down to its memory-optimal plan), evaluate
-  the most promising few exactly, and take the one that adds the least step time per byte it
-  saves (with the next best ones while the step is still far over). Repeat until the step
-  fits; then prune: drop each offload and move each convolution back to a faster setting when
-  the budget no longer needs it, while the step gets faster. On a fast GPU, where copies do
-  not hide behind compute, this moves far fewer bytes than vDNN_conv/all.
+  take the moves that can lower what the step needs (offload, or recompute in backward, one
+  more feature map that is on the device where the step needs the most, or where the most
+  feature-map bytes are live, which with the static layout sets the region's size; or move
+  the neediest call's convolution, or the one with the largest workspace, one setting
+  leaner: to the next workspace limit measured for it, down to its memory-optimal plan),
+  evaluate the most promising few exactly, and take the one that adds the least step time
+  per byte it saves (with the next best ones while the step is still far over). Repeat until
+  the step fits; then prune: drop each offload and recomputation, turn an offload into a
+  recomputation, and move each convolution back to a faster setting when the budget allows
+  and the step gets faster. On a fast GPU, where copies do not hide behind compute, this
+  moves far fewer bytes than vDNN_conv/all: a map whose writers are cheap to run again (a
+  convolution on the three channels of the input image) is recomputed instead of copied.
 
 Below the least memory any decision needs (everything offloaded, every convolution
 memory-optimal) the planner raises InfeasibleBudgetError naming that minimum.
@@ -32,7 +34,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
-from ..memory.policy import get_policy, offload_candidates
+from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
+    recompute_inputs
 from .costs import Profile
 from .simulate import Evaluation, StepModel
 
@@ -96,13 +99,14 @@ class Planner:
     prefetch_lookahead, static_layout: as the run will use them (see StepModel). shortlist:
     moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
     evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
-    VGG-116) and keeps the best so far.
+    VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
-                 max_evaluations: int = 400, static_layout: bool = True):
+                 max_evaluations: int = 400, static_layout: bool = True,
+                 recompute: bool = True):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -116,6 +120,9 @@ class Planner:
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
+        self.rebuildable = [s.id for s in recompute_candidates(self.plan)] if recompute else []
+        self._rebuild_reads = {sid: set(recompute_inputs(self.plan, sid))
+                               for sid in self.rebuildable}
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
@@ -167,7 +174,8 @@ class Planner:
         """A cheap guess of each move's step-time cost, only to choose which moves to evaluate
         exactly: the part of a map's copies that the neighbouring layers' compute cannot hide
         (its offload behind the layers after its last write, its prefetch behind the backward
-        of the layer after its first reader), or the extra time of a memory-optimal plan."""
+        of the layer after its first reader), its writers' forward time for a recomputation,
+        or the extra time of a memory-optimal plan."""
         if self._estimate_cache is not None:
             return self._estimate_cache
         prof, plan = self.profile, self.plan
@@ -184,6 +192,9 @@ class Planner:
             exposed = max(0.0, st.nbytes / prof.d2h_bw - fwd_window) + \
                 max(0.0, st.nbytes / prof.h2d_bw - bwd_window)
             est[("offload", sid)] = (exposed, st.nbytes)
+        for sid in self.rebuildable:
+            again = sum(fwd[j] for j in plan.writers(sid))
+            est[("recompute", sid)] = (again, plan.storages[sid].nbytes)
         self._estimate_cache = est
         return est
 
@@ -201,7 +212,7 @@ class Planner:
         """(step-time cost, bytes saved) guessed for a move (see _estimates): for a leaner
         convolution setting, its extra time and the workspace it saves."""
         what, x = move
-        if what == "offload":
+        if what in ("offload", "recompute"):
             return self._estimates()[move]
         cost = self.profile.layer(x)
         now, nxt = ev.conv_algo.get(x, "fastest"), self._leaner(ev, x)
@@ -215,15 +226,18 @@ class Planner:
         static layout that moment sets the region's size); running the convolution of the
         neediest call, or the one with the largest workspace, one setting leaner."""
         fast = [n for n in self.model.conv_names if self._leaner(ev, n) is not None]
+        moved = ev.offload | ev.recompute
+        rebuilds = [sid for sid in self.rebuildable if self._may_recompute(ev, sid)]
         if everywhere:
-            offloads = [sid for sid in self.candidates if sid not in ev.offload]
+            offloads = [sid for sid in self.candidates if sid not in moved]
             names = fast
         else:
             resident = set(ev.resident.get(ev.fm_peak_point, ()))
             if isinstance(ev.peak_point, tuple):
                 resident |= ev.resident.get(ev.peak_point, frozenset())
             offloads = [sid for sid in self.candidates
-                        if sid not in ev.offload and sid in resident]
+                        if sid not in moved and sid in resident]
+            rebuilds = [sid for sid in rebuilds if sid in resident]
             names = []
             if isinstance(ev.peak_point, tuple):
                 names.append(self.plan.nodes[ev.peak_point[1]].name)
@@ -231,18 +245,32 @@ class Planner:
                 names.append(max(fast, key=lambda n: self.profile.layer(n).max_workspace(
                     ev.conv_algo.get(n, "fastest"))))
             names = [n for n in dict.fromkeys(names) if n in fast]
-        moves = [("offload", sid) for sid in offloads] + [("algo", n) for n in names]
+        moves = [("offload", sid) for sid in offloads] + \
+            [("recompute", sid) for sid in rebuilds] + [("algo", n) for n in names]
         est = {mv: self._estimate(ev, mv) for mv in moves}
         return sorted(moves, key=lambda mv: (est[mv][0] / max(est[mv][1], 1), -est[mv][1]))
 
+    def _may_recompute(self, ev: Evaluation, sid: int) -> bool:
+        """May map `sid` (a recompute candidate) be recomputed on top of `ev`: not already,
+        not rebuilt from a recomputed map, and not read to rebuild one."""
+        return sid not in ev.recompute and not self._rebuild_reads[sid] & ev.recompute and \
+            not any(sid in self._rebuild_reads[r] for r in ev.recompute)
+
     def _apply(self, ev: Evaluation, moves) -> Evaluation:
-        offload, algos = set(ev.offload), dict(ev.conv_algo)
+        offload, recompute, algos = set(ev.offload), set(ev.recompute), dict(ev.conv_algo)
         for what, x in moves:
             if what == "offload":
-                offload.add(x)
+                if x not in recompute:
+                    offload.add(x)
+            elif what == "recompute":
+                if self._rebuild_reads[x] & recompute or \
+                        any(x in self._rebuild_reads[r] for r in recompute):
+                    continue     # two moves of one bundle would chain
+                offload.discard(x)
+                recompute.add(x)
             else:
                 algos[x] = self._leaner(ev, x)
-        return self.model.evaluate(frozenset(offload), algos)
+        return self.model.evaluate(frozenset(offload), algos, frozenset(recompute))
 
     def _out_of_evaluations(self) -> bool:
         return len(self.model.cache) >= self.max_evaluations
@@ -273,7 +301,7 @@ class Planner:
                                 nxt.fm_levels.get(ev.fm_peak_point, 0))
                     if gain > 0:
                         scored.append((0, dt / gain, -gain, move, nxt))
-                    elif local > 0:
+                    elif local > 0 and gain == 0:   # not one that raises another call's need
                         scored.append((1, dt / local, -local, move, nxt))
                 if scored:
                     break
@@ -296,8 +324,9 @@ class Planner:
         return self.prune(ev)
 
     def prune(self, ev: Evaluation) -> Evaluation:
-        """Undo what the budget does not need, while the step gets faster (the offloads whose
-        copies are most exposed first)."""
+        """Undo what the budget does not need, while the step gets faster: each offload (the
+        most exposed copies first), or its copies traded for a recomputation; each
+        recomputation; each convolution's leaner setting."""
         m = self.model
         est = self._estimates()
         improved = True
@@ -306,13 +335,27 @@ class Planner:
             for sid in sorted(ev.offload, key=lambda s: -est[("offload", s)][0]):
                 if self._out_of_evaluations():
                     break
-                nxt = m.evaluate(ev.offload - {sid}, ev.conv_algo)
+                tries = [(ev.offload - {sid}, ev.recompute)]
+                if sid in self._rebuild_reads:      # the copies for a recomputation instead
+                    tries.append((ev.offload - {sid}, ev.recompute | {sid}))
+                for offload, recompute in tries:
+                    if recompute != ev.recompute and not self._may_recompute(ev, sid):
+                        continue
+                    nxt = m.evaluate(offload, ev.conv_algo, recompute)
+                    if nxt.fits and nxt.step_time_s < ev.step_time_s:
+                        ev, improved = nxt, True
+                        break
+            for sid in sorted(ev.recompute):
+                if self._out_of_evaluations():
+                    break
+                nxt = m.evaluate(ev.offload, ev.conv_algo, ev.recompute - {sid})
                 if nxt.fits and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
                 faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
                 if faster is not None and not self._out_of_evaluations():
-                    nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: faster}))
+                    nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: faster}),
+                                     ev.recompute)
                     if nxt.fits and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
         return ev
@@ -341,7 +384,7 @@ class Planner:
         feasible = [ev for ev in self.model.cache.values() if ev.fits]
         quickest = min(ev.step_time_s for ev in feasible)
         ties = [ev for ev in feasible if ev.step_time_s <= quickest * (1 + 1e-6) + 1e-12]
-        return min(ties, key=lambda ev: (ev.offloaded_bytes,
+        return min(ties, key=lambda ev: (ev.offloaded_bytes, len(ev.recompute),
                                          sum(a != "fastest" for a in ev.conv_algo.values()),
                                          ev.required_bytes))
 

@@ -52,6 +52,8 @@ from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_byte
                     transient_bytes)
 from .dyn import FixedDecision
 
+CALL_PHASES = ("forward", "backward", "recompute")
+
 
 # ---- the recording device ------------------------------------------------------------------------
 class Mark:
@@ -223,11 +225,14 @@ class _DryExecutor(Executor):
     set, exactly as a real run's would be."""
 
     def __init__(self, net, batch, device: SymbolicDevice, prefetch_lookahead: int,
-                 offload=frozenset(), static_layout: bool = True, workspace=None):
+                 offload=frozenset(), static_layout: bool = True, workspace=None,
+                 recompute=frozenset()):
         self._log = device.log
-        # The offload set and the workspace blocks: conv plans are the profile's business (the
-        # dry run runs no kernels), and the network's layers are left as they are.
-        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}))
+        # The offload and recompute sets and the workspace blocks: conv plans are the
+        # profile's business (the dry run runs no kernels), and the network's layers are left
+        # as they are.
+        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
+                                  recompute=frozenset(recompute))
         super().__init__(net, batch, device=device, policy=FixedDecision(decision),
                          memory_budget=None, prefetch_lookahead=prefetch_lookahead,
                          compute=False, static_layout=static_layout)
@@ -242,7 +247,8 @@ class _DryExecutor(Executor):
 # ---- results -------------------------------------------------------------------------------------
 @dataclass
 class Evaluation:
-    """The model's prediction for one decision (offload set, conv plan per conv layer).
+    """The model's prediction for one decision (offload set, recompute set, conv plan per
+    conv layer).
 
     required_bytes: device memory the step needs to run at all (see module doc); peak_bytes:
     the arena peak the run will report; fits: required_bytes <= the usable budget.
@@ -280,6 +286,7 @@ class Evaluation:
     host_wait_s: float = 0.0
     over_budget: bool = False
     workspace: dict = field(repr=False, default_factory=dict)
+    recompute: frozenset = frozenset()
 
     @property
     def decision(self) -> MemoryDecision:
@@ -288,12 +295,12 @@ class Evaluation:
         run that measures its plans again then cannot pick a fastest plan needing more."""
         settings = dict(self.conv_algo)
         for name, setting in settings.items():
-            planned = max(self.workspace.get((name, "forward"), 0),
-                          self.workspace.get((name, "backward"), 0))
+            planned = max(self.workspace.get((name, phase), 0) for phase in CALL_PHASES)
             if setting == "fastest" and planned:
                 settings[name] = plan_setting("fastest", planned)
         return MemoryDecision(offload=frozenset(self.offload), conv_algo=settings,
-                              workspace=dict(self.workspace))
+                              workspace=dict(self.workspace),
+                              recompute=frozenset(self.recompute))
 
     def level_at(self, point) -> int:
         return self.levels.get(point, 0)
@@ -337,13 +344,13 @@ class StepModel:
         counted = 1 if profile.temporaries_in_arena else 0
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
-                           for i, node in enumerate(self.nodes)
-                           for phase in ("forward", "backward")}
+                           for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
 
     # ---- decisions ---------------------------------------------------------------------------
-    def key(self, offload, conv_algo) -> tuple:
-        return (frozenset(offload), tuple(conv_algo.get(n, "fastest") for n in self.conv_names))
+    def key(self, offload, conv_algo, recompute=frozenset()) -> tuple:
+        return (frozenset(offload), tuple(conv_algo.get(n, "fastest") for n in self.conv_names),
+                frozenset(recompute))
 
     def algos(self, algo: str) -> dict:
         """Every convolution on one plan setting."""
@@ -351,35 +358,41 @@ class StepModel:
             raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
         return {n: algo for n in self.conv_names}
 
-    def evaluate(self, offload, conv_algo: dict | None = None) -> Evaluation:
-        """The prediction for offloading `offload` (storage ids) with these conv plans
-        (missing convolutions: 'fastest'). Cached."""
+    def evaluate(self, offload, conv_algo: dict | None = None,
+                 recompute=frozenset()) -> Evaluation:
+        """The prediction for offloading `offload` and recomputing `recompute` (storage ids)
+        with these conv plans (missing convolutions: 'fastest'). Cached."""
         conv_algo = {n: (conv_algo or {}).get(n, "fastest") for n in self.conv_names}
-        key = self.key(offload, conv_algo)
+        key = self.key(offload, conv_algo, recompute)
         hit = self.cache.get(key)
         if hit is None:
-            hit = self.cache[key] = self._evaluate(frozenset(offload), conv_algo)
+            hit = self.cache[key] = self._evaluate(frozenset(offload), conv_algo,
+                                                   frozenset(recompute))
         return hit
 
-    def workspace_blocks(self, conv_algo: dict) -> dict:
+    def workspace_blocks(self, conv_algo: dict, recompute=frozenset()) -> dict:
         """{(conv name, phase): bytes} the static layout plans for these plan settings (none
-        without a static layout: then the kernels allocate workspaces beside the region)."""
+        without a static layout: then the kernels allocate workspaces beside the region); a
+        convolution run again to rebuild a recomputed map gets its forward's workspace."""
         if not self.static_layout:
             return {}
+        rerun = {self.nodes[j].name for sid in recompute for j in self.plan.writers(sid)}
         blocks = {}
         for name in self.conv_names:
             cost = self.profile.layer(name)
-            for phase in ("forward", "backward"):
+            for phase in CALL_PHASES:
+                if phase == "recompute" and name not in rerun:
+                    continue
                 nbytes = cost.workspace(phase, conv_algo.get(name, "fastest"))
                 if nbytes:
                     blocks[(name, phase)] = int(nbytes)
         return blocks
 
-    def _evaluate(self, offload: frozenset, conv_algo: dict) -> Evaluation:
+    def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
         device = SymbolicDevice()
-        planned = self.workspace_blocks(conv_algo)
+        planned = self.workspace_blocks(conv_algo, recompute)
         ex = _DryExecutor(self.net, self.batch, device, self.lookahead, offload,
-                          self.static_layout, planned)
+                          self.static_layout, planned, recompute)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log
@@ -411,7 +424,7 @@ class StepModel:
 
         t = self._timeline(log, conv_algo, held, planned)
         fits = self.usable is None or required <= self.usable
-        return Evaluation(workspace=planned,
+        return Evaluation(workspace=planned, recompute=recompute,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
             peak_bytes=int(t["peak"]), fits=fits, step_time_s=t["step"],
             compute_s=t["compute"], offloaded_bytes=int(stats["offloaded_bytes"]),

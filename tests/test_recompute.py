@@ -1,0 +1,159 @@
+"""Recomputation: maps dropped after forward and rebuilt in backward by running their layers'
+forward again (memory/policy.py, memory/manager.py, executor.py), on the CPU."""
+import numpy as np
+import pytest
+
+from minidnn import Executor, Network, SGD, models
+from minidnn.layers import Add, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
+from minidnn.memory.layout import record_intervals
+from minidnn.memory.plan import LivenessPlan
+from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
+                                   recompute_inputs, unchained)
+from minidnn.planner.dyn import FixedDecision
+
+
+def branchy() -> Network:
+    net = Network((3, 12, 12), num_classes=6, name="branchy")
+    net.add(Conv2d(6, 3, padding=1), name="conv1")
+    net.add(ReLU(), name="relu1")
+    net.add(Conv2d(6, 3, padding=1), inputs="relu1", name="conva")
+    net.add(ReLU(), name="relua")
+    net.add(Conv2d(6, 1), inputs="relu1", name="convb")
+    net.add(Add(), inputs=["relua", "convb"], name="join")
+    net.add(MaxPool2d(2), name="pool")
+    net.add(Dropout(0.25), name="drop")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(6), name="fc")
+    net.add_loss()
+    return net
+
+
+def names(plan, sids) -> set:
+    return {plan.storages[s].tensors[0] for s in sids}
+
+
+def train(decision, steps=2, budget=None, static_layout=None, lookahead=1):
+    """(parameters after `steps` SGD steps, memory stats, manager log of the last step)."""
+    rng = np.random.default_rng(0)
+    net = branchy()
+    with Executor(net, 4, device="cpu", seed=0, policy=FixedDecision(decision),
+                  memory_budget=budget, static_layout=static_layout,
+                  prefetch_lookahead=lookahead) as ex:
+        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
+        for _ in range(steps):
+            x = rng.standard_normal((4, 3, 12, 12)).astype(np.float32)
+            ex.train_step(x, rng.integers(0, 6, 4), opt)
+        stats, log = ex.memory_stats(), list(ex.manager.log)
+    return net.state_dict(), stats, log
+
+
+def test_candidates_are_maps_whose_writers_can_run_again():
+    plan = LivenessPlan(branchy(), 4)
+    found = names(plan, [s.id for s in recompute_candidates(plan)])
+    # conv1 (with relu1 in place) reads the input, which conv1's own backward keeps; conva
+    # reads relu1's map, which conva's backward keeps. Not the pool's output (its argmax would
+    # be written twice), not dropout's (random), not the join's (its inputs are gone by then).
+    assert "conv1" in found and "conva" in found
+    assert not found & {"pool", "drop", "join", "data", "label"}
+    conv1 = plan.storage_of("conv1").id
+    assert plan.writers(conv1) == [0, 1]                       # conv1, relu1 in place
+    assert names(plan, recompute_inputs(plan, conv1)) == {"data"}
+    # conva is rebuilt from relu1's map, so the two cannot both be recomputed.
+    both = unchained(plan, [conv1, plan.storage_of("conva").id])
+    assert both == {conv1}
+
+
+def test_recomputation_changes_no_bit_and_frees_the_maps_between():
+    kept, kept_stats, _ = train(MemoryDecision())
+    plan = LivenessPlan(branchy(), 4)
+    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    for budget, layout in ((None, False), ("64MiB", True)):
+        got, stats, log = train(MemoryDecision(recompute=recompute), budget=budget,
+                                static_layout=layout)
+        for key in kept:
+            assert np.array_equal(got[key], kept[key]), key
+        assert stats["avg_feature_map_bytes"] < kept_stats["avg_feature_map_bytes"]
+        assert stats["offloaded_bytes"] == stats["prefetched_bytes"] == 0
+        for sid in recompute:
+            s = plan.storages[sid]
+            events = [(t, what) for t, what, k in log if k == sid]
+            # Dropped after its last forward use, taken again at its first backward reader.
+            assert (s.last_forward_use, "drop") in events
+            assert (s.first_backward_use, "alloc") in events
+
+
+def test_offloaded_inputs_of_a_recomputation_are_prefetched_for_it():
+    plan = LivenessPlan(branchy(), 4)
+    conv1 = plan.storage_of("conv1").id
+    offload = get_policy("all").decide(plan).offload - {conv1}
+    assert plan.storage_of("data").id in offload
+    kept, _, _ = train(MemoryDecision())
+    got, stats, _ = train(MemoryDecision(offload=offload, recompute=frozenset({conv1})))
+    for key in kept:
+        assert np.array_equal(got[key], kept[key]), key
+    assert stats["on_demand_fetches"] == 0
+    lazy, lazy_stats, _ = train(MemoryDecision(offload=offload, recompute=frozenset({conv1})),
+                                lookahead=0)
+    assert lazy_stats["on_demand_fetches"] > 0
+    for key in kept:
+        assert np.array_equal(lazy[key], kept[key]), key
+
+
+def test_the_layout_gives_a_recomputed_map_two_blocks():
+    plan = LivenessPlan(branchy(), 4)
+    conv1 = plan.storage_of("conv1").id
+    blocks = [iv for iv in record_intervals(plan, frozenset(), 1, recompute={conv1},
+                                            workspace={(0, "recompute"): 1024})
+              if iv.sid == conv1]
+    assert len(blocks) == 2 and blocks[0].end <= blocks[1].start
+    spaces = [iv for iv in record_intervals(plan, frozenset(), 1, recompute={conv1},
+                                            workspace={(0, "recompute"): 1024})
+              if iv.sid == ("workspace", 0, "recompute")]
+    assert len(spaces) == 1
+
+
+def test_sets_the_manager_cannot_run_are_refused():
+    plan = LivenessPlan(branchy(), 4)
+    sid = {name: plan.storage_of(name).id for name in ("conv1", "conva", "pool", "drop")}
+    bad = [(frozenset(), {sid["pool"]}, "cannot be recomputed"),
+           (frozenset(), {sid["drop"]}, "cannot be recomputed"),
+           ({sid["conv1"]}, {sid["conv1"]}, "both offloaded and recomputed"),
+           (frozenset(), {sid["conv1"], sid["conva"]}, "itself recomputed")]
+    for offload, recompute, message in bad:
+        with pytest.raises(ValueError, match=message):
+            Executor(branchy(), 4, device="cpu", compute=False,
+                     policy=FixedDecision(MemoryDecision(offload=offload,
+                                                         recompute=frozenset(recompute))))
+
+
+def test_evaluation_steps_recompute_nothing():
+    plan = LivenessPlan(branchy(), 4)
+    conv1 = plan.storage_of("conv1").id
+    ex = Executor(branchy(), 4, device="cpu", seed=0,
+                  policy=FixedDecision(MemoryDecision(recompute=frozenset({conv1}))))
+    x = np.random.default_rng(1).standard_normal((4, 3, 12, 12)).astype(np.float32)
+    loss, logits = ex.evaluate(x, np.arange(4) % 6)
+    assert not [e for e in ex.manager.log if e[1] == "drop"]
+    ref = Executor(branchy(), 4, device="cpu", seed=0)
+    ref_loss, ref_logits = ref.evaluate(x, np.arange(4) % 6)
+    assert loss == ref_loss and np.array_equal(logits, ref_logits)
+
+
+def test_vgg16_recomputes_from_the_image_on_the_planners_word():
+    """The planner's dry run and the executor agree on what a recomputation costs in memory."""
+    from minidnn.planner.gpus import analytic_profile
+    from minidnn.planner.search import Planner
+    net = models.build("vgg16", num_classes=10, image_size=32)
+    plan = LivenessPlan(net, 8)
+    conv1_1 = plan.storage_of("conv1_1").id
+    prof = analytic_profile(net, 8, "h200")
+    planner = Planner(net, 8, prof, budget=None)
+    with_rc = planner.model.evaluate(frozenset(), None, frozenset({conv1_1}))
+    none = planner.model.evaluate(frozenset(), None)
+    assert with_rc.compute_s > none.compute_s              # conv1_1 and relu1_1 run twice
+    assert ("recompute", 0) in with_rc.calls and ("recompute", 1) in with_rc.calls
+    ex = Executor(net, 8, device="cpu", compute=False, memory_budget="4GiB",
+                  policy=FixedDecision(with_rc.decision))
+    stats = ex.simulate_step()
+    assert stats["layout_bytes"] == with_rc.region_bytes
+    assert with_rc.fm_levels[with_rc.fm_peak_point] <= none.fm_levels[none.fm_peak_point]

@@ -6,5 +6,5 @@ from .executor import Executor
 from .network import Network
 from .optim import SGD
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["layers", "models", "Device", "select_device", "MinidnnError", "Executor", "Network", "SGD"]

@@ -3,29 +3,13 @@ forward again (memory/policy.py, memory/manager.py, executor.py), on the CPU."""
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD, models
-from minidnn.layers import Add, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
+from minidnn import Executor, SGD, models
 from minidnn.memory.layout import record_intervals
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                    recompute_inputs, unchained)
 from minidnn.planner.dyn import FixedDecision
-
-
-def branchy() -> Network:
-    net = Network((3, 12, 12), num_classes=6, name="branchy")
-    net.add(Conv2d(6, 3, padding=1), name="conv1")
-    net.add(ReLU(), name="relu1")
-    net.add(Conv2d(6, 3, padding=1), inputs="relu1", name="conva")
-    net.add(ReLU(), name="relua")
-    net.add(Conv2d(6, 1), inputs="relu1", name="convb")
-    net.add(Add(), inputs=["relua", "convb"], name="join")
-    net.add(MaxPool2d(2), name="pool")
-    net.add(Dropout(0.25), name="drop")
-    net.add(Flatten(), name="flat")
-    net.add(Linear(6), name="fc")
-    net.add_loss()
-    return net
+from test_manager import dag_net as branchy     # conv1 -> relu1 -> {conva, convb} -> join ...
 
 
 def names(plan, sids) -> set:
@@ -41,8 +25,8 @@ def train(decision, steps=2, budget=None, static_layout=None, lookahead=1):
                   prefetch_lookahead=lookahead) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for _ in range(steps):
-            x = rng.standard_normal((4, 3, 12, 12)).astype(np.float32)
-            ex.train_step(x, rng.integers(0, 6, 4), opt)
+            x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+            ex.train_step(x, rng.integers(0, 5, 4), opt)
         stats, log = ex.memory_stats(), list(ex.manager.log)
     return net.state_dict(), stats, log
 
@@ -131,11 +115,11 @@ def test_evaluation_steps_recompute_nothing():
     conv1 = plan.storage_of("conv1").id
     ex = Executor(branchy(), 4, device="cpu", seed=0,
                   policy=FixedDecision(MemoryDecision(recompute=frozenset({conv1}))))
-    x = np.random.default_rng(1).standard_normal((4, 3, 12, 12)).astype(np.float32)
-    loss, logits = ex.evaluate(x, np.arange(4) % 6)
+    x = np.random.default_rng(1).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    loss, logits = ex.evaluate(x, np.arange(4) % 5)
     assert not [e for e in ex.manager.log if e[1] == "drop"]
     ref = Executor(branchy(), 4, device="cpu", seed=0)
-    ref_loss, ref_logits = ref.evaluate(x, np.arange(4) % 6)
+    ref_loss, ref_logits = ref.evaluate(x, np.arange(4) % 5)
     assert loss == ref_loss and np.array_equal(logits, ref_logits)
 
 

@@ -90,7 +90,7 @@ __global__ void relu_forward_bits(const T* x, T* y, unsigned int* mask, unsigned
 }
 
 template<typename T, int VEC>
-__global__ void relu_backward_bits(const unsigned int* mask, const T* gy, T* gx,
+__global__ void relu_backward_bits(const T* gy, T* gx, const unsigned int* mask,
                                    unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
@@ -180,22 +180,27 @@ def _pieces(n: int):
     return ((s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK))
 
 
+def _flat_pass(name: str, arrays, mask=None) -> None:
+    """Kernel `name` over the values of `arrays` (one shape, contiguous), and the words of a
+    ReLU mask after them when given, in launches of at most _CHUNK values."""
+    ctype = _ctype(name, arrays)
+    flat = [a.reshape(-1) for a in arrays]
+    n = flat[0].size
+    words = () if mask is None else (_words(mask, n),)
+    vec = _vector(flat, n)
+    for s, e in _pieces(n):
+        _run(name, ctype, vec, e - s,
+             tuple(a[s:e] for a in flat) + tuple(w[s // 32:] for w in words))
+
+
 def relu_forward(x, y) -> None:
     """y = max(x, 0). x, y: same shape and dtype, contiguous; y may be x."""
-    ctype = _ctype("relu_forward", (x, y))
-    x, y = x.reshape(-1), y.reshape(-1)
-    vec = _vector((x, y), x.size)
-    for s, e in _pieces(x.size):
-        _run("relu_forward", ctype, vec, e - s, (x[s:e], y[s:e]))
+    _flat_pass("relu_forward", (x, y))
 
 
 def relu_backward(y, gy, gx) -> None:
     """gx = gy where y > 0, else 0; gx may be gy."""
-    ctype = _ctype("relu_backward", (y, gy, gx))
-    y, gy, gx = y.reshape(-1), gy.reshape(-1), gx.reshape(-1)
-    vec = _vector((y, gy, gx), y.size)
-    for s, e in _pieces(y.size):
-        _run("relu_backward", ctype, vec, e - s, (y[s:e], gy[s:e], gx[s:e]))
+    _flat_pass("relu_backward", (y, gy, gx))
 
 
 def _words(mask, n: int):
@@ -211,22 +216,12 @@ def _words(mask, n: int):
 
 def relu_forward_bits(x, y, mask) -> None:
     """y = max(x, 0) and mask (uint8, relu_mask_bytes(x.size), 4-byte aligned) = bits of y > 0."""
-    ctype = _ctype("relu_forward_bits", (x, y))
-    x, y = x.reshape(-1), y.reshape(-1)
-    words = _words(mask, x.size)
-    vec = _vector((x, y), x.size)
-    for s, e in _pieces(x.size):
-        _run("relu_forward_bits", ctype, vec, e - s, (x[s:e], y[s:e], words[s // 32:]))
+    _flat_pass("relu_forward_bits", (x, y), mask)
 
 
 def relu_backward_bits(mask, gy, gx) -> None:
     """gx = gy where the mask's bit is set, else 0; gx may be gy itself."""
-    ctype = _ctype("relu_backward_bits", (gy, gx))
-    gy, gx = gy.reshape(-1), gx.reshape(-1)
-    words = _words(mask, gy.size)
-    vec = _vector((gy, gx), gy.size)
-    for s, e in _pieces(gy.size):
-        _run("relu_backward_bits", ctype, vec, e - s, (words[s // 32:], gy[s:e], gx[s:e]))
+    _flat_pass("relu_backward_bits", (gy, gx), mask)
 
 
 def bias_add(y, b) -> None:

@@ -373,22 +373,14 @@ class MemoryManager:
         self.stats.offloaded_bytes += fm.nbytes
         self.log.append((self.time, "offload", sid))
 
-    def _evict(self, sid: int) -> None:
-        """Release the device copy of an offloaded storage (once its copy is done)."""
+    def _leave_device(self, sid: int, why: str) -> None:
+        """Release the device block of a storage backward needs again: 'evict' (offloaded; the
+        block is reused once its copy is done) or 'drop' (backward will recompute it)."""
         fm = self.maps[sid]
         if fm.device is not None:
             self.mover.release_device(fm)
             self._count(-fm.nbytes)
-            self.log.append((self.time, "evict", sid))
-            fm.note(self.time)
-
-    def _drop(self, sid: int) -> None:
-        """Release a storage that backward will recompute (nothing to copy)."""
-        fm = self.maps[sid]
-        if fm.device is not None:
-            self.mover.release_device(fm)
-            self._count(-fm.nbytes)
-            self.log.append((self.time, "drop", sid))
+            self.log.append((self.time, why, sid))
             fm.note(self.time)
 
     def _fetch(self, fm: FeatureMap, where: str, on_demand: bool) -> None:
@@ -476,10 +468,10 @@ class MemoryManager:
         if self.train:
             for sid in self._evict_after.get(i, ()):
                 if self._offloading(sid) and self.maps[sid].host is not None:
-                    self._evict(sid)
+                    self._leave_device(sid, "evict")
             for sid in self._drop_after.get(i, ()):
                 if self._offloading(sid):
-                    self._drop(sid)
+                    self._leave_device(sid, "drop")
 
     def recompute_before(self, i: int) -> list[int]:
         """Nodes to run forward again, in order, before node i's backward: the writers of the

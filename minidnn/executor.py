@@ -323,7 +323,7 @@ class Executor:
                 self._set_where(f"recompute of {writer.name}")
                 xs, y = mm.recompute_buffers(j)
                 self._call("recompute", j, ctx,
-                           ctx and (lambda: writer.layer.forward(xs, y, {}, ctx)),
+                           ctx and (lambda: writer.layer.forward(xs, y, None, ctx)),
                            lambda j: None)
             node = self.plan.nodes[i]
             self._set_where(f"backward of {node.name}")

@@ -77,17 +77,21 @@ def _train_checksum(relu_bits, policy, steps=3):
 
 
 @pytest.mark.parametrize("policy", ["none", "all"])
-def test_relu_bit_masks_change_no_bit_and_free_the_maps_before_pools(policy):
+def test_relu_bit_masks_change_no_bit_and_free_the_maps_before_pools_and_convolutions(policy):
     plain, plain_stats, _, _ = _train_checksum(False, policy)
     bits, bits_stats, keeps, net = _train_checksum(True, policy)
     assert bits == plain
     # The ReLUs before a max-pool switch (VGG: the last of each stage) and those before a
-    # dropout (which can then run in place); never one whose output a layer keeps anyway.
+    # dropout (which can then run in place). So do those before a convolution: it then
+    # writes its input gradient over the map. Never one whose output a linear layer keeps.
     switched = {name for name, keep in keeps.items() if keep == "bits"}
     pooled = {n.inputs[0] for n in net.nodes if n.layer.kind == "pool"}
     assert pooled <= switched
-    keepers = {n.inputs[0] for n in net.nodes if n.layer.kind in ("conv", "linear")}
-    assert not switched & keepers
+    convolved = {n.inputs[0] for n in net.nodes if n.layer.kind == "conv"}
+    relus = {n.name for n in net.nodes if n.layer.kind == "relu"}
+    assert convolved & relus and convolved & relus <= switched
+    linear = {n.inputs[0] for n in net.nodes if n.layer.kind == "linear"}
+    assert not switched & linear
     assert bits_stats["avg_feature_map_bytes"] < plain_stats["avg_feature_map_bytes"]
     if policy == "all":
         assert bits_stats["offloaded_bytes"] < plain_stats["offloaded_bytes"]

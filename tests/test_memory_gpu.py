@@ -227,3 +227,31 @@ def test_recomputed_maps_give_the_same_bits_on_gpu():
     assert rebuilt[1]["avg_feature_map_bytes"] < kept[1]["avg_feature_map_bytes"]
     assert rebuilt[1]["offloaded_bytes"] == 0 and mixed[1]["offloaded_bytes"] > 0
     assert mixed[1]["on_demand_fetches"] == 0
+
+
+def test_input_gradients_over_inputs_give_the_same_bits_on_gpu(monkeypatch):
+    """VGG-11 with ReLU bit masks: every convolution after a pool or a ReLU writes its input
+    gradient over its input (weight gradient first, on one stream). The parameters match a
+    run where each gradient has a buffer of its own, to the bit, under none and all."""
+    from minidnn import models
+    from minidnn.layers.conv import Conv2d as ConvClass
+
+    def run(policy, allow):
+        monkeypatch.setattr(ConvClass, "grad_over_input", allow)
+        rng = np.random.default_rng(1)
+        with Executor(models.build("vgg11", num_classes=10, image_size=32), 8, device="gpu",
+                      seed=0, policy=policy, memory_budget="1GiB", relu_bits=True,
+                      deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
+            for _ in range(2):
+                x = rng.standard_normal((8, 3, 32, 32)).astype(np.float32)
+                ex.train_step(x, rng.integers(0, 10, 8), opt)
+            shared = len(ex.plan.grad_over_input)
+            del opt
+            ex.close()
+            return ex.net.param_checksum(), shared
+
+    own = {policy: run(policy, True) for policy in ("none", "all")}
+    apart = run("none", False)
+    assert apart[1] == 0 and own["none"][1] > 0
+    assert own["none"][0] == own["all"][0] == apart[0]

@@ -13,7 +13,8 @@ layer says, before any compute, what it needs:
 * `inplace` says the output may share input 0's buffer (and the input gradient the output
   gradient's), which the liveness plan (memory/plan.py) grants only when no one else needs
   the input;
-* `recomputable` says forward may run again in backward to rebuild a dropped output.
+* `recomputable` says forward may run again in backward to rebuild a dropped output, and
+  `grad_over_input` that backward may write input 0's gradient over input 0.
 
 Shapes always include the batch: (N, C, H, W) for images, (N, F) for vectors.
 """
@@ -95,10 +96,15 @@ class Layer:
     retain_output = False     # backward reads the output
     inplace = False           # output may alias input 0 (and grad input the grad output)
     has_grad_inputs = True    # False for layers whose inputs never need a gradient (the loss's labels)
-    # Forward is a fixed function of the inputs and parameters (no randomness, no mode): with
-    # no aux buffers, running it again in backward rewrites the output bit for bit, so the
-    # memory manager may drop that output after forward and recompute it (memory/policy.py).
+    # Forward is a fixed function of the inputs and parameters (no randomness, no mode) and,
+    # given aux=None, writes only y: running it again in backward rewrites the output bit for
+    # bit, so the memory manager may drop that output after forward and recompute it
+    # (memory/policy.py). Aux buffers forward filled the first time stay as they are.
     recomputable = False
+    # Backward reads input 0 only before it writes input 0's gradient (a convolution: weight
+    # gradient first, then data gradient), so that gradient may overwrite input 0 when no
+    # one else reads it in backward (memory/plan.py).
+    grad_over_input = False
 
     def __init__(self, name: str | None = None):
         self.name = name
@@ -145,7 +151,8 @@ class Layer:
 
     # ---- compute --------------------------------------------------------------------------
     def forward(self, xs: list, y, aux: dict, ctx: StepContext) -> None:
-        """Compute the output into `y` (which may be xs[0] itself when `inplace`)."""
+        """Compute the output into `y` (which may be xs[0] itself when `inplace`). aux is None
+        when a `recomputable` layer runs again in backward: then write y only."""
         raise NotImplementedError
 
     def backward(self, xs: list, y, gy, gxs: list, aux: dict, ctx: StepContext) -> None:

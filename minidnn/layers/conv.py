@@ -66,6 +66,7 @@ def as_pair(value, what: str, owner: str, minimum: int) -> tuple:
 class Conv2d(Layer):
     kind = "conv"
     recomputable = True
+    grad_over_input = True
     retain_inputs = (0,)
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
@@ -165,11 +166,12 @@ class Conv2d(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         spec = self.spec
         w = self.params["weight"]
-        # One after the other on one stream, so the two convolutions share one workspace.
-        if gxs[0] is not None:
-            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)
+        # One after the other on one stream, so the two convolutions share one workspace. The
+        # weight gradient first: gxs[0] may be x's own buffer (grad_over_input).
         gb = self.params["bias"].grad if self.bias else None
         ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec, workspace=ctx.workspace)
+        if gxs[0] is not None:
+            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)
 
     def flops(self):
         n, o, oh, ow = self.out_shape

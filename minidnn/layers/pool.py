@@ -58,6 +58,7 @@ class _Pool2d(Layer):
 
 class MaxPool2d(_Pool2d):
     """Window maximum. aux 'argmax' (uint8, output shape) = kh * KW + kw of the first maximum."""
+    recomputable = False      # its kernels write the argmax with the output
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  name: str | None = None):

@@ -49,7 +49,7 @@ class ReLU(Layer):
         return {}
 
     def forward(self, xs, y, aux, ctx):
-        if self.keep == "bits":
+        if self.keep == "bits" and aux is not None:   # None: recomputed, the mask is kept
             ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"])
         else:
             ctx.kernels.relu_forward(xs[0], y)

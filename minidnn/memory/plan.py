@@ -36,6 +36,8 @@ class StoragePlan:
     backward_uses: list[int] = field(default_factory=list)  # times of backward reads
     free_time: int = 0             # after this time nobody reads it (training step)
     producer: int = -1             # index of the node that writes it (-1 for graph inputs)
+    gradient_from: int | None = None  # a feature map whose buffer takes a gradient over it
+                                      # (grad_over_input) from this backward time on
 
     @property
     def needed_in_backward(self) -> bool:
@@ -58,9 +60,11 @@ class LivenessPlan:
     """Buffers and lifetimes of one training step of `net` at batch `batch`.
 
     Attributes: tensors {name: TensorPlan}, storages [StoragePlan], grad_alias {node index:
-    True when the node's input gradient shares its output gradient's buffer}, inplace {node
-    index: True when the node writes its output over input 0's storage}, backward_reads
-    [node index -> sorted storage ids its backward reads (retained inputs and output, aux)].
+    True when the node's input gradient shares its output gradient's buffer}, grad_over_input
+    {node index: True when the node writes input 0's gradient over input 0's buffer (the
+    layer allows it and no other backward reads that buffer)}, inplace {node index: True when
+    the node writes its output over input 0's storage}, backward_reads [node index -> sorted
+    storage ids its backward reads (retained inputs and output, aux)].
     """
 
     def __init__(self, net: Network, batch: int):
@@ -136,6 +140,7 @@ class LivenessPlan:
 
         # ---- gradients: grad of a node's output is born at its last consumer's backward -------
         self.grad_alias: dict[int, bool] = {}
+        self.grad_over_input: dict[int, bool] = {}
         for i in reversed(range(n)):
             node = self.nodes[i]
             if i == n - 1:  # the loss: its "output gradient" is the constant 1
@@ -152,11 +157,21 @@ class LivenessPlan:
                     self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
                     s.tensors.append(gname)
                     self.grad_alias[i] = True
+                elif first and k == 0 and self._may_take_input(i, inp):
+                    # The input's buffer, read by this backward alone, takes its gradient.
+                    s = self.storage_of(inp)
+                    self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                    s.tensors.append(gname)
+                    s.gradient_from = self.backward_time(i)
+                    self.grad_over_input[i] = True
                 elif first:
                     s = new_storage(gname, shapes[inp], dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
             # The output gradient is last read by this node's backward, unless an input
             # gradient took over its buffer, in which case the input's producer reads it last.
+        for s in self.storages:
+            if s.kind != "grad":
+                s.free_time = max([s.last_forward_use] + s.backward_uses)
         for name, t in self.tensors.items():
             if not name.startswith("grad:"):
                 continue
@@ -164,10 +179,6 @@ class LivenessPlan:
             producer = name[len("grad:"):]
             end = self.backward_time(index[producer]) if producer in index else s.alloc_time
             s.free_time = max(s.free_time, end)
-
-        for s in self.storages:
-            if s.kind != "grad":
-                s.free_time = max([s.last_forward_use] + s.backward_uses)
 
     # ---- helpers ------------------------------------------------------------------------------
     def backward_time(self, i: int) -> int:
@@ -186,6 +197,19 @@ class LivenessPlan:
     def wants_grad(node, k: int) -> bool:
         return node.layer.has_grad_inputs and node.inputs[k] not in (DATA, LABEL) and \
             not (node.layer.kind == "loss" and k == 1)
+
+    def _may_take_input(self, i: int, inp: str) -> bool:
+        """May node i's backward write the gradient of its input 0, `inp`, over inp's buffer?
+        Only if its layer reads that input before writing its gradient (grad_over_input), the
+        buffer is a feature map of the same size, and node i's backward is the only backward
+        that reads it (a ReLU that keeps bits instead of its output does not)."""
+        if not self.nodes[i].layer.grad_over_input or inp in (DATA, LABEL):
+            return False
+        s = self.storage_of(inp)
+        t = self.tensors[inp]
+        size = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+        return s.kind == "feature" and s.nbytes == size and \
+            s.backward_uses == [self.backward_time(i)]
 
     def _may_overwrite(self, i: int, src: str, consumers, index) -> bool:
         """May node i write its output over tensor `src`'s buffer?

@@ -89,25 +89,27 @@ def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[Storage
     """Offload candidates (see above) that can instead be rebuilt right before their first
     backward reader by running their writers' forward again.
 
-    Every writer must be `recomputable` with no aux buffers (a max-pool's argmax or a
-    dropout mask would be written twice). Every other storage the writers read must still be
-    alive then (a convolution's input is: its own backward reads it later) and must hold the
-    bytes the writer read in forward (nothing wrote it after that writer ran).
+    Every writer must be `recomputable` (not dropout: random; not a max-pool: its kernel
+    writes the argmax too). Every other storage the writers read must still be alive then (a
+    convolution's input is: its own backward reads it later) and must hold the bytes the
+    writer read in forward (nothing wrote it after that writer ran, no gradient took its
+    buffer before).
     """
     out = []
     for s in offload_candidates(plan, min_bytes):
         if s.kind != "feature":
             continue
         writers = plan.writers(s.id)
-        layers = [plan.nodes[j].layer for j in writers]
-        if not all(layer.recomputable and not layer.aux_specs() for layer in layers):
+        if not all(plan.nodes[j].layer.recomputable for j in writers):
             continue
         ok = True
         for j in writers:
             for name in plan.nodes[j].inputs:
                 t = plan.storage_of(name)
+                overwritten = t.gradient_from is not None and \
+                    t.gradient_from < s.first_backward_use
                 if t.id != s.id and (t.free_time < s.first_backward_use or
-                                     t.last_forward_write >= j):
+                                     t.last_forward_write >= j or overwritten):
                     ok = False
         if ok:
             out.append(s)
@@ -127,15 +129,29 @@ def unchained(plan: LivenessPlan, sids) -> frozenset:
 
 
 def relus_worth_bits(plan: LivenessPlan) -> list[str]:
-    """ReLU nodes whose output only their own backward reads (a ReLU before a max-pool, say):
-    keeping one bit per value instead (ReLU keep='bits') frees that map after forward."""
+    """ReLU nodes whose output is worth keeping as one bit per value (ReLU keep='bits'):
+
+    * only their own backward reads it (a ReLU before a max-pool, say): the map is free after
+      forward;
+    * besides their own, only one backward reads it: that of a convolution whose input it is,
+      which can then write its input gradient over the map (grad_over_input, plan.py) instead
+      of into a buffer of its own: one map less at that convolution's backward.
+    """
     out = []
     for i, node in enumerate(plan.nodes):
         layer = node.layer
         if layer.kind != "relu" or getattr(layer, "keep", "bits") != "output":
             continue
-        if plan.storage_of(node.name).backward_uses == [plan.backward_time(i)]:
+        s = plan.storage_of(node.name)
+        others = [t for t in s.backward_uses if t != plan.backward_time(i)]
+        if not others:
             out.append(node.name)
+        elif len(others) == 1:
+            reader = plan.nodes[plan.backward_time(0) - others[0]]   # time 2n-1-r -> node r
+            if reader.layer.grad_over_input and reader.inputs and \
+                    plan.tensors[reader.inputs[0]].storage == s.id and \
+                    plan.wants_grad(reader, 0):
+                out.append(node.name)
     return out
 
 

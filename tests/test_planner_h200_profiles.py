@@ -23,13 +23,13 @@ def network(name: str, batch: int, relu_bits: bool = True):
 
 
 def test_vgg16_b256_in_12_gib_plans_at_least_as_fast_as_the_measured_plan():
-    """At 219ac91 the plan with offload only predicted 319.0 ms and the run measured
-    320.9 ms, peak 11.83 GiB (the profile is that run's)."""
+    """At d9cfe81 the plan with offload only predicted 275.6 ms and the run measured
+    274.5 ms, peak 11.79 GiB (the profile is that run's)."""
     net, prof = network("vgg16", 256)
     result, lookahead = plan_lookaheads(net, 256, prof, 12 * GiB, recompute=False)
     best = result.best
     assert best.fits and best.peak_bytes <= 12 * GiB
-    assert best.step_time_s <= 0.3190 * 1.005
+    assert best.step_time_s <= 0.2756 * 1.005
     # The plan keeps the workspaces in the layout and offloads a few maps, not all of them.
     assert best.workspace and 0 < len(best.offload) < len(result.model.plan.storages) // 4
     assert not best.recompute
@@ -41,7 +41,7 @@ def test_vgg16_b256_in_12_gib_plans_at_least_as_fast_as_the_measured_plan():
 def test_vgg16_b256_in_12_gib_recomputes_conv1_1_instead_of_copying_it():
     """conv1_1 reads the 3-channel image: running it again in backward costs a few ms, its
     3.06 GiB output's copies cost about 56 ms each way, and the prefetch could not hide. At
-    219ac91 this plan predicted 238.9 ms and the run measured 235.4 ms, peak 11.83 GiB."""
+    d9cfe81 this plan predicted 239.8 ms and the run measured 236.3 ms, peak 9.69 GiB."""
     net, prof = network("vgg16", 256)
     offload_only, _ = plan_lookaheads(net, 256, prof, 12 * GiB, recompute=False)
     result, lookahead = plan_lookaheads(net, 256, prof, 12 * GiB)
@@ -49,8 +49,8 @@ def test_vgg16_b256_in_12_gib_recomputes_conv1_1_instead_of_copying_it():
     plan = result.model.plan
     assert best.fits and best.peak_bytes <= 12 * GiB
     assert plan.storage_of("conv1_1").id in best.recompute
-    assert best.step_time_s <= 0.2389 * 1.005
-    assert best.step_time_s < 0.85 * offload_only.best.step_time_s
+    assert best.step_time_s <= 0.2398 * 1.005
+    assert best.step_time_s < 0.9 * offload_only.best.step_time_s
     assert best.offloaded_bytes < offload_only.best.offloaded_bytes
     # The decision carries the recomputed convolution's workspace for its second forward.
     forward = best.workspace.get(("conv1_1", "forward"), 0)

@@ -8,8 +8,8 @@
     minidnn models
 
 --policy dyn (vDNN_dyn) profiles the network on the device once, then lets the planner choose
-what to offload and which convolution plan each convolution runs; `minidnn plan` shows that
-plan, and its predicted memory and speed, before anything runs.
+what to offload or recompute and which convolution plan each convolution runs; `minidnn plan`
+shows that plan, and its predicted memory and speed, before anything runs.
 
 Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget) prints as
 one line `minidnn: error: ...` and exits with status 2; so do argument errors.

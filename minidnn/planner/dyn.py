@@ -7,7 +7,8 @@ budget) and FixedDecision (a decision made beforehand).
 
 DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
 measured on the device, cached on disk: profile.py), runs the planner (search.py) and returns
-its decision: which feature maps to offload and which convolution plan each convolution runs.
+its decision: which feature maps to offload or recompute, and which convolution plan each
+convolution runs.
 Without a budget nothing needs planning: no offload, the fastest plans. A budget below what
 any decision needs raises InfeasibleBudgetError (a MemoryBudgetError) naming the minimum.
 
@@ -47,8 +48,9 @@ class DynPolicy(Policy):
     after forward and run their layers again in backward (default); False: offload only.
     """
     name = "dyn"
-    description = ("vDNN_dyn: profile the network, then choose per layer what to offload and "
-                   "which convolution plan to run, to fit the budget at the best step time")
+    description = ("vDNN_dyn: profile the network, then choose per layer what to offload or "
+                   "recompute and which convolution plan to run, to fit the budget at the best "
+                   "step time")
 
     def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,

@@ -1,5 +1,5 @@
-"""The planner: which feature maps to offload and which convolution plan each layer runs, so
-that a training step fits the memory budget at the lowest predicted step time.
+"""The planner: which feature maps to offload or recompute and which convolution plan each
+layer runs, so that a training step fits the memory budget at the lowest predicted step time.
 
 Every candidate is judged by the StepModel (simulate.py): the real memory manager walked
 through the steps in a dry run, then timed against the profile. So a decision the planner

@@ -359,8 +359,8 @@ def figure(results: dict, path: Path) -> None:
         rows = [r for r in results["minidnn"] if f"{r['network']} b{r['batch']}" == key]
         short = {"fastest": "fast", "memory-optimal": "mem-opt",
                  "planned, offload only": "offload only"}
-        labels = [f"{r['policy']}\n{short.get(r['conv_plans'], r['conv_plans'].split(' (')[0])}"
-                  for r in rows]
+        plans = [r["conv_plans"].split(" (")[0] for r in rows]
+        labels = [f"{r['policy']}\n{short.get(p, p)}" for r, p in zip(rows, plans)]
         x = range(len(rows))
         gib = 2**30
         ax = axes[0][col]

@@ -35,7 +35,7 @@ from .memory.host import HostSlab
 from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
-from .memory.policy import get_policy, use_relu_bits
+from .memory.policy import CALL_PHASES, get_policy, use_relu_bits
 from .network import DATA, LABEL, Network
 
 
@@ -196,7 +196,7 @@ class Executor:
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
         blocks = {}
         for (name, phase), nbytes in self.decision.workspace.items():
-            if name not in index or phase not in ("forward", "backward", "recompute"):
+            if name not in index or phase not in CALL_PHASES:
                 raise ConfigError(f"memory decision plans a workspace for {name!r} ({phase}), "
                                   f"which is not a layer call of network {self.net.name!r}")
             if int(nbytes) > 0:

@@ -131,19 +131,20 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     # vDNN's policies at the executor's default prefetch lookahead (one layer); dyn as
     # `--policy dyn` runs it, choosing the lookahead too.
     planner = Planner(net, batch, prof, budget=args.budget, input_batches=inputs)
+    def plan_dyn(recompute: bool):
+        """(PlanResult, lookahead) of dyn, or None when nothing fits."""
+        try:
+            return plan_lookaheads(net, batch, prof, args.budget, input_batches=inputs,
+                                   recompute=recompute)
+        except InfeasibleBudgetError as e:
+            print(f"{name} b{batch}: no decision fits: {e}", flush=True)
+            return None
+
     # dyn's plan; when it recomputes maps, also the plan with offload only (vDNN's own means),
     # so that the run measures what recomputation gains.
-    dyn_plans = {}
-    for algo, recompute in (("planned", True), ("offload only", False)):
-        if algo == "offload only" and not (dyn_plans.get("planned") and
-                                           dyn_plans["planned"][0].best.recompute):
-            continue
-        try:
-            dyn_plans[algo] = plan_lookaheads(net, batch, prof, args.budget,
-                                              input_batches=inputs, recompute=recompute)
-        except InfeasibleBudgetError as e:
-            dyn_plans[algo] = None
-            print(f"{name} b{batch}: no decision fits: {e}", flush=True)
+    dyn_plans = {"planned": plan_dyn(True)}
+    if dyn_plans["planned"] and dyn_plans["planned"][0].best.recompute:
+        dyn_plans["offload only"] = plan_dyn(False)
     rows = []
     for policy in args.policies:
         algos = list(dyn_plans) if policy == "dyn" else args.algos
@@ -169,9 +170,8 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                        planned_peak_bytes=ev.peak_bytes, planned_step_time_s=ev.step_time_s,
                        planned_compute_s=ev.compute_s,
                        planned_offloaded_bytes=ev.offloaded_bytes,
-                       offload=[planner.plan.storages[s].tensors[0] for s in sorted(ev.offload)],
-                       recompute=[planner.plan.storages[s].tensors[0]
-                                  for s in sorted(ev.recompute)],
+                       offload=planner.plan.tensor_names(ev.offload),
+                       recompute=planner.plan.tensor_names(ev.recompute),
                        conv_algo=dict(ev.conv_algo))
             if not ev.fits:
                 row["skipped"] = f"needs {fmt_bytes(ev.required_bytes)}, over the budget"

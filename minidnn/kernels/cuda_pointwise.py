@@ -24,7 +24,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from .cuda_divide import DIVIDE_SOURCE, divider
+from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 
 _SOURCE = DIVIDE_SOURCE + r"""
 // VEC consecutive values of type T, moved by one load or store of VEC * sizeof(T) bytes.
@@ -239,7 +239,7 @@ def bias_add(y, b) -> None:
     if not hw:
         return
     planes_per_launch = max(_CHUNK // hw, 1)
-    if planes_per_launch * hw >= 2**31:
+    if planes_per_launch * hw >= INDEX_LIMIT:
         raise ValueError(f"bias_add: planes of {hw} values; each must hold fewer than 2**31")
     y = y.reshape(-1, hw)
     vec = _vector((y,), y.size, unit=hw)

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
-from .policy import recompute_candidates, recompute_inputs
+from .policy import chains, recompute_candidates, recompute_inputs
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
 _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
@@ -271,6 +271,7 @@ class MemoryManager:
         self._last_time = 2 * n - 1
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []
+        self._window_at = None
         self.set_offload(offload, recompute)
 
     @property
@@ -301,13 +302,19 @@ class MemoryManager:
             self._evict_after[s.last_forward_use].append(sid)
         self._drop_after: dict[int, list[int]] = defaultdict(list)     # last forward use -> sids
         self._recompute_at: dict[int, list[int]] = defaultdict(list)   # first reader node -> sids
-        self._recompute_reads: dict[int, list[int]] = defaultdict(list)  # ... -> sids they read
+        self._rebuild: dict[int, tuple] = {}      # sid -> (writer nodes, storages they read)
+        # What the prefetch window brings back for node j: what j's recomputations read, then
+        # what its backward reads.
+        self._window_reads = [[] for _ in self.plan.nodes]
         for sid in sorted(recompute):
             s = self.plan.storages[sid]
-            reader = self.plan.backward_time(0) - s.first_backward_use   # time 2n-1-i -> node i
+            reader = self.plan.node_at(s.first_backward_use)
             self._drop_after[s.last_forward_use].append(sid)
             self._recompute_at[reader].append(sid)
-            self._recompute_reads[reader].extend(recompute_inputs(self.plan, sid))
+            self._rebuild[sid] = (self.plan.writers(sid), recompute_inputs(self.plan, sid))
+            self._window_reads[reader].extend(self._rebuild[sid][1])
+        for j, reads in enumerate(self.plan.backward_reads):
+            self._window_reads[j].extend(reads)
 
     def _check_recompute(self, offload: frozenset, recompute: frozenset) -> None:
         if not recompute:
@@ -320,9 +327,9 @@ class MemoryManager:
                                  f"memory.policy.recompute_candidates for which can")
             if sid in offload:
                 raise ValueError(f"storage {sid} ({name}) is both offloaded and recomputed")
-            if set(recompute_inputs(self.plan, sid)) & recompute:
+            if chains(self.plan, sid, recompute - {sid}):
                 raise ValueError(f"storage {sid} ({name}) would be recomputed from a storage "
-                                 f"that is itself recomputed")
+                                 f"that is itself recomputed, or feed one")
 
     # ---- buffers ------------------------------------------------------------------------------
     def _ensure(self, sid: int, where: str):
@@ -401,9 +408,13 @@ class MemoryManager:
         Looks at nodes i-1, i-2, ... (at most `prefetch_lookahead` of them) and stops after the
         first convolution, so that maps do not come back long before they are needed. A prefetch
         that does not fit the budget now is left for later (it will be fetched on demand).
+        Issued once per backward call (a call with recomputations issues it before them).
         """
+        if self._window_at == i:
+            return
+        self._window_at = i
         for j in range(i - 1, max(i - 1 - self.prefetch_lookahead, -1), -1):
-            for sid in self._recompute_reads.get(j, []) + self.plan.backward_reads[j]:
+            for sid in self._window_reads[j]:
                 fm = self.maps[sid]
                 if fm.device is None and fm.host is not None:
                     try:
@@ -425,6 +436,7 @@ class MemoryManager:
         self.stats = StepMemoryStats(peak_feature_map_bytes=self.resident_bytes)
         self.log = []
         self.time = -1
+        self._window_at = None         # the backward call whose prefetch window is issued
         for fm in self.maps:
             fm.history = []
 
@@ -486,10 +498,10 @@ class MemoryManager:
         self.time = self.plan.backward_time(i)
         where = f"recompute for backward of {self.plan.nodes[i].name}"
         for sid in sids:
-            for t in recompute_inputs(self.plan, sid):
+            for t in self._rebuild[sid][1]:
                 self._ensure(t, where)
         self._prefetch_window(i)
-        return sorted({j for sid in sids for j in self.plan.writers(sid)})
+        return sorted({j for sid in sids for j in self._rebuild[sid][0]})
 
     def recompute_buffers(self, j: int):
         """(inputs, output) of node j for its forward run again in backward."""

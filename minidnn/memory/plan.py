@@ -14,6 +14,7 @@ Times are positions in the step: forward of node i is time i, backward of node i
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,7 @@ class LivenessPlan:
     def __init__(self, net: Network, batch: int):
         self.net = net
         self.batch = batch
+        self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
         n = len(self.nodes)
@@ -150,23 +152,23 @@ class LivenessPlan:
                 if not self.wants_grad(node, k):
                     continue
                 gname = f"grad:{inp}"
-                first = gname not in self.tensors
-                if first and k == 0 and node.layer.inplace:
+                if gname in self.tensors:      # a later consumer wrote it first
+                    continue
+                if k == 0 and node.layer.inplace:
                     # The input gradient overwrites the output gradient (ReLU, Flatten, ...).
                     s = self.storage_of(f"grad:{node.name}")
-                    self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
-                    s.tensors.append(gname)
                     self.grad_alias[i] = True
-                elif first and k == 0 and self._may_take_input(i, inp):
+                elif k == 0 and self._may_take_input(i, inp):
                     # The input's buffer, read by this backward alone, takes its gradient.
                     s = self.storage_of(inp)
-                    self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
-                    s.tensors.append(gname)
                     s.gradient_from = self.backward_time(i)
                     self.grad_over_input[i] = True
-                elif first:
+                else:
                     s = new_storage(gname, shapes[inp], dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
+                    continue
+                self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                s.tensors.append(gname)
             # The output gradient is last read by this node's backward, unless an input
             # gradient took over its buffer, in which case the input's producer reads it last.
         for s in self.storages:
@@ -187,11 +189,22 @@ class LivenessPlan:
     def storage_of(self, tensor: str) -> StoragePlan:
         return self.storages[self.tensors[tensor].storage]
 
+    def tensor_names(self, sids) -> list[str]:
+        """The first tensor of each storage in `sids`, in storage order (for tables)."""
+        return [self.storages[s].tensors[0] for s in sorted(sids)]
+
+    def node_at(self, time: int) -> int:
+        """The node whose backward runs at `time` (backward_time's inverse)."""
+        return 2 * self.num_nodes - 1 - time
+
     def writers(self, sid: int) -> list[int]:
         """Indices of the nodes whose forward writes storage `sid`, in order: its producer and
         the in-place layers (and views) that share its buffer."""
-        return [i for i, node in enumerate(self.nodes)
-                if self.tensors[node.name].storage == sid]
+        if self._writers is None:      # the plan does not change once made: index it once
+            self._writers = defaultdict(list)
+            for i, node in enumerate(self.nodes):
+                self._writers[self.tensors[node.name].storage].append(i)
+        return list(self._writers.get(sid, ()))
 
     @staticmethod
     def wants_grad(node, k: int) -> bool:

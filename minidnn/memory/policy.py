@@ -26,6 +26,8 @@ from .plan import LivenessPlan, StoragePlan
 
 # Kinds of storage that hold feature maps (as opposed to gradients, which backward produces).
 FEATURE_KINDS = ("input", "feature", "aux")
+# The layer calls of a training step; a decision's workspace blocks are keyed by them.
+CALL_PHASES = ("forward", "backward", "recompute")
 
 
 @dataclass(frozen=True)
@@ -95,35 +97,35 @@ def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[Storage
     writer read in forward (nothing wrote it after that writer ran, no gradient took its
     buffer before).
     """
-    out = []
-    for s in offload_candidates(plan, min_bytes):
-        if s.kind != "feature":
-            continue
+    def intact(t: StoragePlan, writer: int, when: int) -> bool:
+        """Does storage t still hold, at backward time `when`, what `writer` read in forward?"""
+        return t.free_time >= when and t.last_forward_write < writer and \
+            (t.gradient_from is None or t.gradient_from >= when)
+
+    def rebuildable(s: StoragePlan) -> bool:
         writers = plan.writers(s.id)
-        if not all(plan.nodes[j].layer.recomputable for j in writers):
-            continue
-        ok = True
-        for j in writers:
-            for name in plan.nodes[j].inputs:
-                t = plan.storage_of(name)
-                overwritten = t.gradient_from is not None and \
-                    t.gradient_from < s.first_backward_use
-                if t.id != s.id and (t.free_time < s.first_backward_use or
-                                     t.last_forward_write >= j or overwritten):
-                    ok = False
-        if ok:
-            out.append(s)
-    return out
+        return all(plan.nodes[j].layer.recomputable for j in writers) and \
+            all(intact(plan.storage_of(name), j, s.first_backward_use)
+                for j in writers for name in plan.nodes[j].inputs
+                if plan.tensors[name].storage != s.id)
+
+    return [s for s in offload_candidates(plan, min_bytes)
+            if s.kind == "feature" and rebuildable(s)]
+
+
+def chains(plan: LivenessPlan, sid: int, recompute) -> bool:
+    """Would recomputing storage `sid` next to the storages `recompute` rebuild one of them
+    from another (sid from one of them, or one of them from sid)? The manager refuses that."""
+    return bool(set(recompute_inputs(plan, sid)) & set(recompute)) or \
+        any(sid in recompute_inputs(plan, r) for r in recompute)
 
 
 def unchained(plan: LivenessPlan, sids) -> frozenset:
     """The storages of `sids` (recompute candidates), in order, leaving out each one that
-    would be rebuilt from, or read to rebuild, a storage already taken: a set the manager
-    accepts as its recompute set."""
+    chains with one already taken: a set the manager accepts as its recompute set."""
     taken: set = set()
     for sid in sids:
-        reads = set(recompute_inputs(plan, sid))
-        if not reads & taken and not any(sid in recompute_inputs(plan, t) for t in taken):
+        if not chains(plan, sid, taken):
             taken.add(sid)
     return frozenset(taken)
 
@@ -147,7 +149,7 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
         if not others:
             out.append(node.name)
         elif len(others) == 1:
-            reader = plan.nodes[plan.backward_time(0) - others[0]]   # time 2n-1-r -> node r
+            reader = plan.nodes[plan.node_at(others[0])]
             if reader.layer.grad_over_input and reader.inputs and \
                     plan.tensors[reader.inputs[0]].storage == s.id and \
                     plan.wants_grad(reader, 0):

@@ -26,6 +26,7 @@ import numpy as np
 from .. import argtypes
 from ..errors import ConfigError, fmt_bytes
 from ..memory.arena import GPU_SAFETY_MARGIN
+from ..memory.policy import CALL_PHASES
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
@@ -157,11 +158,6 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
                   f"with --gpu)")
 
 
-def _tensor_names(plan, sids) -> list[str]:
-    """The first tensor of each storage, in storage order."""
-    return [plan.storages[s].tensors[0] for s in sorted(sids)]
-
-
 def layer_rows(model, ev) -> list[dict]:
     """One dict per node (and one for the input `data`): what the plan does with it."""
     from ..network import DATA
@@ -211,7 +207,7 @@ def layer_rows(model, ev) -> list[dict]:
                                             cost.workspace("backward", a)),
                    forward_s=cost.time("forward", a), backward_s=cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
-                              for p in ("forward", "backward", "recompute")))
+                              for p in CALL_PHASES))
         rows.append(row)
     return rows
 
@@ -225,7 +221,7 @@ def _decision_line(model, ev) -> str:
     parts = [f"offload {n_off} of {total} feature maps ({fmt_bytes(ev.offloaded_bytes)} per "
              f"step each way)" if n_off else "offload nothing"]
     if ev.recompute:
-        names = _tensor_names(model.plan, ev.recompute)
+        names = model.plan.tensor_names(ev.recompute)
         nbytes = sum(model.plan.storages[sid].nbytes for sid in ev.recompute)
         parts.append(f"recompute {len(names)} ({', '.join(names[:6])}"
                      f"{', ...' if len(names) > 6 else ''}: {fmt_bytes(nbytes)}) in backward")
@@ -241,8 +237,8 @@ def _decision_line(model, ev) -> str:
 
 def _evaluation_json(model, ev) -> dict:
     return {
-        "offload": _tensor_names(model.plan, ev.offload),
-        "recompute": _tensor_names(model.plan, ev.recompute),
+        "offload": model.plan.tensor_names(ev.offload),
+        "recompute": model.plan.tensor_names(ev.recompute),
         "conv_algo": dict(ev.conv_algo),
         "fits": ev.fits,
         "required_bytes": ev.required_bytes,

@@ -34,8 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
-from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
-    recompute_inputs
+from ..memory.policy import chains, get_policy, offload_candidates, recompute_candidates
 from .costs import Profile
 from .simulate import Evaluation, StepModel
 
@@ -121,8 +120,6 @@ class Planner:
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
         self.rebuildable = [s.id for s in recompute_candidates(self.plan)] if recompute else []
-        self._rebuild_reads = {sid: set(recompute_inputs(self.plan, sid))
-                               for sid in self.rebuildable}
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
@@ -253,8 +250,7 @@ class Planner:
     def _may_recompute(self, ev: Evaluation, sid: int) -> bool:
         """May map `sid` (a recompute candidate) be recomputed on top of `ev`: not already,
         not rebuilt from a recomputed map, and not read to rebuild one."""
-        return sid not in ev.recompute and not self._rebuild_reads[sid] & ev.recompute and \
-            not any(sid in self._rebuild_reads[r] for r in ev.recompute)
+        return sid not in ev.recompute and not chains(self.plan, sid, ev.recompute)
 
     def _apply(self, ev: Evaluation, moves) -> Evaluation:
         offload, recompute, algos = set(ev.offload), set(ev.recompute), dict(ev.conv_algo)
@@ -263,8 +259,7 @@ class Planner:
                 if x not in recompute:
                     offload.add(x)
             elif what == "recompute":
-                if self._rebuild_reads[x] & recompute or \
-                        any(x in self._rebuild_reads[r] for r in recompute):
+                if chains(self.plan, x, recompute):
                     continue     # two moves of one bundle would chain
                 offload.discard(x)
                 recompute.add(x)
@@ -336,7 +331,7 @@ class Planner:
                 if self._out_of_evaluations():
                     break
                 tries = [(ev.offload - {sid}, ev.recompute)]
-                if sid in self._rebuild_reads:      # the copies for a recomputation instead
+                if sid in self.rebuildable:         # the copies for a recomputation instead
                     tries.append((ev.offload - {sid}, ev.recompute | {sid}))
                 for offload, recompute in tries:
                     if recompute != ev.recompute and not self._may_recompute(ev, sid):

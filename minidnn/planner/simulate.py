@@ -46,13 +46,11 @@ from ..backend import Device
 from ..executor import Executor
 from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator
-from ..memory.policy import MemoryDecision
+from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
                     transient_bytes)
 from .dyn import FixedDecision
-
-CALL_PHASES = ("forward", "backward", "recompute")
 
 
 # ---- the recording device ------------------------------------------------------------------------

@@ -320,7 +320,9 @@ def make_plan(args) -> dict:
     if result is not None:
         alternatives.append(dict(label="dyn (minidnn planner)",
                                  **_evaluation_json(model, result.best)))
-    if infeasible is not None:
+    if result is None and infeasible is not None:
+        # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
+        # not news about the budget (the plan above fits).
         notes.append(str(infeasible))
     out = {
         "model": s["model"], "network": net.name, "batch": batch,

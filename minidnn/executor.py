@@ -7,8 +7,13 @@ number from a layer. This is the Python API the training loop and the CLI are bu
     ex = Executor(net, batch=32, device="auto", seed=0, policy="all", memory_budget="4GiB")
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
-    grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
+    grads = ex.gradients()                # {'conv1.weight': ndarray (a copy), ...}
     ex.memory_stats()                     # peak device bytes, offloaded bytes, ...
+
+For checks against another framework: `Executor(..., input_grad=True)` also computes the
+gradient of the loss with respect to the input batch (`ex.input_gradient()` after backward),
+and `forward(x, labels, dropout=False)` runs a training step with every dropout layer passed
+through (the identity), so that the step is deterministic without changing the network.
 
 Memory: everything on the device comes out of one allocator. On the GPU that is always an
 Arena (of the budget, or of the free memory when no budget is given) with CuPy's allocator
@@ -57,6 +62,8 @@ class Executor:
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
+    the data-gradient pass of the first layers and one input-sized buffer.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -67,7 +74,7 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False):
+                 relu_bits: bool = False, input_grad: bool = False):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -101,7 +108,7 @@ class Executor:
         try:  # from here on, a failure must give the layers, device memory and CuPy back
             if relu_bits:
                 use_relu_bits(net)
-            self.plan = LivenessPlan(net, self.batch)
+            self.plan = LivenessPlan(net, self.batch, input_grad=input_grad)
             self.policy = get_policy(policy)
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -141,6 +148,8 @@ class Executor:
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
         self._peak_before_step = 0     # allocator peak before the current step's reset
         self._outputs = None
+        self._input_grad = None
+        self._dropout = True           # dropout of the open training step (forward's argument)
         self._in_step = False
         self._closed = False
 
@@ -287,7 +296,7 @@ class Executor:
 
     def _ctx(self, train: bool) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device)
+                           seed=self.seed, device=self.device, dropout=self._dropout)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -367,11 +376,13 @@ class Executor:
         self.manager.end_step()
         self._in_step = False
 
-    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
+    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
+                dropout: bool = True):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
-        logits so that `outputs()` can read them.
+        logits so that `outputs()` can read them. dropout=False: dropout layers pass their
+        input through in this step (forward and its backward); evaluation never drops.
         """
         self._need_compute("forward")
         x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
@@ -381,6 +392,7 @@ class Executor:
             self.manager.end_step()
             self._in_step = False
         mm = self.manager
+        self._dropout = bool(dropout)
         self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
         if self.tracer:
@@ -409,15 +421,18 @@ class Executor:
         try:
             with self.device.compute:
                 self._run_backward(self._ctx(True))
+                if self.plan.input_grad:  # a copy: end_step gives the buffer back
+                    self._input_grad = self.manager.view(f"grad:{DATA}").copy()
                 self.manager.end_step()
         except BaseException:
             self._abort()
             raise
         self._in_step = False
 
-    def train_step(self, x, labels, optimizer):
-        """forward, backward, optimizer update; returns the loss (0-d device array)."""
-        loss = self.forward(x, labels, train=True)
+    def train_step(self, x, labels, optimizer, dropout: bool = True):
+        """forward, backward, optimizer update; returns the loss (0-d device array).
+        dropout=False: see forward()."""
+        loss = self.forward(x, labels, train=True, dropout=dropout)
         self.backward()
         self._set_where("optimizer step")
         with self.device.compute:
@@ -466,8 +481,18 @@ class Executor:
         return to_numpy(self._outputs)
 
     def gradients(self) -> dict[str, np.ndarray]:
-        """{'conv1.weight': NumPy array, ...} from the last backward."""
-        return {name: to_numpy(p.grad) for name, p in self.net.parameters()}
+        """{'conv1.weight': NumPy array, ...} from the last backward: copies on every device,
+        which later steps do not change (the live buffers are `parameters()`' `.grad`)."""
+        return {name: np.array(to_numpy(p.grad), copy=True) for name, p in self.net.parameters()}
+
+    def input_gradient(self) -> np.ndarray:
+        """d loss / d input batch (batch, C, H, W) from the last backward, as NumPy (needs an
+        executor made with input_grad=True)."""
+        if not self.plan.input_grad:
+            raise ConfigError("input_gradient() needs Executor(..., input_grad=True)")
+        if self._input_grad is None:
+            raise RuntimeError("no input gradient yet: call backward() first")
+        return to_numpy(self._input_grad)
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""

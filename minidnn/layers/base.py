@@ -67,6 +67,7 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
+    dropout: False passes dropout layers through in a training step (Executor.forward).
     """
     xp: Any
     kernels: Any = None
@@ -75,6 +76,7 @@ class StepContext:
     seed: int = 0
     device: Any = None
     workspace: Any = None
+    dropout: bool = True
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

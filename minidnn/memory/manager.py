@@ -538,7 +538,7 @@ class MemoryManager:
         gxs = []
         self._pending_sums = []
         for k, name in enumerate(node.inputs):
-            if not self.plan.wants_grad(node, k):
+            if not self.plan.grad_wanted(node, k):
                 gxs.append(None)
                 continue
             gname = f"grad:{name}"

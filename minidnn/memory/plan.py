@@ -66,11 +66,15 @@ class LivenessPlan:
     layer allows it and no other backward reads that buffer)}, inplace {node index: True when
     the node writes its output over input 0's storage}, backward_reads [node index -> sorted
     storage ids its backward reads (retained inputs and output, aux)].
+
+    input_grad: also plan the gradient of the input batch, `grad:data` (the layers reading
+    `data` compute it in backward; it lives until the step ends, so it can be read after).
     """
 
-    def __init__(self, net: Network, batch: int):
+    def __init__(self, net: Network, batch: int, input_grad: bool = False):
         self.net = net
         self.batch = batch
+        self.input_grad = bool(input_grad)
         self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
@@ -149,7 +153,7 @@ class LivenessPlan:
                 s = new_storage(f"grad:{node.name}", (), dtype, "grad", i)
                 s.alloc_time = s.free_time = self.backward_time(i)
             for k, inp in enumerate(node.inputs):
-                if not self.wants_grad(node, k):
+                if not self.grad_wanted(node, k):
                     continue
                 gname = f"grad:{inp}"
                 if gname in self.tensors:      # a later consumer wrote it first
@@ -180,6 +184,8 @@ class LivenessPlan:
             s = self.storages[t.storage]
             producer = name[len("grad:"):]
             end = self.backward_time(index[producer]) if producer in index else s.alloc_time
+            if producer == DATA:
+                end = 2 * n     # after the last backward call: end_step releases it
             s.free_time = max(s.free_time, end)
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -210,6 +216,12 @@ class LivenessPlan:
     def wants_grad(node, k: int) -> bool:
         return node.layer.has_grad_inputs and node.inputs[k] not in (DATA, LABEL) and \
             not (node.layer.kind == "loss" and k == 1)
+
+    def grad_wanted(self, node, k: int) -> bool:
+        """Does node's backward write the gradient of its input k in this plan (wants_grad,
+        and the input batch's too when the plan has input_grad)?"""
+        return self.wants_grad(node, k) or (self.input_grad and node.inputs[k] == DATA and
+                                            node.layer.has_grad_inputs)
 
     def _may_take_input(self, i: int, inp: str) -> bool:
         """May node i's backward write the gradient of its input 0, `inp`, over inp's buffer?

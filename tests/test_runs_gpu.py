@@ -1,0 +1,133 @@
+"""Whole runs on a CUDA GPU: a measured profile (--policy dyn), train and resume, tracing,
+SyntheticImages.device_batches; and an offload followed at once by its prefetch on 256 MiB
+buffers, which reads the offloaded bytes only if the prefetch waits for that offload.
+
+Skipped without a GPU; MINIDNN_REQUIRE_GPU=1 (the GPU scripts) makes every skip a failure.
+"""
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+
+from minidnn.backend import Device, gpu_available  # noqa: E402
+from minidnn.train import TrainConfig, train  # noqa: E402
+
+if not gpu_available():  # collected on a machine with CuPy but no GPU: conftest skips them
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+BIG = 256 * 1024**2
+ORIGINAL, STALE = 0x5A, 0xC3
+
+
+def quiet(*args):
+    pass
+
+
+def small(**overrides):
+    cfg = dict(model="tiny_cnn", batch=16, image_size=16, steps=6, device="gpu", lr=0.05,
+               eval_every=0, eval_batches=2, progress=False, log_every=2, deterministic=True)
+    cfg.update(overrides)
+    return TrainConfig(**cfg)
+
+
+@pytest.fixture
+def gpu():
+    dev = Device("gpu")
+    yield dev
+    dev.synchronize()
+
+
+def test_an_offload_followed_at_once_by_its_prefetch_reads_the_offloaded_bytes(gpu):
+    """Two maps are offloaded, then the second is fetched back at once. Its offload starts
+    only after the first one's (~5 ms of copying on the offload stream), so a prefetch that
+    did not wait for it would copy the host block before it is written: the stale bytes."""
+    from minidnn.memory.arena import Arena
+    from minidnn.memory.host import HostSlab
+    from minidnn.memory.layout import DynamicBlocks
+    from minidnn.memory.manager import FeatureMap, Mover
+    from minidnn.memory.plan import StoragePlan
+    arena = Arena(gpu, 4 * BIG + 4096)
+    host = HostSlab(gpu, chunk_bytes=2 * BIG)
+    stale = host.alloc(2 * BIG)                   # the host blocks the offloads will get
+    stale[:] = STALE
+    host.free(stale)
+    mover = Mover(gpu, DynamicBlocks(arena), host)
+    first, second = (FeatureMap(StoragePlan(k, BIG, "feature", tensors=[f"m{k}"]))
+                     for k in range(2))
+    for fm in (first, second):
+        fm.device = arena.alloc(BIG)
+        with gpu.compute:
+            fm.device.fill(ORIGINAL)
+        mover.offload(fm, time=0)
+        mover.release_device(fm)
+    mover.fetch(second, time=1, where="test")     # at once: no host wait anywhere
+    mover.wait(second)
+    with gpu.compute:
+        seen = second.device.copy()               # what backward would read
+    gpu.synchronize()
+    assert int((seen != ORIGINAL).sum()) == 0, \
+        f"{int((seen != ORIGINAL).sum())} bytes came from the host block before the offload"
+    for fm in (first, second):
+        mover.release_device(fm)
+        mover.release_host(fm)
+    arena.close()
+    host.close()
+
+
+def test_a_measured_profile_plans_dyn_and_the_run_stays_in_its_budget(tmp_path, monkeypatch):
+    """--policy dyn measures the network on the device (cached under MINIDNN_CACHE) and plans
+    for the budget; a second run reads the profile from the cache."""
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    free = train(small(steps=3), log=quiet)
+    budget = int(free["peak_device_bytes"])
+    report = train(small(steps=4, policy="dyn", memory_budget=budget), log=quiet)
+    profiles = list((tmp_path / "cache" / "profiles").iterdir())
+    assert profiles, "no profile was measured"
+    assert report["memory"]["policy"] == "dyn" and report["peak_device_bytes"] <= budget
+    assert all(np.isfinite(report["loss"]))
+    again = train(small(steps=4, policy="dyn", memory_budget=budget), log=quiet)
+    assert list((tmp_path / "cache" / "profiles").iterdir()) == profiles
+    assert again["param_checksum"] == report["param_checksum"]
+
+
+def test_train_and_resume_on_the_gpu_are_bit_identical(tmp_path):
+    ckpt = str(tmp_path / "run.npz")
+    straight = train(small(steps=8), log=quiet)
+    train(small(steps=4, checkpoint=ckpt), log=quiet)
+    resumed = train(small(steps=8, checkpoint=ckpt, resume=True), log=quiet)
+    assert resumed["start_step"] == 4
+    assert resumed["param_checksum"] == straight["param_checksum"]
+    assert resumed["loss"] == straight["loss"][4:]
+
+
+def test_a_gpu_trace_holds_compute_and_both_copy_streams(tmp_path):
+    pytest.importorskip("matplotlib")
+    trace, plot = tmp_path / "t.json", tmp_path / "m.png"
+    train(small(steps=3, policy="all", trace=str(trace), plot=str(plot)), log=quiet)
+    events = json.loads(trace.read_text())["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"compute stream"} <= threads and len(threads) >= 3, threads   # and the copies'
+    timed = [e for e in events if e.get("ph") == "X"]
+    assert any(e["name"] == "conv1" for e in timed)
+    assert all(e["dur"] >= 0 for e in timed) and any(e["dur"] > 0 for e in timed)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_synthetic_device_batches_are_on_the_gpu_and_repeat_by_seed(gpu):
+    from minidnn.data import SyntheticImages
+    data = SyntheticImages(num_classes=7, image_shape=(3, 8, 8), seed=3)
+    a = data.device_batches(4, gpu, count=3)
+    b = data.device_batches(4, gpu, count=3)
+    assert len(a) == 3
+    for (x, y), (x2, y2) in zip(a, b):
+        assert isinstance(x, cupy.ndarray) and x.shape == (4, 3, 8, 8) and x.dtype == np.float32
+        assert isinstance(y, cupy.ndarray) and y.shape == (4,) and y.dtype == np.int64
+        assert int(y.min()) >= 0 and int(y.max()) < 7
+        assert bool((x == x2).all()) and bool((y == y2).all())
+    assert not bool((a[0][0] == a[1][0]).all())          # the batches differ
+    report = train(small(model="mlp", data="synthetic", num_classes=7, image_size=8, steps=3),
+                   log=quiet)
+    assert report["steps"] == 3 and all(np.isfinite(report["loss"]))

@@ -314,10 +314,14 @@ class ConvPlanCache:
 
 # ---- the cuDNN side (needs a GPU, CuPy and the cuDNN frontend) ---------------------------------
 def load_cudnn():
-    """The cuDNN frontend module, or a DeviceError that says how to get it."""
+    """The cuDNN frontend module, or a DeviceError that says how to get it. cuDNN itself comes
+    from the nvidia-cudnn-cu13 package of the 'gpu' extra (nvidia_libraries.preload), not
+    from PyTorch's wheels."""
+    from .nvidia_libraries import preload
     try:
+        preload("cudnn")  # before the frontend looks for it by name
         import cudnn
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:
         from ..errors import DeviceError
         raise DeviceError("GPU convolutions need the cuDNN frontend Python package "
                           "(pip install 'nvidia-cudnn-frontend<1.30', part of the 'gpu' extra); "

@@ -131,3 +131,51 @@ def test_synthetic_device_batches_are_on_the_gpu_and_repeat_by_seed(gpu):
     report = train(small(model="mlp", data="synthetic", num_classes=7, image_size=8, steps=3),
                    log=quiet)
     assert report["steps"] == 3 and all(np.isfinite(report["loss"]))
+
+
+# ---- a fault test: the copy streams made slow ---------------------------------------------------
+SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+'''
+
+
+def test_copy_streams_delayed_on_purpose_give_the_same_bits(monkeypatch):
+    """Every offload and prefetch is preceded, on its own stream, by a kernel that spins for
+    about 2 ms: each copy then finishes long after compute would have read or reused its
+    buffers, if any wait were missing. The parameters must still equal a run without offload,
+    to the bit (deterministic algorithms), under every policy and lookahead."""
+    from minidnn import SGD, Executor
+    from minidnn.memory import manager as manager_module
+    from test_memory_gpu import dag_net
+    spin = cupy.RawKernel(SPIN, "spin")
+    rate_khz = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["clockRate"]
+    cycles = np.int64(rate_khz * 2)                       # ~2 ms
+    copy = manager_module.Mover._copy
+    delayed = []
+
+    def slow_copy(self, dst, src, nbytes, kind, stream):
+        spin((1,), (1,), (cycles,), stream=stream)
+        delayed.append(kind)
+        copy(self, dst, src, nbytes, kind, stream)
+
+    def checksum(policy, lookahead, budget=None):
+        rng = np.random.default_rng(0)
+        with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
+                      prefetch_lookahead=lookahead, deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+            for _ in range(4):
+                x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+                ex.train_step(x, rng.integers(0, 10, 8), opt)
+            del opt
+            ex.close()
+            return ex.net.param_checksum()
+
+    reference = checksum("none", 1)
+    monkeypatch.setattr(manager_module.Mover, "_copy", slow_copy)
+    for policy, lookahead, budget in (("all", 0, None), ("all", 1, None), ("all", 3, None),
+                                      ("conv", 1, None), ("all", 1, "1GiB")):
+        assert checksum(policy, lookahead, budget) == reference, (policy, lookahead, budget)
+    assert len(set(delayed)) == 2                        # both directions were delayed

@@ -2,7 +2,7 @@
 """A soak test on the CPU: many training steps under vDNN_all in a memory budget, printing the
 device bytes in use and the process's resident memory as it goes; both must stay flat.
 
-    python3 scripts/soak_cpu.py                     # 10,000 steps of tiny_cnn, ~10-20 min
+    python3 scripts/soak_cpu.py                     # 10,000 steps of tiny_cnn at 8x8, ~5 min
     python3 scripts/soak_cpu.py --steps 500 --every 50
 
 Device bytes: the executor's allocator (the arena of the budget) once every copy has finished,
@@ -34,12 +34,12 @@ def rss_bytes() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny_cnn")
-    p.add_argument("--image-size", type=int, default=16)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--image-size", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=10_000)
     p.add_argument("--every", type=int, default=500, help="report every N steps")
     p.add_argument("--policy", default="all")
-    p.add_argument("--memory-budget", default="16MiB")
+    p.add_argument("--memory-budget", default="4MiB")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--rss-slack", default="8MiB", help="RSS growth allowed after warm-up")
     args = p.parse_args()

@@ -1,10 +1,14 @@
 """The executor: runs forward and backward of a network layer by layer on one device.
 
-It owns the step's order and nothing else: every buffer comes from the memory manager, every
-number from a layer. This is the Python API the training loop and the CLI are built on:
+It runs a decision made before it is built (what to keep, offload or recompute, each
+convolution's plan setting, the ReLU bit masks, the prefetch lookahead: minidnn/decide.py
+makes it from a policy name and a budget) and decides nothing itself: every buffer comes from
+the memory manager, every number from a layer. This is the Python API the training loop and
+the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    ex = Executor(net, batch=32, device="auto", seed=0, policy="all", memory_budget="4GiB")
+    decision = decide(net, 32, policy="all", memory_budget="4GiB")      # minidnn/decide.py
+    ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
     grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
@@ -29,13 +33,15 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .layers.base import StepContext
+from .layers.conv import parse_plan_setting
 from .memory.allocator import CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
 from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
-from .memory.policy import CALL_PHASES, get_policy, use_relu_bits
+from .memory.policy import (CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable,
+                            restore_relu_keeps, set_relu_keeps)
 from .network import DATA, LABEL, Network
 
 
@@ -43,17 +49,18 @@ class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
     memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    policy: 'none' | 'all' | 'conv' | 'dyn' (planned for the budget; minidnn/planner) or a
-    memory.policy.Policy. prefetch_lookahead: layers ahead that backward brings offloaded
-    maps back (0: only on demand). trace: keep a trace.Tracer in `self.tracer`.
+    decision: the finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep
+    every map, prefetch one layer ahead). Its conv plan settings reach the convolutions
+    through the StepContext; the layers keep their own. trace: keep a trace.Tracer in
+    `self.tracer`.
     compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
     (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
     None (default): planned when a memory budget is given, where fragmentation can make a
     step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
     across the step, which gives a lower peak.
-    relu_bits: ReLUs whose output no other layer keeps for backward keep one bit per value
-    instead (layers/relu.py; lossless), so that map is free after forward.
+    The decision's `relu_bits` ReLUs keep one bit per value instead of their output while
+    the executor lives (layers/relu.py; lossless); close() gives them their own setting back.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
@@ -63,11 +70,10 @@ class Executor:
     """
 
     def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | str | None = None, policy="none",
-                 prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
+                 memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
+                 trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False):
+                 deterministic: bool | None = None, static_layout: bool | None = None):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -78,42 +84,29 @@ class Executor:
             memory_budget = parse_bytes(memory_budget)
         if isinstance(host_limit, str):
             host_limit = parse_bytes(host_limit)
-        if prefetch_lookahead is None or int(prefetch_lookahead) < 0:
-            raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
-                              f"got {prefetch_lookahead!r}")
+        self.decision = decision = NO_DECISION if decision is None else decision
+        check_runnable(decision)
+        self.prefetch_lookahead = int(decision.prefetch_lookahead)
         self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
         if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
                     if v is not None}
             self.kernels.configure(**opts)
-        # Settings of the network's layers that this executor changes while it lives (ReLU
-        # masks, the decision's convolution plans); close() gives them back, so a later
-        # executor of the same network starts from the layers' own settings.
-        self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-        self._own_plan_settings = {n.name: n.layer.plan_setting for n in net.nodes
-                           if n.layer.kind == "conv"}
         self.host = self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
         self.allocator = None
+        self._own_keeps: dict = {}
         try:  # from here on, a failure must give the layers, device memory and CuPy back
-            if relu_bits:
-                use_relu_bits(net)
+            # The decision's ReLUs keep bit masks while this executor lives (close() gives
+            # them their own setting back).
+            self._own_keeps = set_relu_keeps(net, decision.relu_bits)
             self.plan = LivenessPlan(net, self.batch)
-            self.policy = get_policy(policy)
+            self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
-            if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
-                self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
-                                 static_layout=static_layout)
-            self.decision = self.policy.decide(self.plan, memory_budget)
-            for name, setting in self.decision.conv_algo.items():
-                net.node(name).layer.plan_setting = setting
-            if self.decision.prefetch_lookahead is not None:  # the policy chose it
-                prefetch_lookahead = self.decision.prefetch_lookahead
-            self.prefetch_lookahead = int(prefetch_lookahead)
             self.allocator = self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
@@ -191,6 +184,15 @@ class Executor:
                 grad.fill(0)
             p.data, p.grad = data, grad
 
+    def _check_conv_plans(self) -> None:
+        """Every plan setting of the decision names a convolution of this network and reads
+        as a setting (layers/conv.py); the layers receive them through the StepContext."""
+        for name, setting in self.decision.conv_algo.items():
+            if self.net.node(name).layer.kind != "conv":
+                raise ConfigError(f"memory decision sets a convolution plan for {name!r}, "
+                                  f"which is not a convolution of network {self.net.name!r}")
+            parse_plan_setting(setting)
+
     def _workspace_blocks(self) -> dict:
         """{(node index, phase): bytes} of the decision's planned workspaces."""
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
@@ -217,11 +219,9 @@ class Executor:
         return PlannedBlocks(self.layout, region, self.allocator)
 
     def _restore_layers(self) -> None:
-        """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
-        for name, setting in self._own_plan_settings.items():
-            self.net.node(name).layer.plan_setting = setting
-        for name, keep in self._own_keeps.items():
-            self.net.node(name).layer.keep = keep
+        """Give the ReLUs back their own keep setting."""
+        restore_relu_keeps(self.net, self._own_keeps)
+        self._own_keeps = {}
 
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
@@ -287,7 +287,8 @@ class Executor:
 
     def _ctx(self, train: bool) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device)
+                           seed=self.seed, device=self.device,
+                           conv_plans=self.decision.conv_algo)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -517,7 +518,7 @@ class Executor:
             "liveness_peak_bytes": int(self.plan.liveness_peak_bytes()),
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),
             "fragmentation": float(frag),
-            "policy": self.policy.name,
+            "policy": self.decision.policy,
             "offload_storages": len(self.decision.offload),
             "layout_bytes": int(self.layout.size) if self.layout else None,
             "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,

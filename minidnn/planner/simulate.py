@@ -50,7 +50,6 @@ from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
                     transient_bytes)
-from .dyn import FixedDecision
 
 
 # ---- the recording device ------------------------------------------------------------------------
@@ -230,9 +229,9 @@ class _DryExecutor(Executor):
         # profile's business (the dry run runs no kernels), and the network's layers are left
         # as they are.
         decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
-                                  recompute=frozenset(recompute))
-        super().__init__(net, batch, device=device, policy=FixedDecision(decision),
-                         memory_budget=None, prefetch_lookahead=prefetch_lookahead,
+                                  recompute=frozenset(recompute),
+                                  prefetch_lookahead=int(prefetch_lookahead), policy="fixed")
+        super().__init__(net, batch, device=device, decision=decision, memory_budget=None,
                          compute=False, static_layout=static_layout)
 
     def _make_allocator(self, budget):

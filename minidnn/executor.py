@@ -37,11 +37,13 @@ from .layers.conv import parse_plan_setting
 from .memory.allocator import CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
-from .memory.layout import PlannedBlocks, StaticLayout
+from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
 from .memory.policy import (CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable,
                             restore_relu_keeps, set_relu_keeps)
+from .memory.record import layout_for_step
+from .memory.schedule import walk
 from .network import DATA, LABEL, Network
 
 
@@ -210,8 +212,8 @@ class Executor:
         take the region for them from the allocator now, so that a budget too small fails
         before step one."""
         keep = (self.net.loss_node.name, self.net.output)
-        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep,
-                                            workspace, self.decision.recompute)
+        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
+                                      workspace, self.decision.recompute)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
@@ -304,58 +306,45 @@ class Executor:
         self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
                            self.manager.resident_bytes)
 
-    def _run_forward(self, ctx) -> None:
-        """The forward loop (ctx None: dry run, no compute)."""
+    def _run(self, ctx, part: str) -> None:
+        """Walk the 'forward' or 'backward' part of the step's schedule (memory/schedule.py):
+        each layer call with the buffers the manager serves for it (ctx None: dry run, no
+        compute)."""
         mm = self.manager
-        for i, node in enumerate(self.plan.nodes):
-            self._set_where(f"forward of {node.name}")
-            xs, y, aux = mm.forward_buffers(i)
-            self._call("forward", i, ctx, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
-                       mm.after_forward)
+        for call in walk(mm.schedule, mm, part):
+            node = self.plan.nodes[call.index]
+            self._set_where(f"{call.phase} of {node.name}")
+            self._call(call, node, ctx, mm.buffers(call))
         self._set_where("")
 
-    def _run_backward(self, ctx) -> None:
-        """The backward loop, in reverse order (ctx None: dry run, no compute); before a
-        layer's backward, the forward of the layers whose dropped outputs it reads first."""
-        mm = self.manager
-        for i in reversed(range(len(self.plan.nodes))):
-            for j in mm.recompute_before(i):
-                writer = self.plan.nodes[j]
-                self._set_where(f"recompute of {writer.name}")
-                xs, y = mm.recompute_buffers(j)
-                self._call("recompute", j, ctx,
-                           ctx and (lambda: writer.layer.forward(xs, y, None, ctx)),
-                           lambda j: None)
-            node = self.plan.nodes[i]
-            self._set_where(f"backward of {node.name}")
-            xs, y, gy, gxs, aux = mm.backward_buffers(i)
-            self._call("backward", i, ctx,
-                       ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
-                       mm.after_backward)
-        self._set_where("")
-
-    def _call(self, phase: str, i: int, ctx, run, after) -> None:
-        """One layer call: `run` (None in a dry run) with its planned workspace block in
-        ctx.workspace, then the manager's `after(i)`; timed and sampled when tracing (the end
-        sample sees the memory the manager released)."""
-        tracer = self.tracer
-        name = self.plan.nodes[i].name
+    def _call(self, call, node, ctx, buffers) -> None:
+        """One layer call with its buffers and its planned workspace block in ctx.workspace,
+        then the manager's `after(call)`; timed and sampled when tracing (the end sample sees
+        the memory the manager released)."""
+        tracer, phase, i = self.tracer, call.phase, call.index
         if tracer:
             t0 = tracer.mark(self.device.compute)
-            self._sample(t0, phase, name, "start")
+            self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
-        if run is not None:
+        if ctx is not None:
             ctx.workspace = workspace
             try:
-                run()
+                if phase == "forward":
+                    xs, y, aux = buffers
+                    node.layer.forward(xs, y, aux, ctx)
+                elif phase == "recompute":   # aux None: write the output only
+                    xs, y = buffers
+                    node.layer.forward(xs, y, None, ctx)
+                else:
+                    node.layer.backward(*buffers, ctx)
             finally:
                 ctx.workspace = None
         self.manager.release_workspace()
-        after(i)
+        self.manager.after(call)
         if tracer:
             t1 = tracer.mark(self.device.compute)
-            tracer.layer(phase, name, i, t0, t1)
-            self._sample(t1, phase, name, "end")
+            tracer.layer(phase, node.name, i, t0, t1)
+            self._sample(t1, phase, node.name, "end")
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""
@@ -391,7 +380,7 @@ class Executor:
                 mm.begin_step(train, keep)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run_forward(self._ctx(train))
+                self._run(self._ctx(train), "forward")
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -409,7 +398,7 @@ class Executor:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
         try:
             with self.device.compute:
-                self._run_backward(self._ctx(True))
+                self._run(self._ctx(True), "backward")
                 self.manager.end_step()
         except BaseException:
             self._abort()
@@ -450,9 +439,9 @@ class Executor:
                 mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it
                 mm.write_input(DATA, None)
                 mm.write_input(LABEL, None)
-                self._run_forward(None)
+                self._run(None, "forward")
                 if train:
-                    self._run_backward(None)
+                    self._run(None, "backward")
                 mm.end_step()
         except BaseException:
             self._abort()

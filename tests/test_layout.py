@@ -112,16 +112,16 @@ def test_a_workspace_block_lives_for_its_call_and_packs_over_dead_maps():
     """tiny_cnn's last conv runs when its first conv's output is dead: a workspace there takes
     those addresses, so the region grows by less than the workspace; one at the first conv,
     where the maps alive are few but will all be needed, is placed beside them."""
-    from minidnn.memory.layout import record_intervals
+    from minidnn.memory.record import layout_for_step, record_intervals
     from minidnn.memory.plan import LivenessPlan
     net = models.build("tiny_cnn", num_classes=5, image_size=16)
     plan = LivenessPlan(net, 4)
     convs = [i for i, n in enumerate(plan.nodes) if n.layer.kind == "conv"]
     keep = (net.loss_node.name, net.output)
-    bare = StaticLayout.for_step(plan, frozenset(), 1, keep)
+    bare = layout_for_step(plan, frozenset(), 1, keep)
     ws = 64 * 1024
-    with_ws = StaticLayout.for_step(plan, frozenset(), 1, keep,
-                                    {(convs[-1], "backward"): ws, (convs[0], "forward"): ws})
+    with_ws = layout_for_step(plan, frozenset(), 1, keep,
+                              {(convs[-1], "backward"): ws, (convs[0], "forward"): ws})
     assert with_ws.workspace_bytes() == 2 * ws
     assert with_ws.size < bare.size + 2 * ws          # workspaces share addresses with maps
     intervals = record_intervals(plan, frozenset(), 1, keep, {(convs[-1], "backward"): ws})

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from minidnn import SGD, models
-from minidnn.memory.layout import record_intervals
+from minidnn.memory.record import record_intervals
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                    recompute_inputs, unchained)

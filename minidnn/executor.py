@@ -232,8 +232,7 @@ class Executor:
         if self._routed:
             self.allocator.uninstall()
             self._routed = False
-        if hasattr(self.allocator, "close"):
-            self.allocator.close()
+        self.allocator.close()
 
     def close(self) -> None:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
@@ -246,8 +245,7 @@ class Executor:
                 p.data = np.array(to_numpy(p.data), copy=True)
                 p.grad = None
         self._release_device_memory()
-        if hasattr(self.host, "close"):
-            self.host.close()
+        self.host.close()
         self._restore_layers()
         self._host_params = []
         self._closed = True
@@ -490,7 +488,7 @@ class Executor:
         buffer lives exactly from its first write to its last read, nothing offloaded.
         """
         st = self.manager.stats
-        frag = self.allocator.fragmentation() if hasattr(self.allocator, "fragmentation") else 0.0
+        frag = self.allocator.fragmentation()
         return {
             "peak_device_bytes": max(self._peak_before_step, int(self.allocator.peak)),
             "steady_peak_device_bytes": int(self.allocator.peak),

@@ -45,7 +45,7 @@ import numpy as np
 from ..backend import Device
 from ..executor import Executor
 from ..layers.conv import plan_setting
-from ..memory.allocator import CountingAllocator
+from ..memory.allocator import CountingAllocator, wait_until_fits
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
@@ -456,6 +456,18 @@ class StepModel:
         busy_at_step: list = []
         last_work = 0.0   # end of the latest layer or optimizer step on the compute stream
 
+        def wait_oldest() -> bool:
+            """The host waits for the oldest free behind a copy (False: none pending)."""
+            nonlocal host, in_use, host_wait
+            if not pending:
+                return False
+            key, ev = pending.popleft()
+            if ev.time > host:
+                host_wait += ev.time - host
+                host = ev.time
+            in_use -= sizes.pop(key)
+            return True
+
         def take(n: int) -> None:
             nonlocal host, in_use, peak, host_wait, over
             if pending:  # what has finished by now is reclaimed (Arena._take: reclaim_done)
@@ -467,12 +479,8 @@ class StepModel:
                         still.append((key, ev))
                 pending.clear()
                 pending.extend(still)
-            while in_use + n > budget and pending:  # under pressure: wait, oldest first
-                key, ev = pending.popleft()
-                if ev.time > host:
-                    host_wait += ev.time - host
-                    host = ev.time
-                in_use -= sizes.pop(key)
+            # Under pressure the host waits for the oldest pending free: the arena's rule.
+            wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
             in_use += n
             if in_use > budget:
                 over = True

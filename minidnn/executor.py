@@ -34,7 +34,7 @@ from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
-from .memory.allocator import CountingAllocator
+from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
 from .memory.layout import PlannedBlocks
@@ -66,6 +66,9 @@ class Executor:
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
+    use instead of the ones the executor would make (the planner's step model gives a dry run
+    its recording allocator this way).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -75,7 +78,8 @@ class Executor:
                  memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
                  trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool | None = None):
+                 deterministic: bool | None = None, static_layout: bool | None = None,
+                 allocator: Allocator | None = None, host: Allocator | None = None):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -95,7 +99,7 @@ class Executor:
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
                     if v is not None}
             self.kernels.configure(**opts)
-        self.host = self._make_host(host_limit)
+        self.host = host if host is not None else self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
@@ -109,7 +113,8 @@ class Executor:
             self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
-            self.allocator = self._make_allocator(memory_budget)
+            self.allocator = allocator if allocator is not None else \
+                self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
             # Workspaces are planned blocks only inside a static layout.
@@ -131,6 +136,7 @@ class Executor:
             raise
         self._host_params = []
         self.tracer = None
+        self.observer = None
         if trace:
             self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
@@ -257,6 +263,12 @@ class Executor:
         self.close()
         return False
 
+    def watch(self, observer) -> None:
+        """Tell `observer` (a memory.observer.StepObserver; None: no one) about every layer
+        call, copy and memory level of the steps from now on."""
+        self.observer = observer
+        self.manager.observer = observer
+
     def enable_trace(self, on: bool = True, max_steps: int | None = None):
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
@@ -264,7 +276,7 @@ class Executor:
             self.tracer = Tracer(self.device, max_steps=max_steps)
         else:
             self.tracer = None
-        self.manager.tracer = self.tracer
+        self.watch(self.tracer)
         return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
@@ -301,8 +313,8 @@ class Executor:
         self.allocator.current_where = where
 
     def _sample(self, at, phase: str, layer: str, when: str) -> None:
-        self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
-                           self.manager.resident_bytes)
+        self.observer.memory(at, phase, layer, when, self.allocator.in_use,
+                             self.manager.resident_bytes)
 
     def _run(self, ctx, part: str) -> None:
         """Walk the 'forward' or 'backward' part of the step's schedule (memory/schedule.py):
@@ -319,9 +331,9 @@ class Executor:
         """One layer call with its buffers and its planned workspace block in ctx.workspace,
         then the manager's `after(call)`; timed and sampled when tracing (the end sample sees
         the memory the manager released)."""
-        tracer, phase, i = self.tracer, call.phase, call.index
-        if tracer:
-            t0 = tracer.mark(self.device.compute)
+        observer, phase, i = self.observer, call.phase, call.index
+        if observer:
+            t0 = observer.mark(self.device.compute)
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
         if ctx is not None:
@@ -339,9 +351,9 @@ class Executor:
                 ctx.workspace = None
         self.manager.release_workspace()
         self.manager.after(call)
-        if tracer:
-            t1 = tracer.mark(self.device.compute)
-            tracer.layer(phase, node.name, i, t0, t1)
+        if observer:
+            t1 = observer.mark(self.device.compute)
+            observer.layer(phase, node.name, i, t0, t1)
             self._sample(t1, phase, node.name, "end")
 
     def _start_step_peak(self) -> None:
@@ -371,8 +383,8 @@ class Executor:
         mm = self.manager
         self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, keep)
@@ -430,8 +442,8 @@ class Executor:
             self._in_step = False
         mm = self.manager
         self._start_step_peak()
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it

@@ -97,11 +97,11 @@ def test_plot_memory_writes_a_png(tmp_path):
 
 def test_tracing_is_off_by_default():
     ex = build_executor(net(), 2, device="cpu", policy="all")
-    assert ex.tracer is None and ex.manager.tracer is None and ex.manager.mover.tracer is None
+    assert ex.tracer is None and ex.manager.observer is None and ex.manager.mover.observer is None
     tracer = ex.enable_trace()
-    assert ex.manager.mover.tracer is tracer
+    assert ex.manager.mover.observer is tracer
     ex.enable_trace(False)
-    assert ex.tracer is None and ex.manager.mover.tracer is None
+    assert ex.tracer is None and ex.manager.mover.observer is None
 
 
 def test_max_steps_keeps_only_the_last_steps():

@@ -108,12 +108,12 @@ class Mover:
     bytes but copy nothing (the buffers are receipts from a CountingAllocator).
     """
 
-    def __init__(self, device, blocks, host, dry: bool = False, tracer=None):
+    def __init__(self, device, blocks, host, dry: bool = False, observer=None):
         self.device = device
         self.blocks = blocks
         self.host = host
         self.dry = dry
-        self.tracer = tracer
+        self.observer = observer      # a memory.observer.StepObserver, or None
 
     # ---- the two copies --------------------------------------------------------------------------
     def offload(self, fm: FeatureMap, time: int) -> None:
@@ -145,12 +145,12 @@ class Mover:
 
     def _traced_copy(self, track: str, fm: FeatureMap, dst, src, kind: int, stream):
         """Issue the copy on `stream` (marked in the trace); returns the event recorded after it."""
-        start = self.tracer.mark(stream) if self.tracer else None
+        start = self.observer.mark(stream) if self.observer else None
         self._copy(dst, src, fm.nbytes, kind, stream)
         done = self.device.event()
         done.record(stream)
-        if self.tracer:
-            self.tracer.copy(track, fm.name, start, self.tracer.mark(stream), fm.nbytes)
+        if self.observer:
+            self.observer.copy(track, fm.name, start, self.observer.mark(stream), fm.nbytes)
         return done
 
     def wait(self, fm: FeatureMap) -> None:
@@ -232,7 +232,7 @@ class MemoryManager:
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
-                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None,
+                 prefetch_lookahead: int = 1, dry: bool = False, observer=None, blocks=None,
                  workspace: dict | None = None, recompute=()):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
@@ -251,7 +251,7 @@ class MemoryManager:
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
         self._workspace_held = None
-        self.tracer = tracer
+        self.observer = observer
         self.train = True
         self.keep: set[int] = set()
         self.time = -1
@@ -265,13 +265,14 @@ class MemoryManager:
         self.set_offload(offload, recompute)
 
     @property
-    def tracer(self):
-        return self._tracer
+    def observer(self):
+        """The StepObserver told about every copy (memory/observer.py), or None."""
+        return self._observer
 
-    @tracer.setter
-    def tracer(self, tracer) -> None:
-        self._tracer = tracer
-        self.mover.tracer = tracer
+    @observer.setter
+    def observer(self, observer) -> None:
+        self._observer = observer
+        self.mover.observer = observer
 
     def set_offload(self, offload, recompute=()) -> None:
         """Choose the storages to offload and to recompute (applies from the next step on):

@@ -18,6 +18,7 @@ Reading order, for a learner:
 6. layout.py, record.py
                 the static layout: every block's address planned before step one, from the
                 intervals a dry walk of the schedule records.
+7. observer.py  StepObserver: how the tracer and the planner's step model watch a step.
 
 Nothing here imports the executor (minidnn/executor.py) or the planner (minidnn/planner/);
 they import this package.

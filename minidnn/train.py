@@ -36,6 +36,7 @@ from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
+from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
@@ -222,7 +223,7 @@ def resolve_image_size(cfg: TrainConfig) -> int:
 
 def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
     """The executor a run trains on (on `device`, a backend.Device, or on cfg.device)."""
-    return Executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
+    return build_executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minidnn import SGD, Executor, models  # noqa: E402
+from minidnn import SGD, models  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
 from minidnn.data import BatchLoader, Shapes  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
@@ -46,9 +47,9 @@ def main() -> int:
 
     net = models.build(args.model, num_classes=10, image_size=args.image_size)
     data = Shapes(10, args.image_size, n=4096, seed=0)
-    ex = Executor(net, args.batch, device="cpu", seed=0, policy=args.policy,
-                  memory_budget=parse_bytes(args.memory_budget),
-                  prefetch_lookahead=args.lookahead)
+    ex = build_executor(net, args.batch, device="cpu", seed=0, policy=args.policy,
+                        memory_budget=parse_bytes(args.memory_budget),
+                        prefetch_lookahead=args.lookahead)
     opt = SGD(ex.parameters(), lr=0.02, momentum=0.9, weight_decay=5e-4, allocator=ex.allocator)
     warmup = max(1, args.steps // 10)
     print(f"soak: {args.model} {args.image_size}px batch {args.batch}, policy {args.policy}, "

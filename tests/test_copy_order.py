@@ -14,7 +14,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from minidnn import SGD, Executor
+from minidnn import SGD
+from minidnn.decide import build_executor
 from minidnn.backend import Device
 from minidnn.errors import MemoryBudgetError
 from minidnn.memory import manager as manager_module
@@ -105,8 +106,8 @@ def queued_copies(monkeypatch):
 
 
 def checksum_after_steps(device, policy, lookahead, steps=2):
-    with Executor(dag_net(), BATCH, device=device, seed=0, policy=policy,
-                  prefetch_lookahead=lookahead) as ex:
+    with build_executor(dag_net(), BATCH, device=device, seed=0, policy=policy,
+                        prefetch_lookahead=lookahead) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for step in range(steps):
             ex.train_step(*batch(step), opt)
@@ -139,7 +140,8 @@ def test_the_queued_streams_do_lag():
 def test_a_prefetch_window_stops_at_the_first_prefetch_that_does_not_fit(monkeypatch):
     """vDNN's window brings maps back nearest first; once one does not fit the budget, the
     farther ones must wait too (they would take the memory the nearer one needs first)."""
-    ex = Executor(dag_net(), BATCH, device="cpu", seed=0, policy="all", prefetch_lookahead=100)
+    ex = build_executor(dag_net(), BATCH, device="cpu", seed=0, policy="all",
+                        prefetch_lookahead=100)
     mm = ex.manager
     fetch = mm._fetch
     refused, fetched = [], []

@@ -147,7 +147,8 @@ def test_copy_streams_delayed_on_purpose_give_the_same_bits(monkeypatch):
     about 2 ms: each copy then finishes long after compute would have read or reused its
     buffers, if any wait were missing. The parameters must still equal a run without offload,
     to the bit (deterministic algorithms), under every policy and lookahead."""
-    from minidnn import SGD, Executor
+    from minidnn import SGD
+    from minidnn.decide import build_executor
     from minidnn.memory import manager as manager_module
     from test_memory_gpu import dag_net
     spin = cupy.RawKernel(SPIN, "spin")
@@ -163,8 +164,9 @@ def test_copy_streams_delayed_on_purpose_give_the_same_bits(monkeypatch):
 
     def checksum(policy, lookahead, budget=None):
         rng = np.random.default_rng(0)
-        with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
-                      prefetch_lookahead=lookahead, deterministic=True) as ex:
+        with build_executor(dag_net(), 8, device="gpu", seed=0, policy=policy,
+                            memory_budget=budget, prefetch_lookahead=lookahead,
+                            deterministic=True) as ex:
             opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
             for _ in range(4):
                 x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)

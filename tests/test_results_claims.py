@@ -32,3 +32,19 @@ def test_the_readmes_speedup_over_save_on_cpu_says_it_divides_two_runs():
     sentence = readme[readme.rindex(". ", 0, at):readme.index(".", at)]
     assert "Dividing the figures of those two runs" in sentence, sentence
     assert "another run (commit 219ac91" in readme and "at commit d9cfe81" in readme
+
+
+def test_the_readme_sample_output_is_the_main_jobs_and_says_what_varies():
+    """The sample's first line is what `minidnn train` prints first (parameters, data), and the
+    text after it names the figures that depend on the machine."""
+    from minidnn.train import TrainConfig, train
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    quick = readme.split("## Quickstart", 1)[1].split("## ", 1)[0]
+    sample = quick.split("```")[3].strip().splitlines()
+    lines = []
+    train(TrainConfig(steps=0, eval_every=0, progress=False, device="cpu"), log=lines.append)
+    assert sample[0] == lines[0]
+    assert sample[-1].startswith(tuple("0123456789")) and "images/s" in sample[-1]
+    after = " ".join(quick.split("```")[4].split())
+    assert "Which figures vary: images/s and wall time depend on the machine" in after
+    assert "losses and accuracies" in after

@@ -423,7 +423,8 @@ class StopSignals:
     """While entered (in the main thread), SIGINT and SIGTERM ask the run to stop instead of
     killing it: `signum` holds the first signal received (None until then). A second SIGINT
     raises KeyboardInterrupt at once, for a user who does not want to wait for the step.
-    Outside the main thread (where Python allows no handlers) it does nothing."""
+    Outside the main thread (where Python allows no handlers) it does nothing, and a signal
+    the process ignores (SIGINT of a background job) stays ignored."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -439,6 +440,8 @@ class StopSignals:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue   # ignored on purpose (nohup, a background job): leave it so
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -131,11 +131,16 @@ def test_sigint_saves_the_steps_done_and_resume_continues_bit_for_bit(tmp_path):
     def press_ctrl_c(message):
         if message.startswith("step 2/"):            # the evaluation line after step 2
             os.kill(os.getpid(), signal.SIGINT)
-    with pytest.raises(Interrupted) as info:
-        train(small(steps=8, eval_every=2, checkpoint=str(ckpt), report=str(report)),
-              log=press_ctrl_c)
+    # As in a terminal (a background job starts with SIGINT ignored, and keeps it so).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted) as info:
+            train(small(steps=8, eval_every=2, checkpoint=str(ckpt), report=str(report)),
+                  log=press_ctrl_c)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # given back
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert info.value.status == 130 and info.value.step == 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # given back
     assert load_checkpoint(str(ckpt)).step == 2
     on_disk = json.loads(report.read_text())
     assert on_disk["steps"] == 2 and on_disk["interrupted_by"] == "SIGINT"
@@ -143,6 +148,18 @@ def test_sigint_saves_the_steps_done_and_resume_continues_bit_for_bit(tmp_path):
     straight = train(small(steps=8), log=quiet)
     assert resumed["param_checksum"] == straight["param_checksum"]
     assert on_disk["loss"] + resumed["loss"] == straight["loss"]
+
+
+def test_an_ignored_sigint_stays_ignored():
+    from minidnn.train import StopSignals
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with StopSignals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_sigterm_saves_checkpoint_and_report_and_exits_143(tmp_path):

@@ -332,7 +332,7 @@ class Executor:
         the memory the manager released)."""
         observer, phase, i = self.observer, call.phase, call.index
         if observer:
-            t0 = observer.mark(self.device.compute)
+            t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
         if ctx is not None:

@@ -145,7 +145,8 @@ class Mover:
 
     def _traced_copy(self, track: str, fm: FeatureMap, dst, src, kind: int, stream):
         """Issue the copy on `stream` (marked in the trace); returns the event recorded after it."""
-        start = self.observer.mark(stream) if self.observer else None
+        start = self.observer.begin_copy(stream, track, fm.name, fm.nbytes) \
+            if self.observer else None
         self._copy(dst, src, fm.nbytes, kind, stream)
         done = self.device.event()
         done.record(stream)

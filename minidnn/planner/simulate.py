@@ -55,8 +55,9 @@ from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_byte
 
 # ---- the recording device ------------------------------------------------------------------------
 class Mark:
-    """An operation on a stream: a tracer mark, which the log turns into a layer call, a copy,
-    the optimizer step or a step boundary (kind), or a zero-length marker."""
+    """An operation on a stream: a layer call or a copy (kind; the observer's begin_layer /
+    begin_copy says which before the call is issued), the optimizer step or a step boundary,
+    or a zero-length marker (the end of a call or copy)."""
     __slots__ = ("stream", "kind", "label", "nbytes")
 
     def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
@@ -192,16 +193,16 @@ class _Recorder(StepObserver):
         self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
         self.sampling = True
 
-    def mark(self, stream):
-        m = Mark(stream.name)
+    def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
+        m = Mark(stream.name, kind, label, nbytes)
         self.log.append(m)
         return m
 
-    def layer(self, phase, name, index, start, end) -> None:
-        start.kind, start.label = "layer", (phase, index)
+    def begin_layer(self, stream, phase, name, index):
+        return self.mark(stream, "layer", (phase, index))
 
-    def copy(self, track, name, start, end, nbytes) -> None:
-        start.kind, start.label, start.nbytes = "copy", track, int(nbytes)
+    def begin_copy(self, stream, track, name, nbytes):
+        return self.mark(stream, "copy", track, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":

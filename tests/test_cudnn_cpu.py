@@ -109,9 +109,13 @@ def test_fastest_and_min_workspace():
     assert choose_plan(TABLE, "min_workspace").index == 7
 
 
-def test_deterministic_choice_follows_rank_not_timing():
-    assert choose_plan(TABLE, "fastest", by_rank=True).index == 0
-    assert choose_plan(TABLE, "min_workspace", by_rank=True).index == 3
+def test_deterministic_choice_follows_rank_not_timing_and_not_the_setting():
+    """One plan for every setting: the best-ranked of the least-workspace plans (3, not the
+    faster 7), so that no budget changes a bit of the result."""
+    for algo in ("fastest", "min_workspace"):
+        assert choose_plan(TABLE, algo, by_rank=True).index == 3
+    for limit in (None, 0, 26_000_000, 10**9):
+        assert choose_plan(TABLE, "fastest", by_rank=True, workspace_limit=limit).index == 3
 
 
 def test_plans_that_did_not_run_are_never_chosen():
@@ -183,7 +187,7 @@ def test_deterministic_entry_chooses_by_rank():
     cache = ConvPlanCache(fake.build, fake.time)
     x, w, y, spec = arrays()
     e = cache.get(ConvProblem.of("wgrad", x, w, y, spec, "fp32", True), operands=())
-    assert e.plan_for("fastest").index == 0
+    assert e.plan_for("fastest").index == 1 == e.plan_for("min_workspace").index
 
 
 def test_unavailable_problem_is_remembered_and_not_rebuilt():

@@ -181,3 +181,33 @@ def test_copy_streams_delayed_on_purpose_give_the_same_bits(monkeypatch):
                                       ("conv", 1, None), ("all", 1, "1GiB")):
         assert checksum(policy, lookahead, budget) == reference, (policy, lookahead, budget)
     assert len(set(delayed)) == 2                        # both directions were delayed
+
+
+# ---- deterministic mode under every budget ----------------------------------------------------
+@pytest.mark.slow
+def test_vgg16_gives_the_same_bits_under_every_policy_and_budget_in_deterministic_mode():
+    """VGG-16 at batch 64 and 224 pixels, 3 steps: no budget, ReLU masks, all and conv in
+    5 GiB, all with ReLU masks in 4 GiB. In deterministic mode each convolution runs the same
+    plan whatever the budget (the best-ranked memory-optimal one), so the parameters agree to
+    the bit; before, the budgeted runs took other plans and differed from step 1."""
+    from minidnn import SGD, models
+    from minidnn.decide import build_executor
+
+    def checksum(policy, budget=None, relu_bits=False):
+        net = models.build("vgg16", num_classes=1000, image_size=224)
+        rng = np.random.default_rng(0)
+        with build_executor(net, 64, device="gpu", seed=0, policy=policy, memory_budget=budget,
+                            relu_bits=relu_bits, deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
+            losses = []
+            for _ in range(3):
+                x = rng.standard_normal((64, 3, 224, 224)).astype(np.float32)
+                losses.append(float(ex.train_step(x, rng.integers(0, 1000, 64), opt)))
+            del opt
+            ex.close()
+            return net.param_checksum(), losses
+
+    reference = checksum("none")
+    for policy, budget, relu_bits in (("none", None, True), ("all", "5GiB", False),
+                                      ("conv", "5GiB", False), ("all", "4GiB", True)):
+        assert checksum(policy, budget, relu_bits) == reference, (policy, budget, relu_bits)

@@ -12,9 +12,12 @@ manager may switch a layer between them (ConvSpec.algo) without rebuilding anyth
 Math modes follow the engines' numerical notes, the way PyTorch filters cuDNN engine configs:
 'tf32' allows tensor-core (TF32) plans for float32; 'fp32' drops plans noted TENSOR_CORE (and
 those that down-convert inputs or reduce in lower precision), leaving strict FP32 plans.
-deterministic=True also drops plans noted NONDETERMINISTIC and picks by the heuristics' rank
-instead of by measured time, so that the choice itself (and so every bit of the result) does
-not depend on timing noise from one run to the next.
+deterministic=True also drops plans noted NONDETERMINISTIC and runs, whatever the setting
+(fastest, memory-optimal or a workspace limit), the best-ranked of the plans that need the least
+workspace: the choice then depends neither on timing noise nor on the memory budget, so the same
+seed gives the same bits under every policy and every budget that fits. The cost is speed: the
+memory-optimal plans, e.g. VGG-16 conv1_2 at batch 32 in TF32 on an H200, fprop 2.8 ms instead
+of 0.94 ms and wgrad 7.0 ms instead of 1.6 ms (benchmarks/RESULTS.md, the kernel table).
 
 Everything above `CudnnConvGraph` is plain Python (no CuPy, no cuDNN) and runs on the CPU: the
 cache logic is tested there with a fake graph and a fake timer (tests/test_cudnn_cpu.py).
@@ -154,9 +157,9 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
     algo 'fastest': the least measured time among the plans whose workspace is at most
     `workspace_limit` (None: any workspace; when no plan is that lean, the leanest ones).
     'min_workspace': among the plans needing the least workspace, the least time.
-    by_rank=True (deterministic mode) takes the best-ranked plan instead of the fastest, so
-    that the choice does not depend on timing noise. Plans that did not run (time inf) are
-    never chosen.
+    by_rank=True (deterministic mode): the best-ranked plan needing the least workspace, for
+    every algo and limit, so that the choice depends neither on timing noise nor on the
+    budget (see the module doc). Plans that did not run (time inf) are never chosen.
     """
     if algo not in ALGOS:
         raise ConfigError(f"{where or 'convolution'}: algo must be one of {', '.join(ALGOS)}; "
@@ -166,7 +169,8 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
         raise ConfigError(f"{where or 'convolution'}: none of the {len(table)} cuDNN plans could "
                           f"run (each one's workspace failed to allocate, or none was offered)")
     least = min(p.workspace_bytes for p in ran)
-    if algo == "min_workspace" or (workspace_limit is not None and workspace_limit < least):
+    if by_rank or algo == "min_workspace" or (workspace_limit is not None and
+                                               workspace_limit < least):
         ran = [p for p in ran if p.workspace_bytes == least]
     elif workspace_limit is not None:
         ran = [p for p in ran if p.workspace_bytes <= workspace_limit]

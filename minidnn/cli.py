@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",
-                   help="GPU: only algorithms that give the same bits every run")
+                   help="GPU: only algorithms that give the same bits every run, and each "
+                        "convolution on its memory-optimal plan under every budget, so that "
+                        "every policy and budget gives the same bits (slower convolutions)")
     t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")

@@ -211,3 +211,56 @@ def test_vgg16_gives_the_same_bits_under_every_policy_and_budget_in_deterministi
     for policy, budget, relu_bits in (("none", None, True), ("all", "5GiB", False),
                                       ("conv", "5GiB", False), ("all", "4GiB", True)):
         assert checksum(policy, budget, relu_bits) == reference, (policy, budget, relu_bits)
+
+
+@pytest.mark.slow
+def test_the_benchmarked_combination_at_full_size_gives_the_same_bits():
+    """VGG-16 at batch 256 and 224 pixels with what the benchmarks run together: conv1_1's
+    output recomputed, every other map backward reads offloaded, ReLU bit masks, every
+    convolution's workspace a planned block of the static layout, prefetch lookahead 2; three
+    deterministic steps give the parameters of a run that keeps everything, with nothing
+    fetched on demand and no convolution falling back to a leaner plan."""
+    from minidnn import SGD, models
+    from minidnn.decide import build_executor
+    from minidnn.kernels import cuda
+    from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
+                                       relu_bits_for, unchained)
+    from minidnn.planner.dyn import FixedDecision
+
+    def run(policy, budget=None, relu_bits=False):
+        net = models.build("vgg16", num_classes=1000, image_size=224)
+        rng = np.random.default_rng(0)
+        with build_executor(net, 256, device="gpu", seed=0, policy=policy,
+                            memory_budget=budget, relu_bits=relu_bits,
+                            deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
+            for _ in range(3):
+                x = rng.standard_normal((256, 3, 224, 224)).astype(np.float32)
+                ex.train_step(x, rng.integers(0, 1000, 256), opt)
+            stats = ex.memory_stats()
+            del opt
+            ex.close()
+            return net.param_checksum(), stats
+
+    net = models.build("vgg16", num_classes=1000, image_size=224)
+    bits = relu_bits_for(net)
+    probe = build_executor(net, 256, device="cpu", compute=False, relu_bits=True)
+    plan = probe.plan
+    probe.close()
+    conv1_1 = plan.storage_of("conv1_1").id
+    candidates = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    assert conv1_1 in candidates
+    recompute = frozenset({conv1_1})
+    offload = frozenset(get_policy("all").decide(plan).offload - recompute)
+    convs = [n.name for n in net.nodes if n.layer.kind == "conv"]
+    workspace = {(c, p): 256 * 1024**2 for c in convs for p in ("forward", "backward")}
+    decision = MemoryDecision(offload=offload, recompute=recompute, workspace=workspace,
+                              prefetch_lookahead=2, relu_bits=bits)
+    kept = run("none", relu_bits=True)
+    cuda.reset_workspace_fallbacks()
+    combined = run(FixedDecision(decision), budget="12GiB", relu_bits=True)
+    assert not cuda.workspace_fallbacks
+    assert combined[0] == kept[0]
+    stats = combined[1]
+    assert stats["offloaded_bytes"] > 0 and stats["on_demand_fetches"] == 0
+    assert stats["peak_device_bytes"] <= 12 * 1024**3

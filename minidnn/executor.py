@@ -29,6 +29,7 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .layers.base import StepContext
+from .kernels.mapformat import MapFormat, arrange, in_memory_order, map_layout
 from .memory.allocator import CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
@@ -57,6 +58,10 @@ class Executor:
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    layout: how 4-D feature maps lie in memory, 'nchw' or 'nhwc' (channels last; GPU only,
+    kernels/mapformat.py); None: 'nhwc' on the GPU, where cuDNN's tensor-core convolutions
+    work in it, 'nchw' on the CPU. With 'nhwc' the 4-D parameters (conv weights) are kept
+    (O, KH, KW, C) on the device too; state_dict() still gives OIHW.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -67,7 +72,7 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False):
+                 relu_bits: bool = False, layout: str | None = None):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -101,7 +106,8 @@ class Executor:
         try:  # from here on, a failure must give the layers, device memory and CuPy back
             if relu_bits:
                 use_relu_bits(net)
-            self.plan = LivenessPlan(net, self.batch)
+            self.maps = MapFormat(map_layout(self.device, layout))
+            self.plan = LivenessPlan(net, self.batch, self.maps)
             self.policy = get_policy(policy)
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -178,13 +184,16 @@ class Executor:
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
             self._host_params.append((p, values))
-            data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
+            _, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
             self._held_bufs.append(buf)
-            grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
+            _, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
             self._held_bufs.append(gbuf)
+            data = self.maps.view(buf, p.shape, self.net.dtype)   # conv weights as the maps
+            grad = self.maps.view(gbuf, p.shape, self.net.dtype)
             if self.device.is_gpu:
                 with self.device.compute:
-                    data.set(values, stream=self.device.compute)
+                    in_memory_order(data).set(arrange(values, self.maps.layout).reshape(-1),
+                                              stream=self.device.compute)
                     grad.fill(0)
             else:
                 data[...] = values

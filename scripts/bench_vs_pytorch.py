@@ -19,6 +19,13 @@ strict FP32; and the pooling / LRN kernels against PyTorch's.
 Precision: 'tf32' allows TF32 in convolutions and matrix products in both frameworks
 (torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32); 'fp32' forbids it
 in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
+
+Configurations (--frameworks), each run in a process of its own:
+  minidnn          minidnn as it runs by default (channels-last feature maps on the GPU)
+  minidnn-nchw     minidnn with NCHW feature maps (layout='nchw')
+  pytorch          PyTorch as it runs by default (NCHW)
+  pytorch-cl       PyTorch with the model and the batch in channels_last
+  pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
 """
 from __future__ import annotations
 
@@ -109,12 +116,17 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-def run_minidnn(name, batch, math, steps, warmup, profile=False):
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+
+
+def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     import cupy as cp
     from minidnn import SGD, Executor, models
     size = image_size(name)
     net = models.build(name, num_classes=1000, image_size=size)
-    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False)
+    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False,
+                  layout=layout)
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -140,18 +152,20 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
     if profile:
         extra["profile"] = layer_profile(ex, x, labels, opt)
         extra["kernels"] = torch_kernel_profile(lambda: ex.train_step(x, labels, opt))
-    return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+    return {**extra, "framework": "minidnn", "layout": ex.maps.layout,
+            "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(max(step_peaks)), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
             "conv_graphs": cache.get("graphs_built"), "conv_build_s": cache.get("build_s"),
             "conv_measure_s": cache.get("measure_s")}
 
 
-def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
+def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
+                   channels_last=False):
     """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network
     translated by torch_model with minidnn's initial weights (seed 0), on the GPU in training
     mode, SGD, one synthetic batch made on the device, cuDNN benchmark mode and TF32 as `math`
-    says ('tf32' or 'fp32')."""
+    says ('tf32' or 'fp32'); channels_last: model and batch in torch.channels_last."""
     import torch
     from minidnn import models
     torch.backends.cudnn.benchmark = True
@@ -170,6 +184,9 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
     labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     return model, opt, x, labels
 
 
@@ -191,15 +208,23 @@ def torch_kernel_profile(step, top=16) -> dict:
             "slowest": [(name[:90], round(ms, 2), count) for name, (ms, count) in slowest]}
 
 
-def run_torch(name, batch, math, steps, warmup, profile=False):
+def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=False,
+              bf16=False):
+    import contextlib
     import torch
     import torch.nn.functional as F
-    model, opt, x, labels = torch_training(name, batch, image_size(name), math, lr=0.01,
-                                           momentum=0.9)
+    model, opt, x, labels = torch_training(name, batch, image_size(name),
+                                           "tf32" if bf16 else math, lr=0.01, momentum=0.9,
+                                           channels_last=channels_last)
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), labels)
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
         opt.step()
         return loss.detach()
@@ -220,10 +245,14 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
 
 
 def child(args) -> None:
-    name, batch, math = args.one[1], int(args.one[2]), args.one[3]
-    fn = run_minidnn if args.one[0] == "minidnn" else run_torch
-    res = fn(name, batch, math, args.steps, args.warmup, profile=args.profile)
-    res.update(network=name, batch=batch, math=math)
+    fw, name, batch, math = args.one[0], args.one[1], int(args.one[2]), args.one[3]
+    if fw.startswith("minidnn"):
+        res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                          layout="nchw" if fw == "minidnn-nchw" else None)
+    else:
+        res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                        channels_last=fw != "pytorch", bf16=fw == "pytorch-cl-bf16")
+    res.update(network=name, batch=batch, math=math, framework=fw)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -420,8 +449,9 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
-                    choices=["minidnn", "pytorch"], help="which to run (default both)")
+    ap.add_argument("--frameworks", nargs="+", default=list(DEFAULT_FRAMEWORKS),
+                    choices=FRAMEWORKS, help="which configurations to run, each in its own "
+                    "process (see above; default: %(default)s)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one step: its slowest GPU kernels (PyTorch's "
                          "profiler), and minidnn's compute time per layer kind")

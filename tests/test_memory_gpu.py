@@ -152,11 +152,13 @@ def dag_net() -> Network:
     return net
 
 
-def _train(policy, steps=3, budget="1GiB", lookahead=1):
-    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps."""
+def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False):
+    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps
+    (and the state dict after them, with state=True)."""
     rng = np.random.default_rng(0)
     with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
-                  prefetch_lookahead=lookahead, deterministic=True) as ex:
+                  prefetch_lookahead=lookahead, deterministic=True, layout=layout,
+                  math="fp32" if state else None) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         levels = []
         for _ in range(steps):
@@ -166,7 +168,23 @@ def _train(policy, steps=3, budget="1GiB", lookahead=1):
         stats = ex.memory_stats()
         del opt  # its momentum buffers live in the arena
         ex.close()
+        if state:
+            return ex.net.param_checksum(), stats, levels, ex.net.state_dict()
         return ex.net.param_checksum(), stats, levels
+
+
+def test_channels_last_trains_as_nchw():
+    """Three steps with channels-last maps (the GPU's default) give the parameters of NCHW
+    maps within strict-FP32 rounding (the dropout mask is the same: it is drawn in logical
+    order), under every policy; the branch's gradient sum works in either layout, and the
+    state dict keeps PyTorch's OIHW weights."""
+    nchw = _train("none", layout="nchw", state=True)[3]
+    for policy in ("none", "all"):
+        got = _train(policy, layout="nhwc", state=True)[3]
+        for name, want in nchw.items():
+            assert got[name].shape == want.shape and got[name].flags.c_contiguous
+            np.testing.assert_allclose(got[name], want, rtol=2e-4, atol=2e-5,
+                                       err_msg=f"{policy} {name}")
 
 
 def test_policies_give_bit_identical_parameters_on_gpu():

@@ -16,6 +16,9 @@ Convolutions
   and dropped as soon as the plan is enqueued. Either way a layer's workspace exists only while
   its convolution runs, as in vDNN; reuse of the bytes is ordered on the stream.
 * Bias add (forward, cuda_pointwise.py) and bias gradient are CuPy kernels on the same stream.
+* Layouts: a problem's tensors are described to cuDNN by their strides, so NCHW and
+  channels-last (NHWC) maps both run as they are (kernels/mapformat.py); with NHWC maps the
+  tensor-core plans need no transposes around the convolution.
 
 configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
 matrix products (Linear): 'tf32' or 'fp32'. Until it is called, convolutions use TF32 and
@@ -33,10 +36,11 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_pointwise import bias_add, relu_backward, relu_backward_bits, relu_forward, \
-    relu_forward_bits
+from .cuda_pointwise import bias_add, channel_sums, relu_backward, relu_backward_bits, \
+    relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
+from .mapformat import is_channels_last
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
     check_math, contiguous_layout, split_by_group
 
@@ -299,9 +303,13 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
 
 # ---- bias gradient ------------------------------------------------------------------------------
 def _bias_grad(gy, gb) -> None:
-    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Summing each (n, o) row first reduces
-    contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one thread block per
-    channel, far too few to reach memory speed on large maps."""
+    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Channels last: a column-sum kernel.
+    NCHW: summing each (n, o) row first reduces contiguous memory; reducing over axes
+    (0, 2, 3) at once gives CuPy one thread block per channel, far too few to reach memory
+    speed on large maps."""
+    if not gy.flags.c_contiguous and is_channels_last(gy):
+        channel_sums(gy, gb)
+        return
     n, o = gy.shape[:2]
     rows = gy.reshape(n, o, -1).sum(axis=2)          # (N, O), a small temporary
     rows.sum(axis=0, out=gb)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.mapformat import MapFormat
 from ..network import DATA, LABEL, Network
 
 
@@ -65,12 +66,14 @@ class LivenessPlan:
     {node index: True when the node writes input 0's gradient over input 0's buffer (the
     layer allows it and no other backward reads that buffer)}, inplace {node index: True when
     the node writes its output over input 0's storage}, backward_reads [node index -> sorted
-    storage ids its backward reads (retained inputs and output, aux)].
+    storage ids its backward reads (retained inputs and output, aux)]. maps: the MapFormat
+    the feature maps are stored in (kernels/mapformat.py); the manager views buffers by it.
     """
 
-    def __init__(self, net: Network, batch: int):
+    def __init__(self, net: Network, batch: int, maps: MapFormat | None = None):
         self.net = net
         self.batch = batch
+        self.maps = maps if maps is not None else MapFormat()
         self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
@@ -235,9 +238,11 @@ class LivenessPlan:
         if src in (DATA, LABEL):
             return False
         node = self.nodes[i]
-        if node.layer.kind == "reshape":
+        if node.layer.kind == "reshape" and not (self.maps.layout == "nhwc"
+                                                 and len(self.tensors[src].shape) == 4):
             # A reshape (Flatten) is a view: its output is input 0's bytes, unchanged, so
-            # sharing the buffer destroys nothing that anyone else reads.
+            # sharing the buffer destroys nothing that anyone else reads. A channels-last map
+            # is reordered to NCHW order on the way (layers/flatten.py): the rules below.
             return True
         if len(consumers[src]) != 1 or 0 in node.layer.retain_inputs:
             return False

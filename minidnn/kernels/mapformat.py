@@ -1,0 +1,137 @@
+"""How feature maps are stored: their layout in memory (NCHW or NHWC) and their precision.
+
+A MapFormat is decided before the executor is built and handed to the liveness plan and the
+memory manager, which size and view every feature-map buffer by it.
+
+Layout
+
+Every layer and kernel sees a 4-D feature map with the *logical* shape (N, C, H, W), as in
+PyTorch. Only the strides say where the values lie:
+
+* 'nchw': C-contiguous, strides (C*H*W, H*W, W, 1): a channel's plane is contiguous;
+* 'nhwc': the (N, H, W, C) array seen through transpose(0, 3, 1, 2), strides
+  (H*W*C, 1, W*C, C): a pixel's channels are contiguous (PyTorch's channels_last).
+
+cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors they transpose around every
+call. With NHWC maps from end to end the convolutions run on the maps as they are, and the
+other kernels (pooling, LRN, ReLU, the bias add) have a channels-last twin.
+
+Only feature maps change layout. Parameters keep PyTorch's layouts (conv weights OIHW, linear
+weights (out, in)) everywhere; vectors (N, F) and other shapes are C-contiguous in both
+layouts. The CPU always uses 'nchw'.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+LAYOUTS = ("nchw", "nhwc")
+
+
+@dataclass(frozen=True)
+class MapFormat:
+    """How the feature maps of a step are stored.
+
+    layout: 'nchw' or 'nhwc' (4-D maps, their gradients and 4-D aux buffers; see below).
+    """
+    layout: str = "nchw"
+
+    def __post_init__(self):
+        check_layout(self.layout)
+
+    def view(self, flat, shape, dtype):
+        """`flat`'s first bytes as an array of logical `shape` in this format (see shaped)."""
+        return shaped(flat, shape, dtype, self.layout)
+
+
+def check_layout(layout: str) -> str:
+    """`layout` if it is one of LAYOUTS; ConfigError otherwise."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    return layout
+
+
+def map_layout(device, layout: str | None) -> str:
+    """The layout to use on `device` (a backend.Device): `layout`, or when None the device's
+    default ('nhwc' on the GPU, 'nchw' on the CPU). ConfigError for 'nhwc' on the CPU, whose
+    kernels work on NCHW maps only."""
+    if layout is None:
+        return "nhwc" if device.is_gpu else "nchw"
+    check_layout(layout)
+    if layout == "nhwc" and not device.is_gpu:
+        raise ConfigError("layout 'nhwc' (channels-last feature maps) runs on the GPU only; "
+                          "the CPU kernels use 'nchw'")
+    return layout
+
+
+def arrange(a, layout: str):
+    """The values of logical array `a` (NumPy or CuPy) as a C-contiguous array in the memory
+    order of `layout`: (N, H, W, C) for a 4-D array in 'nhwc', `a` itself otherwise."""
+    if layout == "nhwc" and a.ndim == 4:
+        return a.transpose(0, 2, 3, 1).copy()
+    return a if a.flags.c_contiguous else a.copy()
+
+
+def shaped(flat, shape, dtype, layout: str = "nchw"):
+    """A view of the first bytes of `flat` (a 1-D uint8 array, NumPy or CuPy) as an array of
+    logical `shape` and `dtype`, laid out as `layout` says when it has 4 dimensions."""
+    shape = tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    values = flat[:n].view(dtype)
+    if layout == "nhwc" and len(shape) == 4:
+        n_, c, h, w = shape
+        return values.reshape(n_, h, w, c).transpose(0, 3, 1, 2)
+    return values.reshape(shape)
+
+
+def empty(xp, shape, dtype, layout: str = "nchw"):
+    """A new array of logical `shape` laid out as `layout` (for temporaries)."""
+    shape = tuple(int(d) for d in shape)
+    if layout == "nhwc" and len(shape) == 4:
+        n, c, h, w = shape
+        return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
+    return xp.empty(shape, dtype=dtype)
+
+
+def is_channels_last(a) -> bool:
+    """True when a 4-D array is the transposed view of a C-contiguous (N, H, W, C) array."""
+    return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def layout_of(a) -> str:
+    """'nchw' for a C-contiguous array, 'nhwc' for a channels-last 4-D one (C-contiguous wins
+    where both hold: C == 1 or H == W == 1, when the two orders are the same); ValueError
+    for any other strides."""
+    if a.flags.c_contiguous:
+        return "nchw"
+    if is_channels_last(a):
+        return "nhwc"
+    raise ValueError(f"array of shape {a.shape} with strides {a.strides} is neither NCHW- nor "
+                     f"NHWC-contiguous")
+
+
+def in_memory_order(a):
+    """The values of a dense array (NCHW or NHWC) as a flat view, in memory order."""
+    if a.flags.c_contiguous:
+        return a.reshape(-1)
+    if is_channels_last(a):
+        return a.transpose(0, 2, 3, 1).reshape(-1)
+    raise ValueError(f"array of shape {a.shape} with strides {a.strides} is not dense")
+
+
+def common_layout(name: str, arrays) -> str:
+    """The one layout of several 4-D arrays (see layout_of); ValueError naming `name` when they
+    differ. Arrays where both orders coincide take the layout of the others."""
+    layouts = set()
+    for a in arrays:
+        if a.flags.c_contiguous and is_channels_last(a):
+            continue                     # either order: the same bytes
+        layouts.add(layout_of(a))
+    if len(layouts) > 1:
+        raise ValueError(f"{name}: arrays mix NCHW and NHWC layouts "
+                         f"({[(tuple(a.shape), tuple(a.strides)) for a in arrays]})")
+    return layouts.pop() if layouts else "nchw"

@@ -134,9 +134,12 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
         labels = rng.integers(0, 1000, batch).astype(cp.int64)
     t0 = time.perf_counter()
     losses = []
-    for _ in range(warmup):
+    for k in range(warmup):
         losses.append(ex.train_step(x, labels, opt))
-    ex.device.synchronize()
+        ex.device.synchronize()
+        cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
+        print(f"warm-up step {k}: {time.perf_counter() - t0:.1f} s, conv plans "
+              f"{json.dumps(cache)}", file=sys.stderr, flush=True)
     warm_s = time.perf_counter() - t0
     # peak_device_bytes counts the warm-up's plan measurements; steady_peak_device_bytes is
     # the peak of the last step alone, so take its largest over the timed steps.
@@ -265,10 +268,17 @@ def train_bench(args) -> list:
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--profile"] if args.profile else []
             t0 = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                out, err = proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                def text(b):
+                    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                out, err = text(exc.stdout), text(exc.stderr) + \
+                    f"\ntimed out after {args.timeout} s"
+            line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+                tail = (out + err).strip().splitlines()[-12:]
                 res = {"framework": fw, "network": name, "batch": int(batch), "math": math,
                        "error": " | ".join(tail)}
                 print(f"{fw} {run}: FAILED\n  " + "\n  ".join(tail), flush=True)

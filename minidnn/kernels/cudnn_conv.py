@@ -31,6 +31,9 @@ import numpy as np
 from ..errors import ConfigError
 
 OPS = ("fprop", "dgrad", "wgrad")
+# Plans whose kernels cuDNN compiles at run time (NVRTC) cost seconds to build, per shape; the
+# precompiled engines cover every convolution here, so those plans are not offered.
+EXCLUDE_RUNTIME_COMPILED = True
 # Steady-state calls go straight to the lowered graph's execute (see CudnnConvGraph.runner);
 # False uses the frontend's public execute_plan_at_index, about 40 us slower per call.
 DIRECT_EXECUTE = True
@@ -370,6 +373,8 @@ class CudnnConvGraph:
             notes = [getattr(cudnn.numerical_note, n)
                      for n in deselected_notes(problem.math, problem.deterministic, problem.dtype)]
             g.deselect_numeric_notes(notes)
+            if EXCLUDE_RUNTIME_COMPILED:
+                g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         except declined_types as exc:
             raise PlanUnavailable(f"cuDNN cannot run {problem.describe()}: {exc}") from exc

@@ -59,8 +59,8 @@ class Executor:
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
     layout: how 4-D feature maps lie in memory, 'nchw' or 'nhwc' (channels last; GPU only,
-    kernels/mapformat.py); None: 'nhwc' on the GPU, where cuDNN's tensor-core convolutions
-    work in it, 'nchw' on the CPU. With 'nhwc' the 4-D parameters (conv weights) are kept
+    kernels/mapformat.py); None: the device's default (mapformat.GPU_DEFAULT_LAYOUT on the
+    GPU, 'nchw' on the CPU). With 'nhwc' the 4-D parameters (conv weights) are kept
     (O, KH, KW, C) on the device too; state_dict() still gives OIHW.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings

@@ -21,8 +21,9 @@ Precision: 'tf32' allows TF32 in convolutions and matrix products in both framew
 in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
 
 Configurations (--frameworks), each run in a process of its own:
-  minidnn          minidnn as it runs by default (channels-last feature maps on the GPU)
+  minidnn          minidnn as it runs by default (kernels/mapformat.py: GPU_DEFAULT_LAYOUT)
   minidnn-nchw     minidnn with NCHW feature maps (layout='nchw')
+  minidnn-nhwc     minidnn with channels-last feature maps (layout='nhwc')
   pytorch          PyTorch as it runs by default (NCHW)
   pytorch-cl       PyTorch with the model and the batch in channels_last
   pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
@@ -116,7 +117,8 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-FRAMEWORKS = ("minidnn", "minidnn-nchw", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "pytorch", "pytorch-cl",
+              "pytorch-cl-bf16")
 DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
 
 
@@ -251,7 +253,7 @@ def child(args) -> None:
     fw, name, batch, math = args.one[0], args.one[1], int(args.one[2]), args.one[3]
     if fw.startswith("minidnn"):
         res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
-                          layout="nchw" if fw == "minidnn-nchw" else None)
+                          layout=fw.split("-")[1] if "-" in fw else None)
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
                         channels_last=fw != "pytorch", bf16=fw == "pytorch-cl-bf16")

@@ -174,7 +174,7 @@ def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False
 
 
 def test_channels_last_trains_as_nchw():
-    """Three steps with channels-last maps (the GPU's default) give the parameters of NCHW
+    """Three steps with channels-last maps give the parameters of NCHW
     maps within strict-FP32 rounding (the dropout mask is the same: it is drawn in logical
     order), under every policy; the branch's gradient sum works in either layout, and the
     state dict keeps PyTorch's OIHW weights."""

@@ -54,12 +54,18 @@ def check_layout(layout: str) -> str:
     return layout
 
 
+#: The layout a GPU executor takes when none is asked for. 'nchw' until channels last is
+#: measured faster end to end on the GPU (benchmarks/RESULTS.md): its convolutions alone are,
+#: but no whole step in 'nhwc' has been timed yet.
+GPU_DEFAULT_LAYOUT = "nchw"
+
+
 def map_layout(device, layout: str | None) -> str:
     """The layout to use on `device` (a backend.Device): `layout`, or when None the device's
-    default ('nhwc' on the GPU, 'nchw' on the CPU). ConfigError for 'nhwc' on the CPU, whose
-    kernels work on NCHW maps only."""
+    default (GPU_DEFAULT_LAYOUT on the GPU, 'nchw' on the CPU). ConfigError for 'nhwc' on the
+    CPU, whose kernels work on NCHW maps only."""
     if layout is None:
-        return "nhwc" if device.is_gpu else "nchw"
+        return GPU_DEFAULT_LAYOUT if device.is_gpu else "nchw"
     check_layout(layout)
     if layout == "nhwc" and not device.is_gpu:
         raise ConfigError("layout 'nhwc' (channels-last feature maps) runs on the GPU only; "

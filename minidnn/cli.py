@@ -21,6 +21,7 @@ import sys
 
 from . import argtypes
 from .errors import MinidnnError, fmt_bytes
+from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .report import MATH_MODES
 from .train import TrainConfig
 
@@ -94,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",
                    help="GPU: only algorithms that give the same bits every run")
+    t.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
+                        "gradients, float32 weights, weight gradients, optimizer state and loss")
+    t.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="GPU feature maps: nchw or nhwc (channels last); default: the "
+                        "device's (nchw)")
     t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")
@@ -140,7 +147,8 @@ def _train(args) -> int:
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
-        deterministic=args.deterministic, eval_every=args.eval_every,
+        deterministic=args.deterministic, precision=args.precision, layout=args.layout,
+        eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,

@@ -28,6 +28,7 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .layers import precision as mixed
 from .layers.base import StepContext
 from .kernels.mapformat import MapFormat, arrange, in_memory_order, map_layout
 from .memory.allocator import CountingAllocator
@@ -62,6 +63,9 @@ class Executor:
     kernels/mapformat.py); None: the device's default (mapformat.GPU_DEFAULT_LAYOUT on the
     GPU, 'nchw' on the CPU). With 'nhwc' the 4-D parameters (conv weights) are kept
     (O, KH, KW, C) on the device too; state_dict() still gives OIHW.
+    precision: 'fp32' (default) or 'bf16': mixed precision, feature maps and their gradients
+    stored in bfloat16, everything else float32 (kernels/mapformat.py says what is which;
+    layers/precision.py how layers run on them).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -72,7 +76,8 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False, layout: str | None = None):
+                 relu_bits: bool = False, layout: str | None = None,
+                 precision: str = "fp32"):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -106,7 +111,7 @@ class Executor:
         try:  # from here on, a failure must give the layers, device memory and CuPy back
             if relu_bits:
                 use_relu_bits(net)
-            self.maps = MapFormat(map_layout(self.device, layout))
+            self.maps = MapFormat(map_layout(self.device, layout), precision)
             self.plan = LivenessPlan(net, self.batch, self.maps)
             self.policy = get_policy(policy)
             if static_layout is None:
@@ -318,7 +323,8 @@ class Executor:
         for i, node in enumerate(self.plan.nodes):
             self._set_where(f"forward of {node.name}")
             xs, y, aux = mm.forward_buffers(i)
-            self._call("forward", i, ctx, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
+            self._call("forward", i, ctx,
+                       ctx and (lambda: mixed.forward(node.layer, xs, y, aux, ctx)),
                        mm.after_forward)
         self._set_where("")
 
@@ -332,13 +338,14 @@ class Executor:
                 self._set_where(f"recompute of {writer.name}")
                 xs, y = mm.recompute_buffers(j)
                 self._call("recompute", j, ctx,
-                           ctx and (lambda: writer.layer.forward(xs, y, None, ctx)),
+                           ctx and (lambda: mixed.forward(writer.layer, xs, y, None, ctx)),
                            lambda j: None)
             node = self.plan.nodes[i]
             self._set_where(f"backward of {node.name}")
             xs, y, gy, gxs, aux = mm.backward_buffers(i)
             self._call("backward", i, ctx,
-                       ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
+                       ctx and (lambda: mixed.backward(node.layer, xs, y, gy, gxs, aux,
+                                                      ctx)),
                        mm.after_backward)
         self._set_where("")
 
@@ -469,10 +476,11 @@ class Executor:
 
     # ---- reading results ---------------------------------------------------------------------
     def outputs(self) -> np.ndarray:
-        """Logits (batch, classes) of the last forward run with keep_outputs=True."""
+        """Logits (batch, classes), in the network's dtype, of the last forward run with
+        keep_outputs=True."""
         if self._outputs is None:
             raise RuntimeError("no outputs kept: call forward(..., keep_outputs=True)")
-        return to_numpy(self._outputs)
+        return to_numpy(self._outputs).astype(self.net.dtype, copy=False)
 
     def gradients(self) -> dict[str, np.ndarray]:
         """{'conv1.weight': NumPy array, ...} from the last backward."""

@@ -152,12 +152,14 @@ def dag_net() -> Network:
     return net
 
 
-def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False):
+def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False,
+           precision="fp32"):
     """(checksum, memory stats, arena in_use after each step) of a few deterministic steps
     (and the state dict after them, with state=True)."""
     rng = np.random.default_rng(0)
     with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
                   prefetch_lookahead=lookahead, deterministic=True, layout=layout,
+                  precision=precision,
                   math="fp32" if state else None) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         levels = []
@@ -171,6 +173,19 @@ def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False
         if state:
             return ex.net.param_checksum(), stats, levels, ex.net.state_dict()
         return ex.net.param_checksum(), stats, levels
+
+
+def test_bf16_maps_on_the_gpu_follow_float32():
+    """precision='bf16' on the GPU (layers/precision.py widens and rounds with CuPy's bf16
+    arrays) in both layouts: float32 state, parameters near the float32 run's, and half the
+    bytes offloaded where the maps are float."""
+    want = _train("all", layout="nchw", state=True)
+    for layout in ("nchw", "nhwc"):
+        got = _train("all", layout=layout, state=True, precision="bf16")
+        assert got[1]["offloaded_bytes"] < 0.6 * want[1]["offloaded_bytes"]
+        for name, w in want[3].items():
+            assert got[3][name].dtype == np.float32
+            np.testing.assert_allclose(got[3][name], w, rtol=3e-2, atol=3e-2, err_msg=name)
 
 
 def test_channels_last_trains_as_nchw():

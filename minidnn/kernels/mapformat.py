@@ -3,6 +3,17 @@
 A MapFormat is decided before the executor is built and handed to the liveness plan and the
 memory manager, which size and view every feature-map buffer by it.
 
+Precision
+* 'fp32' (default): every feature map in the network's dtype.
+* 'bf16' (mixed precision): the feature maps (the input batch and every layer's output but
+  the loss) and their gradients are stored in bfloat16 (ml_dtypes.bfloat16: 8 exponent
+  bits, 8 significand bits, round to nearest even), half the bytes of float32 to keep,
+  offload, prefetch and plan for. Everything else stays float32: parameters (the master
+  weights), their gradients, the optimizer's state, the loss and its softmax, the aux
+  buffers (LRN's scale; argmax, masks and ReLU bits are integers anyway). Layers compute in
+  float32 (layers/precision.py widens their bf16 inputs and rounds their outputs once), so
+  convolutions and matrix products accumulate in float32.
+
 Layout
 
 Every layer and kernel sees a 4-D feature map with the *logical* shape (N, C, H, W), as in
@@ -29,18 +40,50 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 LAYOUTS = ("nchw", "nhwc")
+PRECISIONS = ("fp32", "bf16")
+
+
+def bfloat16() -> np.dtype:
+    """NumPy's dtype for bfloat16 (from ml_dtypes, which CuPy 14 also takes); ConfigError
+    when ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError as exc:
+        raise ConfigError(f"precision 'bf16' needs the ml_dtypes package (pip install "
+                          f"ml_dtypes): {exc}") from exc
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bfloat16(dtype) -> bool:
+    """True for ml_dtypes' bfloat16 (without importing ml_dtypes)."""
+    return np.dtype(dtype).name == "bfloat16"
 
 
 @dataclass(frozen=True)
 class MapFormat:
     """How the feature maps of a step are stored.
 
-    layout: 'nchw' or 'nhwc' (4-D maps, their gradients and 4-D aux buffers; see below).
+    layout: 'nchw' or 'nhwc' (4-D maps, their gradients and 4-D aux buffers; see above).
+    precision: 'fp32' or 'bf16' (feature maps and their gradients; see above).
     """
     layout: str = "nchw"
+    precision: str = "fp32"
 
     def __post_init__(self):
         check_layout(self.layout)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; "
+                              f"got {self.precision!r}")
+
+    def map_dtype(self, dtype) -> np.dtype:
+        """The dtype feature maps are stored in, for a network of `dtype`."""
+        dtype = np.dtype(dtype)
+        if self.precision == "fp32":
+            return dtype
+        if dtype != np.float32:
+            raise ConfigError(f"precision 'bf16' is mixed precision for float32 networks; "
+                              f"this network is {dtype}")
+        return bfloat16()
 
     def view(self, flat, shape, dtype):
         """`flat`'s first bytes as an array of logical `shape` in this format (see shaped)."""

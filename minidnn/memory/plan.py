@@ -96,7 +96,14 @@ class LivenessPlan:
             return s
 
         # ---- forward tensors: graph inputs, node outputs (maybe in place), aux ----------------
-        new_storage(DATA, shapes[DATA], dtype, "input", -1)
+        # Feature maps and their gradients in the format's dtype (bf16 under mixed precision);
+        # the loss and its gradient stay in the network's dtype.
+        map_dtype = self.maps.map_dtype(dtype)
+
+        def dtype_of(node):
+            return dtype if node.layer.kind == "loss" else map_dtype
+
+        new_storage(DATA, shapes[DATA], map_dtype, "input", -1)
         new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
         self.inplace: dict[int, bool] = {}
         for i, node in enumerate(self.nodes):
@@ -105,11 +112,11 @@ class LivenessPlan:
             src = node.inputs[0] if node.inputs else None
             if layer.inplace and src is not None and self._may_overwrite(i, src, consumers, index):
                 s = self.storages[self.tensors[src].storage]
-                self.tensors[node.name] = TensorPlan(node.name, shape, dtype, s.id)
+                self.tensors[node.name] = TensorPlan(node.name, shape, dtype_of(node), s.id)
                 s.tensors.append(node.name)
                 self.inplace[i] = True
             else:
-                new_storage(node.name, shape, dtype, "feature", i)
+                new_storage(node.name, shape, dtype_of(node), "feature", i)
                 self.inplace[i] = False
             for aux_name, (aux_shape, aux_dtype) in layer.aux_specs().items():
                 new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
@@ -167,10 +174,10 @@ class LivenessPlan:
                     s.gradient_from = self.backward_time(i)
                     self.grad_over_input[i] = True
                 else:
-                    s = new_storage(gname, shapes[inp], dtype, "grad", i)
+                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
                     continue
-                self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                self.tensors[gname] = TensorPlan(gname, shapes[inp], map_dtype, s.id)
                 s.tensors.append(gname)
             # The output gradient is last read by this node's backward, unless an input
             # gradient took over its buffer, in which case the input's producer reads it last.

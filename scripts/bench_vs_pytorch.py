@@ -18,7 +18,8 @@ strict FP32; and the pooling / LRN kernels against PyTorch's.
 
 Precision: 'tf32' allows TF32 in convolutions and matrix products in both frameworks
 (torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32); 'fp32' forbids it
-in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
+in both; 'bf16' runs minidnn with bf16 feature maps (precision='bf16') and PyTorch under bf16
+autocast, TF32 in both where float32 computes. PyTorch is imported only here, and only on the machine that runs the benchmark.
 
 Configurations (--frameworks), each run in a process of its own:
   minidnn          minidnn as it runs by default (kernels/mapformat.py: GPU_DEFAULT_LAYOUT)
@@ -127,8 +128,10 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     from minidnn import SGD, Executor, models
     size = image_size(name)
     net = models.build(name, num_classes=1000, image_size=size)
-    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False,
-                  layout=layout)
+    # 'bf16': mixed precision (bf16 feature maps), TF32 where float32 computes.
+    ex = Executor(net, batch, device="gpu", seed=0, math="tf32" if math == "bf16" else math,
+                  deterministic=False, layout=layout,
+                  precision="bf16" if math == "bf16" else "fp32")
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -256,7 +259,8 @@ def child(args) -> None:
                           layout=fw.split("-")[1] if "-" in fw else None)
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
-                        channels_last=fw != "pytorch", bf16=fw == "pytorch-cl-bf16")
+                        channels_last=fw != "pytorch",
+                        bf16=fw == "pytorch-cl-bf16" or math == "bf16")
     res.update(network=name, batch=batch, math=math, framework=fw)
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -457,7 +461,8 @@ def kernel_bench(args) -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
-                    help="network:batch:precision (precision tf32 or fp32); default: %(default)s")
+                    help="network:batch:precision (precision tf32, fp32 or bf16: minidnn's "
+                         "--precision bf16, PyTorch's bf16 autocast); default: %(default)s")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")

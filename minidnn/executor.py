@@ -255,7 +255,7 @@ class Executor:
         self.device.synchronize()
         if self.compute:
             for _, p in self.net.parameters():
-                p.data = np.array(to_numpy(p.data), copy=True)
+                p.data = np.array(to_numpy(p.data), copy=True, order="C")
                 p.grad = None
         self._release_device_memory()
         if hasattr(self.host, "close"):
@@ -484,7 +484,8 @@ class Executor:
 
     def gradients(self) -> dict[str, np.ndarray]:
         """{'conv1.weight': NumPy array, ...} from the last backward."""
-        return {name: to_numpy(p.grad) for name, p in self.net.parameters()}
+        return {name: np.ascontiguousarray(to_numpy(p.grad))
+                for name, p in self.net.parameters()}
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""

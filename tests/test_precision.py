@@ -133,3 +133,19 @@ def test_offload_recompute_and_relu_bits_change_no_bit_in_bf16():
     for other in (offloaded, rebuilt, bits):
         for k in kept[0]:
             np.testing.assert_array_equal(other[0][k], kept[0][k], err_msg=k)
+
+
+def test_command_line_trains_in_bf16_and_channels_last_and_checkpoints_float32(capsys,
+                                                                                tmp_path):
+    from minidnn.cli import main
+    ckpt = tmp_path / "c.npz"
+    code = main(["train", "--model", "tiny_cnn", "--image-size", "16", "--steps", "3",
+                 "--batch", "4", "--precision", "bf16", "--layout", "nhwc", "--eval-every", "0",
+                 "--checkpoint", str(ckpt), "--no-progress", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    with np.load(ckpt) as saved:
+        weights = [saved[k] for k in saved.files if k.endswith("conv1.weight")]
+    assert weights and weights[0].dtype == np.float32 and weights[0].shape == (16, 3, 3, 3)
+    code = main(["train", "--model", "mlp", "--precision", "fp16", "--device", "cpu"])
+    assert code == 2 and "invalid choice: 'fp16'" in capsys.readouterr()[1]

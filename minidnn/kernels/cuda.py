@@ -279,12 +279,18 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
 
     Called when the chosen plan's workspace does not fit the budget (the feature maps of a
     virtualized step leave little room). The choice sticks for this call key: a step's
-    memory pattern repeats, so the next step would fail the same way. The plans needing no
-    workspace always fit, so this never fails for want of memory.
+    memory pattern repeats, so the next step would fail the same way. Plans not measured
+    (and those that failed to run when measured) come last, leanest first: a plan needing no
+    workspace always fits, so this fails for want of memory only when cuDNN offers none.
     """
     entry, _ = _entry_and_parts(op, x, w, y, spec)
-    for plan in sorted((p for p in entry.table if np.isfinite(p.time_ms)
-                        and p.workspace_bytes < ready.workspace_bytes), key=lambda p: p.time_ms):
+    leaner = [p for p in entry.table if p.workspace_bytes < ready.workspace_bytes]
+    # Measured plans, fastest first; then those not measured (ranked past MEASURED_PLANS),
+    # leanest first, so that a plan needing no workspace is found if cuDNN offers one.
+    measured = sorted((p for p in leaner if np.isfinite(p.time_ms)), key=lambda p: p.time_ms)
+    unmeasured = sorted((p for p in leaner if np.isnan(p.time_ms)),
+                        key=lambda p: p.workspace_bytes)
+    for plan in measured + unmeasured:
         try:
             ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
         except MemoryError:

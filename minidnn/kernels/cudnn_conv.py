@@ -38,7 +38,8 @@ EXCLUDE_RUNTIME_COMPILED = True
 # cudnn.benchmark_limit is 10 too). The fallback plans ranked last can be very slow: on the
 # H200, channels-last weight gradients at batch 256 offered zero-workspace plans that ran for
 # 5 to 22 s each (the best plan: 2 to 5 ms), so measuring every candidate cost minutes.
-# The others stay in the table with time inf: never chosen.
+# The others stay in the table with time NaN (not measured): never chosen by choose_plan;
+# only a convolution whose chosen workspace cannot be had runs one (cuda._leaner_plan).
 MEASURED_PLANS = 10
 # Steady-state calls go straight to the lowered graph's execute (see CudnnConvGraph.runner);
 # False uses the frontend's public execute_plan_at_index, about 40 us slower per call.
@@ -150,8 +151,8 @@ def split_by_group(x, w, y, groups: int) -> list:
 
 class PlanTiming(NamedTuple):
     """One candidate plan of a problem: its index in the graph's plan list, the workspace it
-    needs, and its measured time (inf when it could not run, e.g. its workspace did not fit,
-    or was not measured: ranked below ConvPlanCache.max_measured)."""
+    needs, and its measured time: inf when it could not run (e.g. its workspace did not fit),
+    NaN when it was not measured (ranked past ConvPlanCache.max_measured)."""
     index: int
     workspace_bytes: int
     time_ms: float
@@ -265,7 +266,7 @@ class ConvPlanCache:
     workspace_bytes, operands, best_ms) -> milliseconds, or None when the plan could not run;
     best_ms is the best time so far (inf at first), so that a timer may cut short a plan that
     is clearly slower. Only the first `max_measured` candidates (None: all) are measured; the
-    rest stay in the table, unmeasured (time inf).
+    rest stay in the table, unmeasured (time NaN).
     """
 
     def __init__(self, build_graph: Callable, time_plan: Callable,
@@ -311,7 +312,7 @@ class ConvPlanCache:
         for rank, (index, workspace, _name) in enumerate(graph.candidates):
             if self.max_measured is not None and rank >= self.max_measured:
                 self.stats["plans_skipped"] += 1
-                table.append(PlanTiming(int(index), int(workspace), math.inf))
+                table.append(PlanTiming(int(index), int(workspace), math.nan))
                 continue
             ms = self._time_plan(graph, index, workspace, operands, best)
             self.stats["plans_measured"] += 1

@@ -354,7 +354,8 @@ def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32) -> list:
     x_shape (N, C, H, W) and w_shape (O, C/groups, KH, KW) are the forward shapes for all three
     ops. A problem not yet seen is measured now on temporary arrays (allocated from CuPy, i.e.
     the arena). When cuDNN cannot run the groups together the table is the per-group graph's,
-    with times multiplied by the number of groups. Plans that could not run have time inf.
+    with times multiplied by the number of groups. Plans that could not run have time inf,
+    plans not measured (ranked past cudnn_conv.MEASURED_PLANS) NaN.
     """
     n, c, h, wd = (int(d) for d in x_shape)
     o, _, kh, kw = (int(d) for d in w_shape)

@@ -149,3 +149,52 @@ def test_command_line_trains_in_bf16_and_channels_last_and_checkpoints_float32(c
     assert weights and weights[0].dtype == np.float32 and weights[0].shape == (16, 3, 3, 3)
     code = main(["train", "--model", "mlp", "--precision", "fp16", "--device", "cpu"])
     assert code == 2 and "invalid choice: 'fp16'" in capsys.readouterr()[1]
+
+
+def _bits_to_bf16(u):
+    """The GPU kernel's rounding (cuda_pointwise.float_to_bf16), on NumPy uint32 patterns."""
+    u = u.astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def test_the_gpu_rounding_formula_is_ml_dtypes_rounding():
+    """float_to_bf16's bit formula, replayed here, against ml_dtypes on random values,
+    halfway cases, subnormals, the largest finite values, infinities and NaN."""
+    rng = np.random.default_rng(0)
+    patterns = np.concatenate([
+        rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+        (rng.integers(0, 2**16, 5000, dtype=np.uint64) << 16 | 0x8000).astype(np.uint32),
+        np.array([0, 0x80000000, 1, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+                  0x7FC00000, 0x7F800001, 0x3F808000, 0x3F818000], np.uint32)])
+    values = patterns.view(np.float32)
+    got = _bits_to_bf16(patterns)
+    with np.errstate(invalid="ignore"):
+        want = values.astype(BF16).view(np.uint16)
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    assert np.isnan(got[nan].view(BF16).astype(np.float32)).all()
+    # Widening is exact: the pattern in the top half of a float32.
+    wide = (want[~nan].astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(wide, want[~nan].view(BF16).astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_gpu_conversions_match_ml_dtypes(layout):
+    cp = pytest.importorskip("cupy")
+    from minidnn.backend import Device
+    from minidnn.kernels import for_device, mapformat
+    kernels = for_device(Device("gpu"))
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 5, 7, 9)) * 10.0 ** rng.integers(-40, 38, (3, 5, 7, 9))
+         ).astype(np.float32)
+    x.reshape(-1)[:4] = [np.inf, -np.inf, 0.0, -0.0]
+    src = mapformat.empty(cp, x.shape, np.float32, layout)
+    src[...] = cp.asarray(x)
+    low = mapformat.empty(cp, x.shape, BF16, layout)
+    kernels.float_to_bf16(src, low)
+    back = mapformat.empty(cp, x.shape, np.float32, layout)
+    kernels.bf16_to_float(low, back)
+    np.testing.assert_array_equal(cp.asnumpy(back), x.astype(BF16).astype(np.float32))

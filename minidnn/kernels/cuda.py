@@ -36,8 +36,8 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_pointwise import bias_add, channel_sums, relu_backward, relu_backward_bits, \
-    relu_forward, relu_forward_bits
+from .cuda_pointwise import bf16_to_float, bias_add, channel_sums, float_to_bf16, \
+    relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .mapformat import is_channels_last
@@ -47,7 +47,7 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
-           "relu_backward_bits", "configure", "math_mode", "conv_plans",
+           "relu_backward_bits", "float_to_bf16", "bf16_to_float", "configure", "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks"]
 

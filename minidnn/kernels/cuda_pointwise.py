@@ -164,6 +164,26 @@ __global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, lo
 
 _KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last")
+
+# bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32):
+# rounding to nearest even adds 0x7fff plus the kept half's lowest bit before truncating;
+# a NaN stays a (quiet) NaN of the same sign.
+_BF16_SOURCE = r"""
+extern "C" __global__ void float_to_bf16(const float* x, unsigned short* y, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    const unsigned int u = __float_as_uint(x[k]);
+    y[k] = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+extern "C" __global__ void bf16_to_float(const unsigned short* x, float* y, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    y[k] = __uint_as_float((unsigned int)x[k] << 16);
+}
+"""
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _VECTOR_BYTES = 16
 
@@ -177,6 +197,7 @@ def _instances():
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
+_bf16_module = cp.RawModule(code=_BF16_SOURCE)
 
 _THREADS = 256          # a multiple of 32: warps never straddle blocks
 #: Values per launch; larger arrays run as several launches of this many (a multiple of every
@@ -338,3 +359,26 @@ def channel_sums(g, out) -> None:
     kernel((blocks, -(-channels // 32)), (32, 8),
            (g2, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
     partial.sum(axis=0, out=out)
+
+
+def _convert(name: str, src, dst, src_bits, dst_bits) -> None:
+    """Kernel `name` from src to dst (one shape, one dense layout), as raw words."""
+    if src.shape != dst.shape:
+        raise ValueError(f"{name}: shapes {src.shape} and {dst.shape}")
+    common_layout(name, (src, dst))
+    a = in_memory_order(src).view(src_bits)
+    b = in_memory_order(dst).view(dst_bits)
+    kernel = _bf16_module.get_function(name)
+    for s, e in _pieces(a.size):
+        n = e - s
+        kernel(((n + _THREADS - 1) // _THREADS,), (_THREADS,), (a[s:e], b[s:e], np.uint32(n)))
+
+
+def float_to_bf16(src, dst) -> None:
+    """dst (bfloat16) = src (float32) rounded to nearest even, as ml_dtypes rounds."""
+    _convert("float_to_bf16", src, dst, np.float32, np.uint16)
+
+
+def bf16_to_float(src, dst) -> None:
+    """dst (float32) = src (bfloat16), exactly."""
+    _convert("bf16_to_float", src, dst, np.uint16, np.float32)

@@ -5,9 +5,11 @@ maps and gradients, while parameters, their gradients and the aux buffers stay f
 layer's own code computes in its dtype (float32). `forward` and `backward` here call it:
 
 * every bf16 array the layer reads is widened to float32 (exact: bf16 is float32 with the
-  low 16 bits zero);
+  low 16 bits zero), by the kernels' `bf16_to_float` (on the GPU a raw kernel on the 16-bit
+  patterns, so nothing depends on CuPy's own bfloat16 arithmetic);
 * every bf16 array it writes gets a float32 buffer of the same shape and layout, and the
-  result is rounded to bf16 once, to nearest even, when the layer returns;
+  result is rounded to bf16 once, to nearest even, when the layer returns
+  (`float_to_bf16`);
 * arrays already in float32 (parameters, the loss, aux buffers, labels) pass through.
 
 So a convolution or a matrix product sums in float32 and only its result is rounded, as a
@@ -21,24 +23,26 @@ from __future__ import annotations
 from ..kernels.mapformat import is_bfloat16
 
 
-def _wide(a, dtype):
+def _wide(a, ctx, dtype):
     """`a` in `dtype` when it is a bf16 array (a copy, same layout); otherwise `a` itself."""
     if a is None or not is_bfloat16(a.dtype):
         return a
-    return a.astype(dtype)
+    out = ctx.xp.empty_like(a, dtype=dtype)
+    ctx.kernels.bf16_to_float(a, out)
+    return out
 
 
-def _out(a, xp, dtype):
+def _out(a, ctx, dtype):
     """A float32 buffer to compute into in place of bf16 `a` (same shape and layout)."""
     if a is None or not is_bfloat16(a.dtype):
         return a
-    return xp.empty_like(a, dtype=dtype)
+    return ctx.xp.empty_like(a, dtype=dtype)
 
 
-def _round_into(dst, src) -> None:
+def _round_into(dst, src, ctx) -> None:
     """dst (bf16) = src rounded to nearest even; nothing when src is dst itself."""
     if src is not dst and dst is not None:
-        dst[...] = src
+        ctx.kernels.float_to_bf16(src, dst)
 
 
 def forward(layer, xs, y, aux, ctx) -> None:
@@ -48,9 +52,9 @@ def forward(layer, xs, y, aux, ctx) -> None:
         layer.forward(xs, y, aux, ctx)
         return
     dtype = layer.dtype
-    y32 = _out(y, ctx.xp, dtype)
-    layer.forward([_wide(x, dtype) for x in xs], y32, aux, ctx)
-    _round_into(y, y32)
+    y32 = _out(y, ctx, dtype)
+    layer.forward([_wide(x, ctx, dtype) for x in xs], y32, aux, ctx)
+    _round_into(y, y32, ctx)
 
 
 def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
@@ -62,9 +66,9 @@ def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
         layer.backward(xs, y, gy, gxs, aux, ctx)
         return
     dtype = layer.dtype
-    xs32 = [_wide(x, dtype) for x in xs]
-    y32, gy32 = _wide(y, dtype), _wide(gy, dtype)
-    gxs32 = [_out(g, ctx.xp, dtype) for g in gxs]
+    xs32 = [_wide(x, ctx, dtype) for x in xs]
+    y32, gy32 = _wide(y, ctx, dtype), _wide(gy, ctx, dtype)
+    gxs32 = [_out(g, ctx, dtype) for g in gxs]
     layer.backward(xs32, y32, gy32, gxs32, aux, ctx)
     for g, g32 in zip(gxs, gxs32):
-        _round_into(g, g32)
+        _round_into(g, g32, ctx)

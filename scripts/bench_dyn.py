@@ -45,9 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minidnn import Executor, SGD, models  # noqa: E402
+from minidnn import SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
 from minidnn.memory.policy import MemoryDecision, use_relu_bits  # noqa: E402
 from minidnn.planner.dyn import FixedDecision  # noqa: E402
 from minidnn.report import MATH_MODES  # noqa: E402
@@ -62,8 +63,8 @@ def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int |
                 math: str, warmup: int, steps: int, input_batches: int = 2) -> dict:
     """Train `steps` timed steps after `warmup`; steady-state memory and speed."""
     from minidnn.data import SyntheticImages
-    ex = Executor(net, batch, device=device, seed=0, policy=FixedDecision(decision),
-                  memory_budget=budget, math=math if device.is_gpu else None)
+    ex = build_executor(net, batch, device=device, seed=0, policy=FixedDecision(decision),
+                        memory_budget=budget, math=math if device.is_gpu else None)
     # Convolutions whose planned workspace did not fit at run time ran a leaner plan instead;
     # each configuration starts from the planned choices.
     if hasattr(ex.kernels, "reset_workspace_fallbacks"):

@@ -125,13 +125,14 @@ DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
 
 def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     import cupy as cp
-    from minidnn import SGD, Executor, models
+    from minidnn import SGD, models
+    from minidnn.decide import build_executor
     size = image_size(name)
     net = models.build(name, num_classes=1000, image_size=size)
     # 'bf16': mixed precision (bf16 feature maps), TF32 where float32 computes.
-    ex = Executor(net, batch, device="gpu", seed=0, math="tf32" if math == "bf16" else math,
-                  deterministic=False, layout=layout,
-                  precision="bf16" if math == "bf16" else "fp32")
+    ex = build_executor(net, batch, device="gpu", seed=0,
+                        math="tf32" if math == "bf16" else math, deterministic=False,
+                        layout=layout, precision="bf16" if math == "bf16" else "fp32")
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)

@@ -53,13 +53,14 @@ def test_layout_per_device():
 
 def _train(layout, policy="none", precision="fp32", decision=None, steps=2):
     """State dict and memory stats after a few CPU steps of the branchy test network."""
-    from minidnn import SGD, Executor
+    from minidnn import SGD
+    from minidnn.decide import build_executor
     from minidnn.planner.dyn import FixedDecision
     from test_manager import dag_net
     rng = np.random.default_rng(0)
     net = dag_net()
-    with Executor(net, 4, device="cpu", seed=0, layout=layout, precision=precision,
-                  policy=FixedDecision(decision) if decision else policy) as ex:
+    with build_executor(net, 4, device="cpu", seed=0, layout=layout, precision=precision,
+                        policy=FixedDecision(decision) if decision else policy) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for _ in range(steps):
             x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)

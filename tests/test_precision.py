@@ -4,7 +4,8 @@ and the GPU is checked against it."""
 import numpy as np
 import pytest
 
-from minidnn import SGD, Executor, models
+from minidnn import SGD, models
+from minidnn.decide import build_executor
 from minidnn.errors import ConfigError
 from minidnn.kernels import cpu as cpu_kernels
 from minidnn.kernels.mapformat import MapFormat
@@ -91,8 +92,9 @@ def test_a_layer_on_bf16_maps_is_its_float32_self_rounded_once(layer, shape):
 def train(precision, policy="none", steps=3, decision=None, relu_bits=False):
     rng = np.random.default_rng(0)
     net = branchy()
-    with Executor(net, 4, device="cpu", seed=0, precision=precision, relu_bits=relu_bits,
-                  policy=FixedDecision(decision) if decision else policy) as ex:
+    with build_executor(net, 4, device="cpu", seed=0, precision=precision,
+                        relu_bits=relu_bits,
+                        policy=FixedDecision(decision) if decision else policy) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         losses = []
         for _ in range(steps):
@@ -198,3 +200,12 @@ def test_gpu_conversions_match_ml_dtypes(layout):
     back = mapformat.empty(cp, x.shape, np.float32, layout)
     kernels.bf16_to_float(low, back)
     np.testing.assert_array_equal(cp.asnumpy(back), x.astype(BF16).astype(np.float32))
+
+
+def test_an_executor_refuses_a_decision_with_an_unknown_format():
+    from minidnn import Executor
+    from minidnn.memory.policy import MemoryDecision
+    for bad in (dict(precision="fp16"), dict(layout="chwn")):
+        with pytest.raises(ConfigError, match="must be one of"):
+            Executor(models.build("mlp", num_classes=4, image_size=8), 2, device="cpu",
+                     decision=MemoryDecision(prefetch_lookahead=1, **bad))

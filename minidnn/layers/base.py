@@ -67,6 +67,8 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
+    conv_plans: {convolution node name: plan setting} the step runs (the executor's decision;
+    layers/conv.py); a convolution not named runs its own setting.
     """
     xp: Any
     kernels: Any = None
@@ -75,6 +77,7 @@ class StepContext:
     seed: int = 0
     device: Any = None
     workspace: Any = None
+    conv_plans: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

@@ -1,9 +1,10 @@
 """The planner's memory policies: `dyn` (vDNN_dyn: profile the network, then plan for the
 budget) and FixedDecision (a decision made beforehand).
 
-    ex = Executor(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
-    ex = Executor(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB", compute=False)
-    ex = Executor(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    decide(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
+    decide(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB")
+    decide(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    (minidnn/decide.py; build_executor takes the same arguments)
 
 DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
 measured on the device, cached on disk: profile.py), runs the planner (search.py) and returns
@@ -72,8 +73,8 @@ class DynPolicy(Policy):
         self.result = None
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
-        """What the executor that asks for the decision will run with (it calls this before
-        `decide`, when it does): the device to profile, its prefetch lookahead and layout."""
+        """What the executor the decision is for will run with (minidnn/decide.py calls this
+        before `decide`): the device to profile, its prefetch lookahead and layout."""
         if device is not None and self.device is None:
             self.device = device
         if prefetch_lookahead is not None:

@@ -209,3 +209,22 @@ def test_an_executor_refuses_a_decision_with_an_unknown_format():
         with pytest.raises(ConfigError, match="must be one of"):
             Executor(models.build("mlp", num_classes=4, image_size=8), 2, device="cpu",
                      decision=MemoryDecision(prefetch_lookahead=1, **bad))
+
+
+def test_dyn_plans_bf16_maps_at_half_the_bytes():
+    """The planner's step model sizes the decision's maps: under bf16 the least budget a
+    plan fits in drops, and a budget too small for float32 maps is planned for bf16 ones."""
+    from minidnn.decide import decide
+    from minidnn.planner import analytic_profile
+    from minidnn.planner.dyn import DynPolicy
+    from minidnn.planner.search import InfeasibleBudgetError, Planner
+    net = models.build("tiny_cnn", num_classes=10, image_size=64)
+    prof = analytic_profile(net, 64, "h200")
+    least = {p: Planner(net, 64, prof, budget=2**34, maps=MapFormat(precision=p)).minimum_budget()
+             for p in ("fp32", "bf16")}
+    assert least["bf16"] < 0.7 * least["fp32"]
+    budget = (least["bf16"] + least["fp32"]) // 2
+    decision = decide(net, 64, DynPolicy(profile=prof), budget, precision="bf16")
+    assert decision.precision == "bf16" and decision.layout == "nchw"
+    with pytest.raises(InfeasibleBudgetError):
+        decide(net, 64, DynPolicy(profile=prof), budget, precision="fp32")

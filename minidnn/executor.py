@@ -32,9 +32,9 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .kernels.mapformat import MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
-from .kernels.mapformat import MapFormat, arrange, in_memory_order
 from .layers.conv import parse_plan_setting
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator

@@ -33,9 +33,9 @@ layouts. The CPU uses 'nchw' unless told otherwise.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import ConfigError
 

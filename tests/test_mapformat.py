@@ -82,7 +82,7 @@ def test_channels_last_steps_match_nchw_steps(precision):
     from minidnn.memory.policy import MemoryDecision, recompute_candidates, unchained
     from test_manager import dag_net
     want, want_stats = _train("nchw", precision=precision)
-    plan = LivenessPlan(dag_net(), 4, MapFormat("nhwc", precision))
+    plan = LivenessPlan(dag_net(), 4, maps=MapFormat("nhwc", precision))
     recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
     for kw in (dict(), dict(policy="all"), dict(decision=MemoryDecision(recompute=recompute))):
         got, stats = _train("nhwc", precision=precision, **kw)
@@ -112,7 +112,7 @@ def test_flatten_shares_its_input_as_a_view_or_by_the_in_place_rules():
     net = _classifier_net()
     flat = [n.name for n in net.nodes].index("flat")
     for layout in ("nchw", "nhwc"):
-        plan = LivenessPlan(net, 2, MapFormat(layout))
+        plan = LivenessPlan(net, 2, maps=MapFormat(layout))
         assert plan.maps.layout == layout
         assert plan.inplace[flat]
         assert plan.tensors["flat"].storage == plan.tensors["pool"].storage
@@ -129,8 +129,8 @@ def test_flatten_of_a_map_read_elsewhere_gets_its_own_buffer_in_nhwc():
     from minidnn.layers import Add
     net.add(Add(), inputs=["fc", "fc2"], name="sum")
     net.add_loss()
-    nchw = LivenessPlan(net, 2, MapFormat("nchw"))
-    nhwc = LivenessPlan(net, 2, MapFormat("nhwc"))
+    nchw = LivenessPlan(net, 2, maps=MapFormat("nchw"))
+    nhwc = LivenessPlan(net, 2, maps=MapFormat("nhwc"))
     assert nchw.tensors["flat"].storage == nchw.tensors["pool"].storage
     assert nhwc.tensors["flat"].storage != nhwc.tensors["pool"].storage
     assert nhwc.tensors["flat2"].storage != nhwc.tensors["pool"].storage

@@ -33,7 +33,7 @@ def test_rounding_is_to_nearest_even():
 
 def test_plan_stores_maps_and_their_gradients_at_half_the_bytes():
     net = models.build("tiny_cnn", num_classes=10, image_size=16)
-    full, half = LivenessPlan(net, 4), LivenessPlan(net, 4, MapFormat(precision="bf16"))
+    full, half = LivenessPlan(net, 4), LivenessPlan(net, 4, maps=MapFormat(precision="bf16"))
     assert [s.kind for s in full.storages] == [s.kind for s in half.storages]
     for a, b in zip(full.storages, half.storages):
         dtypes = {half.tensors[t].dtype for t in b.tensors}
@@ -128,7 +128,7 @@ def test_offload_recompute_and_relu_bits_change_no_bit_in_bf16():
     offloaded = train("bf16", policy="all")
     moved, moved32 = offloaded[3]["offloaded_bytes"], train("fp32", policy="all")[3]["offloaded_bytes"]
     assert moved == offloaded[3]["prefetched_bytes"] and moved < 0.6 * moved32  # byte aux too
-    plan = LivenessPlan(branchy(), 4, MapFormat(precision="bf16"))
+    plan = LivenessPlan(branchy(), 4, maps=MapFormat(precision="bf16"))
     recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
     rebuilt = train("bf16", decision=MemoryDecision(recompute=recompute))
     bits = train("bf16", relu_bits=True)

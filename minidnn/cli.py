@@ -25,6 +25,7 @@ import sys
 
 from . import argtypes
 from .errors import MinidnnError, fmt_bytes
+from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .report import MATH_MODES
 from .train import Interrupted, TrainConfig
 
@@ -101,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: only algorithms that give the same bits every run, and each "
                         "convolution on its memory-optimal plan under every budget, so that "
                         "every policy and budget gives the same bits (slower convolutions)")
+    t.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
+                        "gradients, float32 weights, weight gradients, optimizer state and loss")
+    t.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="feature maps nchw (default) or nhwc: channels last, as cuDNN's "
+                        "NHWC convolutions take them (the CPU runs it through its reference "
+                        "kernels); parameters keep PyTorch's layouts in checkpoints")
     t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")
@@ -200,7 +208,8 @@ def _run_training(args) -> int:
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
-        deterministic=args.deterministic, eval_every=args.eval_every,
+        deterministic=args.deterministic, precision=args.precision, layout=args.layout,
+        eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,

@@ -23,6 +23,7 @@ from dataclasses import replace
 from .backend import Device, select_device
 from .errors import ConfigError, parse_bytes
 from .executor import Executor
+from .kernels.mapformat import MapFormat, map_layout
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -41,7 +42,8 @@ def get_policy(spec: str | Policy) -> Policy:
 
 def decide(net, batch: int, policy="none", memory_budget: int | str | None = None, *,
            relu_bits: bool = False, prefetch_lookahead: int = 1, device=None,
-           static_layout: bool | None = None) -> MemoryDecision:
+           static_layout: bool | None = None, precision: str = "fp32",
+           layout: str | None = None) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
     memory_budget: bytes (or '12GiB') the step must fit, for the policies that plan (dyn).
@@ -50,9 +52,12 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     layers ahead backward prefetches, unless the policy chooses it (dyn does). device: where a
     planning policy measures its profile (a Device or 'auto'/'gpu'/'cpu'). static_layout: the
     executor will place feature maps at planned addresses (default: when a budget is given);
-    a planning policy plans its workspaces into that layout.
+    a planning policy plans its workspaces into that layout. precision ('fp32' or 'bf16') and
+    layout ('nchw', 'nhwc', or None: the device's default) say how feature maps are stored
+    (kernels/mapformat.py); the policy plans with their bytes.
 
-    Returns a MemoryDecision with prefetch_lookahead, relu_bits and policy filled in.
+    Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
+    filled in.
     """
     if isinstance(memory_budget, str):
         memory_budget = parse_bytes(memory_budget)
@@ -66,11 +71,17 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
                     static_layout=static_layout)
-    # The policy plans with the ReLUs as the executor will run them.
-    decision = chosen.decide(LivenessPlan(net, int(batch), relu_bits=relus), memory_budget)
+    if isinstance(device, str):
+        device = select_device(device)
+    maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
+                     precision)
+    # The policy plans with the ReLUs as the executor will run them, and the maps' format.
+    decision = chosen.decide(LivenessPlan(net, int(batch), relu_bits=relus, maps=maps),
+                             memory_budget)
     lookahead = decision.prefetch_lookahead
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
-                   else lookahead, relu_bits=relus, policy=chosen.name)
+                   else lookahead, relu_bits=relus, policy=chosen.name,
+                   precision=maps.precision, layout=maps.layout)
 
 
 def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0,
@@ -78,12 +89,13 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                    host_limit: int | str | None = None, math: str | None = None,
                    deterministic: bool | None = None, static_layout: bool | None = None,
-                   relu_bits: bool = False) -> Executor:
+                   relu_bits: bool = False, precision: str = "fp32",
+                   layout: str | None = None) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there)."""
     device = device if isinstance(device, Device) else select_device(device)
     decision = decide(net, batch, policy, memory_budget, relu_bits=relu_bits,
                       prefetch_lookahead=prefetch_lookahead, device=device,
-                      static_layout=static_layout)
+                      static_layout=static_layout, precision=precision, layout=layout)
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout)

@@ -37,6 +37,8 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .memory.allocator import Allocator, CountingAllocator
@@ -76,6 +78,11 @@ class Executor:
     its recording allocator this way).
     input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
     the data-gradient pass of the first layers and one input-sized buffer.
+    The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
+    stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
+    out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
+    'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
+    layers/precision.py runs layers on them).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -114,8 +121,9 @@ class Executor:
         self.allocator = None
         try:  # from here on, a failure must give the parameters, device memory and CuPy back
             self._check_relu_bits()
+            self.maps = MapFormat(decision.layout, decision.precision)
             self.plan = LivenessPlan(net, self.batch, relu_bits=decision.relu_bits,
-                                     input_grad=input_grad)
+                                     input_grad=input_grad, maps=self.maps)
             self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -186,13 +194,16 @@ class Executor:
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
             self._host_params.append((p, values))
-            data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
+            _, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
             self._held_bufs.append(buf)
-            grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
+            _, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
             self._held_bufs.append(gbuf)
+            data = self.maps.view(buf, p.shape, self.net.dtype)   # conv weights as the maps
+            grad = self.maps.view(gbuf, p.shape, self.net.dtype)
             if self.device.is_gpu:
                 with self.device.compute:
-                    data.set(values, stream=self.device.compute)
+                    in_memory_order(data).set(arrange(values, self.maps.layout).reshape(-1),
+                                              stream=self.device.compute)
                     grad.fill(0)
             else:
                 data[...] = values
@@ -258,7 +269,7 @@ class Executor:
         self.device.synchronize()
         if self.compute:
             for _, p in self.net.parameters():
-                p.data = np.array(to_numpy(p.data), copy=True)
+                p.data = np.array(to_numpy(p.data), copy=True, order="C")
                 p.grad = None
         self._release_device_memory()
         self.host.close()
@@ -349,14 +360,15 @@ class Executor:
         if ctx is not None:
             ctx.workspace = workspace
             try:
+                # layers/precision.py: the layer itself, in float32 around bf16 maps
                 if phase == "forward":
                     xs, y, aux = buffers
-                    node.layer.forward(xs, y, aux, ctx)
+                    mixed.forward(node.layer, xs, y, aux, ctx)
                 elif phase == "recompute":   # aux None: write the output only
                     xs, y = buffers
-                    node.layer.forward(xs, y, None, ctx)
+                    mixed.forward(node.layer, xs, y, None, ctx)
                 else:
-                    node.layer.backward(*buffers, ctx)
+                    mixed.backward(node.layer, *buffers, ctx)
             finally:
                 ctx.workspace = None
         self.manager.release_workspace()
@@ -476,15 +488,16 @@ class Executor:
 
     # ---- reading results ---------------------------------------------------------------------
     def outputs(self) -> np.ndarray:
-        """Logits (batch, classes) of the last forward run with keep_outputs=True."""
+        """Logits (batch, classes), in the network's dtype, of the last forward run with
+        keep_outputs=True."""
         if self._outputs is None:
             raise RuntimeError("no outputs kept: call forward(..., keep_outputs=True)")
-        return to_numpy(self._outputs)
+        return to_numpy(self._outputs).astype(self.net.dtype, copy=False)
 
     def gradients(self) -> dict[str, np.ndarray]:
         """{'conv1.weight': NumPy array, ...} from the last backward: copies on every device,
         which later steps do not change (the live buffers are `parameters()`' `.grad`)."""
-        return {name: np.array(to_numpy(p.grad), copy=True) for name, p in self.net.parameters()}
+        return {name: np.array(to_numpy(p.grad), order="C", copy=True) for name, p in self.net.parameters()}
 
     def input_gradient(self) -> np.ndarray:
         """d loss / d input batch (batch, C, H, W) from the last backward, as NumPy (needs an
@@ -493,7 +506,7 @@ class Executor:
             raise ConfigError("input_gradient() needs Executor(..., input_grad=True)")
         if self._input_grad is None:
             raise RuntimeError("no input gradient yet: call backward() first")
-        return to_numpy(self._input_grad)
+        return np.ascontiguousarray(to_numpy(self._input_grad)).astype(self.net.dtype, copy=False)
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""

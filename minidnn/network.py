@@ -191,7 +191,7 @@ class Network:
             if p.data is None:
                 raise ConfigError(f"network {self.name!r}: parameters are not initialized; "
                                   f"call init_params(seed) first")
-            out[name] = np.array(to_numpy(p.data), copy=True)
+            out[name] = np.array(to_numpy(p.data), copy=True, order="C")  # any device layout
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:

@@ -89,7 +89,9 @@ class TrainConfig:
     num_classes None: what the data has (Shapes 10, CIFAR-10 10, a folder its class count,
     synthetic 1000). memory_budget: bytes (None: no budget). math: 'tf32' or 'fp32' for the GPU
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
-    every run. eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
+    every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
+    optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
+    the device's default). eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
     is read back from the device.
     """
     model: str = "alexnet"
@@ -109,6 +111,8 @@ class TrainConfig:
     relu_bits: bool = False
     math: str | None = None
     deterministic: bool = False
+    precision: str = "fp32"
+    layout: str | None = None
     eval_every: int = 50
     eval_batches: int = 8
     checkpoint: str | None = None
@@ -226,7 +230,8 @@ def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
     return build_executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits)
+                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                    precision=cfg.precision, layout=cfg.layout)
 
 
 class StepTimer:

@@ -182,6 +182,23 @@ def test_cache_builds_and_measures_each_problem_once():
     assert len(cache) == 0 and cache.stats["graphs_built"] == 0
 
 
+def test_only_the_best_ranked_plans_are_measured():
+    """Past max_measured candidates (in rank order) nothing runs: those plans stay in the
+    table, unmeasured, and are never chosen, however little workspace they need."""
+    fake = FakeCuDNN([(0, 100, 0.5), (1, 50, 0.7), (2, 0, 0.1), (3, 0, 0.05)])
+    cache = ConvPlanCache(fake.build, fake.time, max_measured=2)
+    x, w, y, spec = arrays()
+    e = cache.get(ConvProblem.of("wgrad", x, w, y, spec, "tf32", False), operands=())
+    assert [t[1] for t in fake.timed] == [0, 1]
+    assert cache.stats["plans_measured"] == 2 and cache.stats["plans_skipped"] == 2
+    assert [(p.index, p.workspace_bytes) for p in e.table[2:]] == [(2, 0), (3, 0)]
+    assert all(math.isnan(p.time_ms) for p in e.table[2:])            # not measured
+    assert e.plan_for("fastest").index == 0 and e.plan_for("min_workspace").index == 1
+    every = ConvPlanCache(fake.build, fake.time, max_measured=None)
+    e = every.get(ConvProblem.of("wgrad", x, w, y, spec, "tf32", False), operands=())
+    assert e.plan_for("fastest").index == 3
+
+
 def test_deterministic_entry_chooses_by_rank():
     fake = FakeCuDNN([(0, 100, 0.5), (1, 0, 0.2)])
     cache = ConvPlanCache(fake.build, fake.time)

@@ -34,6 +34,16 @@ import numpy as np
 from ..errors import ConfigError
 
 OPS = ("fprop", "dgrad", "wgrad")
+# Plans whose kernels cuDNN compiles at run time (NVRTC) cost seconds to build, per shape; the
+# precompiled engines cover every convolution here, so those plans are not offered.
+EXCLUDE_RUNTIME_COMPILED = True
+# Plans measured per problem: the first this many in the heuristics' rank order (PyTorch's
+# cudnn.benchmark_limit is 10 too). The fallback plans ranked last can be very slow: on the
+# H200, channels-last weight gradients at batch 256 offered zero-workspace plans that ran for
+# 5 to 22 s each (the best plan: 2 to 5 ms), so measuring every candidate cost minutes.
+# The others stay in the table with time NaN (not measured): never chosen by choose_plan;
+# only a convolution whose chosen workspace cannot be had runs one (cuda._leaner_plan).
+MEASURED_PLANS = 10
 # Steady-state calls go straight to the lowered graph's execute (see CudnnConvGraph.runner);
 # False uses the frontend's public execute_plan_at_index, about 40 us slower per call.
 DIRECT_EXECUTE = True
@@ -144,7 +154,8 @@ def split_by_group(x, w, y, groups: int) -> list:
 
 class PlanTiming(NamedTuple):
     """One candidate plan of a problem: its index in the graph's plan list, the workspace it
-    needs, and its measured time (inf when it could not run, e.g. its workspace did not fit)."""
+    needs, and its measured time: inf when it could not run (e.g. its workspace did not fit),
+    NaN when it was not measured (ranked past ConvPlanCache.max_measured)."""
     index: int
     workspace_bytes: int
     time_ms: float
@@ -258,16 +269,19 @@ class ConvPlanCache:
     raising PlanUnavailable when cuDNN has nothing. time_plan(graph, plan_index,
     workspace_bytes, operands, best_ms) -> milliseconds, or None when the plan could not run;
     best_ms is the best time so far (inf at first), so that a timer may cut short a plan that
-    is clearly slower.
+    is clearly slower. Only the first `max_measured` candidates (None: all) are measured; the
+    rest stay in the table, unmeasured (time NaN).
     """
 
-    def __init__(self, build_graph: Callable, time_plan: Callable):
+    def __init__(self, build_graph: Callable, time_plan: Callable,
+                 max_measured: int | None = MEASURED_PLANS):
         self._build_graph = build_graph
         self._time_plan = time_plan
+        self.max_measured = max_measured
         self._entries: dict = {}
         self._unavailable: dict = {}
-        self.stats = {"graphs_built": 0, "plans_measured": 0, "hits": 0, "build_s": 0.0,
-                      "measure_s": 0.0}
+        self.stats = {"graphs_built": 0, "plans_measured": 0, "plans_skipped": 0, "hits": 0,
+                      "build_s": 0.0, "measure_s": 0.0}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -299,7 +313,11 @@ class ConvPlanCache:
         self.stats["graphs_built"] += 1
         self.stats["build_s"] += t1 - t0
         table, best = [], math.inf
-        for index, workspace, _name in graph.candidates:
+        for rank, (index, workspace, _name) in enumerate(graph.candidates):
+            if self.max_measured is not None and rank >= self.max_measured:
+                self.stats["plans_skipped"] += 1
+                table.append(PlanTiming(int(index), int(workspace), math.nan))
+                continue
             ms = self._time_plan(graph, index, workspace, operands, best)
             self.stats["plans_measured"] += 1
             ms = math.inf if ms is None else float(ms)
@@ -378,6 +396,8 @@ class CudnnConvGraph:
             notes = [getattr(cudnn.numerical_note, n)
                      for n in deselected_notes(problem.math, problem.deterministic, problem.dtype)]
             g.deselect_numeric_notes(notes)
+            if EXCLUDE_RUNTIME_COMPILED:
+                g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         except declined_types as exc:
             raise PlanUnavailable(f"cuDNN cannot run {problem.describe()}: {exc}") from exc

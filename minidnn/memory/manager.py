@@ -314,8 +314,7 @@ class MemoryManager:
         if self.dry:
             return None
         t = self.plan.tensors[tensor]
-        n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-        return fm.device[:n].view(t.dtype).reshape(t.shape)
+        return self.plan.maps.view(fm.device, t.shape, t.dtype)
 
     def view(self, tensor: str, where: str = ""):
         """The tensor as an array of its shape and dtype (allocating its storage if needed)."""
@@ -396,7 +395,11 @@ class MemoryManager:
         if array is None or self.dry:
             return
         if self.device.is_gpu and isinstance(array, np.ndarray):
-            dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            if dst.flags.c_contiguous:
+                dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            else:  # channels last: upload as it is, reorder on the device (a temporary)
+                with self.device.compute:
+                    dst[...] = self.device.xp.asarray(array, dtype=dst.dtype)
         else:
             with self.device.compute:
                 dst[...] = array
@@ -501,6 +504,8 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 tmp, tmp_buf = self.allocator.empty(t.shape, t.dtype, where)
+                if tmp is not None:  # laid out as the gradient it is added to
+                    tmp = self.plan.maps.view(tmp_buf, t.shape, t.dtype)
                 nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
                 self._pending_sums.append((self.view(gname), tmp, tmp_buf, nbytes))

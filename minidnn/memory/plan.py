@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.mapformat import MapFormat
 from ..network import DATA, LABEL, Network
 
 
@@ -72,14 +73,17 @@ class LivenessPlan:
     keeps for backward is read through `retains_output(i)` and `aux_specs(i)`.
     input_grad: also plan the gradient of the input batch, `grad:data` (the layers reading
     `data` compute it in backward; it lives until the step ends, so it can be read after).
+    maps: the MapFormat the feature maps are stored in (kernels/mapformat.py); the manager
+    views buffers by it.
     """
 
     def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
-                 input_grad: bool = False):
+                 input_grad: bool = False, maps: MapFormat | None = None):
         self.net = net
         self.batch = batch
         self.relu_bits = frozenset(relu_bits)
         self.input_grad = bool(input_grad)
+        self.maps = maps if maps is not None else MapFormat()
         self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
@@ -102,7 +106,14 @@ class LivenessPlan:
             return s
 
         # ---- forward tensors: graph inputs, node outputs (maybe in place), aux ----------------
-        new_storage(DATA, shapes[DATA], dtype, "input", -1)
+        # Feature maps and their gradients in the format's dtype (bf16 under mixed precision);
+        # the loss and its gradient stay in the network's dtype.
+        map_dtype = self.maps.map_dtype(dtype)
+
+        def dtype_of(node):
+            return dtype if node.layer.kind == "loss" else map_dtype
+
+        new_storage(DATA, shapes[DATA], map_dtype, "input", -1)
         new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
         self.inplace: dict[int, bool] = {}
         for i, node in enumerate(self.nodes):
@@ -111,11 +122,11 @@ class LivenessPlan:
             src = node.inputs[0] if node.inputs else None
             if layer.inplace and src is not None and self._may_overwrite(i, src, consumers, index):
                 s = self.storages[self.tensors[src].storage]
-                self.tensors[node.name] = TensorPlan(node.name, shape, dtype, s.id)
+                self.tensors[node.name] = TensorPlan(node.name, shape, dtype_of(node), s.id)
                 s.tensors.append(node.name)
                 self.inplace[i] = True
             else:
-                new_storage(node.name, shape, dtype, "feature", i)
+                new_storage(node.name, shape, dtype_of(node), "feature", i)
                 self.inplace[i] = False
             for aux_name, (aux_shape, aux_dtype) in self.aux_specs(i).items():
                 new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
@@ -173,10 +184,10 @@ class LivenessPlan:
                     s.gradient_from = self.backward_time(i)
                     self.grad_over_input[i] = True
                 else:
-                    s = new_storage(gname, shapes[inp], dtype, "grad", i)
+                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
                     continue
-                self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                self.tensors[gname] = TensorPlan(gname, shapes[inp], map_dtype, s.id)
                 s.tensors.append(gname)
             # The output gradient is last read by this node's backward, unless an input
             # gradient took over its buffer, in which case the input's producer reads it last.
@@ -264,9 +275,11 @@ class LivenessPlan:
         if src in (DATA, LABEL):
             return False
         node = self.nodes[i]
-        if node.layer.kind == "reshape":
+        if node.layer.kind == "reshape" and not (self.maps.layout == "nhwc"
+                                                 and len(self.tensors[src].shape) == 4):
             # A reshape (Flatten) is a view: its output is input 0's bytes, unchanged, so
-            # sharing the buffer destroys nothing that anyone else reads.
+            # sharing the buffer destroys nothing that anyone else reads. A channels-last map
+            # is reordered to NCHW order on the way (layers/flatten.py): the rules below.
             return True
         if len(consumers[src]) != 1 or 0 in node.layer.retain_inputs:
             return False

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..kernels.mapformat import MapFormat
 from .plan import LivenessPlan, StoragePlan
 
 # Kinds of storage that hold feature maps (as opposed to gradients, which backward produces).
@@ -64,10 +65,12 @@ class MemoryDecision:
     policy: str = ""
     # Room for what the executor does not run yet (it refuses other values with a
     # ConfigError): micro_batches: split each batch into this many parts; chunks: runs of
-    # layers executed chunk by chunk (tuples of node names); precision: 'fp32'; layout:
-    # 'nchw'.
+    # layers executed chunk by chunk (tuples of node names).
     micro_batches: int = 1
     chunks: tuple = ()
+    # How feature maps are stored (kernels/mapformat.py): precision 'fp32' or 'bf16' (mixed:
+    # bf16 maps and map gradients), layout 'nchw' or 'nhwc' (channels last). decide.py fills
+    # in the device's default layout.
     precision: str = "fp32"
     layout: str = "nchw"
 
@@ -90,12 +93,11 @@ def check_runnable(decision: MemoryDecision) -> None:
         raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
                           f"got {lookahead!r}")
     for what, value, supported in (("micro_batches", decision.micro_batches, 1),
-                                   ("chunks", tuple(decision.chunks), ()),
-                                   ("precision", decision.precision, "fp32"),
-                                   ("layout", decision.layout, "nchw")):
+                                   ("chunks", tuple(decision.chunks), ())):
         if value != supported:
             raise ConfigError(f"the executor does not support {what}={value!r} yet "
                               f"(only {supported!r})")
+    MapFormat(decision.layout, decision.precision)     # ConfigError for an unknown one
 
 
 def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:

@@ -102,10 +102,11 @@ class DynPolicy(Policy):
         if budget is None:
             self.result = None
             return MemoryDecision(conv_algo=convs)
+        # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
                        reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
-                       relu_bits=plan.relu_bits)
+                       relu_bits=plan.relu_bits, maps=plan.maps)
         profile = self.profile_for(net, batch, plan.relu_bits)
         if not self.choose_lookahead:
             self.result = Planner(net, batch, profile, budget=int(budget),

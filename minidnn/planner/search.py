@@ -106,7 +106,7 @@ class Planner:
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, relu_bits=frozenset()):
+                 recompute: bool = True, relu_bits=frozenset(), maps=None):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -116,7 +116,8 @@ class Planner:
         self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
-                               static_layout=static_layout, relu_bits=relu_bits)
+                               static_layout=static_layout, relu_bits=relu_bits,
+                               maps=maps)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -367,7 +368,8 @@ class Planner:
                               usable=self.usable, prefetch_lookahead=0,
                               momentum=m.momentum_bytes > 0,
                               input_batches=m.input_bytes // max(m.input_batch_bytes, 1),
-                              static_layout=m.static_layout, relu_bits=m.relu_bits)
+                              static_layout=m.static_layout, relu_bits=m.relu_bits,
+                              maps=m.maps)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""

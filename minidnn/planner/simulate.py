@@ -44,6 +44,7 @@ import numpy as np
 
 from ..backend import Device
 from ..executor import Executor
+from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator, wait_until_fits
 from ..memory.observer import StepObserver
@@ -217,15 +218,18 @@ class _Recorder(StepObserver):
 
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
-                  recompute=frozenset(), relu_bits=frozenset()) -> Executor:
+                  recompute=frozenset(), relu_bits=frozenset(), maps=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
     sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
-    profile's business (the dry run runs no kernels)."""
+    profile's business (the dry run runs no kernels). maps: the feature maps' format
+    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer."""
+    maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
-                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed")
+                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
+                              precision=maps.precision, layout=maps.layout)
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None))
@@ -309,8 +313,9 @@ class StepModel:
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, relu_bits=frozenset()):
+                 static_layout: bool = True, relu_bits=frozenset(), maps=None):
         self.relu_bits = frozenset(relu_bits)
+        self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
         self.budget = budget
@@ -319,7 +324,7 @@ class StepModel:
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
         probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
-                              relu_bits=self.relu_bits)
+                              relu_bits=self.relu_bits, maps=self.maps)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -382,7 +387,8 @@ class StepModel:
         device = SymbolicDevice()
         planned = self.workspace_blocks(conv_algo, recompute)
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
-                           self.static_layout, planned, recompute, self.relu_bits)
+                           self.static_layout, planned, recompute, self.relu_bits,
+                           maps=self.maps)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log

@@ -36,7 +36,7 @@ from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
-from .memory.host import HostSlab
+from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
@@ -151,6 +151,10 @@ class Executor:
         allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
         if not self.compute:
             return CountingAllocator(budget)
+        if not self.device.is_gpu:   # the CPU's arena and host slab are both host memory
+            slab = self.decision.offload_bytes(self.plan)
+            limit = getattr(self.host, "limit", None)
+            check_host_memory(budget or 0, slab if limit is None else min(slab, limit))
         allocator = make_allocator(self.device, budget)
         if self.device.is_gpu:
             allocator.install()  # every CuPy allocation now comes out of the arena

@@ -176,9 +176,10 @@ class Tracer(StepObserver):
         """PNG of device memory over one step (default: the last traced), layer boundaries marked.
 
         x: 'time' (milliseconds since the step began) or 'call' (one unit per layer call, as in
-        vDNN's per-layer figures). Two curves: everything in the device allocator (parameters,
-        gradients, workspaces, feature maps) and the feature maps alone; forward is shaded blue,
-        backward orange.
+        vDNN's per-layer figures). Two panels, each on its own scale: everything in the device
+        allocator (parameters, gradients, workspaces, feature maps) and the feature maps alone;
+        forward is shaded blue, backward orange. Layers are named where their names do not
+        overlap (a label is left out when it is closer than 1/60 of the axis to the last one).
         """
         if x not in ("time", "call"):
             raise ValueError(f"plot_memory: x must be 'time' or 'call', got {x!r}")
@@ -203,33 +204,42 @@ class Tracer(StepObserver):
             xs.append((m.ts_us - t0) / 1e3)
         if x == "call":
             xs = calls
-        top = max(max(m.device_bytes for m in samples), 1)
-        unit, scale = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
-                                               ("bytes", 1)) if top >= b)
-        fig, ax = plt.subplots(figsize=(12, 4.5))
-        for phase, colour in (("forward", "tab:blue"), ("backward", "tab:orange")):
-            idx = [k for k, m in enumerate(samples) if m.phase == phase]
-            if idx:
-                ax.axvspan(xs[idx[0]], xs[idx[-1]], color=colour, alpha=0.08, lw=0,
-                           label=f"{phase}")
+        def unit_of(top):
+            return next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
+                                            ("bytes", 1)) if max(top, 1) >= b)
+        # Two panels, each on its own scale: feature maps are often small beside parameters.
+        fig, axes = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
+        curves = (("device_bytes", "k", "device memory in use (all: parameters, gradients, "
+                   "workspaces, feature maps)"),
+                  ("feature_map_bytes", "tab:red", "feature maps, aux and gradient maps"))
+        for ax, (field, colour, label) in zip(axes, curves):
+            values = [getattr(m, field) for m in samples]
+            unit, scale = unit_of(max(values))
+            for phase, shade in (("forward", "tab:blue"), ("backward", "tab:orange")):
+                idx = [k for k, m in enumerate(samples) if m.phase == phase]
+                if idx:
+                    ax.axvspan(xs[idx[0]], xs[idx[-1]], color=shade, alpha=0.08, lw=0,
+                               label=phase)
+            for k, m in enumerate(samples):
+                if m.when == "start":
+                    ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
+            ax.step(xs, [v / scale for v in values], where="post", color=colour, lw=1.3,
+                    label=label)
+            ax.set_ylabel(unit)
+            ax.set_ylim(bottom=0)
+            ax.legend(loc="upper right", fontsize=8)
+        ax = axes[-1]
+        starts, gap = [], (xs[-1] - xs[0]) / 60 if len(xs) > 1 else 0
         for k, m in enumerate(samples):
-            if m.when == "start":
-                ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
-        ax.step(xs, [m.device_bytes / scale for m in samples], where="post", color="k",
-                lw=1.4, label="device memory in use (all)")
-        ax.step(xs, [m.feature_map_bytes / scale for m in samples], where="post",
-                color="tab:red", lw=1.2, label="feature maps, aux and gradient maps")
-        starts = [k for k, m in enumerate(samples) if m.when == "start"]
-        if len(starts) <= 60:  # name the layers when they fit
+            if m.when == "start" and (not starts or xs[k] - xs[starts[-1]] >= gap):
+                starts.append(k)
+        if starts:
             ax.set_xticks([xs[k] for k in starts])
             ax.set_xticklabels([samples[k].layer for k in starts], rotation=90, fontsize=6)
             ax.set_xlabel("layer call" + (" (time →)" if x == "time" else ""))
         else:
             ax.set_xlabel("time (ms)" if x == "time" else "layer call")
-        ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"device memory over step {step}")
-        ax.legend(loc="upper right", fontsize=8)
+        axes[0].set_title(f"device memory over step {step} (of the steps traced)")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from minidnn import models  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
-from minidnn.errors import fmt_bytes  # noqa: E402
+from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 from minidnn.memory.policy import use_relu_bits  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -106,6 +106,8 @@ def fast_numbers() -> dict:
     n["all_peak"] = (gib(all_["peak_feature_map_bytes"]), "peak feature maps, all")
     n["all_avg"] = (gib(all_["avg_feature_map_bytes"]), "average feature maps, all")
     n["all_moved"] = (gib(all_["offloaded_bytes"]), "bytes offloaded per step, all")
+    n["cpu_ram_all"] = (gib(parse_bytes(BUDGET) + all_["offloaded_bytes"]),
+                        f"on the CPU: a {BUDGET} arena and the host slab of all's offloads")
     n["conv_avg"] = (gib(conv["avg_feature_map_bytes"]), "average feature maps, conv")
     n["conv_moved"] = (gib(conv["offloaded_bytes"]), "bytes offloaded per step, conv")
     bits = vgg16(relu_bits=True)
@@ -229,7 +231,6 @@ def memory_figure(path: Path, stamp: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from minidnn.errors import parse_bytes
     from minidnn.planner import StepModel, analytic_profile
     net = vgg16()
     # Blocks allocated as calls need them (no static layout), so that the levels move.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -280,6 +281,15 @@ def memory_figure(path: Path, stamp: str) -> None:
     plt.close(fig)
 
 
+CAPTION = re.compile(r"(`python3 scripts/make_docs.py` at commit )([0-9a-f]+\+?)")
+
+
+def stamp_captions(path: Path, stamp: str) -> None:
+    """Put the commit the figures were made at into their captions in the tutorial."""
+    text = path.read_text()
+    path.write_text(CAPTION.sub(lambda m: m.group(1) + stamp, text))
+
+
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     stamp = commit()
@@ -290,6 +300,7 @@ def main(argv=None) -> int:
     out = {"commit": stamp, "command": COMMAND,
            "numbers": {k: {"text": t, "what": w} for k, (t, w) in sorted(numbers.items())}}
     (DOCS / "numbers.json").write_text(json.dumps(out, indent=1) + "\n")
+    stamp_captions(DOCS / "memory-virtualization.md", stamp)
     print(f"docs/numbers.json: {len(numbers)} numbers at {stamp}; figures in docs/figures")
     return 0
 

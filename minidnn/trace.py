@@ -145,6 +145,35 @@ class Tracer(StepObserver):
         return sorted({s.step for s in self.spans} | {m.step for m in self.samples})
 
     # ---- output -------------------------------------------------------------------------------
+    def timeline(self, step: int | None = None) -> dict:
+        """One traced step (default: the last) as minidnn/planner/timeline.py draws it, the
+        measured twin of the step model's: {'step_time_s', 'compute_s', 'calls': [{'phase',
+        'layer', 'start', 'end', 'stall'}], 'copies': [{'stream', 'name', 'start', 'end'}]},
+        seconds from the step's first compute call; a call's stall is the compute stream's
+        idle time since the call before it."""
+        spans = self.resolved_spans()
+        if not spans:
+            raise ValueError("timeline: nothing traced yet (run a step with trace=True)")
+        step = spans[-1].step if step is None else step
+        spans = sorted((s for s in spans if s.step == step), key=lambda s: s.start_us)
+        compute = [s for s in spans if s.track == "compute"]
+        if not compute:
+            raise ValueError(f"timeline: step {step} was not traced (traced: {self.steps()})")
+        t0 = compute[0].start_us
+        calls, last_end = [], t0
+        for s in compute:
+            start = (s.start_us - t0) / 1e6
+            calls.append({"phase": s.category, "layer": s.args["layer"], "start": start,
+                          "end": start + s.dur_us / 1e6,
+                          "stall": max(s.start_us - last_end, 0.0) / 1e6})
+            last_end = max(last_end, s.start_us + s.dur_us)
+        copies = [{"stream": s.track, "name": s.name, "start": (s.start_us - t0) / 1e6,
+                   "end": (s.start_us + s.dur_us - t0) / 1e6}
+                  for s in spans if s.track != "compute"]
+        end = max([c["end"] for c in calls] + [c["end"] for c in copies])
+        return {"step_time_s": end, "compute_s": sum(c["end"] - c["start"] for c in calls),
+                "calls": calls, "copies": copies}
+
     def chrome_trace(self) -> dict:
         """The trace as a Chrome trace-event object (`traceEvents`, times in microseconds)."""
         spans, samples = self.resolved_spans(), self.resolved_samples()

@@ -70,3 +70,29 @@ def test_an_unwritable_figure_is_one_clear_line(tmp_path, capsys):
                  "--timeline", str(tmp_path / "no" / "such" / "t.png")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("minidnn: error: --timeline")
+
+
+def test_a_traced_step_gives_the_same_timeline(tmp_path):
+    """The measured twin (Tracer.timeline, from --trace): every call and copy of one step."""
+    import numpy as np
+
+    from minidnn import SGD
+    from minidnn.decide import build_executor
+    from minidnn.planner.timeline import draw_timeline
+
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    with build_executor(net, 4, device="cpu", policy="all", memory_budget="64MiB",
+                        trace=True) as ex:
+        opt = SGD(ex.parameters(), lr=0.01)
+        x = np.random.default_rng(0).standard_normal((4, 3, 16, 16), dtype=np.float32)
+        ex.train_step(x, np.arange(4) % 10, opt)
+        t = ex.tracer.timeline()
+        offloaded = len(ex.decision.offload)
+    n = len(net.nodes)
+    phases = [c["phase"] for c in t["calls"]]
+    assert phases.count("forward") == n and phases.count("backward") == n
+    assert len([c for c in t["copies"] if c["stream"] == "offload"]) == offloaded > 0
+    assert t["calls"][0]["start"] == 0 and stall_seconds(t) >= 0
+    assert t["compute_s"] <= t["step_time_s"]
+    draw_timeline([{"title": "tiny_cnn, measured", "timeline": t}], tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"

@@ -77,6 +77,8 @@ def bytes_by_layer(plan, ev) -> list[dict]:
 
 
 def _title(plan: dict) -> str:
+    if "title" in plan:       # a panel of its own (a measured trace: Tracer.timeline)
+        return plan["title"]
     return (f"{plan['network']} b{plan['batch']}, {plan['policy']} on {plan['gpu']}: step "
             f"{plan['plan']['step_time_s'] * 1e3:.0f} ms, compute alone "
             f"{plan['plan']['compute_time_s'] * 1e3:.0f} ms")
@@ -84,7 +86,8 @@ def _title(plan: dict) -> str:
 
 def draw_timeline(plans: list[dict], path, caption: str = "") -> None:
     """PNG of the stream timelines of one or more plans (dicts of `minidnn plan`: make_plan),
-    one panel each, stacked, each on its own time axis (a K40 step is ~20x an H200's)."""
+    one panel each, stacked, each on its own time axis (a K40 step is ~20x an H200's). A
+    panel may also be {'title': str, 'timeline': Tracer.timeline()}: a measured step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -277,7 +277,7 @@ class Executor:
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
             from .trace import Tracer
-            self.tracer = Tracer(self.device, max_steps=max_steps)
+            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget)
         else:
             self.tracer = None
         self.watch(self.tracer)

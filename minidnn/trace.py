@@ -52,12 +52,14 @@ class Sample:
 class Tracer(StepObserver):
     """Records spans and memory samples of the steps it is given (see module docstring).
 
-    max_steps: keep only the last N steps (None: all).
+    max_steps: keep only the last N steps (None: all). budget: the device memory budget in
+    bytes, drawn as a line on the memory plot (None: no line).
     """
 
-    def __init__(self, device, max_steps: int | None = None):
+    def __init__(self, device, max_steps: int | None = None, budget: int | None = None):
         self.device = device
         self.max_steps = max_steps
+        self.budget = budget
         self.spans: list[Span] = []
         self.samples: list[Sample] = []
         self.step = -1
@@ -207,7 +209,8 @@ class Tracer(StepObserver):
         x: 'time' (milliseconds since the step began) or 'call' (one unit per layer call, as in
         vDNN's per-layer figures). Two panels, each on its own scale: everything in the device
         allocator (parameters, gradients, workspaces, feature maps) and the feature maps alone;
-        forward is shaded blue, backward orange. Layers are named where their names do not
+        forward is shaded blue, backward orange; the budget, when the tracer knows it, is a
+        dashed line. Layers are named where their names do not
         overlap (a label is left out when it is closer than 1/60 of the axis to the last one).
         """
         if x not in ("time", "call"):
@@ -243,7 +246,9 @@ class Tracer(StepObserver):
                   ("feature_map_bytes", "tab:red", "feature maps, aux and gradient maps"))
         for ax, (field, colour, label) in zip(axes, curves):
             values = [getattr(m, field) for m in samples]
-            unit, scale = unit_of(max(values))
+            top = max(values + ([self.budget] if field == "device_bytes" and self.budget
+                                else []))
+            unit, scale = unit_of(top)
             for phase, shade in (("forward", "tab:blue"), ("backward", "tab:orange")):
                 idx = [k for k, m in enumerate(samples) if m.phase == phase]
                 if idx:
@@ -254,6 +259,9 @@ class Tracer(StepObserver):
                     ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
             ax.step(xs, [v / scale for v in values], where="post", color=colour, lw=1.3,
                     label=label)
+            if field == "device_bytes" and self.budget:
+                ax.axhline(self.budget / scale, color="k", ls="--", lw=1,
+                           label=f"memory budget ({self.budget / scale:.2f} {unit})")
             ax.set_ylabel(unit)
             ax.set_ylim(bottom=0)
             ax.legend(loc="upper right", fontsize=8)

@@ -25,7 +25,7 @@ from .errors import ConfigError, parse_bytes
 from .executor import Executor
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
-    policy_names as _registered_names, relu_keeps, relus_worth_bits
+    policy_names as _registered_names, relu_bits_for
 from .planner import dyn as _dyn  # noqa: F401  (registers the `dyn` policy)
 
 
@@ -62,12 +62,12 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     if static_layout is None:
         static_layout = memory_budget is not None
     chosen = get_policy(policy)
-    relus = frozenset(relus_worth_bits(LivenessPlan(net, 1))) if relu_bits else frozenset()
+    relus = relu_bits_for(net) if relu_bits else frozenset()
     if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
                     static_layout=static_layout)
-    with relu_keeps(net, relus):   # the plan sees the ReLUs as the executor will run them
-        decision = chosen.decide(LivenessPlan(net, int(batch)), memory_budget)
+    # The policy plans with the ReLUs as the executor will run them.
+    decision = chosen.decide(LivenessPlan(net, int(batch), relu_bits=relus), memory_budget)
     lookahead = decision.prefetch_lookahead
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name)

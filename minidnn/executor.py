@@ -40,8 +40,7 @@ from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
-from .memory.policy import (CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable,
-                            restore_relu_keeps, set_relu_keeps)
+from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable
 from .memory.record import layout_for_step
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
@@ -61,8 +60,9 @@ class Executor:
     None (default): planned when a memory budget is given, where fragmentation can make a
     step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
     across the step, which gives a lower peak.
-    The decision's `relu_bits` ReLUs keep one bit per value instead of their output while
-    the executor lives (layers/relu.py; lossless); close() gives them their own setting back.
+    The decision's `relu_bits` ReLUs keep one bit per value instead of their output
+    (layers/relu.py; lossless): the liveness plan is made with them and they reach the ReLUs
+    through the StepContext; the layers keep their own setting.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
@@ -104,12 +104,9 @@ class Executor:
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
         self.allocator = None
-        self._own_keeps: dict = {}
-        try:  # from here on, a failure must give the layers, device memory and CuPy back
-            # The decision's ReLUs keep bit masks while this executor lives (close() gives
-            # them their own setting back).
-            self._own_keeps = set_relu_keeps(net, decision.relu_bits)
-            self.plan = LivenessPlan(net, self.batch)
+        try:  # from here on, a failure must give the parameters, device memory and CuPy back
+            self._check_relu_bits()
+            self.plan = LivenessPlan(net, self.batch, relu_bits=decision.relu_bits)
             self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -130,7 +127,6 @@ class Executor:
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
-            self._restore_layers()
             if self.allocator is not None:
                 self._release_device_memory()
             raise
@@ -205,6 +201,14 @@ class Executor:
                                   f"which is not a convolution of network {self.net.name!r}")
             parse_plan_setting(setting)
 
+    def _check_relu_bits(self) -> None:
+        """Every ReLU the decision has keep bit masks is a ReLU of this network; the layers
+        receive the names through the StepContext."""
+        for name in sorted(self.decision.relu_bits):
+            if self.net.node(name).layer.kind != "relu":
+                raise ConfigError(f"memory decision has {name!r} keep ReLU bit masks, which "
+                                  f"is not a ReLU of network {self.net.name!r}")
+
     def _workspace_blocks(self) -> dict:
         """{(node index, phase): bytes} of the decision's planned workspaces."""
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
@@ -230,11 +234,6 @@ class Executor:
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
 
-    def _restore_layers(self) -> None:
-        """Give the ReLUs back their own keep setting."""
-        restore_relu_keeps(self.net, self._own_keeps)
-        self._own_keeps = {}
-
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
             self.allocator.free(buf)
@@ -256,7 +255,6 @@ class Executor:
                 p.grad = None
         self._release_device_memory()
         self.host.close()
-        self._restore_layers()
         self._host_params = []
         self._closed = True
 
@@ -304,7 +302,8 @@ class Executor:
     def _ctx(self, train: bool) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
-                           conv_plans=self.decision.conv_algo)
+                           conv_plans=self.decision.conv_algo,
+                           relu_bits=self.decision.relu_bits)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -337,7 +336,7 @@ class Executor:
         the memory the manager released)."""
         observer, phase, i = self.observer, call.phase, call.index
         if observer:
-            t0 = observer.mark(self.device.compute)
+            t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
         if ctx is not None:

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from minidnn import models  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import use_relu_bits  # noqa: E402
+from minidnn.memory.policy import relu_bits_for  # noqa: E402
 
 DOCS = ROOT / "docs"
 PROFILE = ROOT / "benchmarks" / "profiles" / "vgg16-b256-h200.json"
@@ -49,18 +49,15 @@ def commit() -> str:
     return head + ("+" if dirty else "")
 
 
-def vgg16(relu_bits: bool = False):
-    net = models.build("vgg16", num_classes=1000, image_size=224)
-    if relu_bits:
-        use_relu_bits(net)
-    return net
+def vgg16():
+    return models.build("vgg16", num_classes=1000, image_size=224)
 
 
-def dry_step(net, policy: str, lookahead: int = 1) -> dict:
+def dry_step(net, policy: str, lookahead: int = 1, relu_bits: bool = False) -> dict:
     """One training step walked through the memory manager without compute (bench_memory
     --dry): its memory_stats, and the executor's manager log."""
     with build_executor(net, BATCH, device="cpu", policy=policy, compute=False,
-                        prefetch_lookahead=lookahead) as ex:
+                        prefetch_lookahead=lookahead, relu_bits=relu_bits) as ex:
         stats = ex.simulate_step()
         stats["fetches"] = prefetch_windows(ex)
     return stats
@@ -111,10 +108,10 @@ def fast_numbers() -> dict:
                         f"on the CPU: a {BUDGET} arena and the host slab of all's offloads")
     n["conv_avg"] = (gib(conv["avg_feature_map_bytes"]), "average feature maps, conv")
     n["conv_moved"] = (gib(conv["offloaded_bytes"]), "bytes offloaded per step, conv")
-    bits = vgg16(relu_bits=True)
-    n["bits_none_peak"] = (gib(dry_step(bits, "none")["peak_feature_map_bytes"]),
+    bits = relu_bits_for(net)
+    n["bits_none_peak"] = (gib(dry_step(net, "none", relu_bits=True)["peak_feature_map_bytes"]),
                            "peak feature maps with ReLU bits, none")
-    n["bits_all_moved"] = (gib(dry_step(bits, "all")["offloaded_bytes"]),
+    n["bits_all_moved"] = (gib(dry_step(net, "all", relu_bits=True)["offloaded_bytes"]),
                            "bytes offloaded per step with ReLU bits, all")
     windows = {}
     for la in (0, 1, 2):
@@ -129,7 +126,8 @@ def fast_numbers() -> dict:
     h200 = StepModel(net, BATCH, analytic_profile(net, BATCH, "h200")).evaluate(set())
     k40 = StepModel(net, BATCH, analytic_profile(net, BATCH, "k40")).evaluate(set())
     h200_fp32 = StepModel(net, BATCH, analytic_profile(net, BATCH, "h200", math="fp32"))
-    h200_bits = StepModel(bits, BATCH, analytic_profile(bits, BATCH, "h200")).evaluate(set())
+    h200_bits = StepModel(net, BATCH, analytic_profile(net, BATCH, "h200", relu_bits=bits),
+                          relu_bits=bits).evaluate(set())
     n["h200_none_needs"] = (gib(h200.required_bytes), "step without offload, H200 model")
     n["h200_bits_none_needs"] = (gib(h200_bits.required_bytes),
                                  "step without offload with ReLU bits, H200 model")
@@ -142,7 +140,7 @@ def fast_numbers() -> dict:
     n["pcie_ratio"] = (f"{h200p.d2h_bw / k40p.d2h_bw:.1f}x", "H200 / K40 copy bandwidth")
     # The shipped profile (measured on an H200, ReLU bits on).
     prof = load_profile(str(PROFILE))
-    measured = StepModel(bits, BATCH, prof).evaluate(set())
+    measured = StepModel(net, BATCH, prof, relu_bits=bits).evaluate(set())
     n["measured_bits_none_needs"] = (gib(measured.required_bytes),
                                      "step without offload, ReLU bits, measured profile")
     c21, c12, c11 = prof.layer("conv2_1"), prof.layer("conv1_2"), prof.layer("conv1_1")
@@ -157,9 +155,8 @@ def fast_numbers() -> dict:
                 w = cost.workspace(phase, s)
                 n[f"{key}_{tag}_ws"] = (gib(w) if w >= 2**30 else mib(w),
                                         f"{key}, {tag} plan workspace")
-    conv1_1 = bits.nodes[[nd.name for nd in bits.nodes].index("conv1_1")]
-    out_bytes = 4 * BATCH * 64 * 224 * 224
-    assert conv1_1.name == "conv1_1"
+    from minidnn.memory.plan import LivenessPlan
+    out_bytes = LivenessPlan(net, BATCH).storage_of("conv1_1").nbytes
     n["conv1_1_fwd"] = (ms(c11.time("forward")), "conv1_1 forward, measured profile")
     n["conv1_1_out"] = (gib(out_bytes), "conv1_1's output")
     n["conv1_1_copy"] = (ms(out_bytes / prof.d2h_bw, 1), "conv1_1's output copied one way")

@@ -6,14 +6,13 @@ from minidnn import models
 from minidnn.cli import main
 from minidnn.planner import StepModel, analytic_profile
 from minidnn.planner.timeline import bytes_by_layer, stall_seconds, timeline_data
-from minidnn.memory.policy import NoOffload, OffloadAll, use_relu_bits
+from minidnn.memory.policy import NoOffload, OffloadAll, relu_bits_for
 
 
 def model_and_all(relu_bits=False, policy=OffloadAll):
     net = models.build("tiny_cnn", num_classes=10, image_size=16)
-    if relu_bits:
-        use_relu_bits(net)
-    model = StepModel(net, 8, analytic_profile(net, 8, "k40"))
+    bits = relu_bits_for(net) if relu_bits else frozenset()
+    model = StepModel(net, 8, analytic_profile(net, 8, "k40", relu_bits=bits), relu_bits=bits)
     return model, model.evaluate(policy().decide(model.plan).offload)
 
 

@@ -68,7 +68,9 @@ class StepContext:
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
     conv_plans: {convolution node name: plan setting} the step runs (the executor's decision;
-    layers/conv.py); a convolution not named runs its own setting.
+    layers/conv.py); a convolution not named runs its own setting. relu_bits: names of the
+    ReLU nodes that keep one bit per value for backward instead of their output (the
+    decision's; layers/relu.py); a ReLU not named keeps what its own setting says.
     """
     xp: Any
     kernels: Any = None
@@ -78,6 +80,7 @@ class StepContext:
     device: Any = None
     workspace: Any = None
     conv_plans: dict = field(default_factory=dict)
+    relu_bits: frozenset = frozenset()
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

@@ -145,7 +145,8 @@ class Mover:
 
     def _traced_copy(self, track: str, fm: FeatureMap, dst, src, kind: int, stream):
         """Issue the copy on `stream` (marked in the trace); returns the event recorded after it."""
-        start = self.observer.mark(stream) if self.observer else None
+        start = self.observer.begin_copy(stream, track, fm.name, fm.nbytes) \
+            if self.observer else None
         self._copy(dst, src, fm.nbytes, kind, stream)
         done = self.device.event()
         done.record(stream)
@@ -416,7 +417,7 @@ class MemoryManager:
         where = f"forward of {node.name}"
         xs = [self.view(name, where) for name in node.inputs]
         y = self.view(node.name, where)
-        aux = {a: self.view(f"{node.name}:{a}", where) for a in node.layer.aux_specs()}
+        aux = {a: self.view(f"{node.name}:{a}", where) for a in self.plan.aux_specs(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
         return xs, y, aux
 
@@ -484,8 +485,8 @@ class MemoryManager:
             self.mover.wait(self.maps[sid])
         xs = [self.view(name) if k in layer.retain_inputs else None
               for k, name in enumerate(node.inputs)]
-        y = self.view(node.name) if layer.retain_output else None
-        aux = {a: self.view(f"{node.name}:{a}") for a in layer.aux_specs()}
+        y = self.view(node.name) if self.plan.retains_output(i) else None
+        aux = {a: self.view(f"{node.name}:{a}") for a in self.plan.aux_specs(i)}
         gy = self.view(f"grad:{node.name}", where)
         if i == self.plan.num_nodes - 1 and not self.dry:
             gy[...] = 1  # d loss / d loss

@@ -13,9 +13,20 @@ class StepObserver:
     """Watches the steps of one executor (Executor.watch)."""
 
     def mark(self, stream):
-        """A point in time on `stream`, taken before and after each layer call and copy; what
-        it returns comes back as `start` / `end` below."""
+        """A point in time on `stream`, taken after each layer call and copy (and, through
+        the two methods below, before it); what it returns comes back as `start` / `end`."""
         return None
+
+    def begin_layer(self, stream, phase: str, name: str, index: int):
+        """Node `index` ('name') is about to run its `phase` call on `stream`: the mark that
+        comes back as `start` in layer() (an observer that logs marks learns their meaning
+        here, before anything else is issued)."""
+        return self.mark(stream)
+
+    def begin_copy(self, stream, track: str, name: str, nbytes: int):
+        """A copy of `nbytes` of storage `name` is about to be issued on `stream` ('offload'
+        or 'prefetch' track): the mark that comes back as `start` in copy()."""
+        return self.mark(stream)
 
     def begin_step(self, step: int) -> None:
         """A step (its forward, or a whole dry step) begins; `step` counts training steps."""

@@ -23,7 +23,6 @@ of minidnn/decide.py, above both the executor and the planner.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -183,7 +182,7 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     out = []
     for i, node in enumerate(plan.nodes):
         layer = node.layer
-        if layer.kind != "relu" or getattr(layer, "keep", "bits") != "output":
+        if layer.kind != "relu" or not plan.retains_output(i):
             continue
         s = plan.storage_of(node.name)
         others = [t for t in s.backward_uses if t != plan.backward_time(i)]
@@ -198,37 +197,11 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     return out
 
 
-def set_relu_keeps(net, names) -> dict[str, str]:
-    """Switch the ReLUs `names` of `net` to keep='bits'; returns {name: keep} of every ReLU as
-    it was, for `restore_relu_keeps`."""
-    before = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-    for name in names:
-        net.node(name).layer.keep = "bits"
-    return before
-
-
-def restore_relu_keeps(net, before: dict[str, str]) -> None:
-    for name, keep in before.items():
-        net.node(name).layer.keep = keep
-
-
-@contextmanager
-def relu_keeps(net, names):
-    """The ReLUs `names` keep bit masks inside the block, their own setting after it."""
-    before = set_relu_keeps(net, names)
-    try:
-        yield
-    finally:
-        restore_relu_keeps(net, before)
-
-
-def use_relu_bits(net) -> list[str]:
-    """Switch the ReLUs of `net` that `relus_worth_bits` names to keep='bits'; returns them.
-    Which ones does not depend on the batch, so a plan at batch 1 decides."""
-    names = relus_worth_bits(LivenessPlan(net, 1))
-    for name in names:
-        net.node(name).layer.keep = "bits"
-    return names
+def relu_bits_for(net) -> frozenset:
+    """The ReLUs of `net` that `relus_worth_bits` names, as a decision's `relu_bits` (the
+    plan and the calls read them from there; the layers stay as they are). Which ones does
+    not depend on the batch, so a plan at batch 1 decides."""
+    return frozenset(relus_worth_bits(LivenessPlan(net, 1)))
 
 
 class Policy:

@@ -155,18 +155,19 @@ def _settings(args, report: dict | None) -> dict:
 
 
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
-             deterministic: bool = False) -> tuple:
+             deterministic: bool = False, relu_bits=frozenset()) -> tuple:
     """(Profile, a line saying where it comes from). deterministic: measure this GPU with
-    deterministic algorithms only (as the run of the --report did)."""
+    deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
+    that keep bit masks in the run planned for."""
     from ..backend import Device, gpu_available
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
         from .profile import load_profile
         prof = load_profile(args.profile)
-        prof.check_matches(net, batch)
+        prof.check_matches(net, batch, relu_bits)
         return prof, f"measured profile {args.profile} ({prof.device_name}, {prof.math})"
     if args.gpu:
-        prof = analytic_profile(net, batch, args.gpu, math_mode)
+        prof = analytic_profile(net, batch, args.gpu, math_mode, relu_bits)
         return prof, f"analytic model of the {prof.device_name} ({prof.math})"
     if gpu_available():
         from .. import kernels
@@ -176,13 +177,14 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
         if hasattr(mod, "configure"):
             mod.configure(math=math_mode,
                           deterministic=deterministic or mod.math_mode()["deterministic"])
-        prof = get_profile(net, batch, device, refresh=args.refresh_profile)
+        prof = get_profile(net, batch, device, refresh=args.refresh_profile,
+                           relu_bits=relu_bits)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
     if report and report.get("device") == "gpu":
         preset = preset_for_device_name(str(report.get("device_name", "")))
     name = preset.name if preset else "h200"
-    prof = analytic_profile(net, batch, name, math_mode)
+    prof = analytic_profile(net, batch, name, math_mode, relu_bits)
     return prof, (f"analytic model of the {name} ({prof.math}; no GPU here, choose another "
                   f"with --gpu)")
 
@@ -222,7 +224,7 @@ def layer_rows(model, ev) -> list[dict]:
         t = plan.tensors[node.name]
         row = storage_row(node.name, type(node.layer).__name__,
                           int(np.prod(t.shape)) * t.dtype.itemsize, t.storage, i)
-        for aux in node.layer.aux_specs():
+        for aux in plan.aux_specs(i):
             sid = plan.tensors[f"{node.name}:{aux}"].storage
             if sid in ev.offload:
                 row["status"] += f" +{aux}"
@@ -295,10 +297,11 @@ def make_plan(args) -> dict:
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
+    relu_bits = frozenset()
     if args.relu_bits or (report or {}).get("relu_bits"):
-        from ..memory.policy import use_relu_bits
-        use_relu_bits(net)
-    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
+        from ..memory.policy import relu_bits_for
+        relu_bits = relu_bits_for(net)
+    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits)
     notes = list(prof.notes)
     budget = s["budget"]
     if budget is None:
@@ -313,7 +316,8 @@ def make_plan(args) -> dict:
     planner = result = infeasible = lookahead = None
     minimum_budget = None           # the least over the lookaheads tried
     for candidate in lookaheads:
-        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate)
+        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate,
+                        relu_bits=relu_bits)
         least = trial.minimum_budget()
         minimum_budget = least if minimum_budget is None else min(minimum_budget, least)
         try:

@@ -82,17 +82,18 @@ class DynPolicy(Policy):
         if static_layout is not None:
             self.static_layout = bool(static_layout)
 
-    def profile_for(self, net, batch: int):
-        """The Profile to plan from (see the class docstring for the order of sources)."""
+    def profile_for(self, net, batch: int, relu_bits=frozenset()):
+        """The Profile to plan from (see the class docstring for the order of sources), for
+        a run whose ReLUs `relu_bits` keep bit masks."""
         if self.profile is not None:
-            self.profile.check_matches(net, batch)
+            self.profile.check_matches(net, batch, relu_bits)
             return self.profile
         if self.gpu is not None:
             from .gpus import analytic_profile
-            return analytic_profile(net, batch, self.gpu, self.math or "tf32")
+            return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
         from .profile import get_profile
         return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
-                           log=self.log or _to_stderr)
+                           log=self.log or _to_stderr, relu_bits=relu_bits)
 
     def decide(self, plan, budget=None):
         from .search import DEFAULT_RESERVE, Planner, plan_lookaheads
@@ -103,8 +104,9 @@ class DynPolicy(Policy):
             return MemoryDecision(conv_algo=convs)
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
-                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
-        profile = self.profile_for(net, batch)
+                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
+                       relu_bits=plan.relu_bits)
+        profile = self.profile_for(net, batch, plan.relu_bits)
         if not self.choose_lookahead:
             self.result = Planner(net, batch, profile, budget=int(budget),
                                   prefetch_lookahead=self.prefetch_lookahead, **options).run()

@@ -55,8 +55,9 @@ from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_byte
 
 # ---- the recording device ------------------------------------------------------------------------
 class Mark:
-    """An operation on a stream: a tracer mark, which the log turns into a layer call, a copy,
-    the optimizer step or a step boundary (kind), or a zero-length marker."""
+    """An operation on a stream: a layer call or a copy (kind; the observer's begin_layer /
+    begin_copy says which before the call is issued), the optimizer step or a step boundary,
+    or a zero-length marker (the end of a call or copy)."""
     __slots__ = ("stream", "kind", "label", "nbytes")
 
     def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
@@ -192,16 +193,16 @@ class _Recorder(StepObserver):
         self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
         self.sampling = True
 
-    def mark(self, stream):
-        m = Mark(stream.name)
+    def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
+        m = Mark(stream.name, kind, label, nbytes)
         self.log.append(m)
         return m
 
-    def layer(self, phase, name, index, start, end) -> None:
-        start.kind, start.label = "layer", (phase, index)
+    def begin_layer(self, stream, phase, name, index):
+        return self.mark(stream, "layer", (phase, index))
 
-    def copy(self, track, name, start, end, nbytes) -> None:
-        start.kind, start.label, start.nbytes = "copy", name, int(nbytes)
+    def begin_copy(self, stream, track, name, nbytes):
+        return self.mark(stream, "copy", name, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
@@ -216,14 +217,14 @@ class _Recorder(StepObserver):
 
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
-                  recompute=frozenset()) -> Executor:
+                  recompute=frozenset(), relu_bits=frozenset()) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
-    sets and the workspace blocks: conv plans are the profile's business (the dry run runs
-    no kernels)."""
+    sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
+    profile's business (the dry run runs no kernels)."""
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
-                              recompute=frozenset(recompute),
+                              recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
                               prefetch_lookahead=int(prefetch_lookahead), policy="fixed")
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
@@ -304,21 +305,24 @@ class StepModel:
     parameter; input_batches: input batches the data source keeps on the device (the
     synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
     default: every feature-map block at an address planned before step one). steps:
-    back-to-back steps simulated (>= 2).
+    back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
+    run (MemoryDecision.relu_bits); the profile must have been made with them.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True):
-        profile.check_matches(net, batch)
+                 static_layout: bool = True, relu_bits=frozenset()):
+        self.relu_bits = frozenset(relu_bits)
+        profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
         self.budget = budget
         self.usable = usable if usable is not None else budget
         self.steps = max(2, int(steps))
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
-        probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False)
+        probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
+                              relu_bits=self.relu_bits)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -381,7 +385,7 @@ class StepModel:
         device = SymbolicDevice()
         planned = self.workspace_blocks(conv_algo, recompute)
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
-                           self.static_layout, planned, recompute)
+                           self.static_layout, planned, recompute, self.relu_bits)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log

@@ -67,8 +67,7 @@ def bytes_by_layer(plan, ev) -> list[dict]:
             how = "offloaded"
         elif s.id in ev.recompute:
             how = "recomputed"
-        elif s.kind == "aux" and s.tensors[0].endswith(":mask") and \
-                getattr(plan.nodes[s.producer].layer, "keep", "") == "bits":
+        elif s.kind == "aux" and plan.nodes[s.producer].layer.kind == "relu":   # bits
             how = "encoded"
         else:
             how = "kept"

@@ -28,7 +28,8 @@ Vocabulary, used in this sense throughout the package:
                (-1: before the step; graph inputs are written then).
 * release      hand a block back to the allocator it came from (device arena or host slab),
                `free(buf, after=event)`: with an event, the allocator reuses the block only
-               once the copy still reading it has finished. Every act below ends in a release.
+               once the copy still reading it has finished. Evict, drop and free below are
+               releases.
 * offload      copy a storage's device block to the host slab (after its last forward write).
 * evict        release the device block of an offloaded storage after its last forward
                read; the host copy stays, and a prefetch brings it back for backward.

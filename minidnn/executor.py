@@ -43,7 +43,7 @@ from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
-from .memory.host import HostSlab
+from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
@@ -166,6 +166,10 @@ class Executor:
         allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
         if not self.compute:
             return CountingAllocator(budget)
+        if not self.device.is_gpu:   # the CPU's arena and host slab are both host memory
+            slab = self.decision.offload_bytes(self.plan)
+            limit = getattr(self.host, "limit", None)
+            check_host_memory(budget or 0, slab if limit is None else min(slab, limit))
         allocator = make_allocator(self.device, budget)
         if self.device.is_gpu:
             allocator.install()  # every CuPy allocation now comes out of the arena
@@ -293,7 +297,7 @@ class Executor:
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
             from .trace import Tracer
-            self.tracer = Tracer(self.device, max_steps=max_steps)
+            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget)
         else:
             self.tracer = None
         self.watch(self.tracer)

@@ -14,9 +14,9 @@ the same code gives the exact residency pattern):
 
 * offload (forward): after a storage's last forward write, an event recorded on the compute
   stream behind that layer's kernels; the offload stream waits on it and copies device -> host
-  (pinned). When the storage's last forward reader has been issued, its device block is
-  released with `free(buf, after=offload_done)`: the arena hands the block out again only once
-  the copy has finished, and every later compute use is ordered after the reader by the
+  (pinned). When the storage's last forward reader has been issued, it is evicted: its device
+  block is released with `free(buf, after=offload_done)`, and the arena hands the block out
+  again only once the copy has finished, and every later compute use is ordered after the reader by the
   compute stream itself.
 * prefetch (backward): before launching layer i's kernels, the manager copies back the
   offloaded maps of the next `lookahead` layers (stopping at a convolution, as vDNN does) on the
@@ -26,8 +26,8 @@ the same code gives the exact residency pattern):
   maps it reads. A map that was not prefetched is fetched on demand (a stall, counted).
 
 Recomputation, the other way to free a map between forward and backward: a storage in the
-`recompute` set is released after its last forward use, like an offloaded one, but nothing
-is copied. Before the backward of its first reader, the executor runs its writers' forward
+`recompute` set is dropped after its last forward use: its device block is released as an
+evicted one's is, but nothing is copied. Before the backward of its first reader, the executor runs its writers' forward
 again (`recompute_before`, `recompute_buffers`), into a new block, from inputs that are still
 on the books then (the prefetch window brings offloaded ones back as it does for backward).
 """
@@ -49,7 +49,7 @@ _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
 class FeatureMap:
     """One storage's bytes and where they are (Caffe's SyncedMemory).
 
-    state: 'freed' (nowhere), 'device', 'host' (offloaded, device block released) or 'both'.
+    state: 'freed' (nowhere), 'device', 'host' (offloaded and evicted) or 'both'.
     On the GPU 'both' right after an offload means the copy is issued; `offloaded` says when
     it is done. Events (CUDA events on GPU, always-done stand-ins on CPU):
       offloaded    offload stream, after the device -> host copy
@@ -255,10 +255,13 @@ class MemoryManager:
         self.observer = observer
         self.train = True
         self.keep: set[int] = set()
+        # The plan's integer clock (memory/plan.py): forward of node i is time i, backward of
+        # node i is 2n-1-i; -1 before the step. Every log entry and history note carries it.
         self.time = -1
         self.resident_bytes = 0                    # feature maps, aux, grads, inputs on device
         self.stats = StepMemoryStats()
-        self.log: list[tuple[int, str, int]] = []  # (time, 'alloc'|'free'|'offload'|'evict'|'fetch', sid)
+        # (time, 'alloc'|'free'|'offload'|'evict'|'drop'|'fetch', sid)
+        self.log: list[tuple[int, str, int]] = []
         self._last_time = 2 * plan.num_nodes - 1
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []

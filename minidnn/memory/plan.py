@@ -9,8 +9,10 @@ Vocabulary
 * storage: a buffer. In-place layers make several tensors share one storage (a ReLU writes
   over its input; a Flatten is a view), so storages, not tensors, are allocated and freed.
 
-Times are positions in the step: forward of node i is time i, backward of node i is time
-2*len(nodes) - 1 - i, so that every event of a step has one increasing clock.
+The clock: times are positions in the step, integers. Forward of node i is time i, backward
+of node i is time 2*len(nodes) - 1 - i, so that every event of a step has one increasing
+clock; graph inputs are written at time -1, before node 0. A storage's times (alloc_time,
+last_forward_use, backward_uses, free_time) and the memory manager's `time` are on it.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ CALL_PHASES = ("forward", "backward", "recompute")
 class MemoryDecision:
     """What a policy decided for one (network, batch).
 
-    offload: storage ids to copy to host after their last forward write and release from the
+    offload: storage ids to copy to host after their last forward write and evict from the
     device after their last forward read. conv_algo: {conv node name: plan setting}
     ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
     plans the policy sets.
@@ -47,7 +47,7 @@ class MemoryDecision:
     executor's own setting). workspace: {(conv node name, 'forward' | 'backward' |
     'recompute'): bytes} of the cuDNN workspace each call's plan setting needs, for the static
     layout to plan among the feature maps (empty: the kernels allocate workspaces at run time).
-    recompute: storage ids (from `recompute_candidates`) to release after their last forward
+    recompute: storage ids (from `recompute_candidates`) to drop after their last forward
     use and rebuild before their first backward use by running their writers' forward again;
     no storage is both offloaded and recomputed, and none is rebuilt from another one that
     is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on

@@ -409,6 +409,10 @@ class Planner:
                          "fastest plan")
         else:
             self.greedy()
+            # greedy() prunes only its own answer; the floor's may be faster, and pruning it
+            # can trade its offloads for recomputations on the plans it chose (a map rebuilt
+            # by a convolution on its memory-optimal plan, say).
+            self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
         return PlanResult(model=m, best=best, floor=floor, floor_trail=trail, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,

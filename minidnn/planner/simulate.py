@@ -203,7 +203,7 @@ class _Recorder(StepObserver):
         return self.mark(stream, "layer", (phase, index))
 
     def begin_copy(self, stream, track, name, nbytes):
-        return self.mark(stream, "copy", track, int(nbytes))
+        return self.mark(stream, "copy", name, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
@@ -252,7 +252,9 @@ class Evaluation:
     storage ids}; peak_point: the call of required_bytes (or 'optimizer' / 'allocation');
     fm_peak_point: the call with the most feature-map bytes. calls: {(phase, node index):
     (start, end, stall)} of the last step, seconds from its start, stall = time the compute
-    stream sat idle right before the call; host_wait_s: host time spent waiting for copies
+    stream sat idle right before the call; copies: [(stream, storage name, start, end)] of
+    the last step's copies on the 'offload' and 'prefetch' streams, seconds from its start
+    (planner/timeline.py draws both); host_wait_s: host time spent waiting for copies
     to free memory.
     """
     offload: frozenset
@@ -274,6 +276,7 @@ class Evaluation:
     peak_point: object = None
     fm_peak_point: object = None
     calls: dict = field(repr=False, default_factory=dict)
+    copies: list = field(repr=False, default_factory=list)
     host_wait_s: float = 0.0
     over_budget: bool = False
     workspace: dict = field(repr=False, default_factory=dict)
@@ -429,7 +432,7 @@ class StepModel:
             region_bytes=int(layout.size) if layout is not None else 0, levels=levels,
             fm_levels=fm_levels, resident=resident, peak_point=peak_point,
             fm_peak_point=max(fm_levels, key=lambda k: fm_levels[k]), calls=t["calls"],
-            host_wait_s=t["host_wait"], over_budget=t["over_budget"])
+            copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
     def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
@@ -445,6 +448,7 @@ class StepModel:
         host_wait = 0.0
         over = False
         copies = {"offload": ([], []), "prefetch": ([], [])}   # (starts, ends) per stream
+        spans: list = []             # (stream, storage name, start, end) of every copy
         rate = {"offload": prof.d2h_bw, "prefetch": prof.h2d_bw}
         total_bw = prof.d2h_bw + prof.h2d_bw
         shared = {k: min(v, prof.duplex_bw * v / total_bw) for k, v in rate.items()}
@@ -533,6 +537,7 @@ class StepModel:
                     end = copy_end(s, start, op.nbytes)
                     copies[s][0].append(start)
                     copies[s][1].append(end)
+                    spans.append((s, op.label, start, end))
                     tail[s] = end
                 elif kind == "optimizer":
                     host += prof.optimizer_host_s
@@ -565,7 +570,9 @@ class StepModel:
 
         begin = step_ends[-2]
         last = {k: (a - begin, b - begin, stall) for k, (a, b, stall) in calls.items()}
+        moved = [(s, name, a - begin, b - begin) for s, name, a, b in spans if a >= begin]
         return {"step": step_ends[-1] - step_ends[-2], "peak": peak, "calls": last,
+                "copies": moved,
                 "compute": busy_at_step[-1] - busy_at_step[-2], "host_wait": host_wait,
                 "over_budget": over}
 

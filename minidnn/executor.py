@@ -16,6 +16,15 @@ routed into it for the executor's lifetime, so parameters, gradients, optimizer 
 workspaces and temporaries are all counted; on the CPU, the arena when a budget is given and a
 counting SimpleAllocator otherwise, with parameters and gradients drawn from it as well.
 
+Micro-batches: `Executor(net, 256, micro_batches=4)` plans and runs every pass at batch 64;
+`train_step` (or `accumulate_gradients`) runs the step's 256 images as 4 forward/backward
+passes, the parameter gradients of passes after the first added into `p.grad`, and one
+optimizer update. The loss is that of the whole batch (each pass starts backward from 1/4, so
+every gradient is the whole batch's mean), dropout masks are the whole batch's rows. What
+changes bits against the unsplit step: the order of the sums over the batch (a weight or bias
+gradient is the sum of 4 partial sums, each over 64 images; the reported loss is the mean of 4
+means), so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
 far larger than this machine come out in seconds (parameters and gradients are counted;
@@ -39,6 +48,27 @@ from .memory.policy import CALL_PHASES, get_policy, use_relu_bits
 from .network import DATA, LABEL, Network
 
 
+def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
+    """micro_batches as an int, checked: it divides the batch (passes of equal size, so each
+    pass's mean loss weighs the same), and a network whose layers compute whole-batch
+    statistics splits only when `allow_statistics`. ConfigError otherwise."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
+            or micro_batches < 1:
+        raise ConfigError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
+    k = int(micro_batches)
+    if batch % k:
+        raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
+                          f"micro-batches")
+    stats = [n.name for n in net.nodes if getattr(n.layer, "batch_statistics", False)]
+    if k > 1 and stats and not allow_statistics:
+        raise ConfigError(f"network {net.name!r} has layers that normalize with the whole "
+                          f"batch's statistics ({', '.join(stats)}): split into {k} "
+                          f"micro-batches they would see {batch // k} images each and train "
+                          f"differently; allow it explicitly (split_batch_statistics, "
+                          f"--split-batch-statistics) or do not split")
+    return k
+
+
 class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
@@ -57,6 +87,11 @@ class Executor:
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    micro_batches: run each training step as this many passes of batch / micro_batches
+    images (which must divide the batch), gradients accumulated, one optimizer update.
+    split_batch_statistics: allow micro-batches in a network with a layer whose result
+    depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
+    micro-batch's statistics instead of the batch's; without it such a split is an error.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -67,9 +102,13 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False):
+                 relu_bits: bool = False, micro_batches: int = 1,
+                 split_batch_statistics: bool = False):
         self.net = net
         self.batch = int(batch)
+        self.micro_batches = check_micro_batches(net, self.batch, micro_batches,
+                                                 split_batch_statistics)
+        self.micro_batch = self.batch // self.micro_batches  # images in one pass
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
@@ -101,7 +140,7 @@ class Executor:
         try:  # from here on, a failure must give the layers, device memory and CuPy back
             if relu_bits:
                 use_relu_bits(net)
-            self.plan = LivenessPlan(net, self.batch)
+            self.plan = LivenessPlan(net, self.micro_batch)
             self.policy = get_policy(policy)
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -142,6 +181,7 @@ class Executor:
         self._peak_before_step = 0     # allocator peak before the current step's reset
         self._outputs = None
         self._in_step = False
+        self._accumulate = False       # backward adds parameter gradients to p.grad
         self._closed = False
 
     # ---- memory set-up ----------------------------------------------------------------------------
@@ -285,9 +325,10 @@ class Executor:
                 raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
                                 f"{k} classes (labels 0..{k - 1})")
 
-    def _ctx(self, train: bool) -> StepContext:
+    def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device)
+                           seed=self.seed, device=self.device, batch_offset=offset,
+                           global_batch=self.batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -329,9 +370,31 @@ class Executor:
             self._set_where(f"backward of {node.name}")
             xs, y, gy, gxs, aux = mm.backward_buffers(i)
             self._call("backward", i, ctx,
-                       ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
+                       ctx and (lambda: self._layer_backward(node, xs, y, gy, gxs, aux, ctx)),
                        mm.after_backward)
         self._set_where("")
+
+    def _layer_backward(self, node, xs, y, gy, gxs, aux, ctx) -> None:
+        """node's backward; in a micro-batch after the first, its parameter gradients go to
+        temporaries (a layer overwrites p.grad) that are then added into p.grad."""
+        params = list(node.layer.params.values()) if self._accumulate else []
+        if not params:
+            node.layer.backward(xs, y, gy, gxs, aux, ctx)
+            return
+        held = []
+        try:
+            for p in params:
+                tmp, buf = self.allocator.empty(p.shape, p.grad.dtype,
+                                                f"gradient of {node.name} (micro-batch)")
+                held.append((p, p.grad, tmp, buf))
+                p.grad = tmp
+            node.layer.backward(xs, y, gy, gxs, aux, ctx)
+            for p, grad, tmp, _ in held:
+                grad += tmp
+        finally:
+            for p, grad, _, buf in held:
+                p.grad = grad
+                self.allocator.free(buf)
 
     def _call(self, phase: str, i: int, ctx, run, after) -> None:
         """One layer call: `run` (None in a dry run) with its planned workspace block in
@@ -367,16 +430,50 @@ class Executor:
         self.manager.end_step()
         self._in_step = False
 
+    def _micro_slices(self):
+        """[(offset, slice of rows)] of the step's passes."""
+        b = self.micro_batch
+        return [(o, slice(o, o + b)) for o in range(0, self.batch, b)]
+
+    def _step_inputs(self, x, labels):
+        """x and labels as arrays, checked against the step's batch."""
+        x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
+        labels = labels if hasattr(labels, "shape") else np.asarray(labels)
+        self._check_batch(x, labels)
+        return x, labels
+
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
-        logits so that `outputs()` can read them.
+        logits so that `outputs()` can read them. With micro-batches, evaluation runs pass by
+        pass; training runs through train_step() or accumulate_gradients().
         """
         self._need_compute("forward")
-        x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
-        labels = labels if hasattr(labels, "shape") else np.asarray(labels)
-        self._check_batch(x, labels)
+        x, labels = self._step_inputs(x, labels)
+        if self.micro_batches == 1:
+            return self._forward_pass(x, labels, train, keep_outputs)
+        if train:
+            raise ConfigError(f"this executor splits a step into {self.micro_batches} "
+                              f"micro-batches: train with train_step() or "
+                              f"accumulate_gradients(), which run every pass's backward")
+        losses, outputs = [], []
+        for offset, rows in self._micro_slices():
+            losses.append(self._forward_pass(x[rows], labels[rows], False, keep_outputs, offset))
+            outputs.append(self._outputs)
+        if keep_outputs:
+            self._outputs = self.xp.concatenate(outputs)
+        return self._mean_of_passes(losses)
+
+    def _mean_of_passes(self, losses):
+        """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total / len(losses)
+
+    def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, offset: int = 0):
+        """forward() of one pass: x and labels are rows [offset, offset + micro_batch)."""
         if self._in_step:  # a forward without its backward: drop that step's buffers
             self.manager.end_step()
             self._in_step = False
@@ -387,10 +484,10 @@ class Executor:
             self.tracer.begin_step(self.step)
         try:
             with self.device.compute:
-                mm.begin_step(train, keep)
+                mm.begin_step(train, keep, loss_gradient=1.0 / self.micro_batches)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run_forward(self._ctx(train))
+                self._run_forward(self._ctx(train, offset))
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -406,19 +503,39 @@ class Executor:
         self._need_compute("backward")
         if not self._in_step:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
+        self._backward_pass()
+
+    def _backward_pass(self, offset: int = 0) -> None:
+        """backward() of the open pass (rows from `offset`); a pass after the first adds its
+        parameter gradients to p.grad."""
+        self._accumulate = offset > 0
         try:
             with self.device.compute:
-                self._run_backward(self._ctx(True))
+                self._run_backward(self._ctx(True, offset))
                 self.manager.end_step()
         except BaseException:
             self._abort()
             raise
+        finally:
+            self._accumulate = False
         self._in_step = False
 
+    def accumulate_gradients(self, x, labels):
+        """Forward and backward of the whole batch, pass by pass (one pass without
+        micro-batches): every p.grad holds the batch's gradient; returns the batch's mean loss
+        (0-d device array)."""
+        self._need_compute("accumulate_gradients")
+        x, labels = self._step_inputs(x, labels)
+        losses = []
+        for offset, rows in self._micro_slices():
+            losses.append(self._forward_pass(x[rows], labels[rows], True, False, offset))
+            self._backward_pass(offset)
+        return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)
+
     def train_step(self, x, labels, optimizer):
-        """forward, backward, optimizer update; returns the loss (0-d device array)."""
-        loss = self.forward(x, labels, train=True)
-        self.backward()
+        """forward, backward (per micro-batch), optimizer update; returns the loss (0-d
+        device array)."""
+        loss = self.accumulate_gradients(x, labels)
         self._set_where("optimizer step")
         with self.device.compute:
             optimizer.step()
@@ -486,7 +603,8 @@ class Executor:
         return int(self.allocator.in_use)
 
     def memory_stats(self) -> dict:
-        """Memory figures; per-step ones are of the last step.
+        """Memory figures; per-step ones are of the last step (of its last pass, with
+        micro-batches: every pass is alike).
 
         peak_device_bytes: highest bytes in the device allocator since this executor was made
         (everything it holds: parameters, gradients, optimizer state, feature maps, and on the
@@ -518,6 +636,7 @@ class Executor:
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),
             "fragmentation": float(frag),
             "policy": self.policy.name,
+            "micro_batches": self.micro_batches,
             "offload_storages": len(self.decision.offload),
             "layout_bytes": int(self.layout.size) if self.layout else None,
             "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,

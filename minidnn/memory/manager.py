@@ -255,6 +255,7 @@ class MemoryManager:
         self._workspace_held = None
         self.tracer = tracer
         self.train = True
+        self.loss_gradient = 1.0
         self.keep: set[int] = set()
         self.time = -1
         self.resident_bytes = 0                    # feature maps, aux, grads, inputs on device
@@ -427,9 +428,13 @@ class MemoryManager:
                 return
 
     # ---- step ---------------------------------------------------------------------------------
-    def begin_step(self, train: bool = True, keep: tuple[str, ...] = ()) -> None:
-        """Start a step. `keep`: tensors to hold until end_step (outputs the caller reads)."""
+    def begin_step(self, train: bool = True, keep: tuple[str, ...] = (),
+                   loss_gradient: float = 1.0) -> None:
+        """Start a step. `keep`: tensors to hold until end_step (outputs the caller reads).
+        loss_gradient: d(step loss) / d(this pass's loss), where backward starts (1/k for
+        each of k equal micro-batches, whose mean losses average to the step's)."""
         self.train = train
+        self.loss_gradient = loss_gradient
         self.keep = {self.plan.tensors[k].storage for k in keep}
         self._grad_written.clear()
         self.blocks.begin_step(self.device)
@@ -534,7 +539,7 @@ class MemoryManager:
         aux = {a: self.view(f"{node.name}:{a}") for a in layer.aux_specs()}
         gy = self.view(f"grad:{node.name}", where)
         if i == self.plan.num_nodes - 1 and not self.dry:
-            gy[...] = 1  # d loss / d loss
+            gy[...] = self.loss_gradient  # d loss / d loss
         gxs = []
         self._pending_sums = []
         for k, name in enumerate(node.inputs):

@@ -88,7 +88,8 @@ class Executor:
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
     micro_batches: run each training step as this many passes of batch / micro_batches
-    images (which must divide the batch), gradients accumulated, one optimizer update.
+    images (which must divide the batch), gradients accumulated, one optimizer update; None
+    (default): what the policy's decision says (dyn chooses it with a budget), else one.
     split_batch_statistics: allow micro-batches in a network with a layer whose result
     depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
     micro-batch's statistics instead of the batch's; without it such a split is an error.
@@ -102,11 +103,12 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False, micro_batches: int = 1,
+                 relu_bits: bool = False, micro_batches: int | None = None,
                  split_batch_statistics: bool = False):
         self.net = net
         self.batch = int(batch)
-        self.micro_batches = check_micro_batches(net, self.batch, micro_batches,
+        self.micro_batches = check_micro_batches(net, self.batch, 1 if micro_batches is None
+                                                 else micro_batches,
                                                  split_batch_statistics)
         self.micro_batch = self.batch // self.micro_batches  # images in one pass
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -146,8 +148,15 @@ class Executor:
                 static_layout = memory_budget is not None
             if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
                 self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
-                                 static_layout=static_layout)
+                                 static_layout=static_layout, batch=self.batch,
+                                 micro_batches=micro_batches)
             self.decision = self.policy.decide(self.plan, memory_budget)
+            if micro_batches is None and self.decision.micro_batches != self.micro_batches:
+                self.micro_batches = check_micro_batches(
+                    net, self.batch, self.decision.micro_batches, split_batch_statistics)
+                self.micro_batch = self.batch // self.micro_batches
+            if net.batch != self.micro_batch:  # planning set the layers up at other batches
+                self.plan = LivenessPlan(net, self.micro_batch)
             for name, setting in self.decision.conv_algo.items():
                 net.node(name).layer.plan_setting = setting
             if self.decision.prefetch_lookahead is not None:  # the policy chose it

@@ -148,7 +148,7 @@ def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
-                    micro_batches=cfg.micro_batches or 1,
+                    micro_batches=cfg.micro_batches,
                     split_batch_statistics=cfg.split_batch_statistics)
 
 

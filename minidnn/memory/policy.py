@@ -47,12 +47,15 @@ class MemoryDecision:
     no storage is both offloaded and recomputed, and none is rebuilt from another one that
     is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on
     the GPU: the deterministic math mode, or plans without atomics).
+    micro_batches: passes a training step runs, each over batch / micro_batches images
+    (executor.py); the storage ids and bytes above are those of one pass.
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
     prefetch_lookahead: int | None = None
     workspace: dict = field(default_factory=dict)
     recompute: frozenset = frozenset()
+    micro_batches: int = 1
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)

@@ -99,13 +99,15 @@ class Planner:
     moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
     evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
     VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
+    micro_batches: `batch` is one pass of a step of that many (planner/split.py; the
+    profile is at `batch`).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True):
+                 recompute: bool = True, micro_batches: int = 1):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -115,7 +117,7 @@ class Planner:
         self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
-                               static_layout=static_layout)
+                               static_layout=static_layout, micro_batches=micro_batches)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -365,8 +367,9 @@ class Planner:
         on_demand = StepModel(self.net, self.batch, self.profile, budget=self.budget,
                               usable=self.usable, prefetch_lookahead=0,
                               momentum=m.momentum_bytes > 0,
-                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1),
-                              static_layout=m.static_layout)
+                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
+                              // m.micro_batches,
+                              static_layout=m.static_layout, micro_batches=m.micro_batches)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -390,6 +393,9 @@ class Planner:
         m = self.model
         minimum = self.minimum()
         what = f"{self.net.name} at batch {self.batch}"
+        if m.micro_batches > 1:
+            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
+                    f"micro-batches of {self.batch}")
         if not minimum.fits:
             static = m.param_grad_bytes + m.extra_bytes
             raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .allocator import ALIGNMENT, CountingAllocator, aligned
 
 
@@ -144,26 +146,35 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     Greedy: largest first (ties: earliest start), each at the lowest aligned address where it
     overlaps no placed interval alive at the same time. Then, for every interval, the earlier
     intervals that share any of its addresses (the blocks whose release it may have to wait for).
+    The overlap tests run as array operations over all intervals at once (a step of a very
+    deep network has thousands of blocks).
     """
-    order = sorted(intervals, key=lambda iv: (-aligned(iv.nbytes), iv.start))
-    placed: list[Interval] = []
+    n = len(intervals)
+    if n == 0:
+        return 0
+    need = np.array([aligned(iv.nbytes) for iv in intervals], dtype=np.int64)
+    start = np.array([iv.start for iv in intervals], dtype=np.int64)
+    end = np.array([iv.end for iv in intervals], dtype=np.int64)
+    offset = np.full(n, -1, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
     size = 0
-    for iv in order:
-        need = aligned(iv.nbytes)
-        busy = sorted((p.offset, p.offset + aligned(p.nbytes)) for p in placed
-                      if p.start < iv.end and iv.start < p.end)
-        offset = 0
-        for lo, hi in busy:
-            if offset + need <= lo:
-                break
-            offset = max(offset, (hi + alignment - 1) // alignment * alignment)
-        iv.offset = offset
-        placed.append(iv)
-        size = max(size, offset + need)
-    for iv in intervals:
-        lo, hi = iv.offset, iv.offset + aligned(iv.nbytes)
-        iv.predecessors = [p.key for p in intervals if p.end <= iv.start
-                           and p.offset < hi and lo < p.offset + aligned(p.nbytes)]
+    for i in sorted(range(n), key=lambda i: (-need[i], start[i])):
+        alive = np.flatnonzero(placed & (start < end[i]) & (start[i] < end))
+        at = 0
+        if alive.size:
+            busy = sorted(zip(offset[alive].tolist(), (offset[alive] + need[alive]).tolist()))
+            for lo, hi in busy:
+                if at + need[i] <= lo:
+                    break
+                at = max(at, (hi + alignment - 1) // alignment * alignment)
+        offset[i] = at
+        placed[i] = True
+        size = max(size, at + int(need[i]))
+    top = offset + need
+    for i, iv in enumerate(intervals):
+        iv.offset = int(offset[i])
+        earlier = np.flatnonzero((end <= start[i]) & (offset < top[i]) & (offset[i] < top))
+        iv.predecessors = [intervals[j].key for j in earlier.tolist()]
     return size
 
 

@@ -9,7 +9,8 @@ Two searches run, and the faster feasible answer wins:
 
 * vDNN_dyn's greedy order (Rhu et al. 2016), the floor: no offload with the fastest plans;
   else vDNN_conv, then vDNN_all, with the fastest plans; then, still offloading everything,
-  switch layers one by one to their memory-optimal plan, largest workspace first.
+  switch layers to their memory-optimal plan, largest workspace first, as few as make it fit
+  (the count found by bisection).
 * Greedy by time cost per byte saved: start from no offload and fastest plans; each round,
   take the moves that can lower what the step needs (offload, or recompute in backward, one
   more feature map that is on the device where the step needs the most, or where the most
@@ -158,15 +159,29 @@ class Planner:
             if ev.fits:
                 return ev, trail
         offload = self.policy_offload("all")
-        algos = m.algos("fastest")
         order = sorted(m.conv_names, key=lambda n: (-self._conv_workspace(n), m.index[n]))
-        for name in order:
-            algos = dict(algos, **{name: "min_workspace"})
-            ev = m.evaluate(offload, algos)
-            trail.append((f"all, {name} memory-optimal", ev))
-            if ev.fits:
-                return ev, trail
-        return None, trail
+        tried: dict = {}
+
+        def fits(count: int) -> bool:
+            """Do the first `count` convolutions of the order on their memory-optimal plan
+            make the step fit?"""
+            algos = dict(m.algos("fastest"), **{n: "min_workspace" for n in order[:count]})
+            tried[count] = m.evaluate(offload, algos)
+            return tried[count].fits
+
+        # Each switch frees workspace, so the least count that fits is found by bisection: a
+        # few evaluations where a very deep network has hundreds of convolutions.
+        lo, hi = 0, len(order)          # a count known not to fit / the least known to fit
+        if order and fits(hi):
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if fits(mid):
+                    hi = mid
+                else:
+                    lo = mid
+        trail += [(f"all, {order[c - 1]} memory-optimal", tried[c]) for c in sorted(tried)]
+        return (tried[hi], trail) if tried.get(hi) is not None and tried[hi].fits \
+            else (None, trail)
 
     # ---- greedy by cost per byte saved -------------------------------------------------------
     def _estimates(self) -> dict:

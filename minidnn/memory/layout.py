@@ -223,6 +223,10 @@ class PlannedBlocks(DynamicBlocks):
         self._count: dict[int, int] = {}
         self._current: dict[int, tuple] = {}      # sid -> key of its planned block now held
         self._released: dict[tuple, object] = {}  # key -> event to wait on (None: none needed)
+        # Events each stream has been made to wait on this step (by id of the stream): an
+        # event is recorded once, so a second wait on it orders nothing more. A block of a
+        # very deep network has hundreds of predecessors, most of them waited on already.
+        self._waited: dict[int, set] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
@@ -233,6 +237,7 @@ class PlannedBlocks(DynamicBlocks):
             device.prefetch.wait_event(ev)
         self._count.clear()
         self._released.clear()
+        self._waited.clear()
 
     def acquire(self, fm, where, stream):
         k = self._count.get(fm.sid, 0)
@@ -241,9 +246,11 @@ class PlannedBlocks(DynamicBlocks):
         if iv is None or iv.nbytes != fm.nbytes:
             self.unplanned += 1
             return super().acquire(fm, where, stream)
+        waited = self._waited.setdefault(id(stream), set())
         for pred in iv.predecessors:
             ev = self._released.get(pred)
-            if ev is not None:
+            if ev is not None and ev not in waited:
+                waited.add(ev)
                 stream.wait_event(ev)
         self._current[fm.sid] = iv.key
         return self.region[iv.offset:iv.offset + fm.nbytes]

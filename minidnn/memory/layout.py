@@ -159,23 +159,37 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     placed = np.zeros(n, dtype=bool)
     size = 0
     for i in sorted(range(n), key=lambda i: (-need[i], start[i])):
-        alive = np.flatnonzero(placed & (start < end[i]) & (start[i] < end))
-        at = 0
-        if alive.size:
-            busy = sorted(zip(offset[alive].tolist(), (offset[alive] + need[alive]).tolist()))
-            for lo, hi in busy:
-                if at + need[i] <= lo:
-                    break
-                at = max(at, (hi + alignment - 1) // alignment * alignment)
-        offset[i] = at
+        offset[i] = _first_fit(offset, need, placed & (start < end[i]) & (start[i] < end),
+                               int(need[i]), alignment)
         placed[i] = True
-        size = max(size, at + int(need[i]))
+        size = max(size, int(offset[i] + need[i]))
     top = offset + need
+    keys = [iv.key for iv in intervals]
     for i, iv in enumerate(intervals):
         iv.offset = int(offset[i])
         earlier = np.flatnonzero((end <= start[i]) & (offset < top[i]) & (offset[i] < top))
-        iv.predecessors = [intervals[j].key for j in earlier.tolist()]
+        iv.predecessors = [keys[j] for j in earlier.tolist()]
     return size
+
+
+def _first_fit(offset, need, alive, size: int, alignment: int) -> int:
+    """The lowest aligned address where `size` bytes overlap none of the `alive` blocks.
+
+    Walking the alive blocks by address, the candidate address is the aligned end of the
+    highest block seen so far (0 before the first), and the walk stops at the first block
+    that starts at or after candidate + size: so the answer is that running maximum at the
+    first such block (or after the last one).
+    """
+    idx = np.flatnonzero(alive)
+    if idx.size == 0:
+        return 0
+    lo, hi = offset[idx], offset[idx] + need[idx]
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    ends = (hi + alignment - 1) // alignment * alignment
+    candidate = np.concatenate(([0], np.maximum.accumulate(ends)))   # before block j: [j]
+    fits = np.flatnonzero(candidate[:-1] + size <= lo)
+    return int(candidate[fits[0]] if fits.size else candidate[-1])
 
 
 class StaticLayout:

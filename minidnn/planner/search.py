@@ -39,6 +39,14 @@ from ..memory.policy import chains, get_policy, offload_candidates, recompute_ca
 from .costs import Profile
 from .simulate import Evaluation, StepModel
 
+# A network with more offload candidates than this plans in bulk while it is over the budget
+# (a very deep network, where moving one map per round would take hundreds of rounds): each
+# round first applies, in one evaluation, as many of the most promising moves at the peak as the
+# estimates say cover the deficit, and the pruning afterwards tries at most BULK_PRUNE decisions.
+# Networks below it (every built-in model but the very deep VGGs) plan exactly as before.
+BULK_CANDIDATES = 128
+BULK_PRUNE = 24
+
 # Fraction of the budget left unplanned: the arena's free blocks come in pieces
 # (fragmentation), so a plan that fills the budget to the byte may still not find a block.
 DEFAULT_RESERVE = 0.01
@@ -126,6 +134,7 @@ class Planner:
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
+        self.bulk = len(self.candidates) > BULK_CANDIDATES
         self._estimate_cache = None
 
     # ---- building blocks ---------------------------------------------------------------------
@@ -287,6 +296,22 @@ class Planner:
     def _out_of_evaluations(self) -> bool:
         return len(self.model.cache) >= self.max_evaluations
 
+    def _bulk_round(self, ev: Evaluation) -> Evaluation | None:
+        """The most promising moves at the peak (by estimated time per byte), as many as the
+        estimates say cover the deficit, applied together in one evaluation; None when that
+        does not lower what the step needs."""
+        deficit = ev.required_bytes - (self.usable or 0)
+        bundle, saved = [], 0
+        for move in self._moves(ev, everywhere=False):
+            bundle.append(move)
+            saved += self._estimate(ev, move)[1]
+            if saved >= deficit:
+                break
+        if len(bundle) < 2:
+            return None
+        nxt = self._apply(ev, bundle)
+        return nxt if nxt.required_bytes < ev.required_bytes else None
+
     def greedy(self) -> Evaluation | None:
         """Greedy by step time per byte saved at the peak, then pruning (see module doc).
 
@@ -300,6 +325,10 @@ class Planner:
         while not ev.fits:
             if self._out_of_evaluations():
                 return None
+            bulk = self._bulk_round(ev) if self.bulk else None
+            if bulk is not None:
+                ev = bulk
+                continue
             scored = []
             for everywhere, limit in ((False, self.shortlist), (True, self.shortlist),
                                       (True, None)):
@@ -342,10 +371,15 @@ class Planner:
         m = self.model
         est = self._estimates()
         improved = True
-        while improved and not self._out_of_evaluations():
+        limit = len(m.cache) + BULK_PRUNE if self.bulk else self.max_evaluations
+
+        def out_of_evaluations() -> bool:
+            return len(m.cache) >= min(limit, self.max_evaluations)
+
+        while improved and not out_of_evaluations():
             improved = False
             for sid in sorted(ev.offload, key=lambda s: -est[("offload", s)][0]):
-                if self._out_of_evaluations():
+                if out_of_evaluations():
                     break
                 tries = [(ev.offload - {sid}, ev.recompute)]
                 if sid in self.rebuildable:         # the copies for a recomputation instead
@@ -358,14 +392,14 @@ class Planner:
                         ev, improved = nxt, True
                         break
             for sid in sorted(ev.recompute):
-                if self._out_of_evaluations():
+                if out_of_evaluations():
                     break
                 nxt = m.evaluate(ev.offload, ev.conv_algo, ev.recompute - {sid})
                 if nxt.fits and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
                 faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
-                if faster is not None and not self._out_of_evaluations():
+                if faster is not None and not out_of_evaluations():
                     nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: faster}),
                                      ev.recompute)
                     if nxt.fits and nxt.step_time_s < ev.step_time_s:
@@ -415,10 +449,11 @@ class Planner:
             static = m.param_grad_bytes + m.extra_bytes
             raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
                                         self._lookahead_hint(), bool(m.conv_names))
-        baselines = {}
-        for policy in ("none", "conv", "all"):
-            for algo in ("fastest", "min_workspace"):
-                baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
+        baselines = _Baselines(self)
+        if not self.bulk:   # evaluated now, so that the search may pick one; in bulk, if read
+            for policy in ("none", "conv", "all"):
+                for algo in ("fastest", "min_workspace"):
+                    baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
         floor, trail = self.floor()
         notes = []
         if self.budget is None:
@@ -432,6 +467,20 @@ class Planner:
                           minimum_budget=self.minimum_budget(), baselines=baselines,
                           budget=self.budget, usable=self.usable, evaluations=len(m.cache),
                           seconds=time.perf_counter() - t0, notes=notes)
+
+
+class _Baselines(dict):
+    """{'none'|'conv'|'all' + '/' + algo: Evaluation} of a Planner; one not evaluated yet is
+    evaluated when first read."""
+
+    def __init__(self, planner: Planner):
+        super().__init__()
+        self._planner = planner
+
+    def __missing__(self, key: str) -> Evaluation:
+        policy, algo = key.split("/")
+        value = self[key] = self._planner.baseline(policy, algo)
+        return value
 
 
 # Prefetch lookaheads a plan may choose from: 0 fetches each map only when its layer needs it

@@ -146,12 +146,19 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     """Plan `net` at `batch` under `budget` for each micro-batch count in `counts` (default
     micro_batch_counts(batch)) and each prefetch lookahead; profile_at(b) gives the Profile
     at pass batch b. A count whose least step time (least_step_s) cannot beat the best found
-    is not planned, only its least budget measured; so is every count after one whose plan
-    moves nothing and runs every convolution's fastest plan (more passes only add time).
-    options: as Planner takes them."""
-    from .search import InfeasibleBudgetError, Planner
+    is not planned, only its least budget measured (at the least lookahead); so is every
+    count after one whose plan moves nothing and runs every convolution's fastest plan (more
+    passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
+    deep one) plans each count at one lookahead (1, where offered) and tries the others only
+    for the count chosen. options: as Planner takes them."""
+    from ..memory.plan import LivenessPlan
+    from ..memory.policy import offload_candidates
+    from .search import BULK_CANDIDATES
     t0 = time.perf_counter()
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
+    lookaheads = list(lookaheads)
+    staged = len(lookaheads) > 1 and \
+        len(offload_candidates(LivenessPlan(net, batch // counts[0]))) > BULK_CANDIDATES
     chosen, done, found = None, False, []
     for k in counts:
         option = SplitOption(micro_batches=k, batch=batch // k)
@@ -161,23 +168,11 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
             option.skipped = "a plan with fewer passes moves nothing"
         elif chosen is not None and least_step_s(prof, k) >= chosen.best.step_time_s:
             option.skipped = "its compute alone is slower than the plan chosen"
-        for lookahead in lookaheads:
-            planner = Planner(net, option.batch, prof, budget=budget,
-                              prefetch_lookahead=lookahead, micro_batches=k, **options)
-            option.planner = option.planner or planner
-            option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
-            if option.skipped:
-                continue
-            try:
-                result = planner.run()
-            except InfeasibleBudgetError as e:
-                if option.result is None and (option.error is None
-                                              or e.minimum < option.error.minimum):
-                    option.error = e
-                continue
-            if option.result is None or result.best.step_time_s < option.best.step_time_s:
-                option.planner, option.result, option.lookahead = planner, result, lookahead
-                option.error = None
+        if option.skipped:
+            _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
+            continue
+        tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
+        _plan_option(option, net, prof, budget, tried, options)
         if option.result is None:
             continue
         if chosen is None or option.best.step_time_s < chosen.best.step_time_s:
@@ -186,6 +181,33 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
         if not best.offload and not best.recompute and \
                 all(a == "fastest" for a in best.conv_algo.values()):
             done = True
+    if staged and chosen is not None:
+        _plan_option(chosen, net, profile_at(chosen.batch), budget,
+                     [la for la in lookaheads if la != chosen.lookahead], options)
     least = min(o.minimum_budget for o in found)
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
                      seconds=time.perf_counter() - t0)
+
+
+def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, options: dict,
+                 run: bool = True) -> None:
+    """Plan `option` at each of `lookaheads` (run=False: only its least budget), keeping the
+    fastest result (or the InfeasibleBudgetError with the least minimum)."""
+    from .search import InfeasibleBudgetError, Planner
+    for lookahead in lookaheads:
+        planner = Planner(net, option.batch, prof, budget=budget, prefetch_lookahead=lookahead,
+                          micro_batches=option.micro_batches, **options)
+        option.planner = option.planner or planner
+        option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
+        if not run:
+            continue
+        try:
+            result = planner.run()
+        except InfeasibleBudgetError as e:
+            if option.result is None and (option.error is None
+                                          or e.minimum < option.error.minimum):
+                option.error = e
+            continue
+        if option.result is None or result.best.step_time_s < option.best.step_time_s:
+            option.planner, option.result, option.lookahead = planner, result, lookahead
+            option.error = None

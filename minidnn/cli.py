@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "class; cifar10:PATH: the CIFAR-10 python batches")
     t.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default: what the data has; synthetic 1000)")
-    from .memory.policy import policy_names
+    from .decide import policy_names
     t.add_argument("--policy", default=d.policy, metavar="|".join(policy_names()),
                    help="which feature maps to offload to host memory: none; all (vDNN_all: "
                         "every map backward needs); conv (vDNN_conv: the inputs of conv "

@@ -1,10 +1,14 @@
 """The executor: runs forward and backward of a network layer by layer on one device.
 
-It owns the step's order and nothing else: every buffer comes from the memory manager, every
-number from a layer. This is the Python API the training loop and the CLI are built on:
+It runs a decision made before it is built (what to keep, offload or recompute, each
+convolution's plan setting, the ReLU bit masks, the prefetch lookahead: minidnn/decide.py
+makes it from a policy name and a budget) and decides nothing itself: every buffer comes from
+the memory manager, every number from a layer. This is the Python API the training loop and
+the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    ex = Executor(net, batch=32, device="auto", seed=0, policy="all", memory_budget="4GiB")
+    decision = decide(net, 32, policy="all", memory_budget="4GiB")      # minidnn/decide.py
+    ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
     grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
@@ -16,14 +20,15 @@ routed into it for the executor's lifetime, so parameters, gradients, optimizer 
 workspaces and temporaries are all counted; on the CPU, the arena when a budget is given and a
 counting SimpleAllocator otherwise, with parameters and gradients drawn from it as well.
 
-Micro-batches: `Executor(net, 256, micro_batches=4)` plans and runs every pass at batch 64;
-`train_step` (or `accumulate_gradients`) runs the step's 256 images as 4 forward/backward
-passes, the parameter gradients of passes after the first added into `p.grad`, and one
-optimizer update. The loss is that of the whole batch (each pass starts backward from 1/4, so
-every gradient is the whole batch's mean), dropout masks are the whole batch's rows. What
-changes bits against the unsplit step: the order of the sums over the batch (a weight or bias
-gradient is the sum of 4 partial sums, each over 64 images; the reported loss is the mean of 4
-means), so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+Micro-batches: a decision with `micro_batches=4` (decide(..., micro_batches=4), or dyn's own
+choice) makes the executor plan and run every pass at batch 64 of a step of 256: `train_step`
+(or `accumulate_gradients`) runs the step as 4 forward/backward passes, the parameter
+gradients of passes after the first added into `p.grad`, and one optimizer update. The loss is
+that of the whole batch (each pass starts backward from 1/4, so every gradient is the whole
+batch's mean), dropout masks are the whole batch's rows. What changes bits against the
+unsplit step: the order of the sums over the batch (a weight or bias gradient is the sum of 4
+partial sums, each over 64 images; the reported loss is the mean of 4 means), so split and
+unsplit steps agree to rounding, and a split step repeats bit for bit.
 
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
@@ -38,13 +43,16 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .layers.base import StepContext
-from .memory.allocator import CountingAllocator
+from .layers.conv import parse_plan_setting
+from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab
-from .memory.layout import PlannedBlocks, StaticLayout
+from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
-from .memory.policy import CALL_PHASES, get_policy, use_relu_bits
+from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable
+from .memory.record import layout_for_step
+from .memory.schedule import walk
 from .network import DATA, LABEL, Network
 
 
@@ -73,24 +81,28 @@ class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
     memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    policy: 'none' | 'all' | 'conv' | 'dyn' (planned for the budget; minidnn/planner) or a
-    memory.policy.Policy. prefetch_lookahead: layers ahead that backward brings offloaded
-    maps back (0: only on demand). trace: keep a trace.Tracer in `self.tracer`.
+    decision: the finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep
+    every map, prefetch one layer ahead). Its conv plan settings reach the convolutions
+    through the StepContext; the layers keep their own. trace: keep a trace.Tracer in
+    `self.tracer`.
     compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
     (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
     None (default): planned when a memory budget is given, where fragmentation can make a
     step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
     across the step, which gives a lower peak.
-    relu_bits: ReLUs whose output no other layer keeps for backward keep one bit per value
-    instead (layers/relu.py; lossless), so that map is free after forward.
+    The decision's `relu_bits` ReLUs keep one bit per value instead of their output
+    (layers/relu.py; lossless): the liveness plan is made with them and they reach the ReLUs
+    through the StepContext; the layers keep their own setting.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
-    micro_batches: run each training step as this many passes of batch / micro_batches
-    images (which must divide the batch), gradients accumulated, one optimizer update; None
-    (default): what the policy's decision says (dyn chooses it with a budget), else one.
-    split_batch_statistics: allow micro-batches in a network with a layer whose result
+    allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
+    use instead of the ones the executor would make (the planner's step model gives a dry run
+    its recording allocator this way).
+    The decision's `micro_batches` (which must divide the batch) runs each training step as
+    that many passes of batch / micro_batches images, gradients accumulated, one optimizer
+    update. split_batch_statistics: allow that in a network with a layer whose result
     depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
     micro-batch's statistics instead of the batch's; without it such a split is an error.
 
@@ -99,18 +111,14 @@ class Executor:
     """
 
     def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | str | None = None, policy="none",
-                 prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
+                 memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
+                 trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False, micro_batches: int | None = None,
+                 allocator: Allocator | None = None, host: Allocator | None = None,
                  split_batch_statistics: bool = False):
         self.net = net
         self.batch = int(batch)
-        self.micro_batches = check_micro_batches(net, self.batch, 1 if micro_batches is None
-                                                 else micro_batches,
-                                                 split_batch_statistics)
-        self.micro_batch = self.batch // self.micro_batches  # images in one pass
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
@@ -119,50 +127,31 @@ class Executor:
             memory_budget = parse_bytes(memory_budget)
         if isinstance(host_limit, str):
             host_limit = parse_bytes(host_limit)
-        if prefetch_lookahead is None or int(prefetch_lookahead) < 0:
-            raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
-                              f"got {prefetch_lookahead!r}")
+        self.decision = decision = NO_DECISION if decision is None else decision
+        check_runnable(decision)
+        self.micro_batches = check_micro_batches(net, self.batch, decision.micro_batches,
+                                                 split_batch_statistics)
+        self.micro_batch = self.batch // self.micro_batches  # images in one pass
+        self.prefetch_lookahead = int(decision.prefetch_lookahead)
         self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
         if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
                     if v is not None}
             self.kernels.configure(**opts)
-        # Settings of the network's layers that this executor changes while it lives (ReLU
-        # masks, the decision's convolution plans); close() gives them back, so a later
-        # executor of the same network starts from the layers' own settings.
-        self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-        self._own_plan_settings = {n.name: n.layer.plan_setting for n in net.nodes
-                           if n.layer.kind == "conv"}
-        self.host = self._make_host(host_limit)
+        self.host = host if host is not None else self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
         self.allocator = None
-        try:  # from here on, a failure must give the layers, device memory and CuPy back
-            if relu_bits:
-                use_relu_bits(net)
-            self.plan = LivenessPlan(net, self.micro_batch)
-            self.policy = get_policy(policy)
+        try:  # from here on, a failure must give the parameters, device memory and CuPy back
+            self._check_relu_bits()
+            self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits)
+            self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
-            if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
-                self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
-                                 static_layout=static_layout, batch=self.batch,
-                                 micro_batches=micro_batches)
-            self.decision = self.policy.decide(self.plan, memory_budget)
-            if micro_batches is None and self.decision.micro_batches != self.micro_batches:
-                self.micro_batches = check_micro_batches(
-                    net, self.batch, self.decision.micro_batches, split_batch_statistics)
-                self.micro_batch = self.batch // self.micro_batches
-            if net.batch != self.micro_batch:  # planning set the layers up at other batches
-                self.plan = LivenessPlan(net, self.micro_batch)
-            for name, setting in self.decision.conv_algo.items():
-                net.node(name).layer.plan_setting = setting
-            if self.decision.prefetch_lookahead is not None:  # the policy chose it
-                prefetch_lookahead = self.decision.prefetch_lookahead
-            self.prefetch_lookahead = int(prefetch_lookahead)
-            self.allocator = self._make_allocator(memory_budget)
+            self.allocator = allocator if allocator is not None else \
+                self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
             # Workspaces are planned blocks only inside a static layout.
@@ -178,12 +167,12 @@ class Executor:
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
-            self._restore_layers()
             if self.allocator is not None:
                 self._release_device_memory()
             raise
         self._host_params = []
         self.tracer = None
+        self.observer = None
         if trace:
             self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
@@ -240,6 +229,23 @@ class Executor:
                 grad.fill(0)
             p.data, p.grad = data, grad
 
+    def _check_conv_plans(self) -> None:
+        """Every plan setting of the decision names a convolution of this network and reads
+        as a setting (layers/conv.py); the layers receive them through the StepContext."""
+        for name, setting in self.decision.conv_algo.items():
+            if self.net.node(name).layer.kind != "conv":
+                raise ConfigError(f"memory decision sets a convolution plan for {name!r}, "
+                                  f"which is not a convolution of network {self.net.name!r}")
+            parse_plan_setting(setting)
+
+    def _check_relu_bits(self) -> None:
+        """Every ReLU the decision has keep bit masks is a ReLU of this network; the layers
+        receive the names through the StepContext."""
+        for name in sorted(self.decision.relu_bits):
+            if self.net.node(name).layer.kind != "relu":
+                raise ConfigError(f"memory decision has {name!r} keep ReLU bit masks, which "
+                                  f"is not a ReLU of network {self.net.name!r}")
+
     def _workspace_blocks(self) -> dict:
         """{(node index, phase): bytes} of the decision's planned workspaces."""
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
@@ -257,20 +263,13 @@ class Executor:
         take the region for them from the allocator now, so that a budget too small fails
         before step one."""
         keep = (self.net.loss_node.name, self.net.output)
-        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep,
-                                            workspace, self.decision.recompute)
+        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
+                                      workspace, self.decision.recompute)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
-
-    def _restore_layers(self) -> None:
-        """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
-        for name, setting in self._own_plan_settings.items():
-            self.net.node(name).layer.plan_setting = setting
-        for name, keep in self._own_keeps.items():
-            self.net.node(name).layer.keep = keep
 
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
@@ -279,8 +278,7 @@ class Executor:
         if self._routed:
             self.allocator.uninstall()
             self._routed = False
-        if hasattr(self.allocator, "close"):
-            self.allocator.close()
+        self.allocator.close()
 
     def close(self) -> None:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
@@ -293,9 +291,7 @@ class Executor:
                 p.data = np.array(to_numpy(p.data), copy=True)
                 p.grad = None
         self._release_device_memory()
-        if hasattr(self.host, "close"):
-            self.host.close()
-        self._restore_layers()
+        self.host.close()
         self._host_params = []
         self._closed = True
 
@@ -306,6 +302,12 @@ class Executor:
         self.close()
         return False
 
+    def watch(self, observer) -> None:
+        """Tell `observer` (a memory.observer.StepObserver; None: no one) about every layer
+        call, copy and memory level of the steps from now on."""
+        self.observer = observer
+        self.manager.observer = observer
+
     def enable_trace(self, on: bool = True, max_steps: int | None = None):
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
@@ -313,7 +315,7 @@ class Executor:
             self.tracer = Tracer(self.device, max_steps=max_steps)
         else:
             self.tracer = None
-        self.manager.tracer = self.tracer
+        self.watch(self.tracer)
         return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
@@ -336,7 +338,9 @@ class Executor:
 
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device, batch_offset=offset,
+                           seed=self.seed, device=self.device,
+                           conv_plans=self.decision.conv_algo,
+                           relu_bits=self.decision.relu_bits, batch_offset=offset,
                            global_batch=self.batch)
 
     def _need_compute(self, what: str) -> None:
@@ -350,45 +354,55 @@ class Executor:
         self.allocator.current_where = where
 
     def _sample(self, at, phase: str, layer: str, when: str) -> None:
-        self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
-                           self.manager.resident_bytes)
+        self.observer.memory(at, phase, layer, when, self.allocator.in_use,
+                             self.manager.resident_bytes)
 
-    def _run_forward(self, ctx) -> None:
-        """The forward loop (ctx None: dry run, no compute)."""
+    def _run(self, ctx, part: str) -> None:
+        """Walk the 'forward' or 'backward' part of the step's schedule (memory/schedule.py):
+        each layer call with the buffers the manager serves for it (ctx None: dry run, no
+        compute)."""
         mm = self.manager
-        for i, node in enumerate(self.plan.nodes):
-            self._set_where(f"forward of {node.name}")
-            xs, y, aux = mm.forward_buffers(i)
-            self._call("forward", i, ctx, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
-                       mm.after_forward)
+        for call in walk(mm.schedule, mm, part):
+            node = self.plan.nodes[call.index]
+            self._set_where(f"{call.phase} of {node.name}")
+            self._call(call, node, ctx, mm.buffers(call))
         self._set_where("")
 
-    def _run_backward(self, ctx) -> None:
-        """The backward loop, in reverse order (ctx None: dry run, no compute); before a
-        layer's backward, the forward of the layers whose dropped outputs it reads first."""
-        mm = self.manager
-        for i in reversed(range(len(self.plan.nodes))):
-            for j in mm.recompute_before(i):
-                writer = self.plan.nodes[j]
-                self._set_where(f"recompute of {writer.name}")
-                xs, y = mm.recompute_buffers(j)
-                self._call("recompute", j, ctx,
-                           ctx and (lambda: writer.layer.forward(xs, y, None, ctx)),
-                           lambda j: None)
-            node = self.plan.nodes[i]
-            self._set_where(f"backward of {node.name}")
-            xs, y, gy, gxs, aux = mm.backward_buffers(i)
-            self._call("backward", i, ctx,
-                       ctx and (lambda: self._layer_backward(node, xs, y, gy, gxs, aux, ctx)),
-                       mm.after_backward)
-        self._set_where("")
+    def _call(self, call, node, ctx, buffers) -> None:
+        """One layer call with its buffers and its planned workspace block in ctx.workspace,
+        then the manager's `after(call)`; timed and sampled when tracing (the end sample sees
+        the memory the manager released)."""
+        observer, phase, i = self.observer, call.phase, call.index
+        if observer:
+            t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
+            self._sample(t0, phase, node.name, "start")
+        workspace = self.manager.acquire_workspace(i, phase)
+        if ctx is not None:
+            ctx.workspace = workspace
+            try:
+                if phase == "forward":
+                    xs, y, aux = buffers
+                    node.layer.forward(xs, y, aux, ctx)
+                elif phase == "recompute":   # aux None: write the output only
+                    xs, y = buffers
+                    node.layer.forward(xs, y, None, ctx)
+                else:
+                    self._layer_backward(node, buffers, ctx)
+            finally:
+                ctx.workspace = None
+        self.manager.release_workspace()
+        self.manager.after(call)
+        if observer:
+            t1 = observer.mark(self.device.compute)
+            observer.layer(phase, node.name, i, t0, t1)
+            self._sample(t1, phase, node.name, "end")
 
-    def _layer_backward(self, node, xs, y, gy, gxs, aux, ctx) -> None:
+    def _layer_backward(self, node, buffers, ctx) -> None:
         """node's backward; in a micro-batch after the first, its parameter gradients go to
         temporaries (a layer overwrites p.grad) that are then added into p.grad."""
         params = list(node.layer.params.values()) if self._accumulate else []
         if not params:
-            node.layer.backward(xs, y, gy, gxs, aux, ctx)
+            node.layer.backward(*buffers, ctx)
             return
         held = []
         try:
@@ -397,36 +411,13 @@ class Executor:
                                                 f"gradient of {node.name} (micro-batch)")
                 held.append((p, p.grad, tmp, buf))
                 p.grad = tmp
-            node.layer.backward(xs, y, gy, gxs, aux, ctx)
+            node.layer.backward(*buffers, ctx)
             for p, grad, tmp, _ in held:
                 grad += tmp
         finally:
             for p, grad, _, buf in held:
                 p.grad = grad
                 self.allocator.free(buf)
-
-    def _call(self, phase: str, i: int, ctx, run, after) -> None:
-        """One layer call: `run` (None in a dry run) with its planned workspace block in
-        ctx.workspace, then the manager's `after(i)`; timed and sampled when tracing (the end
-        sample sees the memory the manager released)."""
-        tracer = self.tracer
-        name = self.plan.nodes[i].name
-        if tracer:
-            t0 = tracer.mark(self.device.compute)
-            self._sample(t0, phase, name, "start")
-        workspace = self.manager.acquire_workspace(i, phase)
-        if run is not None:
-            ctx.workspace = workspace
-            try:
-                run()
-            finally:
-                ctx.workspace = None
-        self.manager.release_workspace()
-        after(i)
-        if tracer:
-            t1 = tracer.mark(self.device.compute)
-            tracer.layer(phase, name, i, t0, t1)
-            self._sample(t1, phase, name, "end")
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""
@@ -489,14 +480,14 @@ class Executor:
         mm = self.manager
         self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, keep, loss_gradient=1.0 / self.micro_batches)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run_forward(self._ctx(train, offset))
+                self._run(self._ctx(train, offset), "forward")
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -520,7 +511,7 @@ class Executor:
         self._accumulate = offset > 0
         try:
             with self.device.compute:
-                self._run_backward(self._ctx(True, offset))
+                self._run(self._ctx(True, offset), "backward")
                 self.manager.end_step()
         except BaseException:
             self._abort()
@@ -568,16 +559,16 @@ class Executor:
             self._in_step = False
         mm = self.manager
         self._start_step_peak()
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it
                 mm.write_input(DATA, None)
                 mm.write_input(LABEL, None)
-                self._run_forward(None)
+                self._run(None, "forward")
                 if train:
-                    self._run_backward(None)
+                    self._run(None, "backward")
                 mm.end_step()
         except BaseException:
             self._abort()
@@ -627,7 +618,7 @@ class Executor:
         buffer lives exactly from its first write to its last read, nothing offloaded.
         """
         st = self.manager.stats
-        frag = self.allocator.fragmentation() if hasattr(self.allocator, "fragmentation") else 0.0
+        frag = self.allocator.fragmentation()
         return {
             "peak_device_bytes": max(self._peak_before_step, int(self.allocator.peak)),
             "steady_peak_device_bytes": int(self.allocator.peak),
@@ -644,7 +635,7 @@ class Executor:
             "liveness_peak_bytes": int(self.plan.liveness_peak_bytes()),
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),
             "fragmentation": float(frag),
-            "policy": self.policy.name,
+            "policy": self.decision.policy,
             "micro_batches": self.micro_batches,
             "offload_storages": len(self.decision.offload),
             "layout_bytes": int(self.layout.size) if self.layout else None,

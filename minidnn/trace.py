@@ -17,6 +17,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from .memory.observer import StepObserver
+
 TRACKS = ("compute", "offload", "prefetch")
 
 
@@ -47,7 +49,7 @@ class Sample:
     ts_us: float = 0.0
 
 
-class Tracer:
+class Tracer(StepObserver):
     """Records spans and memory samples of the steps it is given (see module docstring).
 
     max_steps: keep only the last N steps (None: all).

@@ -26,6 +26,7 @@ from .backend import select_device
 from .checkpoint import load_checkpoint, restore, restore_optimizer, save_checkpoint
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError
+from .decide import build_executor
 from .executor import Executor
 from .optim import SGD
 from .report import MATH_MODES, build_report, memory_figures, steady_images_per_s, write_report
@@ -144,7 +145,7 @@ def resolve_image_size(cfg: TrainConfig) -> int:
 
 def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
     """The executor a run trains on (on `device`, a backend.Device, or on cfg.device)."""
-    return Executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
+    return build_executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,

@@ -141,8 +141,9 @@ def minidnn_worker(spec: dict) -> dict:
     """minidnn's dyn plan for the cap, trained for warmup + steps on synthetic data."""
     import gc
 
-    from minidnn import SGD, Executor, models
+    from minidnn import SGD, models
     from minidnn.data import SyntheticImages
+    from minidnn.decide import build_executor
     from minidnn.errors import MemoryBudgetError
     from minidnn.planner.dyn import DynPolicy
 
@@ -152,8 +153,8 @@ def minidnn_worker(spec: dict) -> dict:
     policy = DynPolicy()
     t0 = time.perf_counter()
     try:
-        ex = Executor(net, batch, device="gpu", seed=0, policy=policy, memory_budget=cap,
-                      math=spec["math"], relu_bits=spec["relu_bits"])
+        ex = build_executor(net, batch, device="gpu", seed=0, policy=policy,
+                            memory_budget=cap, math=spec["math"], relu_bits=spec["relu_bits"])
     except MemoryBudgetError as e:
         return dict(result, error=str(e))
     result["planning_s"] = time.perf_counter() - t0

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from minidnn import Executor, SGD, models  # noqa: E402
+from minidnn import SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import MemoryBudgetError, MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import use_relu_bits  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
 
 # The paper's networks and batches (vDNN, Rhu et al. 2016): (model, image size, batch).
 PAPER_CONFIGS = "alexnet:227:128,overfeat:231:128,vgg16:224:64,vgg16:224:128,vgg16:224:256"
@@ -61,11 +61,9 @@ def dry(configs, policies, lookahead: int, budget, relu_bits: bool = False) -> N
     for name, size, batch in configs:
         t0 = time.perf_counter()
         net = models.build(name, num_classes=1000, image_size=size)
-        if relu_bits:
-            use_relu_bits(net)
         for policy in policies:
-            ex = Executor(net, batch, device="cpu", policy=policy, compute=False,
-                          prefetch_lookahead=lookahead)
+            ex = build_executor(net, batch, device="cpu", policy=policy, compute=False,
+                                prefetch_lookahead=lookahead, relu_bits=relu_bits)
             st = ex.simulate_step()
             nw = st["network_wide_bytes"]
             fits = "-" if budget is None else ("yes" if st["peak_device_bytes"] <= budget else "no")
@@ -101,8 +99,6 @@ def real(args, policies, budget) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for policy in policies:
         net = models.build(net_name, num_classes=args.num_classes, image_size=size)
-        if args.relu_bits:
-            use_relu_bits(net)
         try:
             row = run_policy(net, device, batch, policy, budget, args)
         except MemoryBudgetError as e:
@@ -112,9 +108,10 @@ def real(args, policies, budget) -> None:
 
 
 def run_policy(net, device, batch, policy, budget, args) -> str:
-    with Executor(net, batch, device=device, seed=0, memory_budget=budget, policy=policy,
-                  prefetch_lookahead=args.lookahead, math=args.math,
-                  deterministic=args.deterministic or None) as ex:
+    with build_executor(net, batch, device=device, seed=0, memory_budget=budget, policy=policy,
+                        prefetch_lookahead=args.lookahead, math=args.math,
+                        deterministic=args.deterministic or None,
+                        relu_bits=args.relu_bits) as ex:
         opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
         rng = np.random.default_rng(0)

@@ -11,13 +11,14 @@ import pytest
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
-from minidnn import Executor, Network, SGD  # noqa: E402
+from minidnn import Network, SGD  # noqa: E402
 from minidnn.backend import Device, gpu_available  # noqa: E402
 from minidnn.layers import (Add, Conv2d, Dropout, Flatten, Linear, MaxPool2d,  # noqa: E402
                             ReLU)
 from minidnn.memory.layout import DynamicBlocks  # noqa: E402
 from minidnn.memory.manager import FeatureMap, Mover  # noqa: E402
 from minidnn.memory.plan import StoragePlan  # noqa: E402
+from minidnn.decide import build_executor
 
 if not gpu_available():  # collected on a machine with CuPy but no GPU: conftest skips them
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -155,7 +156,7 @@ def dag_net() -> Network:
 def _train(policy, steps=3, budget="1GiB", lookahead=1):
     """(checksum, memory stats, arena in_use after each step) of a few deterministic steps."""
     rng = np.random.default_rng(0)
-    with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
+    with build_executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
                   prefetch_lookahead=lookahead, deterministic=True) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         levels = []
@@ -196,7 +197,7 @@ def test_planned_workspaces_give_the_same_bits_and_need_no_allocation():
     from minidnn.planner.dyn import FixedDecision
     from minidnn.kernels import cuda
     convs = [n.name for n in dag_net().nodes if n.layer.kind == "conv"]
-    probe = Executor(dag_net(), 8, device="cpu", compute=False)
+    probe = build_executor(dag_net(), 8, device="cpu", compute=False)
     offload = get_policy("all").decide(probe.plan).offload
     workspace = {(c, p): 16 * 1024**2 for c in convs for p in ("forward", "backward")}
     planned = FixedDecision(MemoryDecision(offload=offload, workspace=workspace))
@@ -214,7 +215,7 @@ def test_recomputed_maps_give_the_same_bits_on_gpu():
     from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                        recompute_inputs, unchained)
     from minidnn.planner.dyn import FixedDecision
-    plan = Executor(dag_net(), 8, device="cpu", compute=False).plan
+    plan = build_executor(dag_net(), 8, device="cpu", compute=False).plan
     recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
     assert {plan.storages[s].tensors[0] for s in recompute} >= {"conv1"}
     reads = {t for s in recompute for t in recompute_inputs(plan, s)}
@@ -239,7 +240,7 @@ def test_input_gradients_over_inputs_give_the_same_bits_on_gpu(monkeypatch):
     def run(policy, allow):
         monkeypatch.setattr(ConvClass, "grad_over_input", allow)
         rng = np.random.default_rng(1)
-        with Executor(models.build("vgg11", num_classes=10, image_size=32), 8, device="gpu",
+        with build_executor(models.build("vgg11", num_classes=10, image_size=32), 8, device="gpu",
                       seed=0, policy=policy, memory_budget="1GiB", relu_bits=True,
                       deterministic=True) as ex:
             opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)

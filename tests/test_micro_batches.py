@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from minidnn import Executor, SGD
+from minidnn import SGD
+from minidnn.decide import build_executor
 from minidnn.errors import ConfigError
 from minidnn.layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.layers.base import Layer, StepContext
@@ -40,8 +41,8 @@ def train(micro_batches, steps=3, **options):
     """(parameters after `steps` SGD steps, the losses)."""
     net = small_net()
     losses = []
-    with Executor(net, BATCH, device="cpu", seed=0, micro_batches=micro_batches,
-                  **options) as ex:
+    with build_executor(net, BATCH, device="cpu", seed=0, micro_batches=micro_batches,
+                        **options) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3,
                   allocator=ex.allocator)
         for x, y in batches(steps):
@@ -70,7 +71,7 @@ def test_split_gradients_are_the_whole_batchs_and_the_passes_run_at_the_micro_ba
     (x, y), = batches(1)
     grads = {}
     for k in (1, 4):
-        with Executor(small_net(), BATCH, device="cpu", seed=0, micro_batches=k) as ex:
+        with build_executor(small_net(), BATCH, device="cpu", seed=0, micro_batches=k) as ex:
             assert ex.plan.batch == BATCH // k
             ex.accumulate_gradients(x, y)
             grads[k] = ex.gradients()
@@ -83,7 +84,7 @@ def test_evaluation_with_micro_batches_gives_the_whole_batchs_loss_and_logits():
     (x, y), = batches(1)
     results = []
     for k in (1, 2):
-        with Executor(small_net(), BATCH, device="cpu", seed=0, micro_batches=k) as ex:
+        with build_executor(small_net(), BATCH, device="cpu", seed=0, micro_batches=k) as ex:
             results.append(ex.evaluate(x, y))
     assert results[1][0] == pytest.approx(results[0][0], rel=1e-14)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=0, atol=1e-14)
@@ -110,14 +111,14 @@ def test_a_micro_batch_draws_its_rows_of_the_whole_batchs_dropout_mask():
 
 def test_micro_batches_must_divide_the_batch():
     with pytest.raises(ConfigError, match="must divide the batch 8"):
-        Executor(small_net(), BATCH, device="cpu", micro_batches=3)
+        build_executor(small_net(), BATCH, device="cpu", micro_batches=3)
     with pytest.raises(ConfigError, match="integer >= 1"):
-        Executor(small_net(), BATCH, device="cpu", micro_batches=0)
+        build_executor(small_net(), BATCH, device="cpu", micro_batches=0)
 
 
 def test_training_forward_alone_is_refused_with_micro_batches():
     (x, y), = batches(1)
-    with Executor(small_net(), BATCH, device="cpu", micro_batches=2) as ex:
+    with build_executor(small_net(), BATCH, device="cpu", micro_batches=2) as ex:
         with pytest.raises(ConfigError, match="train_step"):
             ex.forward(x, y, train=True)
 
@@ -148,10 +149,10 @@ def statistics_net() -> Network:
 
 def test_a_split_of_whole_batch_statistics_is_refused_unless_allowed():
     with pytest.raises(ConfigError, match="center.*split_batch_statistics"):
-        Executor(statistics_net(), BATCH, device="cpu", micro_batches=2)
-    Executor(statistics_net(), BATCH, device="cpu", micro_batches=1).close()
-    Executor(statistics_net(), BATCH, device="cpu", micro_batches=2,
-             split_batch_statistics=True).close()
+        build_executor(statistics_net(), BATCH, device="cpu", micro_batches=2)
+    build_executor(statistics_net(), BATCH, device="cpu", micro_batches=1).close()
+    build_executor(statistics_net(), BATCH, device="cpu", micro_batches=2,
+                   split_batch_statistics=True).close()
 
 
 def test_train_command_forces_a_count_and_reports_it(capsys, tmp_path):

@@ -7,7 +7,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
-from minidnn import SGD, Executor  # noqa: E402
+from minidnn import SGD  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
 from minidnn.backend import Device, gpu_available  # noqa: E402
 from test_micro_batches import small_net  # noqa: E402
 
@@ -27,8 +28,9 @@ def default_kernels_after():
 def train(micro_batches, policy="none", budget=None, steps=3):
     rng = np.random.default_rng(0)
     net = small_net(np.float32)
-    with Executor(net, 16, device="gpu", seed=0, micro_batches=micro_batches, policy=policy,
-                  memory_budget=budget, deterministic=True, math="fp32") as ex:
+    with build_executor(net, 16, device="gpu", seed=0, micro_batches=micro_batches,
+                        policy=policy, memory_budget=budget, deterministic=True,
+                        math="fp32") as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4,
                   allocator=ex.allocator)
         losses = []

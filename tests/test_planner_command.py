@@ -160,8 +160,8 @@ def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path,
         def math_mode():
             return {"math": "tf32", "deterministic": False}
 
-    def fake_get_profile(net, batch, device, refresh=False):
-        return analytic_profile(net, batch, "h200", configured["math"])
+    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset()):
+        return analytic_profile(net, batch, "h200", configured["math"], relu_bits)
     with monkeypatch.context() as m:   # a GPU as far as the plan command can tell
         m.setattr(minidnn.backend, "gpu_available", lambda: True)
         m.setattr(minidnn.backend, "Device", lambda kind: kind)

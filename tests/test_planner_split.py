@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from minidnn import Executor, models
+from minidnn import models
 from minidnn.cli import main
-from minidnn.memory.policy import use_relu_bits
+from minidnn.decide import build_executor
+from minidnn.memory.policy import relu_bits_for
 from minidnn.planner.dyn import DynPolicy
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.profile import load_profile
@@ -20,9 +21,9 @@ GiB = 2**30
 
 
 def vgg16():
+    """(VGG-16, the ReLUs that keep bit masks in the runs the profiles are of)."""
     net = models.build("vgg16", num_classes=1000)
-    use_relu_bits(net)   # as the profiles were measured
-    return net
+    return net, relu_bits_for(net)
 
 
 def total(profile, what):
@@ -36,10 +37,10 @@ def test_counts_are_powers_of_two_that_divide_the_batch():
 
 
 def test_a_profile_scaled_to_batch_128_matches_the_one_measured_there():
-    net = vgg16()
+    net, bits = vgg16()
     measured = load_profile(PROFILES / "vgg16-b128-h200.json")
-    scaled = scale_profile(load_profile(PROFILES / "vgg16-b256-h200.json"), net, 128)
-    scaled.check_matches(net, 128)
+    scaled = scale_profile(load_profile(PROFILES / "vgg16-b256-h200.json"), net, 128, bits)
+    scaled.check_matches(net, 128, bits)
     device = total(scaled, lambda c: c.time("forward") + c.time("backward"))
     want = total(measured, lambda c: c.time("forward") + c.time("backward"))
     assert device == pytest.approx(want, rel=0.02)
@@ -54,10 +55,10 @@ def test_a_profile_scaled_to_batch_128_matches_the_one_measured_there():
 
 
 def test_vgg16_b256_trains_in_2_5_gib_in_micro_batches():
-    net = vgg16()
+    net, bits = vgg16()
     prof = load_profile(PROFILES / "vgg16-b256-h200.json")
-    split = plan_split(net, 256, lambda b: scale_profile(prof, net, b), int(2.5 * GiB), (0,),
-                       counts=[1, 16, 32, 64])
+    split = plan_split(net, 256, lambda b: scale_profile(prof, net, b, bits), int(2.5 * GiB),
+                       (0,), counts=[1, 16, 32, 64], relu_bits=bits)
     assert split.minimum_budget <= 2.5 * GiB
     unsplit = split.options[0]
     assert unsplit.result is None and unsplit.minimum_budget > 8 * GiB   # 8.43 GiB measured
@@ -67,10 +68,10 @@ def test_vgg16_b256_trains_in_2_5_gib_in_micro_batches():
 
 
 def test_in_12_gib_a_split_step_is_predicted_faster_than_offload_and_recompute():
-    net = vgg16()
+    net, bits = vgg16()
     prof = load_profile(PROFILES / "vgg16-b256-h200.json")
-    split = plan_split(net, 256, lambda b: scale_profile(prof, net, b), 12 * GiB, (0, 1),
-                       counts=[1, 2])
+    split = plan_split(net, 256, lambda b: scale_profile(prof, net, b, bits), 12 * GiB, (0, 1),
+                       counts=[1, 2], relu_bits=bits)
     whole, halves = split.options
     assert whole.result is not None and (whole.best.offload or whole.best.recompute)
     assert split.chosen is halves
@@ -93,14 +94,14 @@ def test_dyn_chooses_micro_batches_and_the_executor_runs_them():
     assert least[2] < least[1]
     budget = (least[1] + least[2]) // 2             # one pass of 64 cannot fit; two of 32 can
     policy = DynPolicy(gpu="h200")
-    with Executor(net, batch, device="cpu", policy=policy, memory_budget=budget,
-                  compute=False) as ex:
+    with build_executor(net, batch, device="cpu", policy=policy, memory_budget=budget,
+                        compute=False) as ex:
         assert ex.micro_batches == ex.decision.micro_batches >= 2
         assert ex.plan.batch == batch // ex.micro_batches
         assert ex.simulate_step()["peak_device_bytes"] <= budget
     forced = DynPolicy(gpu="h200")
-    with Executor(net, batch, device="cpu", policy=forced, memory_budget=2**40,
-                  compute=False, micro_batches=4) as ex:
+    with build_executor(net, batch, device="cpu", policy=forced, memory_budget=2**40,
+                        compute=False, micro_batches=4) as ex:
         assert ex.micro_batches == 4 and ex.plan.batch == 16
         assert [o.micro_batches for o in forced.split.options] == [4]
 

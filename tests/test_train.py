@@ -10,6 +10,7 @@ from minidnn import Executor
 from minidnn.errors import CheckpointError, ConfigError
 from minidnn.report import REQUIRED_FIELDS, steady_images_per_s
 from minidnn.train import DivergenceError, TrainConfig, train
+from minidnn.decide import build_executor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -183,7 +184,7 @@ def test_evaluating_less_than_one_batch_is_a_data_error():
     from minidnn.errors import DataError
     from minidnn.train import evaluate
     net = models.build("mlp", num_classes=10, image_size=8)
-    ex = Executor(net, 16, device="cpu")
+    ex = build_executor(net, 16, device="cpu")
     try:
         with pytest.raises(DataError, match="held-out set has 8 images, batch 16"):
             evaluate(ex, Shapes(10, 8, n=8), batch=16, max_batches=4)

@@ -16,13 +16,13 @@ import bisect
 import numpy as np
 
 from ..errors import ConfigError, HostMemoryError, fmt_bytes
-from .allocator import ALIGNMENT
+from .allocator import ALIGNMENT, Allocator
 from .blocks import BlockList, PendingFrees
 
 DEFAULT_CHUNK_BYTES = 64 * 1024**2
 
 
-class HostSlab:
+class HostSlab(Allocator):
     """Pinned host memory in reused chunks, sub-allocated in 256-byte-aligned blocks.
 
     device: a backend.Device (pinned through CuPy on the GPU, plain NumPy on the CPU).

@@ -66,11 +66,16 @@ class LivenessPlan:
     layer allows it and no other backward reads that buffer)}, inplace {node index: True when
     the node writes its output over input 0's storage}, backward_reads [node index -> sorted
     storage ids its backward reads (retained inputs and output, aux)].
+
+    relu_bits: names of the ReLU nodes that keep one bit per value for backward instead of
+    their output (a decision's MemoryDecision.relu_bits; layers/relu.py): what each layer
+    keeps for backward is read through `retains_output(i)` and `aux_specs(i)`.
     """
 
-    def __init__(self, net: Network, batch: int):
+    def __init__(self, net: Network, batch: int, relu_bits=frozenset()):
         self.net = net
         self.batch = batch
+        self.relu_bits = frozenset(relu_bits)
         self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
@@ -108,7 +113,7 @@ class LivenessPlan:
             else:
                 new_storage(node.name, shape, dtype, "feature", i)
                 self.inplace[i] = False
-            for aux_name, (aux_shape, aux_dtype) in layer.aux_specs().items():
+            for aux_name, (aux_shape, aux_dtype) in self.aux_specs(i).items():
                 new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
 
         # ---- forward and backward uses of every storage -----------------------------------------
@@ -125,10 +130,10 @@ class LivenessPlan:
                 if k in node.layer.retain_inputs:
                     s.backward_uses.append(bt)
                     reads.add(s.id)
-            if node.layer.retain_output:
+            if self.retains_output(i):
                 out.backward_uses.append(bt)
                 reads.add(out.id)
-            for aux_name in node.layer.aux_specs():
+            for aux_name in self.aux_specs(i):
                 s = self.storage_of(f"{node.name}:{aux_name}")
                 # Written by this node's forward; without this an evaluation step, which frees
                 # at the last forward use, would keep every aux buffer until the step ends.
@@ -183,6 +188,18 @@ class LivenessPlan:
             s.free_time = max(s.free_time, end)
 
     # ---- helpers ------------------------------------------------------------------------------
+    def retains_output(self, i: int) -> bool:
+        """Does node i's backward read its output? (A ReLU that keeps bits does not.)"""
+        layer = self.nodes[i].layer
+        if layer.kind == "relu":
+            return layer.keep_in(self.relu_bits) == "output"
+        return layer.retain_output
+
+    def aux_specs(self, i: int) -> dict:
+        """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""
+        layer = self.nodes[i].layer
+        return layer.aux_specs(self.relu_bits) if layer.kind == "relu" else layer.aux_specs()
+
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i
 
@@ -250,7 +267,7 @@ class LivenessPlan:
                    for r in readers for k, name in enumerate(r.inputs) if name == t):
                 return False
             producer = self.nodes[index[t]] if t in index else None
-            if producer is not None and producer.layer.retain_output:
+            if producer is not None and self.retains_output(index[t]):
                 return False
         return True
 

@@ -129,18 +129,19 @@ def _settings(args, report: dict | None) -> dict:
 
 
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
-             deterministic: bool = False) -> tuple:
+             deterministic: bool = False, relu_bits=frozenset()) -> tuple:
     """(Profile, a line saying where it comes from). deterministic: measure this GPU with
-    deterministic algorithms only (as the run of the --report did)."""
+    deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
+    that keep bit masks in the run planned for."""
     from ..backend import Device, gpu_available
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
         from .profile import load_profile
         prof = load_profile(args.profile)
-        prof.check_matches(net, batch)
+        prof.check_matches(net, batch, relu_bits)
         return prof, f"measured profile {args.profile} ({prof.device_name}, {prof.math})"
     if args.gpu:
-        prof = analytic_profile(net, batch, args.gpu, math_mode)
+        prof = analytic_profile(net, batch, args.gpu, math_mode, relu_bits)
         return prof, f"analytic model of the {prof.device_name} ({prof.math})"
     if gpu_available():
         from .. import kernels
@@ -150,13 +151,14 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
         if hasattr(mod, "configure"):
             mod.configure(math=math_mode,
                           deterministic=deterministic or mod.math_mode()["deterministic"])
-        prof = get_profile(net, batch, device, refresh=args.refresh_profile)
+        prof = get_profile(net, batch, device, refresh=args.refresh_profile,
+                           relu_bits=relu_bits)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
     if report and report.get("device") == "gpu":
         preset = preset_for_device_name(str(report.get("device_name", "")))
     name = preset.name if preset else "h200"
-    prof = analytic_profile(net, batch, name, math_mode)
+    prof = analytic_profile(net, batch, name, math_mode, relu_bits)
     return prof, (f"analytic model of the {name} ({prof.math}; no GPU here, choose another "
                   f"with --gpu)")
 
@@ -196,7 +198,7 @@ def layer_rows(model, ev) -> list[dict]:
         t = plan.tensors[node.name]
         row = storage_row(node.name, type(node.layer).__name__,
                           int(np.prod(t.shape)) * t.dtype.itemsize, t.storage, i)
-        for aux in node.layer.aux_specs():
+        for aux in plan.aux_specs(i):
             sid = plan.tensors[f"{node.name}:{aux}"].storage
             if sid in ev.offload:
                 row["status"] += f" +{aux}"
@@ -258,7 +260,8 @@ def _evaluation_json(model, ev) -> dict:
     }
 
 
-def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str):
+def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str,
+                relu_bits=frozenset()):
     """The profile of a pass of `pass_batch` images: the analytic model's at that batch, a
     measured one scaled (planner/split.py)."""
     from .gpus import analytic_profile
@@ -267,8 +270,8 @@ def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str):
         return prof
     if prof.source.startswith("analytic:"):
         return analytic_profile(net, pass_batch, prof.key_fields.get("gpu", prof.device_name),
-                                math_mode)
-    return scale_profile(prof, net, pass_batch)
+                                math_mode, relu_bits)
+    return scale_profile(prof, net, pass_batch, relu_bits)
 
 
 def _option_json(option) -> dict:
@@ -298,10 +301,11 @@ def make_plan(args) -> dict:
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
+    relu_bits = frozenset()
     if args.relu_bits or (report or {}).get("relu_bits"):
-        from ..memory.policy import use_relu_bits
-        use_relu_bits(net)
-    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
+        from ..memory.policy import relu_bits_for
+        relu_bits = relu_bits_for(net)
+    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits)
     notes = list(prof.notes)
     budget = s["budget"]
     if budget is None:
@@ -320,8 +324,9 @@ def make_plan(args) -> dict:
                           f"micro-batches")
     counts = [forced] if forced else (micro_batch_counts(batch) if s["policy"] == "dyn"
                                       else [1])
-    split = plan_split(net, batch, lambda b: _profile_at(prof, net, batch, b, s["math"]),
-                       int(budget), lookaheads, counts=counts)
+    split = plan_split(net, batch,
+                       lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
+                       int(budget), lookaheads, counts=counts, relu_bits=relu_bits)
     if split.chosen is None and s["policy"] == "dyn":
         raise split.infeasible_error()
     option = split.chosen or split.options[0]

@@ -1,9 +1,10 @@
 """The planner's memory policies: `dyn` (vDNN_dyn: profile the network, then plan for the
 budget) and FixedDecision (a decision made beforehand).
 
-    ex = Executor(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
-    ex = Executor(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB", compute=False)
-    ex = Executor(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    decide(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
+    decide(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB")
+    decide(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    (minidnn/decide.py; build_executor takes the same arguments)
 
 DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
 measured on the device, cached on disk: profile.py), runs the planner (search.py) for each
@@ -80,8 +81,8 @@ class DynPolicy(Policy):
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
              micro_batches=None, **_) -> None:
-        """What the executor that asks for the decision will run with (it calls this before
-        `decide`, when it does): the device to profile, its prefetch lookahead and layout, the
+        """What the executor the decision is for will run with (minidnn/decide.py calls this
+        before `decide`): the device to profile, its prefetch lookahead and layout, the
         step's batch and the micro-batch count it forces (None: the plan chooses)."""
         if batch is not None:
             self.batch = int(batch)
@@ -94,25 +95,27 @@ class DynPolicy(Policy):
         if static_layout is not None:
             self.static_layout = bool(static_layout)
 
-    def profile_for(self, net, batch: int):
-        """The Profile to plan from (see the class docstring for the order of sources)."""
+    def profile_for(self, net, batch: int, relu_bits=frozenset()):
+        """The Profile to plan from (see the class docstring for the order of sources), for
+        a run whose ReLUs `relu_bits` keep bit masks."""
         if self.profile is not None:
-            self.profile.check_matches(net, batch)
+            self.profile.check_matches(net, batch, relu_bits)
             return self.profile
         if self.gpu is not None:
             from .gpus import analytic_profile
-            return analytic_profile(net, batch, self.gpu, self.math or "tf32")
+            return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
         from .profile import get_profile
         return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
-                           log=self.log or _to_stderr)
+                           log=self.log or _to_stderr, relu_bits=relu_bits)
 
-    def profile_at(self, net, batch: int, pass_batch: int):
+    def profile_at(self, net, batch: int, pass_batch: int, relu_bits=frozenset()):
         """The Profile of one pass of `pass_batch` images of a step of `batch`: the analytic
         model's at that batch, else the step's profile scaled (split.py)."""
         if self.gpu is not None and self.profile is None:
-            return self.profile_for(net, pass_batch)
+            return self.profile_for(net, pass_batch, relu_bits)
         from .split import scale_profile
-        return scale_profile(self.profile_for(net, batch), net, pass_batch)
+        return scale_profile(self.profile_for(net, batch, relu_bits), net, pass_batch,
+                             relu_bits)
 
     def decide(self, plan, budget=None):
         from .search import DEFAULT_RESERVE, LOOKAHEADS
@@ -125,10 +128,12 @@ class DynPolicy(Policy):
             return MemoryDecision(conv_algo=convs, micro_batches=self.micro_batches or 1)
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
-                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
+                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
+                       relu_bits=plan.relu_bits)
         lookaheads = LOOKAHEADS if self.choose_lookahead else (self.prefetch_lookahead,)
         counts = None if self.micro_batches is None else [self.micro_batches]
-        self.split = plan_split(net, batch, lambda b: self.profile_at(net, batch, b),
+        self.split = plan_split(net, batch,
+                                lambda b: self.profile_at(net, batch, b, plan.relu_bits),
                                 int(budget), lookaheads, counts=counts, **options)
         chosen = self.split.chosen
         if chosen is None:

@@ -109,14 +109,15 @@ class Planner:
     evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
     VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
     micro_batches: `batch` is one pass of a step of that many (planner/split.py; the
-    profile is at `batch`).
+    profile is at `batch`). relu_bits: the ReLUs that keep bit masks in the run (see
+    StepModel).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, micro_batches: int = 1):
+                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset()):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -126,7 +127,8 @@ class Planner:
         self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
-                               static_layout=static_layout, micro_batches=micro_batches)
+                               static_layout=static_layout, micro_batches=micro_batches,
+                               relu_bits=relu_bits)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -418,7 +420,8 @@ class Planner:
                               momentum=m.momentum_bytes > 0,
                               input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
                               // m.micro_batches,
-                              static_layout=m.static_layout, micro_batches=m.micro_batches)
+                              static_layout=m.static_layout, micro_batches=m.micro_batches,
+                              relu_bits=m.relu_bits)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""

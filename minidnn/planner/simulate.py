@@ -45,18 +45,19 @@ import numpy as np
 from ..backend import Device
 from ..executor import Executor
 from ..layers.conv import plan_setting
-from ..memory.allocator import CountingAllocator
+from ..memory.allocator import CountingAllocator, wait_until_fits
+from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes)
-from .dyn import FixedDecision
 
 
 # ---- the recording device ------------------------------------------------------------------------
 class Mark:
-    """An operation on a stream: a tracer mark, which the log turns into a layer call, a copy,
-    the optimizer step or a step boundary (kind), or a zero-length marker."""
+    """An operation on a stream: a layer call or a copy (kind; the observer's begin_layer /
+    begin_copy says which before the call is issued), the optimizer step or a step boundary,
+    or a zero-length marker (the end of a call or copy)."""
     __slots__ = ("stream", "kind", "label", "nbytes")
 
     def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
@@ -180,8 +181,8 @@ class RecordingAllocator(CountingAllocator):
         self.log.append(Free(self._serial.pop(id(buf)), after))
 
 
-class _Recorder:
-    """The tracer interface (see trace.Tracer) turned into log entries, plus, at the start of
+class _Recorder(StepObserver):
+    """The observer interface (memory/observer.py) turned into log entries, plus, at the start of
     every layer call of the first step, the allocator's bytes in use, the feature-map bytes
     on the device and which storages those are."""
 
@@ -192,16 +193,16 @@ class _Recorder:
         self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
         self.sampling = True
 
-    def mark(self, stream):
-        m = Mark(stream.name)
+    def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
+        m = Mark(stream.name, kind, label, nbytes)
         self.log.append(m)
         return m
 
-    def layer(self, phase, name, index, start, end) -> None:
-        start.kind, start.label = "layer", (phase, index)
+    def begin_layer(self, stream, phase, name, index):
+        return self.mark(stream, "layer", (phase, index))
 
-    def copy(self, track, name, start, end, nbytes) -> None:
-        start.kind, start.label, start.nbytes = "copy", track, int(nbytes)
+    def begin_copy(self, stream, track, name, nbytes):
+        return self.mark(stream, "copy", track, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
@@ -209,37 +210,25 @@ class _Recorder:
             self.samples.append((phase, self.index[layer], int(device_bytes),
                                  int(feature_map_bytes), resident))
 
-    def begin_step(self, step) -> None:
-        pass
-
     def optimizer_and_step_end(self) -> None:
         self.log.append(Mark("compute", "optimizer"))
         self.log.append(Mark("compute", "step_end"))
 
 
-class _DryExecutor(Executor):
+def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
+                  offload=frozenset(), static_layout: bool = True, workspace=None,
+                  recompute=frozenset(), relu_bits=frozenset()) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
-    set, exactly as a real run's would be."""
-
-    def __init__(self, net, batch, device: SymbolicDevice, prefetch_lookahead: int,
-                 offload=frozenset(), static_layout: bool = True, workspace=None,
-                 recompute=frozenset()):
-        self._log = device.log
-        # The offload and recompute sets and the workspace blocks: conv plans are the
-        # profile's business (the dry run runs no kernels), and the network's layers are left
-        # as they are.
-        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
-                                  recompute=frozenset(recompute))
-        super().__init__(net, batch, device=device, policy=FixedDecision(decision),
-                         memory_budget=None, prefetch_lookahead=prefetch_lookahead,
-                         compute=False, static_layout=static_layout)
-
-    def _make_allocator(self, budget):
-        return RecordingAllocator(self._log)
-
-    def _make_host(self, limit):
-        return CountingAllocator(limit)
+    set, exactly as a real run's would be. The decision carries the offload and recompute
+    sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
+    profile's business (the dry run runs no kernels)."""
+    decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
+                              recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
+                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed")
+    return Executor(net, batch, device=device, decision=decision, memory_budget=None,
+                    compute=False, static_layout=static_layout,
+                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None))
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -313,19 +302,22 @@ class StepModel:
     parameter; input_batches: input batches the data source keeps on the device (the
     synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
     default: every feature-map block at an address planned before step one). steps:
-    back-to-back steps simulated (>= 2). micro_batches: `batch` is one pass of a step that
-    runs this many (planner/split.py): the input batches are the whole step's, a layer with
-    parameters takes a gradient-sized temporary in backward (to add into the accumulated
-    gradient), a dropout draws the whole batch's random numbers; an Evaluation's step time,
-    compute time and bytes moved are the whole step's (k passes, one optimizer update), its
-    memory that of one pass (every pass is alike).
+    back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
+    run (MemoryDecision.relu_bits); the profile must have been made with them.
+    micro_batches: `batch` is one pass of a step that runs this many (planner/split.py):
+    the input batches are the whole step's, a layer with parameters takes a gradient-sized
+    temporary in backward (to add into the accumulated gradient), a dropout draws the whole
+    batch's random numbers; an Evaluation's step time, compute time and bytes moved are the
+    whole step's (k passes, one optimizer update), its memory that of one pass (every pass
+    is alike).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, micro_batches: int = 1):
-        profile.check_matches(net, batch)
+                 static_layout: bool = True, relu_bits=frozenset(), micro_batches: int = 1):
+        self.relu_bits = frozenset(relu_bits)
+        profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
         self.micro_batches = int(micro_batches)
         self.step_batch = self.batch * self.micro_batches   # images per step
@@ -334,7 +326,8 @@ class StepModel:
         self.steps = max(2, int(steps))
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
-        probe = _DryExecutor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False)
+        probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
+                              relu_bits=self.relu_bits)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -398,15 +391,14 @@ class StepModel:
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
         device = SymbolicDevice()
         planned = self.workspace_blocks(conv_algo, recompute)
-        ex = _DryExecutor(self.net, self.batch, device, self.lookahead, offload,
-                          self.static_layout, planned, recompute)
+        ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
+                           self.static_layout, planned, recompute, self.relu_bits)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log
         log.clear()     # parameters and the region were taken before the step: `held`
         rec = _Recorder(log, ex.manager, self.index)
-        ex.tracer = rec
-        ex.manager.tracer = rec
+        ex.watch(rec)
         stats = None
         for _ in range(self.steps):
             stats = ex.simulate_step()
@@ -470,6 +462,18 @@ class StepModel:
         busy_at_step: list = []
         last_work = 0.0   # end of the latest layer or optimizer step on the compute stream
 
+        def wait_oldest() -> bool:
+            """The host waits for the oldest free behind a copy (False: none pending)."""
+            nonlocal host, in_use, host_wait
+            if not pending:
+                return False
+            key, ev = pending.popleft()
+            if ev.time > host:
+                host_wait += ev.time - host
+                host = ev.time
+            in_use -= sizes.pop(key)
+            return True
+
         def take(n: int) -> None:
             nonlocal host, in_use, peak, host_wait, over
             if pending:  # what has finished by now is reclaimed (Arena._take: reclaim_done)
@@ -481,12 +485,8 @@ class StepModel:
                         still.append((key, ev))
                 pending.clear()
                 pending.extend(still)
-            while in_use + n > budget and pending:  # under pressure: wait, oldest first
-                key, ev = pending.popleft()
-                if ev.time > host:
-                    host_wait += ev.time - host
-                    host = ev.time
-                in_use -= sizes.pop(key)
+            # Under pressure the host waits for the oldest pending free: the arena's rule.
+            wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
             in_use += n
             if in_use > budget:
                 over = True

@@ -73,18 +73,19 @@ def _scaled_layer(cost: LayerCost, ratio: float, draws_whole_batch: bool) -> Lay
                      host_s=dict(cost.host_s))
 
 
-def scale_profile(profile: Profile, net, batch: int) -> Profile:
-    """`profile` (of `net` at its own batch) scaled to `batch` by the rule of the module
-    docstring; the profile itself when the batch is its own."""
+def scale_profile(profile: Profile, net, batch: int, relu_bits=frozenset()) -> Profile:
+    """`profile` (of `net` at its own batch, its ReLUs `relu_bits` keeping bit masks) scaled
+    to `batch` by the rule of the module docstring; the profile itself when the batch is its
+    own."""
     batch = int(batch)
     if batch == profile.batch:
         return profile
-    profile.check_matches(net, profile.batch)
+    profile.check_matches(net, profile.batch, relu_bits)
     ratio = batch / profile.batch
     kinds = {node.name: node.layer.kind for node in net.nodes}
     layers = {name: _scaled_layer(cost, ratio, kinds.get(name) == "dropout")
               for name, cost in profile.layers.items()}
-    fields = dict(profile.key_fields, structure=structure_hash(net, batch),
+    fields = dict(profile.key_fields, structure=structure_hash(net, batch, relu_bits),
                   scaled_from_batch=profile.batch)
     note = (f"costs scaled from the profile at batch {profile.batch} to batch {batch} "
             f"(device time {FIXED_CALL_S * 1e6:.0f} us per call + a part proportional to the "
@@ -158,7 +159,9 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
     lookaheads = list(lookaheads)
     staged = len(lookaheads) > 1 and \
-        len(offload_candidates(LivenessPlan(net, batch // counts[0]))) > BULK_CANDIDATES
+        len(offload_candidates(LivenessPlan(net, batch // counts[0],
+                                            options.get("relu_bits", frozenset())))) \
+        > BULK_CANDIDATES
     chosen, done, found = None, False, []
     for k in counts:
         option = SplitOption(micro_batches=k, batch=batch // k)

@@ -31,6 +31,7 @@ region. The executor hands the block to the layer (StepContext.workspace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,8 @@ class Interval:
     end: int = -1
     offset: int = -1
     predecessors: list = field(default_factory=list)   # keys of earlier blocks at overlapping addresses
+    index: int = -1                                      # position in the packed list
+    predecessor_index: Any = None                        # the predecessors' positions (array)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -133,8 +136,9 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     top = offset + need
     keys = [iv.key for iv in intervals]
     for i, iv in enumerate(intervals):
-        iv.offset = int(offset[i])
+        iv.offset, iv.index = int(offset[i]), i
         earlier = np.flatnonzero((end <= start[i]) & (offset < top[i]) & (offset[i] < top))
+        iv.predecessor_index = earlier
         iv.predecessors = [keys[j] for j in earlier.tolist()]
     return size
 
@@ -196,22 +200,28 @@ class PlannedBlocks(DynamicBlocks):
         self.layout = layout
         self.region = region
         self._count: dict[int, int] = {}
-        self._current: dict[int, tuple] = {}      # sid -> key of its planned block now held
-        self._released: dict[tuple, object] = {}  # key -> event to wait on (None: none needed)
-        # Events each stream has been made to wait on this step (by id of the stream): an
-        # event is recorded once, so a second wait on it orders nothing more. A block of a
-        # very deep network has hundreds of predecessors, most of them waited on already.
-        self._waited: dict[int, set] = {}
+        self._current: dict[int, Interval] = {}   # sid -> its planned block now held
+        # By interval position: the event a block was released behind (None: none needed),
+        # and whether there is one. Events each stream has been made to wait on this step
+        # (by id of the stream, as a mask over positions): an event is recorded once, so a
+        # second wait on it orders nothing more. A block of a very deep network has hundreds
+        # of predecessors, most of them released without a copy or waited on already, so
+        # they are sifted with array operations.
+        n = len(layout.intervals)
+        self._event: list = [None] * n
+        self._has_event = np.zeros(n, dtype=bool)
+        self._waited: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
         # Copies of the last step that may still touch the region: every stream starts behind them.
-        events = [ev for ev in self._released.values() if ev is not None]
+        events = [ev for ev in self._event if ev is not None]
         for ev in events:
             device.compute.wait_event(ev)
             device.prefetch.wait_event(ev)
         self._count.clear()
-        self._released.clear()
+        self._event = [None] * len(self._event)
+        self._has_event[:] = False
         self._waited.clear()
 
     def acquire(self, fm, where, stream):
@@ -221,19 +231,23 @@ class PlannedBlocks(DynamicBlocks):
         if iv is None or iv.nbytes != fm.nbytes:
             self.unplanned += 1
             return super().acquire(fm, where, stream)
-        waited = self._waited.setdefault(id(stream), set())
-        for pred in iv.predecessors:
-            ev = self._released.get(pred)
-            if ev is not None and ev not in waited:
-                waited.add(ev)
-                stream.wait_event(ev)
-        self._current[fm.sid] = iv.key
+        preds = iv.predecessor_index
+        if preds is not None and preds.size:
+            waited = self._waited.get(id(stream))
+            if waited is None:
+                waited = self._waited[id(stream)] = np.zeros(len(self._event), dtype=bool)
+            due = preds[self._has_event[preds] & ~waited[preds]]
+            for j in due.tolist():
+                stream.wait_event(self._event[j])
+            waited[due] = True
+        self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
     def release(self, fm, after) -> None:
-        key = self._current.pop(fm.sid, None)
-        if key is None:
+        iv = self._current.pop(fm.sid, None)
+        if iv is None:
             super().release(fm, after)
-        else:
-            self._released[key] = after
+        elif after is not None:
+            self._event[iv.index] = after
+            self._has_event[iv.index] = True
 

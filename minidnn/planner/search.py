@@ -80,11 +80,11 @@ class PlanResult:
     Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
     memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
     + '/' + algo: Evaluation}; evaluations: decisions the model evaluated; seconds: time spent.
+    A planner in bulk (a very deep network) works out the floor and the baselines only when
+    they are read.
     """
     model: StepModel
     best: Evaluation
-    floor: Evaluation | None
-    floor_trail: list
     minimum: Evaluation
     minimum_budget: int
     baselines: dict
@@ -93,10 +93,25 @@ class PlanResult:
     evaluations: int = 0
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    planner: object = field(default=None, repr=False)
+    vdnn_order: tuple | None = field(default=None, repr=False)   # (floor, floor_trail)
 
     @property
     def decision(self):
         return self.best.decision
+
+    @property
+    def floor(self) -> Evaluation | None:
+        return self._vdnn_order()[0]
+
+    @property
+    def floor_trail(self) -> list:
+        return self._vdnn_order()[1]
+
+    def _vdnn_order(self) -> tuple:
+        if self.vdnn_order is None:
+            self.vdnn_order = self.planner.floor()
+        return self.vdnn_order
 
 
 class Planner:
@@ -457,7 +472,7 @@ class Planner:
             for policy in ("none", "conv", "all"):
                 for algo in ("fastest", "min_workspace"):
                     baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
-        floor, trail = self.floor()
+        vdnn_order = None if self.bulk else self.floor()   # in bulk, if read
         notes = []
         if self.budget is None:
             best = baselines["none/fastest"]
@@ -466,10 +481,11 @@ class Planner:
         else:
             self.greedy()
             best = self.fastest_feasible()
-        return PlanResult(model=m, best=best, floor=floor, floor_trail=trail, minimum=minimum,
+        return PlanResult(model=m, best=best, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,
                           budget=self.budget, usable=self.usable, evaluations=len(m.cache),
-                          seconds=time.perf_counter() - t0, notes=notes)
+                          seconds=time.perf_counter() - t0, notes=notes, planner=self,
+                          vdnn_order=vdnn_order)
 
 
 class _Baselines(dict):

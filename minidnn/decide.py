@@ -23,6 +23,7 @@ from dataclasses import replace
 from .backend import Device, select_device
 from .errors import ConfigError, parse_bytes
 from .executor import Executor, check_micro_batches
+from .kernels.mapformat import MapFormat, map_layout
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -41,7 +42,8 @@ def get_policy(spec: str | Policy) -> Policy:
 
 def decide(net, batch: int, policy="none", memory_budget: int | str | None = None, *,
            relu_bits: bool = False, prefetch_lookahead: int = 1, device=None,
-           static_layout: bool | None = None, micro_batches: int | None = None,
+           static_layout: bool | None = None, precision: str = "fp32",
+           layout: str | None = None, micro_batches: int | None = None,
            split_batch_statistics: bool = False) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
@@ -51,12 +53,15 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     layers ahead backward prefetches, unless the policy chooses it (dyn does). device: where a
     planning policy measures its profile (a Device or 'auto'/'gpu'/'cpu'). static_layout: the
     executor will place feature maps at planned addresses (default: when a budget is given);
-    a planning policy plans its workspaces into that layout. micro_batches: run each step
+    a planning policy plans its workspaces into that layout. precision ('fp32' or 'bf16') and
+    layout ('nchw', 'nhwc', or None: the device's default) say how feature maps are stored
+    (kernels/mapformat.py); the policy plans with their bytes. micro_batches: run each step
     as this many passes of batch / micro_batches images (None: one, or what a planning
     policy chooses: dyn weighs the counts with a budget); split_batch_statistics: allow a
     split of a network with BatchNorm (see Executor).
 
-    Returns a MemoryDecision with prefetch_lookahead, relu_bits and policy filled in.
+    Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
+    filled in.
     """
     if isinstance(memory_budget, str):
         memory_budget = parse_bytes(memory_budget)
@@ -72,18 +77,23 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
                     static_layout=static_layout, batch=int(batch), micro_batches=micro_batches)
+    if isinstance(device, str):
+        device = select_device(device)
+    maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
+                     precision)
     planning = hasattr(chosen, "bind")
     # A policy that does not plan splits decides for one pass of the count asked for.
     count = 1 if planning or micro_batches is None else int(micro_batches)
-    # The policy plans with the ReLUs as the executor will run them.
-    decision = chosen.decide(LivenessPlan(net, int(batch) // count, relu_bits=relus),
-                             memory_budget)
+    # The policy plans with the ReLUs as the executor will run them, and the maps' format.
+    decision = chosen.decide(LivenessPlan(net, int(batch) // count, relu_bits=relus,
+                                          maps=maps), memory_budget)
     if not planning and micro_batches is not None:
         decision = replace(decision, micro_batches=int(micro_batches))
     check_micro_batches(net, int(batch), decision.micro_batches, split_batch_statistics)
     lookahead = decision.prefetch_lookahead
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
-                   else lookahead, relu_bits=relus, policy=chosen.name)
+                   else lookahead, relu_bits=relus, policy=chosen.name,
+                   precision=maps.precision, layout=maps.layout)
 
 
 def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0,
@@ -91,14 +101,15 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                    host_limit: int | str | None = None, math: str | None = None,
                    deterministic: bool | None = None, static_layout: bool | None = None,
-                   relu_bits: bool = False, micro_batches: int | None = None,
+                   relu_bits: bool = False, precision: str = "fp32",
+                   layout: str | None = None, micro_batches: int | None = None,
                    split_batch_statistics: bool = False) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there)."""
     device = device if isinstance(device, Device) else select_device(device)
     decision = decide(net, batch, policy, memory_budget, relu_bits=relu_bits,
                       prefetch_lookahead=prefetch_lookahead, device=device,
-                      static_layout=static_layout, micro_batches=micro_batches,
-                      split_batch_statistics=split_batch_statistics)
+                      static_layout=static_layout, precision=precision, layout=layout,
+                      micro_batches=micro_batches, split_batch_statistics=split_batch_statistics)
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,

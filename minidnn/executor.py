@@ -11,8 +11,13 @@ the CLI are built on:
     ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
-    grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
+    grads = ex.gradients()                # {'conv1.weight': ndarray (a copy), ...}
     ex.memory_stats()                     # peak device bytes, offloaded bytes, ...
+
+For checks against another framework: `Executor(..., input_grad=True)` also computes the
+gradient of the loss with respect to the input batch (`ex.input_gradient()` after backward),
+and `forward(x, labels, dropout=False)` runs a training step with every dropout layer passed
+through (the identity), so that the step is deterministic without changing the network.
 
 Memory: everything on the device comes out of one allocator. On the GPU that is always an
 Arena (of the budget, or of the free memory when no budget is given) with CuPy's allocator
@@ -27,8 +32,9 @@ gradients of passes after the first added into `p.grad`, and one optimizer updat
 that of the whole batch (each pass starts backward from 1/4, so every gradient is the whole
 batch's mean), dropout masks are the whole batch's rows. What changes bits against the
 unsplit step: the order of the sums over the batch (a weight or bias gradient is the sum of 4
-partial sums, each over 64 images; the reported loss is the mean of 4 means), so split and
-unsplit steps agree to rounding, and a split step repeats bit for bit.
+partial sums, each over 64 images; the reported loss is the mean of 4 means), and whatever a
+kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
+shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
 
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
@@ -42,11 +48,13 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
-from .memory.host import HostSlab
+from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.plan import LivenessPlan
@@ -100,11 +108,18 @@ class Executor:
     allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
     use instead of the ones the executor would make (the planner's step model gives a dry run
     its recording allocator this way).
+    input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
+    the data-gradient pass of the first layers and one input-sized buffer.
     The decision's `micro_batches` (which must divide the batch) runs each training step as
     that many passes of batch / micro_batches images, gradients accumulated, one optimizer
     update. split_batch_statistics: allow that in a network with a layer whose result
     depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
     micro-batch's statistics instead of the batch's; without it such a split is an error.
+    The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
+    stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
+    out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
+    'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
+    layers/precision.py runs layers on them).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -116,7 +131,7 @@ class Executor:
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
                  allocator: Allocator | None = None, host: Allocator | None = None,
-                 split_batch_statistics: bool = False):
+                 input_grad: bool = False, split_batch_statistics: bool = False):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -146,7 +161,9 @@ class Executor:
         self.allocator = None
         try:  # from here on, a failure must give the parameters, device memory and CuPy back
             self._check_relu_bits()
-            self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits)
+            self.maps = MapFormat(decision.layout, decision.precision)
+            self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
+                                     input_grad=input_grad, maps=self.maps)
             self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -178,8 +195,10 @@ class Executor:
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
         self._peak_before_step = 0     # allocator peak before the current step's reset
         self._outputs = None
-        self._in_step = False
+        self._input_grad = None
+        self._dropout = True           # dropout of the open training step (forward's argument)
         self._accumulate = False       # backward adds parameter gradients to p.grad
+        self._in_step = False
         self._closed = False
 
     # ---- memory set-up ----------------------------------------------------------------------------
@@ -188,6 +207,10 @@ class Executor:
         allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
         if not self.compute:
             return CountingAllocator(budget)
+        if not self.device.is_gpu:   # the CPU's arena and host slab are both host memory
+            slab = self.decision.offload_bytes(self.plan)
+            limit = getattr(self.host, "limit", None)
+            check_host_memory(budget or 0, slab if limit is None else min(slab, limit))
         allocator = make_allocator(self.device, budget)
         if self.device.is_gpu:
             allocator.install()  # every CuPy allocation now comes out of the arena
@@ -216,13 +239,16 @@ class Executor:
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
             self._host_params.append((p, values))
-            data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
+            _, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
             self._held_bufs.append(buf)
-            grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
+            _, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
             self._held_bufs.append(gbuf)
+            data = self.maps.view(buf, p.shape, self.net.dtype)   # conv weights as the maps
+            grad = self.maps.view(gbuf, p.shape, self.net.dtype)
             if self.device.is_gpu:
                 with self.device.compute:
-                    data.set(values, stream=self.device.compute)
+                    in_memory_order(data).set(arrange(values, self.maps.layout).reshape(-1),
+                                              stream=self.device.compute)
                     grad.fill(0)
             else:
                 data[...] = values
@@ -288,7 +314,7 @@ class Executor:
         self.device.synchronize()
         if self.compute:
             for _, p in self.net.parameters():
-                p.data = np.array(to_numpy(p.data), copy=True)
+                p.data = np.array(to_numpy(p.data), copy=True, order="C")
                 p.grad = None
         self._release_device_memory()
         self.host.close()
@@ -312,7 +338,7 @@ class Executor:
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
             from .trace import Tracer
-            self.tracer = Tracer(self.device, max_steps=max_steps)
+            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget)
         else:
             self.tracer = None
         self.watch(self.tracer)
@@ -340,8 +366,8 @@ class Executor:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
                            conv_plans=self.decision.conv_algo,
-                           relu_bits=self.decision.relu_bits, batch_offset=offset,
-                           global_batch=self.batch)
+                           relu_bits=self.decision.relu_bits, dropout=self._dropout,
+                           batch_offset=offset, global_batch=self.batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -380,12 +406,13 @@ class Executor:
         if ctx is not None:
             ctx.workspace = workspace
             try:
+                # layers/precision.py: the layer itself, in float32 around bf16 maps
                 if phase == "forward":
                     xs, y, aux = buffers
-                    node.layer.forward(xs, y, aux, ctx)
+                    mixed.forward(node.layer, xs, y, aux, ctx)
                 elif phase == "recompute":   # aux None: write the output only
                     xs, y = buffers
-                    node.layer.forward(xs, y, None, ctx)
+                    mixed.forward(node.layer, xs, y, None, ctx)
                 else:
                     self._layer_backward(node, buffers, ctx)
             finally:
@@ -402,7 +429,7 @@ class Executor:
         temporaries (a layer overwrites p.grad) that are then added into p.grad."""
         params = list(node.layer.params.values()) if self._accumulate else []
         if not params:
-            node.layer.backward(*buffers, ctx)
+            mixed.backward(node.layer, *buffers, ctx)
             return
         held = []
         try:
@@ -411,7 +438,7 @@ class Executor:
                                                 f"gradient of {node.name} (micro-batch)")
                 held.append((p, p.grad, tmp, buf))
                 p.grad = tmp
-            node.layer.backward(*buffers, ctx)
+            mixed.backward(node.layer, *buffers, ctx)
             for p, grad, tmp, _ in held:
                 grad += tmp
         finally:
@@ -442,24 +469,28 @@ class Executor:
         self._check_batch(x, labels)
         return x, labels
 
-    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
+    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
+                dropout: bool = True):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
-        logits so that `outputs()` can read them. With micro-batches, evaluation runs pass by
-        pass; training runs through train_step() or accumulate_gradients().
+        logits so that `outputs()` can read them. dropout=False: dropout layers pass their
+        input through in this step (forward and its backward); evaluation never drops. With
+        micro-batches, evaluation runs pass by pass; training runs through train_step() or
+        accumulate_gradients().
         """
         self._need_compute("forward")
         x, labels = self._step_inputs(x, labels)
         if self.micro_batches == 1:
-            return self._forward_pass(x, labels, train, keep_outputs)
+            return self._forward_pass(x, labels, train, keep_outputs, dropout)
         if train:
             raise ConfigError(f"this executor splits a step into {self.micro_batches} "
                               f"micro-batches: train with train_step() or "
                               f"accumulate_gradients(), which run every pass's backward")
         losses, outputs = [], []
         for offset, rows in self._micro_slices():
-            losses.append(self._forward_pass(x[rows], labels[rows], False, keep_outputs, offset))
+            losses.append(self._forward_pass(x[rows], labels[rows], False, keep_outputs,
+                                             dropout, offset))
             outputs.append(self._outputs)
         if keep_outputs:
             self._outputs = self.xp.concatenate(outputs)
@@ -472,12 +503,14 @@ class Executor:
             total = total + loss
         return total / len(losses)
 
-    def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, offset: int = 0):
+    def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, dropout: bool,
+                      offset: int = 0):
         """forward() of one pass: x and labels are rows [offset, offset + micro_batch)."""
         if self._in_step:  # a forward without its backward: drop that step's buffers
             self.manager.end_step()
             self._in_step = False
         mm = self.manager
+        self._dropout = bool(dropout)
         self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
         if self.observer:
@@ -503,15 +536,19 @@ class Executor:
         self._need_compute("backward")
         if not self._in_step:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
-        self._backward_pass()
+        self._input_grad = self._backward_pass()
 
-    def _backward_pass(self, offset: int = 0) -> None:
+    def _backward_pass(self, offset: int = 0):
         """backward() of the open pass (rows from `offset`); a pass after the first adds its
-        parameter gradients to p.grad."""
+        parameter gradients to p.grad. Returns a copy of the pass's input gradient (None
+        unless the plan computes it)."""
         self._accumulate = offset > 0
+        input_grad = None
         try:
             with self.device.compute:
                 self._run(self._ctx(True, offset), "backward")
+                if self.plan.input_grad:  # a copy: end_step gives the buffer back
+                    input_grad = self.manager.view(f"grad:{DATA}").copy()
                 self.manager.end_step()
         except BaseException:
             self._abort()
@@ -519,23 +556,28 @@ class Executor:
         finally:
             self._accumulate = False
         self._in_step = False
+        return input_grad
 
-    def accumulate_gradients(self, x, labels):
+    def accumulate_gradients(self, x, labels, dropout: bool = True):
         """Forward and backward of the whole batch, pass by pass (one pass without
         micro-batches): every p.grad holds the batch's gradient; returns the batch's mean loss
-        (0-d device array)."""
+        (0-d device array). dropout=False: see forward()."""
         self._need_compute("accumulate_gradients")
         x, labels = self._step_inputs(x, labels)
-        losses = []
+        losses, input_grads = [], []
         for offset, rows in self._micro_slices():
-            losses.append(self._forward_pass(x[rows], labels[rows], True, False, offset))
-            self._backward_pass(offset)
+            losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
+                                             offset))
+            input_grads.append(self._backward_pass(offset))
+        if self.plan.input_grad:
+            self._input_grad = input_grads[0] if len(input_grads) == 1 else \
+                self.xp.concatenate(input_grads)
         return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)
 
-    def train_step(self, x, labels, optimizer):
+    def train_step(self, x, labels, optimizer, dropout: bool = True):
         """forward, backward (per micro-batch), optimizer update; returns the loss (0-d
-        device array)."""
-        loss = self.accumulate_gradients(x, labels)
+        device array). dropout=False: see forward()."""
+        loss = self.accumulate_gradients(x, labels, dropout)
         self._set_where("optimizer step")
         with self.device.compute:
             optimizer.step()
@@ -577,14 +619,25 @@ class Executor:
 
     # ---- reading results ---------------------------------------------------------------------
     def outputs(self) -> np.ndarray:
-        """Logits (batch, classes) of the last forward run with keep_outputs=True."""
+        """Logits (batch, classes), in the network's dtype, of the last forward run with
+        keep_outputs=True."""
         if self._outputs is None:
             raise RuntimeError("no outputs kept: call forward(..., keep_outputs=True)")
-        return to_numpy(self._outputs)
+        return to_numpy(self._outputs).astype(self.net.dtype, copy=False)
 
     def gradients(self) -> dict[str, np.ndarray]:
-        """{'conv1.weight': NumPy array, ...} from the last backward."""
-        return {name: to_numpy(p.grad) for name, p in self.net.parameters()}
+        """{'conv1.weight': NumPy array, ...} from the last backward: copies on every device,
+        which later steps do not change (the live buffers are `parameters()`' `.grad`)."""
+        return {name: np.array(to_numpy(p.grad), order="C", copy=True) for name, p in self.net.parameters()}
+
+    def input_gradient(self) -> np.ndarray:
+        """d loss / d input batch (batch, C, H, W) from the last backward, as NumPy (needs an
+        executor made with input_grad=True)."""
+        if not self.plan.input_grad:
+            raise ConfigError("input_gradient() needs Executor(..., input_grad=True)")
+        if self._input_grad is None:
+            raise RuntimeError("no input gradient yet: call backward() first")
+        return np.ascontiguousarray(to_numpy(self._input_grad)).astype(self.net.dtype, copy=False)
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""

@@ -12,7 +12,8 @@ bytes of feature maps (+ aux + gradient maps) on the device:
 Real mode (GPU): trains a model for N steps after warm-up under each policy, and prints
 ms/step, images/s, peak device bytes, bytes offloaded and prefetched per step, and the arena's
 bytes in use after warm-up and after the last step (they must be equal: no leak); writes a
-trace and a memory plot of one step per policy:
+trace, a memory plot and a measured stream timeline (compute, offload, prefetch, stalls) of
+one step per policy:
 
     python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies none,all \\
         --memory-budget 12GiB --steps 200 --trace-dir runs/bench
@@ -33,6 +34,7 @@ from minidnn import SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import MemoryBudgetError, MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
+from minidnn.planner.timeline import draw_timeline  # noqa: E402
 
 # The paper's networks and batches (vDNN, Rhu et al. 2016): (model, image size, batch).
 PAPER_CONFIGS = "alexnet:227:128,overfeat:231:128,vgg16:224:64,vgg16:224:128,vgg16:224:256"
@@ -142,6 +144,9 @@ def run_policy(net, device, batch, policy, budget, args) -> str:
             tracer.write_chrome_trace(f"{stem}.json")
             try:
                 tracer.plot_memory(f"{stem}.png")
+                draw_timeline([{"title": f"{net.name} b{batch}, {policy}, measured on "
+                                         f"{device.name}", "timeline": tracer.timeline()}],
+                              f"{stem}_timeline.png")
             except ImportError:
                 pass
             ex.enable_trace(False)

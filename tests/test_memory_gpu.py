@@ -153,11 +153,14 @@ def dag_net() -> Network:
     return net
 
 
-def _train(policy, steps=3, budget="1GiB", lookahead=1):
-    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps."""
+def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False,
+           precision="fp32"):
+    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps
+    (and the state dict after them, with state=True)."""
     rng = np.random.default_rng(0)
     with build_executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
-                  prefetch_lookahead=lookahead, deterministic=True) as ex:
+                        prefetch_lookahead=lookahead, deterministic=True, layout=layout,
+                        precision=precision, math="fp32" if state else None) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         levels = []
         for _ in range(steps):
@@ -167,7 +170,36 @@ def _train(policy, steps=3, budget="1GiB", lookahead=1):
         stats = ex.memory_stats()
         del opt  # its momentum buffers live in the arena
         ex.close()
+        if state:
+            return ex.net.param_checksum(), stats, levels, ex.net.state_dict()
         return ex.net.param_checksum(), stats, levels
+
+
+def test_bf16_maps_on_the_gpu_follow_float32():
+    """precision='bf16' on the GPU (layers/precision.py widens and rounds with CuPy's bf16
+    arrays) in both layouts: float32 state, parameters near the float32 run's, and half the
+    bytes offloaded where the maps are float."""
+    want = _train("all", layout="nchw", state=True)
+    for layout in ("nchw", "nhwc"):
+        got = _train("all", layout=layout, state=True, precision="bf16")
+        assert got[1]["offloaded_bytes"] < 0.6 * want[1]["offloaded_bytes"]
+        for name, w in want[3].items():
+            assert got[3][name].dtype == np.float32
+            np.testing.assert_allclose(got[3][name], w, rtol=3e-2, atol=3e-2, err_msg=name)
+
+
+def test_channels_last_trains_as_nchw():
+    """Three steps with channels-last maps give the parameters of NCHW
+    maps within strict-FP32 rounding (the dropout mask is the same: it is drawn in logical
+    order), under every policy; the branch's gradient sum works in either layout, and the
+    state dict keeps PyTorch's OIHW weights."""
+    nchw = _train("none", layout="nchw", state=True)[3]
+    for policy in ("none", "all"):
+        got = _train(policy, layout="nhwc", state=True)[3]
+        for name, want in nchw.items():
+            assert got[name].shape == want.shape and got[name].flags.c_contiguous
+            np.testing.assert_allclose(got[name], want, rtol=2e-4, atol=2e-5,
+                                       err_msg=f"{policy} {name}")
 
 
 def test_policies_give_bit_identical_parameters_on_gpu():

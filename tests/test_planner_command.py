@@ -197,3 +197,14 @@ def test_dyn_chooses_the_prefetch_lookahead_unless_given():
                       "--prefetch-lookahead", "2")
     assert fixed["prefetch_lookahead"] == 2
     assert not any("chosen" in n for n in fixed["notes"])
+
+
+def test_a_plan_that_fits_carries_no_note_that_the_budget_is_too_small():
+    """At the least budget only lookahead 0 fits; the lookaheads that failed must not leave a
+    note that contradicts the plan that was found."""
+    least = plan_json("--policy", "dyn")["minimum_budget_bytes"]
+    out = plan_json("--policy", "dyn", "--memory-budget", str(least))
+    assert out["plan"]["fits"] and out["prefetch_lookahead"] == 0
+    assert not any("too small" in note for note in out["notes"]), out["notes"]
+    text = run(*BASE, "--policy", "dyn", "--memory-budget", str(least))
+    assert "too small" not in text

@@ -126,3 +126,16 @@ def test_tracer_on_a_dry_run():
 def test_empty_tracer_cannot_plot(tmp_path):
     with pytest.raises(ValueError, match="nothing traced"):
         Tracer(Device("cpu")).plot_memory(tmp_path / "x.png")
+
+
+def test_the_memory_plot_knows_the_budget(tmp_path, monkeypatch):
+    ex = traced(memory_budget="4MiB")
+    assert ex.tracer.budget == 4 * 2**20
+    import matplotlib.axes
+    lines = []
+    real = matplotlib.axes.Axes.axhline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
+                        lambda self, y=0, *a, **k: lines.append(y) or real(self, y, *a, **k))
+    ex.tracer.plot_memory(tmp_path / "m.png")
+    assert lines == [4.0] and (tmp_path / "m.png").stat().st_size > 0   # 4 MiB, in MiB
+    assert traced().tracer.budget is None

@@ -9,14 +9,14 @@ removes that failure and makes the feature-map peak a number known before step o
 
 How:
 1. `record_intervals` (memory/record.py) walks one step's schedule through a dry memory
-   manager (receipts, no memory) and notes when each block is taken and given back.
+   manager (receipts, no memory) and notes when each block is taken and released.
    A storage that is offloaded and prefetched, or dropped and recomputed, has two blocks
    (two intervals).
 2. `pack` assigns offsets: largest block first, each at the lowest address where it overlaps no
    already-placed block that is alive at the same time (a greedy solution of the dynamic storage
    allocation problem; near the live-bytes peak on these networks).
 3. At run time `PlannedBlocks` hands out views of one region at those offsets. A block handed
-   to a copy stream may still be in use after the manager gave it back (an offload still reads
+   to a copy stream may still be in use after the manager released it (an offload still reads
    it): the stream that next writes those addresses first waits on the event of each earlier
    occupant released behind a copy. Compute-ordered releases need no wait.
 
@@ -40,7 +40,7 @@ from .allocator import ALIGNMENT, CountingAllocator, aligned
 
 @dataclass
 class Interval:
-    """One device block of one storage in a step: taken at `start`, given back at `end`
+    """One device block of one storage in a step: taken at `start`, released at `end`
     (positions in the manager's sequence of block operations). k: the storage's k-th block.
     sid: the storage id, or ('workspace', node index, phase) for a planned workspace."""
     sid: int | tuple

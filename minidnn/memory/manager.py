@@ -14,9 +14,9 @@ the same code gives the exact residency pattern):
 
 * offload (forward): after a storage's last forward write, an event recorded on the compute
   stream behind that layer's kernels; the offload stream waits on it and copies device -> host
-  (pinned). When the storage's last forward reader has been issued, its device block is
-  released with `free(buf, after=offload_done)`: the arena hands the block out again only once
-  the copy has finished, and every later compute use is ordered after the reader by the
+  (pinned). When the storage's last forward reader has been issued, it is evicted: its device
+  block is released with `free(buf, after=offload_done)`, and the arena hands the block out
+  again only once the copy has finished, and every later compute use is ordered after the reader by the
   compute stream itself.
 * prefetch (backward): before launching layer i's kernels, the manager copies back the
   offloaded maps of the next `lookahead` layers (stopping at a convolution, as vDNN does) on the
@@ -26,8 +26,8 @@ the same code gives the exact residency pattern):
   maps it reads. A map that was not prefetched is fetched on demand (a stall, counted).
 
 Recomputation, the other way to free a map between forward and backward: a storage in the
-`recompute` set is released after its last forward use, like an offloaded one, but nothing
-is copied. Before the backward of its first reader, the executor runs its writers' forward
+`recompute` set is dropped after its last forward use: its device block is released as an
+evicted one's is, but nothing is copied. Before the backward of its first reader, the executor runs its writers' forward
 again (`recompute_before`, `recompute_buffers`), into a new block, from inputs that are still
 on the books then (the prefetch window brings offloaded ones back as it does for backward).
 """
@@ -49,7 +49,7 @@ _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
 class FeatureMap:
     """One storage's bytes and where they are (Caffe's SyncedMemory).
 
-    state: 'freed' (nowhere), 'device', 'host' (offloaded, device block released) or 'both'.
+    state: 'freed' (nowhere), 'device', 'host' (offloaded and evicted) or 'both'.
     On the GPU 'both' right after an offload means the copy is issued; `offloaded` says when
     it is done. Events (CUDA events on GPU, always-done stand-ins on CPU):
       offloaded    offload stream, after the device -> host copy
@@ -256,10 +256,13 @@ class MemoryManager:
         self.train = True
         self.loss_gradient = 1.0
         self.keep: set[int] = set()
+        # The plan's integer clock (memory/plan.py): forward of node i is time i, backward of
+        # node i is 2n-1-i; -1 before the step. Every log entry and history note carries it.
         self.time = -1
         self.resident_bytes = 0                    # feature maps, aux, grads, inputs on device
         self.stats = StepMemoryStats()
-        self.log: list[tuple[int, str, int]] = []  # (time, 'alloc'|'free'|'offload'|'evict'|'fetch', sid)
+        # (time, 'alloc'|'free'|'offload'|'evict'|'drop'|'fetch', sid)
+        self.log: list[tuple[int, str, int]] = []
         self._last_time = 2 * plan.num_nodes - 1
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []
@@ -315,8 +318,7 @@ class MemoryManager:
         if self.dry:
             return None
         t = self.plan.tensors[tensor]
-        n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-        return fm.device[:n].view(t.dtype).reshape(t.shape)
+        return self.plan.maps.view(fm.device, t.shape, t.dtype)
 
     def view(self, tensor: str, where: str = ""):
         """The tensor as an array of its shape and dtype (allocating its storage if needed)."""
@@ -401,7 +403,11 @@ class MemoryManager:
         if array is None or self.dry:
             return
         if self.device.is_gpu and isinstance(array, np.ndarray):
-            dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            if dst.flags.c_contiguous:
+                dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            else:  # channels last: upload as it is, reorder on the device (a temporary)
+                with self.device.compute:
+                    dst[...] = self.device.xp.asarray(array, dtype=dst.dtype)
         else:
             with self.device.compute:
                 dst[...] = array
@@ -495,7 +501,7 @@ class MemoryManager:
         gxs = []
         self._pending_sums = []
         for k, name in enumerate(node.inputs):
-            if not self.plan.wants_grad(node, k):
+            if not self.plan.grad_wanted(node, k):
                 gxs.append(None)
                 continue
             gname = f"grad:{name}"
@@ -506,6 +512,8 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 tmp, tmp_buf = self.allocator.empty(t.shape, t.dtype, where)
+                if tmp is not None:  # laid out as the gradient it is added to
+                    tmp = self.plan.maps.view(tmp_buf, t.shape, t.dtype)
                 nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
                 self._pending_sums.append((self.view(gname), tmp, tmp_buf, nbytes))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..kernels.mapformat import MapFormat
 from .plan import LivenessPlan, StoragePlan
 
 # Kinds of storage that hold feature maps (as opposed to gradients, which backward produces).
@@ -38,7 +39,7 @@ CALL_PHASES = ("forward", "backward", "recompute")
 class MemoryDecision:
     """What a policy decided for one (network, batch).
 
-    offload: storage ids to copy to host after their last forward write and release from the
+    offload: storage ids to copy to host after their last forward write and evict from the
     device after their last forward read. conv_algo: {conv node name: plan setting}
     ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
     plans the policy sets.
@@ -46,7 +47,7 @@ class MemoryDecision:
     executor's own setting). workspace: {(conv node name, 'forward' | 'backward' |
     'recompute'): bytes} of the cuDNN workspace each call's plan setting needs, for the static
     layout to plan among the feature maps (empty: the kernels allocate workspaces at run time).
-    recompute: storage ids (from `recompute_candidates`) to release after their last forward
+    recompute: storage ids (from `recompute_candidates`) to drop after their last forward
     use and rebuild before their first backward use by running their writers' forward again;
     no storage is both offloaded and recomputed, and none is rebuilt from another one that
     is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on
@@ -64,11 +65,13 @@ class MemoryDecision:
     # their output (layers/relu.py); policy: the name of the policy that decided (reports).
     relu_bits: frozenset = frozenset()
     policy: str = ""
-    # Room for what the executor does not run yet (it refuses other values with a
-    # ConfigError): chunks: runs of layers executed chunk by chunk (tuples of node names);
-    # precision: 'fp32'; layout: 'nchw'.
     micro_batches: int = 1
+    # Room for what the executor does not run yet (it refuses other values with a
+    # ConfigError): chunks: runs of layers executed chunk by chunk (tuples of node names).
     chunks: tuple = ()
+    # How feature maps are stored (kernels/mapformat.py): precision 'fp32' or 'bf16' (mixed:
+    # bf16 maps and map gradients), layout 'nchw' or 'nhwc' (channels last). decide.py fills
+    # in the device's default layout.
     precision: str = "fp32"
     layout: str = "nchw"
 
@@ -91,12 +94,11 @@ def check_runnable(decision: MemoryDecision) -> None:
     if lookahead is None or isinstance(lookahead, bool) or int(lookahead) < 0:
         raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
                           f"got {lookahead!r}")
-    for what, value, supported in (("chunks", tuple(decision.chunks), ()),
-                                   ("precision", decision.precision, "fp32"),
-                                   ("layout", decision.layout, "nchw")):
+    for what, value, supported in (("chunks", tuple(decision.chunks), ()),):
         if value != supported:
             raise ConfigError(f"the executor does not support {what}={value!r} yet "
                               f"(only {supported!r})")
+    MapFormat(decision.layout, decision.precision)     # ConfigError for an unknown one
 
 
 def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:

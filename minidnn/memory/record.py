@@ -1,7 +1,7 @@
 """The static layout of a step, recorded from a dry walk of its schedule.
 
 `record_intervals` walks one training step's schedule (memory/schedule.py) through a dry
-memory manager (receipts, no memory) and notes when each block is taken and given back;
+memory manager (receipts, no memory) and notes when each block is taken and released;
 `layout_for_step` packs those intervals into a StaticLayout (memory/layout.py).
 """
 from __future__ import annotations

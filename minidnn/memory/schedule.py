@@ -14,7 +14,7 @@ Around each call the memory manager (memory/manager.py) does what the schedule's
 * vDNN's core, for a storage in `offload`:
     - offload  after its LAST FORWARD WRITE: the copy to host starts behind the writer's
                kernels, so it overlaps the layers that follow (`offload_after`);
-    - evict    after its LAST FORWARD READ: the device block is given back (the arena reuses
+    - evict    after its LAST FORWARD READ: the device block is released (the arena reuses
                it once the copy is done), since no forward call needs it again
                (`evict_after`);
     - prefetch in backward, the PREFETCH WINDOW: before each backward call, the maps the next
@@ -23,8 +23,8 @@ Around each call the memory manager (memory/manager.py) does what the schedule's
 * recomputation, for a storage in `recompute`: dropped after its last forward use
   (`drop_after`) and rebuilt right before its first backward reader by running its writers'
   forward again (`recompute_at`, `rebuild`, and the "recompute" calls of the schedule).
-* free: every storage is released at its liveness free time (`frees_train`; `frees_eval` in
-  an evaluation step, which runs only the forward calls).
+* free: every storage is freed (its blocks released) at its liveness free time
+  (`frees_train`; `frees_eval` in an evaluation step, which runs only the forward calls).
 
 Validation of a decision lives here: what cannot be offloaded or recomputed raises before a
 step runs. The manager keeps residency and movement only.
@@ -64,7 +64,7 @@ class StepSchedule:
         self.recompute = frozenset(int(s) for s in recompute)
         self._check()
         n = plan.num_nodes
-        # Storages released at each time of the step, for training and for evaluation.
+        # Storages freed at each time of the step, for training and for evaluation.
         self.frees_train: dict[int, list[int]] = defaultdict(list)
         self.frees_eval: dict[int, list[int]] = defaultdict(list)
         for s in plan.storages:

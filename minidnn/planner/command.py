@@ -81,7 +81,36 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--refresh-profile", action="store_true",
                    help="measure this GPU again even when a cached profile matches")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_figure_options(p)
     return p
+
+
+def add_figure_options(p) -> None:
+    """--timeline and --bytes-chart: figures of the planned step (planner/timeline.py)."""
+    p.add_argument("--timeline", default=None, metavar="FILE.png",
+                   help="draw the planned step's compute, offload and prefetch streams, with "
+                        "the stalls, from the step-time model")
+    p.add_argument("--bytes-chart", default=None, metavar="FILE.png",
+                   help="draw per layer the feature-map bytes kept, offloaded, recomputed and "
+                        "encoded between forward and backward")
+
+
+def draw_figures(args, planned: dict) -> None:
+    """Write the figures --timeline and --bytes-chart ask for (ConfigError if one cannot be
+    written or matplotlib does not import)."""
+    from .timeline import draw_bytes_chart, draw_timeline
+    for option, path, draw in (("--timeline", getattr(args, "timeline", None),
+                                lambda p: draw_timeline([planned], p)),
+                               ("--bytes-chart", getattr(args, "bytes_chart", None),
+                                lambda p: draw_bytes_chart(planned, p))):
+        if not path:
+            continue
+        try:
+            draw(path)
+        except ImportError as e:
+            raise ConfigError(f"{option} needs matplotlib, which does not import ({e})") from e
+        except OSError as e:
+            raise ConfigError(f"{option}: cannot write {path!r}: {e}") from e
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -296,6 +325,7 @@ def make_plan(args) -> dict:
     from .. import models
     from .search import LOOKAHEADS
     from .split import micro_batch_counts, plan_split
+    from .timeline import bytes_by_layer, timeline_data
     report = _load_report(args.report) if args.report else None
     s = _settings(args, report)
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
@@ -360,7 +390,9 @@ def make_plan(args) -> dict:
     if result is not None:
         alternatives.append(dict(label="dyn (minidnn planner)",
                                  **_evaluation_json(model, result.best)))
-    if infeasible is not None:
+    if result is None and infeasible is not None:
+        # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
+        # not news about the budget (the plan above fits).
         notes.append(str(infeasible))
     out = {
         "model": s["model"], "network": net.name, "batch": batch,
@@ -374,6 +406,8 @@ def make_plan(args) -> dict:
         "plan": _evaluation_json(model, ev),
         "decision": _decision_line(model, ev),
         "layers": layer_rows(model, ev),
+        "timeline": timeline_data(model, ev),
+        "bytes_by_layer": bytes_by_layer(model.plan, ev),
         "alternatives": alternatives,
         "bandwidth": {"d2h": prof.d2h_bw, "h2d": prof.h2d_bw, "duplex": prof.duplex_bw},
         "evaluations": len(model.cache),
@@ -508,6 +542,7 @@ def format_plan(out: dict) -> str:
 def run(args, out=print) -> int:
     """Run `minidnn plan` with parsed arguments; returns the exit status (0)."""
     planned = make_plan(args)
+    draw_figures(args, planned)
     if args.json:
         out(json.dumps(json_safe(planned), indent=1))
     else:

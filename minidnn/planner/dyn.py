@@ -126,10 +126,11 @@ class DynPolicy(Policy):
         if budget is None:
             self.result = self.split = None
             return MemoryDecision(conv_algo=convs, micro_batches=self.micro_batches or 1)
+        # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
                        reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
-                       relu_bits=plan.relu_bits)
+                       relu_bits=plan.relu_bits, maps=plan.maps)
         lookaheads = LOOKAHEADS if self.choose_lookahead else (self.prefetch_lookahead,)
         counts = None if self.micro_batches is None else [self.micro_batches]
         self.split = plan_split(net, batch,

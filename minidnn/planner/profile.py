@@ -66,7 +66,8 @@ def library_versions(device: Device) -> dict:
         except Exception:  # a CuPy without these queries: the other versions still key it
             pass
         try:
-            import cudnn
+            from ..kernels.cudnn_conv import load_cudnn
+            cudnn = load_cudnn()   # the cuDNN of the 'gpu' extra, as the kernels load it
             v["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
             v["cudnn"] = int(cudnn.backend_version())
         except Exception:  # no cuDNN to load: convolutions cannot run, the key says so

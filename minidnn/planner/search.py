@@ -132,7 +132,8 @@ class Planner:
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset()):
+                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
+                 maps=None):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -143,7 +144,7 @@ class Planner:
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
                                static_layout=static_layout, micro_batches=micro_batches,
-                               relu_bits=relu_bits)
+                               relu_bits=relu_bits, maps=maps)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -436,7 +437,7 @@ class Planner:
                               input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
                               // m.micro_batches,
                               static_layout=m.static_layout, micro_batches=m.micro_batches,
-                              relu_bits=m.relu_bits)
+                              relu_bits=m.relu_bits, maps=m.maps)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -480,6 +481,10 @@ class Planner:
                          "fastest plan")
         else:
             self.greedy()
+            # greedy() prunes only its own answer; the floor's may be faster, and pruning it
+            # can trade its offloads for recomputations on the plans it chose (a map rebuilt
+            # by a convolution on its memory-optimal plan, say).
+            self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
         return PlanResult(model=m, best=best, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..backend import Device
 from ..executor import Executor
+from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator, wait_until_fits
 from ..memory.observer import StepObserver
@@ -202,7 +203,7 @@ class _Recorder(StepObserver):
         return self.mark(stream, "layer", (phase, index))
 
     def begin_copy(self, stream, track, name, nbytes):
-        return self.mark(stream, "copy", track, int(nbytes))
+        return self.mark(stream, "copy", name, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
@@ -217,15 +218,18 @@ class _Recorder(StepObserver):
 
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
-                  recompute=frozenset(), relu_bits=frozenset()) -> Executor:
+                  recompute=frozenset(), relu_bits=frozenset(), maps=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
     sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
-    profile's business (the dry run runs no kernels)."""
+    profile's business (the dry run runs no kernels). maps: the feature maps' format
+    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer."""
+    maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
-                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed")
+                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
+                              precision=maps.precision, layout=maps.layout)
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None))
@@ -248,7 +252,9 @@ class Evaluation:
     storage ids}; peak_point: the call of required_bytes (or 'optimizer' / 'allocation');
     fm_peak_point: the call with the most feature-map bytes. calls: {(phase, node index):
     (start, end, stall)} of the last step, seconds from its start, stall = time the compute
-    stream sat idle right before the call; host_wait_s: host time spent waiting for copies
+    stream sat idle right before the call; copies: [(stream, storage name, start, end)] of
+    the last step's copies on the 'offload' and 'prefetch' streams, seconds from its start
+    (planner/timeline.py draws both); host_wait_s: host time spent waiting for copies
     to free memory.
     """
     offload: frozenset
@@ -270,6 +276,7 @@ class Evaluation:
     peak_point: object = None
     fm_peak_point: object = None
     calls: dict = field(repr=False, default_factory=dict)
+    copies: list = field(repr=False, default_factory=list)
     host_wait_s: float = 0.0
     over_budget: bool = False
     workspace: dict = field(repr=False, default_factory=dict)
@@ -315,8 +322,10 @@ class StepModel:
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, relu_bits=frozenset(), micro_batches: int = 1):
+                 static_layout: bool = True, relu_bits=frozenset(), maps=None,
+                 micro_batches: int = 1):
         self.relu_bits = frozenset(relu_bits)
+        self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
         self.micro_batches = int(micro_batches)
@@ -327,7 +336,7 @@ class StepModel:
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
         probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
-                              relu_bits=self.relu_bits)
+                              relu_bits=self.relu_bits, maps=self.maps)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -392,7 +401,8 @@ class StepModel:
         device = SymbolicDevice()
         planned = self.workspace_blocks(conv_algo, recompute)
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
-                           self.static_layout, planned, recompute, self.relu_bits)
+                           self.static_layout, planned, recompute, self.relu_bits,
+                           maps=self.maps)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log
@@ -437,7 +447,7 @@ class StepModel:
             region_bytes=int(layout.size) if layout is not None else 0, levels=levels,
             fm_levels=fm_levels, resident=resident, peak_point=peak_point,
             fm_peak_point=max(fm_levels, key=lambda k: fm_levels[k]), calls=t["calls"],
-            host_wait_s=t["host_wait"], over_budget=t["over_budget"])
+            copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
     def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
@@ -453,6 +463,7 @@ class StepModel:
         host_wait = 0.0
         over = False
         copies = {"offload": ([], []), "prefetch": ([], [])}   # (starts, ends) per stream
+        spans: list = []             # (stream, storage name, start, end) of every copy
         rate = {"offload": prof.d2h_bw, "prefetch": prof.h2d_bw}
         total_bw = prof.d2h_bw + prof.h2d_bw
         shared = {k: min(v, prof.duplex_bw * v / total_bw) for k, v in rate.items()}
@@ -541,6 +552,7 @@ class StepModel:
                     end = copy_end(s, start, op.nbytes)
                     copies[s][0].append(start)
                     copies[s][1].append(end)
+                    spans.append((s, op.label, start, end))
                     tail[s] = end
                 elif kind == "optimizer":
                     host += prof.optimizer_host_s
@@ -573,7 +585,9 @@ class StepModel:
 
         begin = step_ends[-2]
         last = {k: (a - begin, b - begin, stall) for k, (a, b, stall) in calls.items()}
+        moved = [(s, name, a - begin, b - begin) for s, name, a, b in spans if a >= begin]
         return {"step": step_ends[-1] - step_ends[-2], "peak": peak, "calls": last,
+                "copies": moved,
                 "compute": busy_at_step[-1] - busy_at_step[-2], "host_wait": host_wait,
                 "over_budget": over}
 

@@ -434,8 +434,9 @@ class Executor:
         held = []
         try:
             for p in params:
-                tmp, buf = self.allocator.empty(p.shape, p.grad.dtype,
-                                                f"gradient of {node.name} (micro-batch)")
+                _, buf = self.allocator.empty(p.shape, p.grad.dtype,
+                                              f"gradient of {node.name} (micro-batch)")
+                tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
                 held.append((p, p.grad, tmp, buf))
                 p.grad = tmp
             mixed.backward(node.layer, *buffers, ctx)

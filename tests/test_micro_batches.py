@@ -59,6 +59,27 @@ def test_a_split_step_matches_the_whole_batch(k):
     np.testing.assert_allclose(split_losses, whole_losses, rtol=1e-13)
 
 
+def test_a_split_step_matches_the_whole_batch_in_channels_last():
+    """Channels-last conv weights: the gradient temporaries a later pass writes into are laid
+    out as the gradients are (the GPU kernels write in memory order)."""
+    whole, _ = train(1, layout="nhwc")
+    split, _ = train(4, layout="nhwc")
+    for name, value in whole.items():
+        np.testing.assert_allclose(split[name], value, rtol=0, atol=1e-12, err_msg=name)
+    (x, y), = batches(1)
+    with build_executor(small_net(), BATCH, device="cpu", micro_batches=2, layout="nhwc") as ex:
+        conv = ex.net.node("conv2").layer
+        weight = conv.params["weight"]
+        seen, backward = [], conv.backward
+
+        def watched(*args):
+            seen.append(weight.grad.strides)
+            backward(*args)
+        conv.backward = watched
+        ex.accumulate_gradients(x, y)
+        assert len(seen) == 2 and seen[1] == seen[0] == weight.grad.strides
+
+
 def test_a_split_run_repeats_bit_for_bit():
     first, first_losses = train(4)
     again, again_losses = train(4)

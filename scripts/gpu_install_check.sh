@@ -3,7 +3,7 @@
 #
 #     scripts/gpu_install_check.sh
 #
-# Installs the wheels found in .whl/ (machines without a package index; they must include the
+# Installs the wheels found in .whl/ (or $WHEELS_DIR; machines without a package index; they must include the
 # 'gpu' extra's nvidia-cudnn-cu13 and nvidia-nccl-cu13) into /tmp/site_notorch, or else uses
 # what is installed; hides PyTorch from the import path (a `torch` package that fails to import
 # comes first on PYTHONPATH); then trains two steps of a small convolutional network on the GPU
@@ -19,8 +19,9 @@ trap 'rm -rf "$HIDE"' EXIT
 mkdir -p "$HIDE/torch"
 echo 'raise ImportError("PyTorch is hidden by scripts/gpu_install_check.sh")' > "$HIDE/torch/__init__.py"
 SITE=""
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site_notorch .whl/*.whl || exit 1
+WHEELS=${WHEELS_DIR:-.whl}
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site_notorch "$WHEELS"/*.whl || exit 1
     SITE=":/tmp/site_notorch"
 fi
 export PYTHONPATH="$HIDE:$PWD$SITE${PYTHONPATH:+:$PYTHONPATH}"

@@ -46,14 +46,15 @@ def test_every_gpu_script_sets_the_switch_and_returns_pytests_status():
             assert 'exit "$status"' in text and "status=${PIPESTATUS[0]}" in text, name
 
 
-def test_the_install_check_hides_torch_and_runs_without_a_gpu_to_a_clear_failure():
+def test_the_install_check_hides_torch_and_runs_without_a_gpu_to_a_clear_failure(tmp_path):
     """On this CPU machine the script stops at 'no GPU' with status 1, after hiding torch."""
     script = os.path.join(SCRIPTS, "gpu_install_check.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     if gpu_available():
         pytest.skip("this machine has a GPU: the script runs for real there")
+    env = dict(os.environ, WHEELS_DIR=str(tmp_path))  # a checkout's own wheels stay out of it
     done = subprocess.run(["bash", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "torch: hidden" in done.stdout
     assert "gpu_install_check: FAILED: CuPy sees no CUDA device" in done.stdout

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ReLUs whose output no other layer keeps (before a max-pool or a "
                         "dropout) keep one bit per value for backward instead: lossless, and "
                         "those maps are free after forward")
+    t.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
+                   help="run each step as K passes over equal parts of the batch (K divides "
+                        "it), gradients accumulated, one update: the memory of batch/K at "
+                        "about the speed of the whole batch (default: 1)")
+    t.add_argument("--split-batch-statistics", action="store_true",
+                   help="allow --micro-batches in a network with BatchNorm, which then "
+                        "normalizes each micro-batch with its own statistics")
     t.add_argument("--math", choices=MATH_MODES, default=None,
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
@@ -209,6 +216,7 @@ def _run_training(args) -> int:
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
+        micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
         eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from .backend import Device, select_device
 from .errors import ConfigError, parse_bytes
-from .executor import Executor
+from .executor import Executor, check_micro_batches
 from .kernels.mapformat import MapFormat, map_layout
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
@@ -43,7 +43,8 @@ def get_policy(spec: str | Policy) -> Policy:
 def decide(net, batch: int, policy="none", memory_budget: int | str | None = None, *,
            relu_bits: bool = False, prefetch_lookahead: int = 1, device=None,
            static_layout: bool | None = None, precision: str = "fp32",
-           layout: str | None = None) -> MemoryDecision:
+           layout: str | None = None, micro_batches: int | None = None,
+           split_batch_statistics: bool = False) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
     memory_budget: bytes (or '12GiB') the step must fit, for the policies that plan (dyn).
@@ -54,7 +55,10 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     executor will place feature maps at planned addresses (default: when a budget is given);
     a planning policy plans its workspaces into that layout. precision ('fp32' or 'bf16') and
     layout ('nchw', 'nhwc', or None: the device's default) say how feature maps are stored
-    (kernels/mapformat.py); the policy plans with their bytes.
+    (kernels/mapformat.py); the policy plans with their bytes. micro_batches: run each step
+    as this many passes of batch / micro_batches images (None: one, or what a planning
+    policy chooses: dyn weighs the counts with a budget); split_batch_statistics: allow a
+    split of a network with BatchNorm (see Executor).
 
     Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
     filled in.
@@ -66,18 +70,26 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
                           f"got {prefetch_lookahead!r}")
     if static_layout is None:
         static_layout = memory_budget is not None
+    if micro_batches is not None:   # checked before any planning
+        check_micro_batches(net, int(batch), micro_batches, split_batch_statistics)
     chosen = get_policy(policy)
     relus = relu_bits_for(net) if relu_bits else frozenset()
     if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
-                    static_layout=static_layout)
+                    static_layout=static_layout, batch=int(batch), micro_batches=micro_batches)
     if isinstance(device, str):
         device = select_device(device)
     maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
                      precision)
+    planning = hasattr(chosen, "bind")
+    # A policy that does not plan splits decides for one pass of the count asked for.
+    count = 1 if planning or micro_batches is None else int(micro_batches)
     # The policy plans with the ReLUs as the executor will run them, and the maps' format.
-    decision = chosen.decide(LivenessPlan(net, int(batch), relu_bits=relus, maps=maps),
-                             memory_budget)
+    decision = chosen.decide(LivenessPlan(net, int(batch) // count, relu_bits=relus,
+                                          maps=maps), memory_budget)
+    if not planning and micro_batches is not None:
+        decision = replace(decision, micro_batches=int(micro_batches))
+    check_micro_batches(net, int(batch), decision.micro_batches, split_batch_statistics)
     lookahead = decision.prefetch_lookahead
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
@@ -90,12 +102,15 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    host_limit: int | str | None = None, math: str | None = None,
                    deterministic: bool | None = None, static_layout: bool | None = None,
                    relu_bits: bool = False, precision: str = "fp32",
-                   layout: str | None = None) -> Executor:
+                   layout: str | None = None, micro_batches: int | None = None,
+                   split_batch_statistics: bool = False) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there)."""
     device = device if isinstance(device, Device) else select_device(device)
     decision = decide(net, batch, policy, memory_budget, relu_bits=relu_bits,
                       prefetch_lookahead=prefetch_lookahead, device=device,
-                      static_layout=static_layout, precision=precision, layout=layout)
+                      static_layout=static_layout, precision=precision, layout=layout,
+                      micro_batches=micro_batches, split_batch_statistics=split_batch_statistics)
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
-                    math=math, deterministic=deterministic, static_layout=static_layout)
+                    math=math, deterministic=deterministic, static_layout=static_layout,
+                    split_batch_statistics=split_batch_statistics)

@@ -25,6 +25,17 @@ routed into it for the executor's lifetime, so parameters, gradients, optimizer 
 workspaces and temporaries are all counted; on the CPU, the arena when a budget is given and a
 counting SimpleAllocator otherwise, with parameters and gradients drawn from it as well.
 
+Micro-batches: a decision with `micro_batches=4` (decide(..., micro_batches=4), or dyn's own
+choice) makes the executor plan and run every pass at batch 64 of a step of 256: `train_step`
+(or `accumulate_gradients`) runs the step as 4 forward/backward passes, the parameter
+gradients of passes after the first added into `p.grad`, and one optimizer update. The loss is
+that of the whole batch (each pass starts backward from 1/4, so every gradient is the whole
+batch's mean), dropout masks are the whole batch's rows. What changes bits against the
+unsplit step: the order of the sums over the batch (a weight or bias gradient is the sum of 4
+partial sums, each over 64 images; the reported loss is the mean of 4 means), and whatever a
+kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
+shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
 far larger than this machine come out in seconds (parameters and gradients are counted;
@@ -53,6 +64,27 @@ from .memory.schedule import walk
 from .network import DATA, LABEL, Network
 
 
+def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
+    """micro_batches as an int, checked: it divides the batch (passes of equal size, so each
+    pass's mean loss weighs the same), and a network whose layers compute whole-batch
+    statistics splits only when `allow_statistics`. ConfigError otherwise."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
+            or micro_batches < 1:
+        raise ConfigError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
+    k = int(micro_batches)
+    if batch % k:
+        raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
+                          f"micro-batches")
+    stats = [n.name for n in net.nodes if getattr(n.layer, "batch_statistics", False)]
+    if k > 1 and stats and not allow_statistics:
+        raise ConfigError(f"network {net.name!r} has layers that normalize with the whole "
+                          f"batch's statistics ({', '.join(stats)}): split into {k} "
+                          f"micro-batches they would see {batch // k} images each and train "
+                          f"differently; allow it explicitly (split_batch_statistics, "
+                          f"--split-batch-statistics) or do not split")
+    return k
+
+
 class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
@@ -78,6 +110,11 @@ class Executor:
     its recording allocator this way).
     input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
     the data-gradient pass of the first layers and one input-sized buffer.
+    The decision's `micro_batches` (which must divide the batch) runs each training step as
+    that many passes of batch / micro_batches images, gradients accumulated, one optimizer
+    update. split_batch_statistics: allow that in a network with a layer whose result
+    depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
+    micro-batch's statistics instead of the batch's; without it such a split is an error.
     The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
     stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
     out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
@@ -94,7 +131,7 @@ class Executor:
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
                  allocator: Allocator | None = None, host: Allocator | None = None,
-                 input_grad: bool = False):
+                 input_grad: bool = False, split_batch_statistics: bool = False):
         self.net = net
         self.batch = int(batch)
         self.device = device if isinstance(device, Device) else select_device(device)
@@ -107,6 +144,9 @@ class Executor:
             host_limit = parse_bytes(host_limit)
         self.decision = decision = NO_DECISION if decision is None else decision
         check_runnable(decision)
+        self.micro_batches = check_micro_batches(net, self.batch, decision.micro_batches,
+                                                 split_batch_statistics)
+        self.micro_batch = self.batch // self.micro_batches  # images in one pass
         self.prefetch_lookahead = int(decision.prefetch_lookahead)
         self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
@@ -122,7 +162,7 @@ class Executor:
         try:  # from here on, a failure must give the parameters, device memory and CuPy back
             self._check_relu_bits()
             self.maps = MapFormat(decision.layout, decision.precision)
-            self.plan = LivenessPlan(net, self.batch, relu_bits=decision.relu_bits,
+            self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
                                      input_grad=input_grad, maps=self.maps)
             self._check_conv_plans()
             if static_layout is None:
@@ -157,6 +197,7 @@ class Executor:
         self._outputs = None
         self._input_grad = None
         self._dropout = True           # dropout of the open training step (forward's argument)
+        self._accumulate = False       # backward adds parameter gradients to p.grad
         self._in_step = False
         self._closed = False
 
@@ -321,11 +362,12 @@ class Executor:
                 raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
                                 f"{k} classes (labels 0..{k - 1})")
 
-    def _ctx(self, train: bool) -> StepContext:
+    def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
                            conv_plans=self.decision.conv_algo,
-                           relu_bits=self.decision.relu_bits, dropout=self._dropout)
+                           relu_bits=self.decision.relu_bits, dropout=self._dropout,
+                           batch_offset=offset, global_batch=self.batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -372,7 +414,7 @@ class Executor:
                     xs, y = buffers
                     mixed.forward(node.layer, xs, y, None, ctx)
                 else:
-                    mixed.backward(node.layer, *buffers, ctx)
+                    self._layer_backward(node, buffers, ctx)
             finally:
                 ctx.workspace = None
         self.manager.release_workspace()
@@ -381,6 +423,29 @@ class Executor:
             t1 = observer.mark(self.device.compute)
             observer.layer(phase, node.name, i, t0, t1)
             self._sample(t1, phase, node.name, "end")
+
+    def _layer_backward(self, node, buffers, ctx) -> None:
+        """node's backward; in a micro-batch after the first, its parameter gradients go to
+        temporaries (a layer overwrites p.grad) that are then added into p.grad."""
+        params = list(node.layer.params.values()) if self._accumulate else []
+        if not params:
+            mixed.backward(node.layer, *buffers, ctx)
+            return
+        held = []
+        try:
+            for p in params:
+                _, buf = self.allocator.empty(p.shape, p.grad.dtype,
+                                              f"gradient of {node.name} (micro-batch)")
+                tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
+                held.append((p, p.grad, tmp, buf))
+                p.grad = tmp
+            mixed.backward(node.layer, *buffers, ctx)
+            for p, grad, tmp, _ in held:
+                grad += tmp
+        finally:
+            for p, grad, _, buf in held:
+                p.grad = grad
+                self.allocator.free(buf)
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""
@@ -393,18 +458,55 @@ class Executor:
         self.manager.end_step()
         self._in_step = False
 
+    def _micro_slices(self):
+        """[(offset, slice of rows)] of the step's passes."""
+        b = self.micro_batch
+        return [(o, slice(o, o + b)) for o in range(0, self.batch, b)]
+
+    def _step_inputs(self, x, labels):
+        """x and labels as arrays, checked against the step's batch."""
+        x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
+        labels = labels if hasattr(labels, "shape") else np.asarray(labels)
+        self._check_batch(x, labels)
+        return x, labels
+
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
                 dropout: bool = True):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
         logits so that `outputs()` can read them. dropout=False: dropout layers pass their
-        input through in this step (forward and its backward); evaluation never drops.
+        input through in this step (forward and its backward); evaluation never drops. With
+        micro-batches, evaluation runs pass by pass; training runs through train_step() or
+        accumulate_gradients().
         """
         self._need_compute("forward")
-        x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
-        labels = labels if hasattr(labels, "shape") else np.asarray(labels)
-        self._check_batch(x, labels)
+        x, labels = self._step_inputs(x, labels)
+        if self.micro_batches == 1:
+            return self._forward_pass(x, labels, train, keep_outputs, dropout)
+        if train:
+            raise ConfigError(f"this executor splits a step into {self.micro_batches} "
+                              f"micro-batches: train with train_step() or "
+                              f"accumulate_gradients(), which run every pass's backward")
+        losses, outputs = [], []
+        for offset, rows in self._micro_slices():
+            losses.append(self._forward_pass(x[rows], labels[rows], False, keep_outputs,
+                                             dropout, offset))
+            outputs.append(self._outputs)
+        if keep_outputs:
+            self._outputs = self.xp.concatenate(outputs)
+        return self._mean_of_passes(losses)
+
+    def _mean_of_passes(self, losses):
+        """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        return total / len(losses)
+
+    def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, dropout: bool,
+                      offset: int = 0):
+        """forward() of one pass: x and labels are rows [offset, offset + micro_batch)."""
         if self._in_step:  # a forward without its backward: drop that step's buffers
             self.manager.end_step()
             self._in_step = False
@@ -416,10 +518,10 @@ class Executor:
             self.observer.begin_step(self.step)
         try:
             with self.device.compute:
-                mm.begin_step(train, keep)
+                mm.begin_step(train, keep, loss_gradient=1.0 / self.micro_batches)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run(self._ctx(train), "forward")
+                self._run(self._ctx(train, offset), "forward")
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -435,22 +537,48 @@ class Executor:
         self._need_compute("backward")
         if not self._in_step:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
+        self._input_grad = self._backward_pass()
+
+    def _backward_pass(self, offset: int = 0):
+        """backward() of the open pass (rows from `offset`); a pass after the first adds its
+        parameter gradients to p.grad. Returns a copy of the pass's input gradient (None
+        unless the plan computes it)."""
+        self._accumulate = offset > 0
+        input_grad = None
         try:
             with self.device.compute:
-                self._run(self._ctx(True), "backward")
+                self._run(self._ctx(True, offset), "backward")
                 if self.plan.input_grad:  # a copy: end_step gives the buffer back
-                    self._input_grad = self.manager.view(f"grad:{DATA}").copy()
+                    input_grad = self.manager.view(f"grad:{DATA}").copy()
                 self.manager.end_step()
         except BaseException:
             self._abort()
             raise
+        finally:
+            self._accumulate = False
         self._in_step = False
+        return input_grad
+
+    def accumulate_gradients(self, x, labels, dropout: bool = True):
+        """Forward and backward of the whole batch, pass by pass (one pass without
+        micro-batches): every p.grad holds the batch's gradient; returns the batch's mean loss
+        (0-d device array). dropout=False: see forward()."""
+        self._need_compute("accumulate_gradients")
+        x, labels = self._step_inputs(x, labels)
+        losses, input_grads = [], []
+        for offset, rows in self._micro_slices():
+            losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
+                                             offset))
+            input_grads.append(self._backward_pass(offset))
+        if self.plan.input_grad:
+            self._input_grad = input_grads[0] if len(input_grads) == 1 else \
+                self.xp.concatenate(input_grads)
+        return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)
 
     def train_step(self, x, labels, optimizer, dropout: bool = True):
-        """forward, backward, optimizer update; returns the loss (0-d device array).
-        dropout=False: see forward()."""
-        loss = self.forward(x, labels, train=True, dropout=dropout)
-        self.backward()
+        """forward, backward (per micro-batch), optimizer update; returns the loss (0-d
+        device array). dropout=False: see forward()."""
+        loss = self.accumulate_gradients(x, labels, dropout)
         self._set_where("optimizer step")
         with self.device.compute:
             optimizer.step()
@@ -529,7 +657,8 @@ class Executor:
         return int(self.allocator.in_use)
 
     def memory_stats(self) -> dict:
-        """Memory figures; per-step ones are of the last step.
+        """Memory figures; per-step ones are of the last step (of its last pass, with
+        micro-batches: every pass is alike).
 
         peak_device_bytes: highest bytes in the device allocator since this executor was made
         (everything it holds: parameters, gradients, optimizer state, feature maps, and on the
@@ -561,6 +690,7 @@ class Executor:
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),
             "fragmentation": float(frag),
             "policy": self.decision.policy,
+            "micro_batches": self.micro_batches,
             "offload_storages": len(self.decision.offload),
             "layout_bytes": int(self.layout.size) if self.layout else None,
             "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,

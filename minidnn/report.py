@@ -7,8 +7,8 @@ Fields (these names never change; new fields may be added):
     are left out), peak_device_bytes, peak_feature_map_bytes, offloaded_bytes and
     prefetched_bytes (per step, last step), param_checksum (sha256 of all parameters after
     the run).
-Also: start_step, device_name, math_mode, num_classes, num_params, data, seed, lr, momentum,
-weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
+Also: start_step, device_name, micro_batches (passes per step), math_mode, num_classes,
+num_params, data, seed, lr, momentum, weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
 memory (every figure the executor reports), wall_time_s, minidnn_version, created.
 """
 from __future__ import annotations
@@ -90,6 +90,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "device_name": ex.device.name,
         "policy": cfg.policy,
         "relu_bits": cfg.relu_bits,
+        "micro_batches": ex.micro_batches,
         "memory_budget_bytes": cfg.memory_budget,
         "steps": start_step + len(losses),
         "start_step": start_step,

@@ -87,7 +87,9 @@ class TrainConfig:
     image_size None: Shapes at SHAPES_IMAGE_SIZE (or the model's minimum, if larger), CIFAR-10
     at 32 (or the minimum), synthetic data and image folders at the model's native size.
     num_classes None: what the data has (Shapes 10, CIFAR-10 10, a folder its class count,
-    synthetic 1000). memory_budget: bytes (None: no budget). math: 'tf32' or 'fp32' for the GPU
+    synthetic 1000). memory_budget: bytes (None: no budget). micro_batches: run each step as
+    this many passes over equal parts of the batch (None: one); split_batch_statistics: allow
+    that for networks with BatchNorm (see Executor). math: 'tf32' or 'fp32' for the GPU
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
@@ -109,6 +111,8 @@ class TrainConfig:
     memory_budget: int | None = None
     prefetch_lookahead: int = 1
     relu_bits: bool = False
+    micro_batches: int | None = None
+    split_batch_statistics: bool = False
     math: str | None = None
     deterministic: bool = False
     precision: str = "fp32"
@@ -141,6 +145,8 @@ def _check_config(cfg: TrainConfig) -> None:
     positive("log_every")
     positive("warmup_steps", 0)
     positive("prefetch_lookahead", 0)
+    if cfg.micro_batches is not None:
+        positive("micro_batches")
     if cfg.image_size is not None:
         positive("image_size")
     if cfg.num_classes is not None:
@@ -231,6 +237,8 @@ def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
                     memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                    micro_batches=cfg.micro_batches,
+                    split_batch_statistics=cfg.split_batch_statistics,
                     precision=cfg.precision, layout=cfg.layout)
 
 

@@ -2,7 +2,8 @@
 evaluation (and for p = 0, or a step run with dropout off: StepContext.dropout) the identity.
 
 The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
-by (seed, step, layer index), so a resumed run draws the same masks. Backward reads only the
+by (seed, step, layer index), so a resumed run draws the same masks; a micro-batch takes its
+rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them. Backward reads only the
 mask, so the layer runs in place.
 """
 from __future__ import annotations
@@ -42,8 +43,9 @@ class Dropout(Layer):
                 y[...] = x
             return
         mask = aux["mask"]
-        # float32 draws whatever the layer's dtype: the same mask in float32 and float64 runs.
-        draws = ctx.rng(self).random(mask.shape, dtype=np.float32)
+        # float32 draws whatever the layer's dtype: the same mask in float32 and float64 runs;
+        # the rows of the whole batch's draws, so a micro-batch has its rows of the same mask.
+        draws = ctx.uniform_rows(self, mask.shape)
         xp.greater_equal(draws, np.float32(self.p), out=mask)
         xp.multiply(x, mask, out=y)
         y *= y.dtype.type(1.0 / (1.0 - self.p))

@@ -31,6 +31,9 @@ region. The executor hands the block to the layer (StepContext.workspace).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from .allocator import ALIGNMENT, CountingAllocator, aligned
 
@@ -47,6 +50,8 @@ class Interval:
     end: int = -1
     offset: int = -1
     predecessors: list = field(default_factory=list)   # keys of earlier blocks at overlapping addresses
+    index: int = -1                                      # position in the packed list
+    predecessor_index: Any = None                        # the predecessors' positions (array)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -111,27 +116,51 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     Greedy: largest first (ties: earliest start), each at the lowest aligned address where it
     overlaps no placed interval alive at the same time. Then, for every interval, the earlier
     intervals that share any of its addresses (the blocks whose release it may have to wait for).
+    The overlap tests run as array operations over all intervals at once (a step of a very
+    deep network has thousands of blocks).
     """
-    order = sorted(intervals, key=lambda iv: (-aligned(iv.nbytes), iv.start))
-    placed: list[Interval] = []
+    n = len(intervals)
+    if n == 0:
+        return 0
+    need = np.array([aligned(iv.nbytes) for iv in intervals], dtype=np.int64)
+    start = np.array([iv.start for iv in intervals], dtype=np.int64)
+    end = np.array([iv.end for iv in intervals], dtype=np.int64)
+    offset = np.full(n, -1, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
     size = 0
-    for iv in order:
-        need = aligned(iv.nbytes)
-        busy = sorted((p.offset, p.offset + aligned(p.nbytes)) for p in placed
-                      if p.start < iv.end and iv.start < p.end)
-        offset = 0
-        for lo, hi in busy:
-            if offset + need <= lo:
-                break
-            offset = max(offset, (hi + alignment - 1) // alignment * alignment)
-        iv.offset = offset
-        placed.append(iv)
-        size = max(size, offset + need)
-    for iv in intervals:
-        lo, hi = iv.offset, iv.offset + aligned(iv.nbytes)
-        iv.predecessors = [p.key for p in intervals if p.end <= iv.start
-                           and p.offset < hi and lo < p.offset + aligned(p.nbytes)]
+    for i in sorted(range(n), key=lambda i: (-need[i], start[i])):
+        offset[i] = _first_fit(offset, need, placed & (start < end[i]) & (start[i] < end),
+                               int(need[i]), alignment)
+        placed[i] = True
+        size = max(size, int(offset[i] + need[i]))
+    top = offset + need
+    keys = [iv.key for iv in intervals]
+    for i, iv in enumerate(intervals):
+        iv.offset, iv.index = int(offset[i]), i
+        earlier = np.flatnonzero((end <= start[i]) & (offset < top[i]) & (offset[i] < top))
+        iv.predecessor_index = earlier
+        iv.predecessors = [keys[j] for j in earlier.tolist()]
     return size
+
+
+def _first_fit(offset, need, alive, size: int, alignment: int) -> int:
+    """The lowest aligned address where `size` bytes overlap none of the `alive` blocks.
+
+    Walking the alive blocks by address, the candidate address is the aligned end of the
+    highest block seen so far (0 before the first), and the walk stops at the first block
+    that starts at or after candidate + size: so the answer is that running maximum at the
+    first such block (or after the last one).
+    """
+    idx = np.flatnonzero(alive)
+    if idx.size == 0:
+        return 0
+    lo, hi = offset[idx], offset[idx] + need[idx]
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    ends = (hi + alignment - 1) // alignment * alignment
+    candidate = np.concatenate(([0], np.maximum.accumulate(ends)))   # before block j: [j]
+    fits = np.flatnonzero(candidate[:-1] + size <= lo)
+    return int(candidate[fits[0]] if fits.size else candidate[-1])
 
 
 class StaticLayout:
@@ -171,18 +200,29 @@ class PlannedBlocks(DynamicBlocks):
         self.layout = layout
         self.region = region
         self._count: dict[int, int] = {}
-        self._current: dict[int, tuple] = {}      # sid -> key of its planned block now held
-        self._released: dict[tuple, object] = {}  # key -> event to wait on (None: none needed)
+        self._current: dict[int, Interval] = {}   # sid -> its planned block now held
+        # By interval position: the event a block was released behind (None: none needed),
+        # and whether there is one. Events each stream has been made to wait on this step
+        # (by id of the stream, as a mask over positions): an event is recorded once, so a
+        # second wait on it orders nothing more. A block of a very deep network has hundreds
+        # of predecessors, most of them released without a copy or waited on already, so
+        # they are sifted with array operations.
+        n = len(layout.intervals)
+        self._event: list = [None] * n
+        self._has_event = np.zeros(n, dtype=bool)
+        self._waited: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
         # Copies of the last step that may still touch the region: every stream starts behind them.
-        events = [ev for ev in self._released.values() if ev is not None]
+        events = [ev for ev in self._event if ev is not None]
         for ev in events:
             device.compute.wait_event(ev)
             device.prefetch.wait_event(ev)
         self._count.clear()
-        self._released.clear()
+        self._event = [None] * len(self._event)
+        self._has_event[:] = False
+        self._waited.clear()
 
     def acquire(self, fm, where, stream):
         k = self._count.get(fm.sid, 0)
@@ -191,17 +231,23 @@ class PlannedBlocks(DynamicBlocks):
         if iv is None or iv.nbytes != fm.nbytes:
             self.unplanned += 1
             return super().acquire(fm, where, stream)
-        for pred in iv.predecessors:
-            ev = self._released.get(pred)
-            if ev is not None:
-                stream.wait_event(ev)
-        self._current[fm.sid] = iv.key
+        preds = iv.predecessor_index
+        if preds is not None and preds.size:
+            waited = self._waited.get(id(stream))
+            if waited is None:
+                waited = self._waited[id(stream)] = np.zeros(len(self._event), dtype=bool)
+            due = preds[self._has_event[preds] & ~waited[preds]]
+            for j in due.tolist():
+                stream.wait_event(self._event[j])
+            waited[due] = True
+        self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
     def release(self, fm, after) -> None:
-        key = self._current.pop(fm.sid, None)
-        if key is None:
+        iv = self._current.pop(fm.sid, None)
+        if iv is None:
             super().release(fm, after)
-        else:
-            self._released[key] = after
+        elif after is not None:
+            self._event[iv.index] = after
+            self._has_event[iv.index] = True
 

@@ -254,6 +254,7 @@ class MemoryManager:
         self._workspace_held = None
         self.observer = observer
         self.train = True
+        self.loss_gradient = 1.0
         self.keep: set[int] = set()
         # The plan's integer clock (memory/plan.py): forward of node i is time i, backward of
         # node i is 2n-1-i; -1 before the step. Every log entry and history note carries it.
@@ -379,9 +380,13 @@ class MemoryManager:
                 return
 
     # ---- step ---------------------------------------------------------------------------------
-    def begin_step(self, train: bool = True, keep: tuple[str, ...] = ()) -> None:
-        """Start a step. `keep`: tensors to hold until end_step (outputs the caller reads)."""
+    def begin_step(self, train: bool = True, keep: tuple[str, ...] = (),
+                   loss_gradient: float = 1.0) -> None:
+        """Start a step. `keep`: tensors to hold until end_step (outputs the caller reads).
+        loss_gradient: d(step loss) / d(this pass's loss), where backward starts (1/k for
+        each of k equal micro-batches, whose mean losses average to the step's)."""
         self.train = train
+        self.loss_gradient = loss_gradient
         self.keep = {self.plan.tensors[k].storage for k in keep}
         self._grad_written.clear()
         self.blocks.begin_step(self.device)
@@ -492,7 +497,7 @@ class MemoryManager:
         aux = {a: self.view(f"{node.name}:{a}") for a in self.plan.aux_specs(i)}
         gy = self.view(f"grad:{node.name}", where)
         if i == self.plan.num_nodes - 1 and not self.dry:
-            gy[...] = 1  # d loss / d loss
+            gy[...] = self.loss_gradient  # d loss / d loss
         gxs = []
         self._pending_sums = []
         for k, name in enumerate(node.inputs):

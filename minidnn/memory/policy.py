@@ -52,6 +52,8 @@ class MemoryDecision:
     no storage is both offloaded and recomputed, and none is rebuilt from another one that
     is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on
     the GPU: the deterministic math mode, or plans without atomics).
+    micro_batches: passes a training step runs, each over batch / micro_batches images
+    (executor.py); the storage ids and bytes above are those of one pass.
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
@@ -63,10 +65,9 @@ class MemoryDecision:
     # their output (layers/relu.py); policy: the name of the policy that decided (reports).
     relu_bits: frozenset = frozenset()
     policy: str = ""
-    # Room for what the executor does not run yet (it refuses other values with a
-    # ConfigError): micro_batches: split each batch into this many parts; chunks: runs of
-    # layers executed chunk by chunk (tuples of node names).
     micro_batches: int = 1
+    # Room for what the executor does not run yet (it refuses other values with a
+    # ConfigError): chunks: runs of layers executed chunk by chunk (tuples of node names).
     chunks: tuple = ()
     # How feature maps are stored (kernels/mapformat.py): precision 'fp32' or 'bf16' (mixed:
     # bf16 maps and map gradients), layout 'nchw' or 'nhwc' (channels last). decide.py fills
@@ -84,7 +85,8 @@ NO_DECISION = MemoryDecision(prefetch_lookahead=1, policy="none")
 
 def check_runnable(decision: MemoryDecision) -> None:
     """Raise ConfigError unless an executor can run `decision` as it is: a finished decision
-    (minidnn/decide.py fills in its prefetch lookahead) with only the choices it supports."""
+    (minidnn/decide.py fills in its prefetch lookahead) with only the choices it supports.
+    (Its micro-batch count the executor checks against the batch and the network.)"""
     if not isinstance(decision, MemoryDecision):
         raise ConfigError(f"an executor runs a memory.policy.MemoryDecision (see "
                           f"minidnn/decide.py), got {decision!r}")
@@ -92,8 +94,7 @@ def check_runnable(decision: MemoryDecision) -> None:
     if lookahead is None or isinstance(lookahead, bool) or int(lookahead) < 0:
         raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
                           f"got {lookahead!r}")
-    for what, value, supported in (("micro_batches", decision.micro_batches, 1),
-                                   ("chunks", tuple(decision.chunks), ())):
+    for what, value, supported in (("chunks", tuple(decision.chunks), ()),):
         if value != supported:
             raise ConfigError(f"the executor does not support {what}={value!r} yet "
                               f"(only {supported!r})")

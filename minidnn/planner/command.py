@@ -71,6 +71,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prefetch-lookahead", type=argtypes.count, default=None, metavar="N",
                    help="layers ahead backward prefetches, as the run will use (default: dyn "
                         "chooses it; 1 for the other policies)")
+    p.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
+                   help="plan a step as K passes of batch/K images (as train --micro-batches; "
+                        "default: dyn chooses K, the other policies run one pass)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--report", default=None, metavar="RUN.json",
@@ -277,7 +280,7 @@ def _evaluation_json(model, ev) -> dict:
         "feature_map_region_bytes": ev.region_bytes,
         "planned_workspace": {f"{name}/{phase}": n for (name, phase), n in ev.workspace.items()},
         "step_time_s": ev.step_time_s,
-        "images_per_s": model.batch / ev.step_time_s if ev.step_time_s > 0 else None,
+        "images_per_s": model.step_batch / ev.step_time_s if ev.step_time_s > 0 else None,
         "compute_time_s": ev.compute_s,
         "offloaded_bytes": ev.offloaded_bytes,
         "prefetched_bytes": ev.prefetched_bytes,
@@ -286,11 +289,42 @@ def _evaluation_json(model, ev) -> dict:
     }
 
 
+def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str,
+                relu_bits=frozenset()):
+    """The profile of a pass of `pass_batch` images: the analytic model's at that batch, a
+    measured one scaled (planner/split.py)."""
+    from .gpus import analytic_profile
+    from .split import scale_profile
+    if pass_batch == batch:
+        return prof
+    if prof.source.startswith("analytic:"):
+        return analytic_profile(net, pass_batch, prof.key_fields.get("gpu", prof.device_name),
+                                math_mode, relu_bits)
+    return scale_profile(prof, net, pass_batch, relu_bits)
+
+
+def _option_json(option) -> dict:
+    """One micro-batch count the planner weighed (planner/split.py: SplitOption)."""
+    best = option.best
+    return {
+        "micro_batches": option.micro_batches, "micro_batch": option.batch,
+        "prefetch_lookahead": option.lookahead,
+        "fits": best is not None,
+        "step_time_s": best.step_time_s if best else None,
+        "images_per_s": option.planner.model.step_batch / best.step_time_s if best else None,
+        "required_bytes": best.required_bytes if best else None,
+        "peak_device_bytes": best.peak_bytes if best else None,
+        "minimum_budget_bytes": int(option.minimum_budget),
+        "skipped": option.skipped,
+    }
+
+
 # ---- the command ---------------------------------------------------------------------------------
 def make_plan(args) -> dict:
     """Everything `minidnn plan` shows, as a dict (see run() for the printing)."""
     from .. import models
-    from .search import LOOKAHEADS, InfeasibleBudgetError, Planner
+    from .search import LOOKAHEADS
+    from .split import micro_batch_counts, plan_split
     from .timeline import bytes_by_layer, timeline_data
     report = _load_report(args.report) if args.report else None
     s = _settings(args, report)
@@ -313,28 +347,30 @@ def make_plan(args) -> dict:
     choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
     lookaheads = LOOKAHEADS if choose else (1 if args.prefetch_lookahead is None
                                             else args.prefetch_lookahead,)
-    planner = result = infeasible = lookahead = None
-    minimum_budget = None           # the least over the lookaheads tried
-    for candidate in lookaheads:
-        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate,
-                        relu_bits=relu_bits)
-        least = trial.minimum_budget()
-        minimum_budget = least if minimum_budget is None else min(minimum_budget, least)
-        try:
-            found = trial.run()
-        except InfeasibleBudgetError as e:
-            if infeasible is None or e.minimum < infeasible.minimum:
-                infeasible = e
-            planner = planner or trial
-            continue
-        if result is None or found.best.step_time_s < result.best.step_time_s:
-            planner, result, lookahead, infeasible = trial, found, candidate, None
-    if result is None and s["policy"] == "dyn":
-        raise infeasible
+    # dyn chooses the micro-batch count too, unless --micro-batches fixes it.
+    forced = args.micro_batches
+    if forced is not None and batch % forced:
+        raise ConfigError(f"micro-batches {forced} must divide the batch {batch} into equal "
+                          f"micro-batches")
+    counts = [forced] if forced else (micro_batch_counts(batch) if s["policy"] == "dyn"
+                                      else [1])
+    split = plan_split(net, batch,
+                       lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
+                       int(budget), lookaheads, counts=counts, relu_bits=relu_bits)
+    if split.chosen is None and s["policy"] == "dyn":
+        raise split.infeasible_error()
+    option = split.chosen or split.options[0]
+    planner, result, infeasible = option.planner, option.result, option.error
+    lookahead = option.lookahead
     if choose:
         tried = ", ".join(map(str, LOOKAHEADS))
         notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
+    if len(counts) > 1:
+        notes.append(f"the step runs as {option.micro_batches} micro-batches of "
+                     f"{option.batch}: of {', '.join(map(str, counts))} micro-batches, the "
+                     f"fastest that fits (see the table of micro-batch counts)")
     lookahead = lookahead if lookahead is not None else lookaheads[0]
+    minimum_budget = split.minimum_budget
     model = planner.model
     if s["policy"] == "dyn":
         ev = result.best
@@ -364,7 +400,9 @@ def make_plan(args) -> dict:
         "policy": s["policy"], "math": prof.math, "profile_source": source,
         "gpu": prof.device_name, "memory_budget_bytes": int(budget),
         "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,
+        "micro_batches": option.micro_batches, "micro_batch": option.batch,
         "minimum_budget_bytes": minimum_budget,
+        "micro_batch_options": [_option_json(o) for o in split.options],
         "plan": _evaluation_json(model, ev),
         "decision": _decision_line(model, ev),
         "layers": layer_rows(model, ev),
@@ -419,8 +457,12 @@ def _fmt_value(what: str, v) -> str:
 
 def format_plan(out: dict) -> str:
     """The printed form of make_plan's dict."""
-    lines = [f"{out['network']}: batch {out['batch']}, {out['image_size']}x{out['image_size']} "
-             f"images, {out['num_classes']} classes; costs from the {out['profile_source']}",
+    split = (f" as {out['micro_batches']} micro-batches of {out['micro_batch']} (the layer "
+             f"table and memory are one pass's; step times are the whole step's)"
+             if out["micro_batches"] > 1 else "")
+    lines = [f"{out['network']}: batch {out['batch']}{split}, {out['image_size']}x"
+             f"{out['image_size']} images, {out['num_classes']} classes; costs from the "
+             f"{out['profile_source']}",
              f"memory budget {fmt_bytes(out['memory_budget_bytes'])} (plans fill "
              f"{fmt_bytes(out['usable_bytes'])}; the rest is left for fragmentation); "
              f"policy {out['policy']}; prefetch lookahead {out['prefetch_lookahead']}",
@@ -459,6 +501,22 @@ def format_plan(out: dict) -> str:
         lines.append(f"  {a['label'][:51]:<52}{fmt_bytes(a['required_bytes']):>12}"
                      f"{fmt_bytes(a['peak_device_bytes']):>12}{a['step_time_s'] * 1e3:>10.1f}"
                      f"{a['images_per_s']:>9.0f}  {'yes' if a['fits'] else 'no'}")
+    if len(out["micro_batch_options"]) > 1:
+        lines += ["", "micro-batch counts weighed (dyn's plan at each; the least budget each "
+                      "can train in):",
+                  f"  {'micro-batches':<22}{'lookahead':>10}{'needs':>12}{'peak':>12}"
+                  f"{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
+        for o in out["micro_batch_options"]:
+            label = f"{o['micro_batches']} x {o['micro_batch']}" + \
+                (" (chosen)" if o["micro_batches"] == out["micro_batches"] else "")
+            if o["fits"]:
+                cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
+                        f"{fmt_bytes(o['peak_device_bytes']):>12}"
+                        f"{o['step_time_s'] * 1e3:>10.1f}{o['images_per_s']:>9.0f}")
+            else:
+                why = o["skipped"] or "does not fit"
+                cols = f"  {why[:51]:<51}"
+            lines.append(f"  {label:<22}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
     dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
     floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
     if dyn and floor and dyn["step_time_s"] > 0:

@@ -181,20 +181,30 @@ def numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def transient_bytes(layer, phase: str) -> int:
+def transient_bytes(layer, phase: str, micro_batches: int = 1) -> int:
     """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace.
 
     From the layers' and the GPU kernels' code: dropout's forward draws float32 randoms of
-    the mask's shape; the loss works on (N,) vectors. Everything else (ReLU and the conv bias
-    run as fused kernels on the GPU) writes into the buffers it is given.
+    the mask's shape (of the whole batch's, `micro_batches` times the pass's); the loss works
+    on (N,) vectors. Everything else (ReLU and the conv bias run as fused kernels on the GPU)
+    writes into the buffers it is given.
     """
     kind = layer.kind
     if kind == "dropout" and phase == "forward" and getattr(layer, "p", 0) > 0:
-        return 4 * numel(layer.out_shape)
+        return 4 * numel(layer.out_shape) * micro_batches
     if kind == "loss":
         n = layer.in_shapes[0][0]
         return 4 * 8 * n  # max, sum, arange, picked, log ... of (N,) vectors
     return 0
+
+
+def accumulation_bytes(layer, phase: str, micro_batches: int) -> int:
+    """In a step of several micro-batches, a backward after the first writes its parameter
+    gradients into temporaries, all of them at once, and adds them to the accumulated ones
+    (executor.py); those come out of the device allocator on every device."""
+    if phase != "backward" or micro_batches <= 1:
+        return 0
+    return sum(numel(p.shape) for p in layer.params.values()) * layer.dtype.itemsize
 
 
 def optimizer_transient_bytes(net) -> int:

@@ -7,9 +7,9 @@ budget) and FixedDecision (a decision made beforehand).
     (minidnn/decide.py; build_executor takes the same arguments)
 
 DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
-measured on the device, cached on disk: profile.py), runs the planner (search.py) and returns
-its decision: which feature maps to offload or recompute, and which convolution plan each
-convolution runs.
+measured on the device, cached on disk: profile.py), runs the planner (search.py) for each
+micro-batch count (split.py) and returns its decision: how many micro-batches a step runs,
+which feature maps to offload or recompute, and which convolution plan each convolution runs.
 Without a budget nothing needs planning: no offload, the fastest plans. A budget below what
 any decision needs raises InfeasibleBudgetError (a MemoryBudgetError) naming the minimum.
 
@@ -47,6 +47,9 @@ class DynPolicy(Policy):
     measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
     of a profiling pass goes (default: standard error). recompute: the planner may drop maps
     after forward and run their layers again in backward (default); False: offload only.
+    micro_batches: the count a step runs (None: the planner chooses it, split.py).
+    batch: images per step (None: the batch of the plan `decide` is given); an executor
+    binds both.
     """
     name = "dyn"
     description = ("vDNN_dyn: profile the network, then choose per layer what to offload or "
@@ -56,7 +59,8 @@ class DynPolicy(Policy):
     def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
-                 log=None, choose_lookahead: bool = True, recompute: bool = True):
+                 log=None, choose_lookahead: bool = True, recompute: bool = True,
+                 micro_batches: int | None = None, batch: int | None = None):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -70,11 +74,20 @@ class DynPolicy(Policy):
         self.log = log
         self.choose_lookahead = bool(choose_lookahead)
         self.recompute = bool(recompute)
+        self.micro_batches = micro_batches
+        self.batch = batch
         self.result = None
+        self.split = None
 
-    def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
+    def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
+             micro_batches=None, **_) -> None:
         """What the executor the decision is for will run with (minidnn/decide.py calls this
-        before `decide`): the device to profile, its prefetch lookahead and layout."""
+        before `decide`): the device to profile, its prefetch lookahead and layout, the
+        step's batch and the micro-batch count it forces (None: the plan chooses)."""
+        if batch is not None:
+            self.batch = int(batch)
+        if micro_batches is not None:
+            self.micro_batches = int(micro_batches)
         if device is not None and self.device is None:
             self.device = device
         if prefetch_lookahead is not None:
@@ -95,25 +108,40 @@ class DynPolicy(Policy):
         return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
                            log=self.log or _to_stderr, relu_bits=relu_bits)
 
+    def profile_at(self, net, batch: int, pass_batch: int, relu_bits=frozenset()):
+        """The Profile of one pass of `pass_batch` images of a step of `batch`: the analytic
+        model's at that batch, else the step's profile scaled (split.py)."""
+        if self.gpu is not None and self.profile is None:
+            return self.profile_for(net, pass_batch, relu_bits)
+        from .split import scale_profile
+        return scale_profile(self.profile_for(net, batch, relu_bits), net, pass_batch,
+                             relu_bits)
+
     def decide(self, plan, budget=None):
-        from .search import DEFAULT_RESERVE, Planner, plan_lookaheads
-        net, batch = plan.net, plan.batch
+        from .search import DEFAULT_RESERVE, LOOKAHEADS
+        from .split import plan_split
+        net = plan.net
+        batch = self.batch or plan.batch
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
         if budget is None:
-            self.result = None
-            return MemoryDecision(conv_algo=convs)
+            self.result = self.split = None
+            return MemoryDecision(conv_algo=convs, micro_batches=self.micro_batches or 1)
         # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
                        reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
                        relu_bits=plan.relu_bits, maps=plan.maps)
-        profile = self.profile_for(net, batch, plan.relu_bits)
-        if not self.choose_lookahead:
-            self.result = Planner(net, batch, profile, budget=int(budget),
-                                  prefetch_lookahead=self.prefetch_lookahead, **options).run()
-            return self.result.decision
-        self.result, lookahead = plan_lookaheads(net, batch, profile, int(budget), **options)
-        return replace(self.result.decision, prefetch_lookahead=lookahead)
+        lookaheads = LOOKAHEADS if self.choose_lookahead else (self.prefetch_lookahead,)
+        counts = None if self.micro_batches is None else [self.micro_batches]
+        self.split = plan_split(net, batch,
+                                lambda b: self.profile_at(net, batch, b, plan.relu_bits),
+                                int(budget), lookaheads, counts=counts, **options)
+        chosen = self.split.chosen
+        if chosen is None:
+            raise self.split.infeasible_error()
+        self.result = chosen.result
+        return replace(self.result.decision, micro_batches=chosen.micro_batches,
+                       prefetch_lookahead=chosen.lookahead if self.choose_lookahead else None)
 
     def __repr__(self) -> str:
         source = f"gpu={self.gpu!r}" if self.gpu else \

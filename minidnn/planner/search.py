@@ -9,7 +9,8 @@ Two searches run, and the faster feasible answer wins:
 
 * vDNN_dyn's greedy order (Rhu et al. 2016), the floor: no offload with the fastest plans;
   else vDNN_conv, then vDNN_all, with the fastest plans; then, still offloading everything,
-  switch layers one by one to their memory-optimal plan, largest workspace first.
+  switch layers to their memory-optimal plan, largest workspace first, as few as make it fit
+  (the count found by bisection).
 * Greedy by time cost per byte saved: start from no offload and fastest plans; each round,
   take the moves that can lower what the step needs (offload, or recompute in backward, one
   more feature map that is on the device where the step needs the most, or where the most
@@ -37,6 +38,14 @@ from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import chains, get_policy, offload_candidates, recompute_candidates
 from .costs import Profile
 from .simulate import Evaluation, StepModel
+
+# A network with more offload candidates than this plans in bulk while it is over the budget
+# (a very deep network, where moving one map per round would take hundreds of rounds): each
+# round first applies, in one evaluation, as many of the most promising moves at the peak as the
+# estimates say cover the deficit, and the pruning afterwards tries at most BULK_PRUNE decisions.
+# Networks below it (every built-in model but the very deep VGGs) plan exactly as before.
+BULK_CANDIDATES = 128
+BULK_PRUNE = 24
 
 # Fraction of the budget left unplanned: the arena's free blocks come in pieces
 # (fragmentation), so a plan that fills the budget to the byte may still not find a block.
@@ -71,11 +80,11 @@ class PlanResult:
     Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
     memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
     + '/' + algo: Evaluation}; evaluations: decisions the model evaluated; seconds: time spent.
+    A planner in bulk (a very deep network) works out the floor and the baselines only when
+    they are read.
     """
     model: StepModel
     best: Evaluation
-    floor: Evaluation | None
-    floor_trail: list
     minimum: Evaluation
     minimum_budget: int
     baselines: dict
@@ -84,10 +93,25 @@ class PlanResult:
     evaluations: int = 0
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    planner: object = field(default=None, repr=False)
+    vdnn_order: tuple | None = field(default=None, repr=False)   # (floor, floor_trail)
 
     @property
     def decision(self):
         return self.best.decision
+
+    @property
+    def floor(self) -> Evaluation | None:
+        return self._vdnn_order()[0]
+
+    @property
+    def floor_trail(self) -> list:
+        return self._vdnn_order()[1]
+
+    def _vdnn_order(self) -> tuple:
+        if self.vdnn_order is None:
+            self.vdnn_order = self.planner.floor()
+        return self.vdnn_order
 
 
 class Planner:
@@ -99,14 +123,17 @@ class Planner:
     moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
     evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
     VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
-    relu_bits: the ReLUs that keep bit masks in the run (see StepModel).
+    micro_batches: `batch` is one pass of a step of that many (planner/split.py; the
+    profile is at `batch`). relu_bits: the ReLUs that keep bit masks in the run (see
+    StepModel).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, relu_bits=frozenset(), maps=None):
+                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
+                 maps=None):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -116,8 +143,8 @@ class Planner:
         self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
-                               static_layout=static_layout, relu_bits=relu_bits,
-                               maps=maps)
+                               static_layout=static_layout, micro_batches=micro_batches,
+                               relu_bits=relu_bits, maps=maps)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -125,6 +152,7 @@ class Planner:
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
+        self.bulk = len(self.candidates) > BULK_CANDIDATES
         self._estimate_cache = None
 
     # ---- building blocks ---------------------------------------------------------------------
@@ -158,15 +186,29 @@ class Planner:
             if ev.fits:
                 return ev, trail
         offload = self.policy_offload("all")
-        algos = m.algos("fastest")
         order = sorted(m.conv_names, key=lambda n: (-self._conv_workspace(n), m.index[n]))
-        for name in order:
-            algos = dict(algos, **{name: "min_workspace"})
-            ev = m.evaluate(offload, algos)
-            trail.append((f"all, {name} memory-optimal", ev))
-            if ev.fits:
-                return ev, trail
-        return None, trail
+        tried: dict = {}
+
+        def fits(count: int) -> bool:
+            """Do the first `count` convolutions of the order on their memory-optimal plan
+            make the step fit?"""
+            algos = dict(m.algos("fastest"), **{n: "min_workspace" for n in order[:count]})
+            tried[count] = m.evaluate(offload, algos)
+            return tried[count].fits
+
+        # Each switch frees workspace, so the least count that fits is found by bisection: a
+        # few evaluations where a very deep network has hundreds of convolutions.
+        lo, hi = 0, len(order)          # a count known not to fit / the least known to fit
+        if order and fits(hi):
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if fits(mid):
+                    hi = mid
+                else:
+                    lo = mid
+        trail += [(f"all, {order[c - 1]} memory-optimal", tried[c]) for c in sorted(tried)]
+        return (tried[hi], trail) if tried.get(hi) is not None and tried[hi].fits \
+            else (None, trail)
 
     # ---- greedy by cost per byte saved -------------------------------------------------------
     def _estimates(self) -> dict:
@@ -272,6 +314,22 @@ class Planner:
     def _out_of_evaluations(self) -> bool:
         return len(self.model.cache) >= self.max_evaluations
 
+    def _bulk_round(self, ev: Evaluation) -> Evaluation | None:
+        """The most promising moves at the peak (by estimated time per byte), as many as the
+        estimates say cover the deficit, applied together in one evaluation; None when that
+        does not lower what the step needs."""
+        deficit = ev.required_bytes - (self.usable or 0)
+        bundle, saved = [], 0
+        for move in self._moves(ev, everywhere=False):
+            bundle.append(move)
+            saved += self._estimate(ev, move)[1]
+            if saved >= deficit:
+                break
+        if len(bundle) < 2:
+            return None
+        nxt = self._apply(ev, bundle)
+        return nxt if nxt.required_bytes < ev.required_bytes else None
+
     def greedy(self) -> Evaluation | None:
         """Greedy by step time per byte saved at the peak, then pruning (see module doc).
 
@@ -285,6 +343,10 @@ class Planner:
         while not ev.fits:
             if self._out_of_evaluations():
                 return None
+            bulk = self._bulk_round(ev) if self.bulk else None
+            if bulk is not None:
+                ev = bulk
+                continue
             scored = []
             for everywhere, limit in ((False, self.shortlist), (True, self.shortlist),
                                       (True, None)):
@@ -327,10 +389,15 @@ class Planner:
         m = self.model
         est = self._estimates()
         improved = True
-        while improved and not self._out_of_evaluations():
+        limit = len(m.cache) + BULK_PRUNE if self.bulk else self.max_evaluations
+
+        def out_of_evaluations() -> bool:
+            return len(m.cache) >= min(limit, self.max_evaluations)
+
+        while improved and not out_of_evaluations():
             improved = False
             for sid in sorted(ev.offload, key=lambda s: -est[("offload", s)][0]):
-                if self._out_of_evaluations():
+                if out_of_evaluations():
                     break
                 tries = [(ev.offload - {sid}, ev.recompute)]
                 if sid in self.rebuildable:         # the copies for a recomputation instead
@@ -343,14 +410,14 @@ class Planner:
                         ev, improved = nxt, True
                         break
             for sid in sorted(ev.recompute):
-                if self._out_of_evaluations():
+                if out_of_evaluations():
                     break
                 nxt = m.evaluate(ev.offload, ev.conv_algo, ev.recompute - {sid})
                 if nxt.fits and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
                 faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
-                if faster is not None and not self._out_of_evaluations():
+                if faster is not None and not out_of_evaluations():
                     nxt = m.evaluate(ev.offload, dict(ev.conv_algo, **{name: faster}),
                                      ev.recompute)
                     if nxt.fits and nxt.step_time_s < ev.step_time_s:
@@ -367,9 +434,10 @@ class Planner:
         on_demand = StepModel(self.net, self.batch, self.profile, budget=self.budget,
                               usable=self.usable, prefetch_lookahead=0,
                               momentum=m.momentum_bytes > 0,
-                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1),
-                              static_layout=m.static_layout, relu_bits=m.relu_bits,
-                              maps=m.maps)
+                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
+                              // m.micro_batches,
+                              static_layout=m.static_layout, micro_batches=m.micro_batches,
+                              relu_bits=m.relu_bits, maps=m.maps)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -393,15 +461,19 @@ class Planner:
         m = self.model
         minimum = self.minimum()
         what = f"{self.net.name} at batch {self.batch}"
+        if m.micro_batches > 1:
+            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
+                    f"micro-batches of {self.batch}")
         if not minimum.fits:
             static = m.param_grad_bytes + m.extra_bytes
             raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
                                         self._lookahead_hint(), bool(m.conv_names))
-        baselines = {}
-        for policy in ("none", "conv", "all"):
-            for algo in ("fastest", "min_workspace"):
-                baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
-        floor, trail = self.floor()
+        baselines = _Baselines(self)
+        if not self.bulk:   # evaluated now, so that the search may pick one; in bulk, if read
+            for policy in ("none", "conv", "all"):
+                for algo in ("fastest", "min_workspace"):
+                    baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
+        vdnn_order = None if self.bulk else self.floor()   # in bulk, if read
         notes = []
         if self.budget is None:
             best = baselines["none/fastest"]
@@ -414,10 +486,25 @@ class Planner:
             # by a convolution on its memory-optimal plan, say).
             self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
-        return PlanResult(model=m, best=best, floor=floor, floor_trail=trail, minimum=minimum,
+        return PlanResult(model=m, best=best, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,
                           budget=self.budget, usable=self.usable, evaluations=len(m.cache),
-                          seconds=time.perf_counter() - t0, notes=notes)
+                          seconds=time.perf_counter() - t0, notes=notes, planner=self,
+                          vdnn_order=vdnn_order)
+
+
+class _Baselines(dict):
+    """{'none'|'conv'|'all' + '/' + algo: Evaluation} of a Planner; one not evaluated yet is
+    evaluated when first read."""
+
+    def __init__(self, planner: Planner):
+        super().__init__()
+        self._planner = planner
+
+    def __missing__(self, key: str) -> Evaluation:
+        policy, algo = key.split("/")
+        value = self[key] = self._planner.baseline(policy, algo)
+        return value
 
 
 # Prefetch lookaheads a plan may choose from: 0 fetches each map only when its layer needs it

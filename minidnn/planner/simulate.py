@@ -50,8 +50,8 @@ from ..memory.allocator import CountingAllocator, wait_until_fits
 from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
-from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
-                    transient_bytes)
+from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
+                    param_bytes, transient_bytes)
 
 
 # ---- the recording device ------------------------------------------------------------------------
@@ -311,16 +311,25 @@ class StepModel:
     default: every feature-map block at an address planned before step one). steps:
     back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
     run (MemoryDecision.relu_bits); the profile must have been made with them.
+    micro_batches: `batch` is one pass of a step that runs this many (planner/split.py):
+    the input batches are the whole step's, a layer with parameters takes a gradient-sized
+    temporary in backward (to add into the accumulated gradient), a dropout draws the whole
+    batch's random numbers; an Evaluation's step time, compute time and bytes moved are the
+    whole step's (k passes, one optimizer update), its memory that of one pass (every pass
+    is alike).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, relu_bits=frozenset(), maps=None):
+                 static_layout: bool = True, relu_bits=frozenset(), maps=None,
+                 micro_batches: int = 1):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
+        self.micro_batches = int(micro_batches)
+        self.step_batch = self.batch * self.micro_batches   # images per step
         self.budget = budget
         self.usable = usable if usable is not None else budget
         self.steps = max(2, int(steps))
@@ -337,11 +346,13 @@ class StepModel:
         data, label = self.plan.tensors[DATA], self.plan.tensors[LABEL]
         self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \
             numel(label.shape) * label.dtype.itemsize
-        self.input_bytes = int(input_batches) * self.input_batch_bytes
+        self.input_bytes = int(input_batches) * self.input_batch_bytes * self.micro_batches
         self.extra_bytes = self.momentum_bytes + self.input_bytes
         counted = 1 if profile.temporaries_in_arena else 0
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
-        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
+        k = self.micro_batches
+        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase, k)
+                           + accumulation_bytes(node.layer, phase, k)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
 
@@ -422,11 +433,15 @@ class StepModel:
 
         t = self._timeline(log, conv_algo, held, planned)
         fits = self.usable is None or required <= self.usable
+        k, opt = self.micro_batches, self.profile.optimizer_s
+        # The timeline steps are passes, each with its optimizer update; a step has k passes
+        # and one update.
+        step, compute = (k * t["step"] - (k - 1) * opt, k * t["compute"] - (k - 1) * opt)
         return Evaluation(workspace=planned, recompute=recompute,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
-            peak_bytes=int(t["peak"]), fits=fits, step_time_s=t["step"],
-            compute_s=t["compute"], offloaded_bytes=int(stats["offloaded_bytes"]),
-            prefetched_bytes=int(stats["prefetched_bytes"]),
+            peak_bytes=int(t["peak"]), fits=fits, step_time_s=step,
+            compute_s=compute, offloaded_bytes=k * int(stats["offloaded_bytes"]),
+            prefetched_bytes=k * int(stats["prefetched_bytes"]),
             on_demand_fetches=int(stats["on_demand_fetches"]),
             avg_feature_map_bytes=float(stats["avg_feature_map_bytes"]), held_bytes=held,
             region_bytes=int(layout.size) if layout is not None else 0, levels=levels,

@@ -1,0 +1,216 @@
+"""Splitting the batch: which micro-batch count a step runs with, chosen with everything else.
+
+A step of batch B may run as k passes of B/k images (executor.py: gradients accumulated, one
+optimizer update). Each pass needs the memory of batch B/k: feature maps, gradient maps and
+most cuDNN workspaces shrink k-fold, while parameters, gradients and momentum stay. Its time
+is k passes and one optimizer step:
+
+    step(B, k) = k * pass(B/k) + optimizer        (StepModel(micro_batches=k) predicts it)
+
+So the planner plans each pass at B/k for k in 1, 2, 4, 8, ... (offload, recompute,
+convolution plans and lookahead as for an unsplit step) and keeps the fastest step that fits;
+the least feasible budget is the least over k.
+
+Costs at B/k. The analytic model of a GPU computes them at B/k directly. A measured profile is
+taken at one batch, so it is scaled by one rule: a layer call's device time is a fixed part,
+FIXED_CALL_S (launches, the tail of a kernel that does not fill the GPU), plus a part
+proportional to the batch; a workspace, and a plan setting's workspace limit, is proportional
+to the batch; the host's time per call and the optimizer step do not change; a dropout's
+forward draws the whole batch's random numbers in every pass (layers/base.py:
+StepContext.uniform_rows), so its time does not change either. Checked against the H200
+profiles of VGG-16 (benchmarks/profiles): scaled from batch 256 to 128, the step's device time
+comes out at 84.03 ms against 83.99 ms measured at 128 (+0.05%; every time proportional:
+-1.7%), the fastest plans' workspaces 4.5% below those measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+from .costs import LayerCost, Profile, structure_hash
+
+FIXED_CALL_S = 20e-6
+# Micro-batch counts tried: powers of two (that divide the batch), up to this many.
+MAX_MICRO_BATCHES = 64
+
+
+def micro_batch_counts(batch: int, limit: int = MAX_MICRO_BATCHES) -> list[int]:
+    """k in 1, 2, 4, ... (at most `limit`) that divide `batch`."""
+    counts, k = [], 1
+    while k <= min(batch, limit):
+        if batch % k == 0:
+            counts.append(k)
+        k *= 2
+    return counts
+
+
+def _scaled_time(seconds: float, ratio: float) -> float:
+    if seconds <= FIXED_CALL_S:
+        return float(seconds)
+    return FIXED_CALL_S + (seconds - FIXED_CALL_S) * ratio
+
+
+def _scaled_setting(setting: str, ratio: float) -> str:
+    from ..layers.conv import parse_plan_setting, plan_setting
+    algo, limit = parse_plan_setting(setting)
+    return setting if limit is None else plan_setting(algo, int(limit * ratio))
+
+
+def _scaled_layer(cost: LayerCost, ratio: float, draws_whole_batch: bool) -> LayerCost:
+    def times(table, fixed=False):
+        return {_scaled_setting(s, ratio): (float(t) if fixed else _scaled_time(t, ratio))
+                for s, t in table.items()}
+
+    def bytes_(table):
+        return {_scaled_setting(s, ratio): int(round(b * ratio)) for s, b in table.items()}
+
+    return LayerCost(forward_s=times(cost.forward_s, fixed=draws_whole_batch),
+                     backward_s=times(cost.backward_s),
+                     workspace_forward=bytes_(cost.workspace_forward),
+                     workspace_backward=bytes_(cost.workspace_backward),
+                     host_s=dict(cost.host_s))
+
+
+def scale_profile(profile: Profile, net, batch: int, relu_bits=frozenset()) -> Profile:
+    """`profile` (of `net` at its own batch, its ReLUs `relu_bits` keeping bit masks) scaled
+    to `batch` by the rule of the module docstring; the profile itself when the batch is its
+    own."""
+    batch = int(batch)
+    if batch == profile.batch:
+        return profile
+    profile.check_matches(net, profile.batch, relu_bits)
+    ratio = batch / profile.batch
+    kinds = {node.name: node.layer.kind for node in net.nodes}
+    layers = {name: _scaled_layer(cost, ratio, kinds.get(name) == "dropout")
+              for name, cost in profile.layers.items()}
+    fields = dict(profile.key_fields, structure=structure_hash(net, batch, relu_bits),
+                  scaled_from_batch=profile.batch)
+    note = (f"costs scaled from the profile at batch {profile.batch} to batch {batch} "
+            f"(device time {FIXED_CALL_S * 1e6:.0f} us per call + a part proportional to the "
+            f"batch; workspaces proportional)")
+    return dataclasses.replace(profile, batch=batch, layers=layers, key_fields=fields,
+                               source=f"{profile.source}, scaled", notes=profile.notes + [note])
+
+
+# ---- the joint search ------------------------------------------------------------------------
+@dataclass
+class SplitOption:
+    """One micro-batch count the planner weighed.
+
+    batch: images per pass; planner: the Planner of the chosen lookahead (or the first tried,
+    when nothing fits); result: its PlanResult (None: the budget is too small at this count,
+    `error` says so, or it was not planned, `skipped` says why); minimum_budget: the least
+    budget at this count over the lookaheads tried.
+    """
+    micro_batches: int
+    batch: int
+    planner: object = None
+    result: object = None
+    lookahead: int | None = None
+    minimum_budget: float = math.inf
+    error: Exception | None = None
+    skipped: str = ""
+
+    @property
+    def best(self):
+        return self.result.best if self.result is not None else None
+
+
+@dataclass
+class SplitPlan:
+    """What plan_split found: options (one per count tried, in order), chosen (the fastest
+    feasible one, or None), minimum_budget (the least over every count)."""
+    options: list
+    chosen: SplitOption | None
+    minimum_budget: int
+    seconds: float = 0.0
+
+    def infeasible_error(self):
+        """The InfeasibleBudgetError of the count with the least minimum (when none fits)."""
+        errors = [o.error for o in self.options if o.error is not None]
+        return min(errors, key=lambda e: e.minimum) if errors else None
+
+
+def least_step_s(profile: Profile, micro_batches: int) -> float:
+    """No decision at this count is faster: k passes of every layer's fastest device time,
+    one optimizer update."""
+    pass_s = sum(min(cost.time(phase, s) for s in cost.forward_s)
+                 if phase == "forward" else min(cost.time(phase, s) for s in cost.backward_s)
+                 for cost in profile.layers.values() for phase in ("forward", "backward"))
+    return micro_batches * pass_s + profile.optimizer_s
+
+
+def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
+               **options) -> SplitPlan:
+    """Plan `net` at `batch` under `budget` for each micro-batch count in `counts` (default
+    micro_batch_counts(batch)) and each prefetch lookahead; profile_at(b) gives the Profile
+    at pass batch b. A count whose least step time (least_step_s) cannot beat the best found
+    is not planned, only its least budget measured (at the least lookahead); so is every
+    count after one whose plan moves nothing and runs every convolution's fastest plan (more
+    passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
+    deep one) plans each count at one lookahead (1, where offered) and tries the others only
+    for the count chosen. options: as Planner takes them."""
+    from ..memory.plan import LivenessPlan
+    from ..memory.policy import offload_candidates
+    from .search import BULK_CANDIDATES
+    t0 = time.perf_counter()
+    counts = list(counts) if counts is not None else micro_batch_counts(batch)
+    lookaheads = list(lookaheads)
+    staged = len(lookaheads) > 1 and \
+        len(offload_candidates(LivenessPlan(net, batch // counts[0],
+                                            options.get("relu_bits", frozenset())))) \
+        > BULK_CANDIDATES
+    chosen, done, found = None, False, []
+    for k in counts:
+        option = SplitOption(micro_batches=k, batch=batch // k)
+        found.append(option)
+        prof = profile_at(option.batch)
+        if done:
+            option.skipped = "a plan with fewer passes moves nothing"
+        elif chosen is not None and least_step_s(prof, k) >= chosen.best.step_time_s:
+            option.skipped = "its compute alone is slower than the plan chosen"
+        if option.skipped:
+            _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
+            continue
+        tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
+        _plan_option(option, net, prof, budget, tried, options)
+        if option.result is None:
+            continue
+        if chosen is None or option.best.step_time_s < chosen.best.step_time_s:
+            chosen = option
+        best = option.best
+        if not best.offload and not best.recompute and \
+                all(a == "fastest" for a in best.conv_algo.values()):
+            done = True
+    if staged and chosen is not None:
+        _plan_option(chosen, net, profile_at(chosen.batch), budget,
+                     [la for la in lookaheads if la != chosen.lookahead], options)
+    least = min(o.minimum_budget for o in found)
+    return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
+                     seconds=time.perf_counter() - t0)
+
+
+def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, options: dict,
+                 run: bool = True) -> None:
+    """Plan `option` at each of `lookaheads` (run=False: only its least budget), keeping the
+    fastest result (or the InfeasibleBudgetError with the least minimum)."""
+    from .search import InfeasibleBudgetError, Planner
+    for lookahead in lookaheads:
+        planner = Planner(net, option.batch, prof, budget=budget, prefetch_lookahead=lookahead,
+                          micro_batches=option.micro_batches, **options)
+        option.planner = option.planner or planner
+        option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
+        if not run:
+            continue
+        try:
+            result = planner.run()
+        except InfeasibleBudgetError as e:
+            if option.result is None and (option.error is None
+                                          or e.minimum < option.error.minimum):
+                option.error = e
+            continue
+        if option.result is None or result.best.step_time_s < option.best.step_time_s:
+            option.planner, option.result, option.lookahead = planner, result, lookahead
+            option.error = None

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Training under a memory cap: minidnn's plan against what a PyTorch user would try.
+
+For one network and batch and one or more caps (default VGG-16 at 256 under 12 GiB and 4 GiB),
+in one call on one GPU, each configuration in its own process (so none inherits another's
+cached memory):
+
+* minidnn: `--policy dyn` with the cap as its memory budget (the planner chooses micro-batches,
+  offload, recomputation, convolution plans and lookahead; --relu-bits by default), its chosen
+  decision and its predicted step beside the measured one;
+* PyTorch, capped with torch.cuda.set_per_process_memory_fraction(cap / total memory):
+  - plain steps, NCHW and channels_last;
+  - gradient accumulation, k micro-batches of batch/k (k in --accumulate, default 2, 4, 8, 16),
+    NCHW and channels_last, each micro-batch's loss divided by k (the batch's mean);
+  - torch.utils.checkpoint.checkpoint_sequential at each segment count of --segments
+    (non-reentrant), alone and with accumulation, channels_last;
+  - torch.autograd.graph.save_on_cpu(pin_memory=True), NCHW.
+  A configuration that runs out of memory under the cap is recorded as such.
+
+The fastest PyTorch configuration that runs under a cap is that cap's anchor: minidnn's speed
+is given as a ratio to it. Prints a markdown table per cap and writes bench_budget.json and
+bench_budget.md into --out. PyTorch is imported only inside the PyTorch worker processes.
+Each configuration costs its process start, cuDNN's benchmark search and warmup + steps
+(about half a minute for VGG-16 at 256); with the defaults, 26 PyTorch configurations and
+minidnn per cap. --time-limit skips what would run past it (listed as skipped).
+
+    python3 scripts/bench_budget.py --out runs/bench_budget
+    python3 scripts/bench_budget.py --model vgg416 --batch 32 --caps 12GiB --segments 10,20,40
+    python3 scripts/bench_budget.py --caps 12GiB --only torch --accumulate 2,4 --segments 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+
+
+# ---- configurations -------------------------------------------------------------------------------
+def torch_configs(accumulate: list[int], segments: list[int]) -> list[dict]:
+    """The PyTorch configurations tried under every cap, in order."""
+    configs = []
+    for layout in ("nchw", "channels_last"):
+        configs.append({"layout": layout, "accumulate": 1, "segments": 0, "save_on_cpu": False})
+        for k in accumulate:
+            configs.append({"layout": layout, "accumulate": k, "segments": 0,
+                            "save_on_cpu": False})
+    for s in segments:
+        for k in [1] + accumulate:
+            configs.append({"layout": "channels_last", "accumulate": k, "segments": s,
+                            "save_on_cpu": False})
+    configs.append({"layout": "nchw", "accumulate": 1, "segments": 0, "save_on_cpu": True})
+    return configs
+
+
+def describe(config: dict) -> str:
+    """'channels_last, accumulation 4, checkpoint_sequential 8' and the like."""
+    if config.get("framework") == "minidnn":
+        return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "")
+    parts = ["NCHW" if config["layout"] == "nchw" else "channels_last"]
+    if config["accumulate"] > 1:
+        parts.append(f"accumulation {config['accumulate']}")
+    if config["segments"]:
+        parts.append(f"checkpoint_sequential {config['segments']}")
+    if config["save_on_cpu"]:
+        parts.append("save_on_cpu")
+    return ", ".join(parts)
+
+
+# ---- the workers (each in its own process) --------------------------------------------------------
+def torch_worker(spec: dict) -> dict:
+    """One PyTorch configuration under its cap: warmup, then timed steps."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint_sequential
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_vs_pytorch import torch_training
+
+    batch, cap, k = spec["batch"], spec["cap"], spec["accumulate"]
+    result = dict(spec, framework="pytorch")
+    if batch % k:
+        return dict(result, error=f"accumulation {k} does not divide batch {batch}")
+    if cap is not None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
+    try:
+        model, opt, x, labels = torch_training(spec["model"], batch, spec["image_size"],
+                                               spec["math"], lr=1e-3, momentum=0.9,
+                                               weight_decay=5e-4)
+        if spec["layout"] == "channels_last":
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        segments = min(spec["segments"], len(model)) if spec["segments"] else 0
+        xs, ys = x.chunk(k), labels.chunk(k)
+
+        def forward(xc):
+            if segments:
+                return checkpoint_sequential(model, segments, xc, use_reentrant=False)
+            return model(xc)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            total_loss = 0.0
+            for xc, yc in zip(xs, ys):
+                if spec["save_on_cpu"]:
+                    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                        loss = F.cross_entropy(forward(xc), yc) / k
+                else:
+                    loss = F.cross_entropy(forward(xc), yc) / k
+                loss.backward()
+                total_loss = total_loss + loss.detach()
+            opt.step()
+            return total_loss
+
+        for _ in range(spec["warmup"]):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(spec["steps"]):
+            loss = step()
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / spec["steps"]
+        result.update(step_time_s=dt, images_per_s=batch / dt, loss=float(loss),
+                      peak_device_bytes=int(torch.cuda.max_memory_allocated()),
+                      peak_reserved_bytes=int(torch.cuda.max_memory_reserved()))
+    except torch.cuda.OutOfMemoryError as e:
+        result["error"] = f"out of memory under {fmt_bytes(cap)}: {str(e).splitlines()[0][:120]}" \
+            if cap else f"out of memory: {str(e).splitlines()[0][:120]}"
+    return result
+
+
+def minidnn_worker(spec: dict) -> dict:
+    """minidnn's dyn plan for the cap, trained for warmup + steps on synthetic data."""
+    import gc
+
+    from minidnn import SGD, models
+    from minidnn.data import SyntheticImages
+    from minidnn.decide import build_executor
+    from minidnn.errors import MemoryBudgetError
+    from minidnn.planner.dyn import DynPolicy
+
+    batch, cap = spec["batch"], spec["cap"]
+    result = dict(spec, framework="minidnn")
+    net = models.build(spec["model"], num_classes=1000, image_size=spec["image_size"])
+    policy = DynPolicy()
+    t0 = time.perf_counter()
+    try:
+        ex = build_executor(net, batch, device="gpu", seed=0, policy=policy,
+                            memory_budget=cap, math=spec["math"], relu_bits=spec["relu_bits"])
+    except MemoryBudgetError as e:
+        return dict(result, error=str(e))
+    result["planning_s"] = time.perf_counter() - t0
+    try:
+        if policy.result is not None:
+            best = policy.result.best
+            result.update(predicted_step_time_s=best.step_time_s,
+                          predicted_peak_bytes=best.peak_bytes,
+                          offloaded_storages=len(best.offload),
+                          recomputed_storages=len(best.recompute))
+        if policy.split is not None:
+            result["minimum_budget_bytes"] = policy.split.minimum_budget
+        result.update(micro_batches=ex.micro_batches,
+                      prefetch_lookahead=ex.prefetch_lookahead)
+        opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
+                  allocator=ex.allocator)
+        data = SyntheticImages(1000, net.input_shape, seed=0)
+        batches = data.device_batches(batch, ex.device, count=2)
+        for s in range(spec["warmup"]):
+            ex.train_step(*batches[s % 2], opt)
+        ex.device.synchronize()
+        t0 = time.perf_counter()
+        peaks = []
+        for s in range(spec["steps"]):
+            loss = ex.train_step(*batches[s % 2], opt)
+            peaks.append(ex.memory_stats()["steady_peak_device_bytes"])
+        ex.device.synchronize()
+        dt = (time.perf_counter() - t0) / spec["steps"]
+        stats = ex.memory_stats()
+        result.update(step_time_s=dt, images_per_s=batch / dt, loss=float(loss),
+                      peak_device_bytes=int(max(peaks)),
+                      offloaded_bytes=int(stats["offloaded_bytes"]))
+    except MemoryBudgetError as e:
+        result["error"] = str(e)
+    finally:
+        ex.close()
+        gc.collect()
+    return result
+
+
+def worker(argv: list) -> None:
+    """--worker JSON: run one configuration, print 'RESULT {json}'."""
+    spec = json.loads(argv[0])
+    run = minidnn_worker if spec.get("framework") == "minidnn" else torch_worker
+    print("RESULT " + json.dumps(run(spec)), flush=True)
+
+
+def launch(spec: dict, timeout: int) -> dict:
+    """Run one configuration in its own process; its result, or why there is none."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(spec, error=f"timed out after {timeout} s")
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        return dict(spec, error=" | ".join(tail) or f"exit status {proc.returncode}")
+    return json.loads(line[len("RESULT "):])
+
+
+# ---- output ---------------------------------------------------------------------------------------
+def anchor_of(rows: list) -> dict | None:
+    """The fastest PyTorch configuration that ran."""
+    ran = [r for r in rows if r.get("framework") == "pytorch" and "error" not in r]
+    return max(ran, key=lambda r: r["images_per_s"]) if ran else None
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# {results['model']} at batch {results['batch']} under a memory cap "
+             f"({results['math']}, {results['device_name']})", ""]
+    for cap_text, rows in results["caps"].items():
+        anchor = anchor_of(rows)
+        lines += [f"## cap {cap_text}", "",
+                  "| configuration | img/s | step | peak | vs anchor | note |",
+                  "| --- | ---: | ---: | ---: | ---: | --- |"]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {describe(r)} | | | | | {r['error'][:140]} |")
+                continue
+            ratio = f"{r['images_per_s'] / anchor['images_per_s']:.2f}x" if anchor else "-"
+            note = "anchor" if r is anchor else ""
+            if r.get("framework") == "minidnn":
+                note = (f"{r.get('micro_batches', 1)} micro-batches, lookahead "
+                        f"{r.get('prefetch_lookahead')}, offload {r.get('offloaded_storages', 0)}"
+                        f", recompute {r.get('recomputed_storages', 0)}")
+                if r.get("predicted_step_time_s"):
+                    note += f"; predicted {r['predicted_step_time_s'] * 1e3:.1f} ms"
+            lines.append(f"| {describe(r)} | {r['images_per_s']:.0f} | "
+                         f"{r['step_time_s'] * 1e3:.1f} ms | {fmt_bytes(r['peak_device_bytes'])} |"
+                         f" {ratio} | {note} |")
+        lines += ["", f"anchor: {describe(anchor) if anchor else 'no PyTorch configuration ran'}",
+                  ""]
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="vgg16")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--caps", default="12GiB,4GiB", help="comma-separated memory caps")
+    p.add_argument("--math", default="tf32", choices=("tf32", "fp32"))
+    p.add_argument("--accumulate", default="2,4,8,16", help="PyTorch accumulation counts")
+    p.add_argument("--segments", default="2,4,8",
+                   help="checkpoint_sequential segment counts (VGG-416: 10,20,40)")
+    p.add_argument("--no-relu-bits", action="store_true", help="minidnn without --relu-bits")
+    p.add_argument("--only", choices=("minidnn", "torch"), default=None)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
+    p.add_argument("--time-limit", type=float, default=3600,
+                   help="seconds for the whole benchmark; later configurations are skipped")
+    p.add_argument("--out", default="runs/bench_budget")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        worker(argv[1:])
+        return 0
+    args = parse_args(argv)
+    from minidnn import models
+    from minidnn.backend import select_device
+    device = select_device("gpu")
+    image = args.image_size or models.native_image_size(args.model)
+    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
+    base = {"model": args.model, "batch": args.batch, "image_size": image, "math": args.math,
+            "warmup": args.warmup, "steps": args.steps}
+    results = {"model": args.model, "batch": args.batch, "image_size": image,
+               "math": args.math, "device_name": device.name, "caps": {}}
+    deadline = time.time() + args.time_limit
+    for cap_text in args.caps.split(","):
+        cap = parse_bytes(cap_text)
+        specs = []
+        if args.only != "torch":
+            specs.append(dict(base, framework="minidnn", cap=cap,
+                              relu_bits=not args.no_relu_bits))
+        if args.only != "minidnn":
+            specs += [dict(base, cap=cap, **c)
+                      for c in torch_configs(ints(args.accumulate), ints(args.segments))]
+        rows = []
+        for spec in specs:
+            if time.time() + args.timeout > deadline:
+                rows.append(dict(spec, error="skipped: time limit"))
+                continue
+            r = launch(spec, args.timeout)
+            rows.append(r)
+            what = f"[{cap_text}] {describe(r)}"
+            print(f"{what}: {r['error']}" if "error" in r else
+                  f"{what}: {r['images_per_s']:.0f} img/s, {r['step_time_s'] * 1e3:.1f} ms, "
+                  f"peak {fmt_bytes(r['peak_device_bytes'])}", flush=True)
+        results["caps"][cap_text] = rows
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_budget.json").write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    (out / "bench_budget.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,7 @@
-"""The model registry: paper networks by name, or your own network from a .py file.
+"""The model registry: the networks of this folder by name, or your own from a .py file.
+
+This folder is the package `minidnn.models` (setup.py maps it there when minidnn is
+installed); each family is one short file written against the builder (minidnn/builder.py).
 
     net = models.build("alexnet", num_classes=10, image_size=64)
     net = models.build("vgg116")                      # native size 224, 1000 classes
@@ -7,7 +10,7 @@
 
 Any `vgg<depth>` resolves through `vgg.stage_depths` (11, 13 or >= 16). A model file
 defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added)
-and may set `NATIVE_IMAGE_SIZE`. Layers are imported only when a network is built.
+and may set `NATIVE_IMAGE_SIZE`.
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigError
+from minidnn.builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
+from minidnn.errors import ConfigError
+
 from . import alexnet, overfeat, small
 from . import vgg as _vgg_defs
-from .builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
 from .vgg import stage_depths
 
 
@@ -117,7 +121,7 @@ def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = N
 
 def vgg(depth: int, num_classes: int = 1000, image_size: int | None = None):
     """VGG-<depth> as a Network: vgg(16) is configuration D, vgg(116) ... vgg(416) are vDNN's
-    very deep variants (see minidnn/models/vgg.py for where the extra layers go)."""
+    very deep variants (see models/vgg.py for where the extra layers go)."""
     return build(f"vgg{int(depth)}", num_classes=num_classes, image_size=image_size)
 
 
@@ -147,8 +151,8 @@ def _check_image_size(image_size) -> None:
 
 
 def _build_from_file(module, path: str, num_classes: int, image_size: int):
-    from ..errors import MinidnnError
-    from ..network import Network
+    from minidnn.errors import MinidnnError
+    from minidnn.network import Network
     try:
         net = module.build(num_classes, image_size)
     except MinidnnError:

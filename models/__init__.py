@@ -23,7 +23,7 @@ from typing import Callable
 from minidnn.builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
 from minidnn.errors import ConfigError
 
-from . import alexnet, overfeat, small
+from . import alexnet, googlenet, overfeat, resnet, small
 from . import vgg as _vgg_defs
 from .vgg import stage_depths
 
@@ -42,6 +42,14 @@ _BUILTIN = {
                          "AlexNet (Caffe bvlc_alexnet, as in vDNN), 61M parameters at 227"),
     "overfeat": ModelSpec("overfeat", overfeat.define, overfeat.NATIVE_IMAGE_SIZE,
                           "OverFeat fast (Sermanet et al. 2014), 146M parameters at 231"),
+    "googlenet": ModelSpec("googlenet", googlenet.define, googlenet.NATIVE_IMAGE_SIZE,
+                           "GoogLeNet (Caffe bvlc_googlenet, as in vDNN), inception modules "
+                           "and LRN, 7.0M parameters at 224"),
+    **{f"resnet{d}": ModelSpec(f"resnet{d}", resnet.define_resnet(d), resnet.NATIVE_IMAGE_SIZE,
+                               f"ResNet-{d} as torchvision's ({resnet.CONFIGS[d][0]} blocks, "
+                               f"BatchNorm), {count / 1e6:.1f}M parameters at 1000 classes")
+       for d, count in ((18, 11_689_512), (34, 21_797_672), (50, 25_557_032),
+                        (101, 44_549_160), (152, 60_192_808))},
     "mlp": ModelSpec("mlp", small.define_mlp, small.NATIVE_IMAGE_SIZE,
                      "3-layer perceptron (Linear/ReLU only)"),
     "tiny_cnn": ModelSpec("tiny_cnn", small.define_tiny_cnn, small.NATIVE_IMAGE_SIZE,

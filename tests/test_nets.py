@@ -201,3 +201,17 @@ def test_summary_plan_and_train_run_for_resnet_and_googlenet(capsys, tmp_path):
         assert len(run["loss"]) == 2 and all(np.isfinite(run["loss"]))
         assert run["offloaded_bytes"] > 0
         capsys.readouterr()
+
+
+@pytest.mark.parametrize("name, size", [("resnet18", 32), ("googlenet", 64)])
+def test_plan_gives_the_least_budget_of_a_branching_network(capsys, name, size):
+    argv = ["plan", "--model", name, "--batch", "8", "--image-size", str(size), "--gpu", "h200",
+            "--json"]
+    assert main(argv) == 0
+    loose = json.loads(capsys.readouterr().out)
+    least = loose["minimum_budget_bytes"]
+    assert 0 < least < loose["plan"]["required_bytes"]
+    # Below the least budget the planner refuses, naming it.
+    assert main(argv + ["--memory-budget", str(least // 2)]) == 2
+    err = capsys.readouterr().err
+    assert "too small" in err and "give --memory-budget" in err

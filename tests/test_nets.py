@@ -215,3 +215,15 @@ def test_plan_gives_the_least_budget_of_a_branching_network(capsys, name, size):
     assert main(argv + ["--memory-budget", str(least // 2)]) == 2
     err = capsys.readouterr().err
     assert "too small" in err and "give --memory-budget" in err
+
+
+def test_layers_of_a_resnet_are_measured_and_its_running_statistics_left_alone():
+    from minidnn.backend import Device
+    from minidnn.planner.profile import measure_layers
+    net = tiny_resnet()
+    net.init_params(0)
+    before = net.state_dict()
+    costs = measure_layers(net, 2, Device("cpu"), repeats=1, progress=False)
+    assert costs["bn1"].forward_s["fastest"] > 0 and "layer2.0.add" in costs
+    for key, value in net.state_dict().items():
+        assert np.array_equal(value, before[key]), key

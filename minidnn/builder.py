@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from .errors import ConfigError
 from .kernels import out_size
-from .network import DATA
+from .layers import (LRN, Add, AvgPool2d, BatchNorm2d, Concat, Conv2d, Dropout, Flatten, Linear,
+                     MaxPool2d, ReLU)
+from .network import DATA, Network
 
 
 class ImageTooSmall(Exception):
@@ -48,7 +50,6 @@ class NetBuilder:
         self._geometry = {DATA: (int(in_channels), int(image_size))}   # map -> (channels, size)
         self.last = DATA
         if not dry:
-            from .network import Network
             self.net = Network((in_channels, int(image_size), int(image_size)),
                                num_classes=num_classes, name=name)
 
@@ -93,7 +94,6 @@ class NetBuilder:
         """Conv2d with a square kernel; kwargs go to Conv2d (bias, init, algo, dilation)."""
         src = self._src(src)
         size = self._window(name, src, kernel, stride, padding, kwargs.get("dilation", 1))
-        from .layers import Conv2d
         return self._add(name, lambda: Conv2d(out_channels, kernel, stride=stride,
                                               padding=padding, groups=groups, **kwargs),
                          [src], out_channels, size)
@@ -101,18 +101,15 @@ class NetBuilder:
     def batchnorm(self, name: str, src: str | None = None, **kwargs) -> str:
         """BatchNorm2d over the channels of `src`; kwargs go to BatchNorm2d (eps, momentum)."""
         src = self._src(src)
-        from .layers import BatchNorm2d
         return self._add(name, lambda: BatchNorm2d(**kwargs), [src], *self._geometry[src])
 
     def relu(self, name: str, src: str | None = None) -> str:
         src = self._src(src)
-        from .layers import ReLU
         return self._add(name, ReLU, [src], *self._geometry[src])
 
     def lrn(self, name: str, size: int = 5, alpha: float = 1e-4, beta: float = 0.75,
             k: float = 2.0, src: str | None = None) -> str:
         src = self._src(src)
-        from .layers import LRN
         return self._add(name, lambda: LRN(size=size, alpha=alpha, beta=beta, k=k), [src],
                          *self._geometry[src])
 
@@ -121,7 +118,6 @@ class NetBuilder:
         src = self._src(src)
         stride = kernel if stride is None else stride
         size = self._window(name, src, kernel, stride, padding, 1, ceil_mode)
-        from .layers import MaxPool2d
         return self._add(name, lambda: MaxPool2d(kernel, stride=stride, padding=padding,
                                                  ceil_mode=ceil_mode),
                          [src], self._geometry[src][0], size)
@@ -131,7 +127,6 @@ class NetBuilder:
         src = self._src(src)
         stride = kernel if stride is None else stride
         size = self._window(name, src, kernel, stride, padding, 1, ceil_mode)
-        from .layers import AvgPool2d
         return self._add(name, lambda: AvgPool2d(kernel, stride=stride, padding=padding,
                                                  ceil_mode=ceil_mode),
                          [src], self._geometry[src][0], size)
@@ -143,13 +138,11 @@ class NetBuilder:
 
     def dropout(self, name: str, p: float = 0.5, src: str | None = None) -> str:
         src = self._src(src)
-        from .layers import Dropout
         return self._add(name, lambda: Dropout(p), [src], *self._geometry[src])
 
     def flatten(self, name: str = "flatten", src: str | None = None) -> str:
         src = self._src(src)
         channels, size = self._geometry[src]
-        from .layers import Flatten
         return self._add(name, Flatten, [src], channels * size * size, 1)
 
     def linear(self, name: str, out_features: int, init: str = "uniform_fan_in",
@@ -161,7 +154,6 @@ class NetBuilder:
         learning rates diverges in the first steps.
         """
         src = self._src(src)
-        from .layers import Linear
         return self._add(name, lambda: Linear(out_features, init=init), [src], out_features, 1)
 
     def add(self, name: str, srcs: list[str]) -> str:
@@ -170,7 +162,6 @@ class NetBuilder:
         if len(shapes) != 1:
             raise ConfigError(f"model {self.name!r}: {name} adds maps of different shapes "
                               f"{[self._geometry[s] for s in srcs]}")
-        from .layers import Add
         return self._add(name, Add, srcs, *self._geometry[srcs[0]])
 
     def concat(self, name: str, srcs: list[str]) -> str:
@@ -179,7 +170,6 @@ class NetBuilder:
         if len(sizes) != 1:
             raise ConfigError(f"model {self.name!r}: {name} concatenates maps of different "
                               f"sizes {[self._geometry[s] for s in srcs]}")
-        from .layers import Concat
         return self._add(name, Concat, srcs, sum(self._geometry[s][0] for s in srcs),
                          sizes.pop())
 

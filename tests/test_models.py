@@ -126,8 +126,8 @@ def test_too_small_images_name_the_minimum(name, minimum):
 
 
 def test_unknown_names_and_bad_arguments():
-    with pytest.raises(ConfigError, match="unknown model 'resnet50'.*alexnet"):
-        models.build("resnet50")
+    with pytest.raises(ConfigError, match="unknown model 'resnet51'.*alexnet"):
+        models.build("resnet51")
     with pytest.raises(ConfigError, match="VGG depth must be 11, 13 or at least 16"):
         models.build("vgg14")
     with pytest.raises(ConfigError, match="num_classes"):

@@ -162,11 +162,11 @@ def test_training_moves_the_running_statistics_and_checkpoints_carry_them(tmp_pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gpu_kernels_match_the_numpy_ones(dtype):
+@pytest.mark.parametrize("shape", [(16, 5, 13, 11), (40, 5, 37, 29)])   # 1 and 3 parts a channel
+def test_gpu_kernels_match_the_numpy_ones(dtype, shape):
     import cupy as cp
     from minidnn.kernels import cuda_batchnorm as gpu
     rng = np.random.default_rng(4)
-    shape = (16, 5, 13, 11)
     x = (3 + 2 * rng.standard_normal(shape)).astype(dtype)
     gy = rng.standard_normal(shape).astype(dtype)
     w = (1 + 0.1 * rng.standard_normal(5)).astype(dtype)

@@ -1,9 +1,11 @@
 """Batch normalization on the GPU: CuPy raw kernels with the signatures of cpu_batchnorm.py.
 
-The per-channel sums (mean and variance in forward; sum gy and sum gy * (x - mean) in
-backward) run one block per channel: each thread adds a strided share of the channel's
-N * H * W values in double, then the block reduces the partial sums in shared memory in a
-fixed tree. No atomics, so the same input gives the same bits every time, which is what
+The per-channel sums (sum x, then sum (x - mean)^2 in forward; sum gy and sum gy * (x - mean)
+in backward) run in two stages so that every channel uses the whole GPU, however few
+channels there are: a grid of (channels, parts) blocks, each adding one contiguous part of
+a channel's N * H * W values in double (threads in a fixed stride, then a fixed tree in
+shared memory), writes its partial sums; then one thread per channel adds its parts in
+order. No atomics anywhere, so the same input gives the same bits every time, which is what
 lets the memory manager recompute a batch-norm output in backward exactly. The elementwise
 parts (y = x * scale + shift, and gx = a * gy + b * (x - mean) + c) are one thread per value
 with per-channel coefficients computed once.
@@ -14,73 +16,64 @@ from __future__ import annotations
 
 import cupy as cp
 
-_THREADS = 512
+_THREADS = 256
+_PER_BLOCK = 16384          # values of one channel a block adds (the last part: fewer)
+_MAX_PARTS = 1024
 
-_REDUCE = r"""
+# mode 0: (x, 0); mode 1: ((x - center)^2, 0); mode 2: (gy, gy * (x - center)).
+_SOURCE = r"""
 template<typename T>
-__device__ void block_sum2(double a, double b, double* out_a, double* out_b) {
+__global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double* partial,
+                                int mode, int C, long long HW, long long count,
+                                long long per_block) {
+    const int c = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
+    const long long begin = (long long)part * per_block;
+    const long long end = min(count, begin + per_block);
+    const T m = mode == 0 ? (T)0 : center[c];
+    double a = 0, b = 0;
+    for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
+        const long long n = k / HW, hw = k - n * HW;
+        const long long o = (n * C + c) * HW + hw;
+        if (mode == 0) {
+            a += (double)x[o];
+        } else if (mode == 1) {
+            const double d = (double)(x[o] - m);
+            a += d * d;
+        } else {
+            const double g = (double)gy[o];
+            a += g;
+            b += g * (double)(x[o] - m);
+        }
+    }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
-    sa[threadIdx.x] = a; sb[threadIdx.x] = b;
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) { sa[threadIdx.x] += sa[threadIdx.x + s];
-                               sb[threadIdx.x] += sb[threadIdx.x + s]; }
+        if (threadIdx.x < s) {
+            sa[threadIdx.x] += sa[threadIdx.x + s];
+            sb[threadIdx.x] += sb[threadIdx.x + s];
+        }
         __syncthreads();
     }
-    if (threadIdx.x == 0) { *out_a = sa[0]; *out_b = sb[0]; }
-    __syncthreads();
+    if (threadIdx.x == 0) {
+        partial[2 * ((long long)c * parts + part)] = sa[0];
+        partial[2 * ((long long)c * parts + part) + 1] = sb[0];
+    }
 }
 """ % {"threads": _THREADS}
 
-_SOURCE = _REDUCE + r"""
-template<typename T>
-__global__ void bn_stats(const T* x, T* mean, T* var, int N, int C, long long HW) {
-    const int c = blockIdx.x;
-    const long long count = (long long)N * HW;
-    double s = 0, unused = 0, total, m, sq;
-    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
-        const long long n = k / HW, hw = k - n * HW;
-        s += (double)x[(n * C + c) * HW + hw];
-    }
-    __shared__ double shared_mean;
-    block_sum2<T>(s, unused, &total, &unused);
-    if (threadIdx.x == 0) shared_mean = total / (double)count;
-    __syncthreads();
-    m = shared_mean;
-    // The variance around the mean (two passes: no cancellation of large squares).
-    const T mt = (T)m;
-    double v = 0;
-    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
-        const long long n = k / HW, hw = k - n * HW;
-        const T d = x[(n * C + c) * HW + hw] - mt;
-        v += (double)d * (double)d;
-    }
-    block_sum2<T>(v, unused, &sq, &unused);
-    if (threadIdx.x == 0) { mean[c] = (T)m; var[c] = (T)(sq / (double)count); }
-}
-
-template<typename T>
-__global__ void bn_backward_sums(const T* x, const T* gy, const T* mean, double* sums,
-                                 int N, int C, long long HW) {
-    const int c = blockIdx.x;
-    const long long count = (long long)N * HW;
-    const T m = mean[c];
-    double sg = 0, sgc = 0;
-    for (long long k = threadIdx.x; k < count; k += blockDim.x) {
-        const long long n = k / HW, hw = k - n * HW;
-        const long long o = (n * C + c) * HW + hw;
-        const T g = gy[o];
-        sg += (double)g;
-        sgc += (double)g * (double)(x[o] - m);
-    }
-    double a, b;
-    block_sum2<T>(sg, sgc, &a, &b);
-    if (threadIdx.x == 0) { sums[2 * c] = a; sums[2 * c + 1] = b; }
-}
-"""
-
 _module = cp.RawModule(code=_SOURCE, options=("--std=c++14",), name_expressions=[
-    f"{k}<{t}>" for k in ("bn_stats", "bn_backward_sums") for t in ("float", "double")])
+    f"bn_partial_sums<{t}>" for t in ("float", "double")])
+
+# One thread per channel adds its parts in order: (sum a, sum b) per channel, in double.
+_add_parts = cp.ElementwiseKernel(
+    "raw float64 partial, int32 parts", "float64 sum_a, float64 sum_b",
+    "double a = 0, b = 0; "
+    "for (int p = 0; p < parts; ++p) { a += partial[2 * (i * parts + p)]; "
+    "b += partial[2 * (i * parts + p) + 1]; } "
+    "sum_a = a; sum_b = b;",
+    "minidnn_bn_add_parts")
 
 _ctype = {cp.dtype(cp.float32): "float", cp.dtype(cp.float64): "double"}
 
@@ -96,13 +89,6 @@ _grad_input = cp.ElementwiseKernel(
     "minidnn_bn_grad_input")
 
 
-def _kernel(name: str, dtype):
-    try:
-        return _module.get_function(f"{name}<{_ctype[cp.dtype(dtype)]}>")
-    except KeyError:
-        raise TypeError(f"batch norm kernels take float32 or float64, got {dtype}") from None
-
-
 def _check(x) -> tuple[int, int, int]:
     if x.ndim != 4 or not x.flags.c_contiguous:
         raise ValueError(f"batch norm kernels take contiguous (N, C, H, W) maps, got shape "
@@ -111,11 +97,34 @@ def _check(x) -> tuple[int, int, int]:
     return n, c, h * w
 
 
+def _channel_sums(mode: int, x, gy, center):
+    """(sum a, sum b) per channel, float64 (C,) each, for the kernel's `mode`."""
+    n, c, hw = _check(x)
+    try:
+        kernel = _module.get_function(f"bn_partial_sums<{_ctype[cp.dtype(x.dtype)]}>")
+    except KeyError:
+        raise TypeError(f"batch norm kernels take float32 or float64, got {x.dtype}") from None
+    count = n * hw
+    parts = max(1, min(_MAX_PARTS, -(-count // _PER_BLOCK)))
+    per_block = -(-count // parts)
+    partial = cp.empty((c, parts, 2), cp.float64)
+    unused = x   # the pointer a mode that does not read gy or center is given
+    kernel((c, parts), (_THREADS,),
+           (x, gy if gy is not None else unused, center if center is not None else unused,
+            partial, cp.int32(mode), cp.int32(c), cp.int64(hw), cp.int64(count),
+            cp.int64(per_block)))
+    sum_a, sum_b = cp.empty(c, cp.float64), cp.empty(c, cp.float64)
+    _add_parts(partial, cp.int32(parts), sum_a, sum_b)
+    return sum_a, sum_b
+
+
 def batchnorm_stats(x, mean, var) -> None:
     """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
-    n, c, hw = _check(x)
-    _kernel("bn_stats", x.dtype)((c,), (_THREADS,),
-                                 (x, mean, var, cp.int32(n), cp.int32(c), cp.int64(hw)))
+    count = x.size // x.shape[1]
+    total, _ = _channel_sums(0, x, None, None)
+    mean[...] = total / count
+    squares, _ = _channel_sums(1, x, None, mean)
+    var[...] = squares / count
 
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
@@ -129,11 +138,7 @@ def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
     """Training-mode gradients, as cpu_batchnorm.batchnorm_backward."""
     n, c, hw = _check(x)
-    sums = cp.empty((c, 2), cp.float64)
-    _kernel("bn_backward_sums", x.dtype)((c,), (_THREADS,),
-                                         (x, gy, mean, sums, cp.int32(n), cp.int32(c),
-                                          cp.int64(hw)))
-    sum_gy, sum_gy_centred = sums[:, 0], sums[:, 1]
+    sum_gy, sum_gy_centred = _channel_sums(2, x, gy, mean)
     istd = invstd.astype(cp.float64)
     gbias[...] = sum_gy
     gweight[...] = sum_gy_centred * istd

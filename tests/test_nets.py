@@ -120,15 +120,15 @@ def tiny_inception():
     return b.finish()
 
 
-def train(make, decision=None, relu_bits=False, budget=None, steps=3):
+def train(make, decision=None, relu_bits=False, budget=None, steps=3, device="cpu", **kw):
     """The state dict (parameters and running statistics) after `steps` SGD steps under a
     MemoryDecision or a policy name."""
     rng = np.random.default_rng(0)
     net = make()
     policy = decision if isinstance(decision, str) else \
         FixedDecision(decision) if decision is not None else "none"
-    with Executor(net, 4, device="cpu", seed=0, policy=policy, relu_bits=relu_bits,
-                  memory_budget=budget) as ex:
+    with Executor(net, 4, device=device, seed=0, policy=policy, relu_bits=relu_bits,
+                  memory_budget=budget, **kw) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for _ in range(steps):
             x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
@@ -227,3 +227,29 @@ def test_layers_of_a_resnet_are_measured_and_its_running_statistics_left_alone()
     assert costs["bn1"].forward_s["fastest"] > 0 and "layer2.0.add" in costs
     for key, value in net.state_dict().items():
         assert np.array_equal(value, before[key]), key
+
+
+@pytest.fixture
+def default_gpu_kernels():
+    """Tests that ask for deterministic kernels put the default mode back after."""
+    yield
+    from minidnn import kernels
+    from minidnn.backend import Device
+    module = kernels.for_device(Device("gpu"))
+    if hasattr(module, "configure"):
+        module.configure()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [tiny_resnet, tiny_inception])
+def test_branching_networks_on_the_gpu(make, default_gpu_kernels):
+    """Deterministic kernels: every decision the same bits as keeping everything; and the
+    CPU's numbers within float32 rounding (strict FP32 on the GPU)."""
+    kept, _ = train(make, device="gpu", math="fp32", deterministic=True)
+    for label, decision in decisions(make).items():
+        got, _ = train(make, decision, device="gpu", math="fp32", deterministic=True)
+        for key in kept:
+            assert np.array_equal(got[key], kept[key]), (label, key)
+    cpu, _ = train(make)
+    for key in kept:
+        np.testing.assert_allclose(kept[key], cpu[key], rtol=1e-3, atol=1e-4, err_msg=key)

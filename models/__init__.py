@@ -6,7 +6,7 @@ installed); each family is one short file written against the builder (minidnn/b
     net = models.build("alexnet", num_classes=10, image_size=64)
     net = models.build("vgg116")                      # native size 224, 1000 classes
     net = models.build("path/to/mynet.py", num_classes=5, image_size=32)
-    models.names()        # ['alexnet', 'mlp', 'overfeat', 'tiny_cnn', 'vgg11', ..., 'vgg416']
+    models.names()        # ['alexnet', 'googlenet', 'mlp', ..., 'resnet152', ..., 'vgg416']
 
 Any `vgg<depth>` resolves through `vgg.stage_depths` (11, 13 or >= 16). A model file
 defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added)
@@ -45,11 +45,11 @@ _BUILTIN = {
     "googlenet": ModelSpec("googlenet", googlenet.define, googlenet.NATIVE_IMAGE_SIZE,
                            "GoogLeNet (Caffe bvlc_googlenet, as in vDNN), inception modules "
                            "and LRN, 7.0M parameters at 224"),
-    **{f"resnet{d}": ModelSpec(f"resnet{d}", resnet.define_resnet(d), resnet.NATIVE_IMAGE_SIZE,
-                               f"ResNet-{d} as torchvision's ({resnet.CONFIGS[d][0]} blocks, "
-                               f"BatchNorm), {count / 1e6:.1f}M parameters at 1000 classes")
-       for d, count in ((18, 11_689_512), (34, 21_797_672), (50, 25_557_032),
-                        (101, 44_549_160), (152, 60_192_808))},
+    **{f"resnet{depth}": ModelSpec(f"resnet{depth}", resnet.define_resnet(depth),
+                                   resnet.NATIVE_IMAGE_SIZE,
+                                   f"ResNet-{depth} as torchvision builds it "
+                                   f"({resnet.CONFIGS[depth][0]} blocks, BatchNorm)")
+       for depth in resnet.CONFIGS},
     "mlp": ModelSpec("mlp", small.define_mlp, small.NATIVE_IMAGE_SIZE,
                      "3-layer perceptron (Linear/ReLU only)"),
     "tiny_cnn": ModelSpec("tiny_cnn", small.define_tiny_cnn, small.NATIVE_IMAGE_SIZE,
@@ -60,8 +60,12 @@ _VGG_NAME = re.compile(r"vgg(\d+)")
 
 
 def names() -> list[str]:
-    """Built-in model names (any other vgg<depth> with depth 11, 13 or >= 16 also builds)."""
-    return sorted(_BUILTIN) + [f"vgg{d}" for d in _LISTED_VGG]
+    """Built-in model names, a family's depths in order (any other vgg<depth> with depth 11,
+    13 or >= 16 also builds)."""
+    def family_then_depth(name: str):
+        family, depth = re.fullmatch(r"(.*?)(\d*)", name).groups()
+        return family, int(depth or 0)
+    return sorted(_BUILTIN, key=family_then_depth) + [f"vgg{d}" for d in _LISTED_VGG]
 
 
 def spec(name: str) -> ModelSpec:

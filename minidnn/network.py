@@ -248,13 +248,14 @@ class Network:
         """A printable table of the network at this batch size."""
         from .errors import fmt_bytes
         rows = self.summary_rows(batch)
+        width = max([14] + [len(r["name"]) + 1 for r in rows])   # 'layer1.0.downsample.0'
         lines = [f"{self.name}: input {(batch,) + self.input_shape}, batch {batch}",
-                 f"{'layer':<14}{'type':<20}{'output shape':<22}{'params':>13}"
+                 f"{'layer':<{width}}{'type':<20}{'output shape':<22}{'params':>13}"
                  f"{'feature map':>14}{'GFLOPs':>10}"]
         lines.append("-" * len(lines[1]))
         for r in rows:
-            lines.append(f"{r['name']:<14}{r['type']:<20}{str(r['shape']):<22}{r['params']:>13,}"
-                         f"{fmt_bytes(r['bytes']):>14}{r['flops'] / 1e9:>10.3f}")
+            lines.append(f"{r['name']:<{width}}{r['type']:<20}{str(r['shape']):<22}"
+                         f"{r['params']:>13,}{fmt_bytes(r['bytes']):>14}{r['flops'] / 1e9:>10.3f}")
         lines.append("-" * len(lines[1]))
         total_bytes = sum(r["bytes"] for r in rows)
         lines.append(f"total params {sum(r['params'] for r in rows):,}   "

@@ -163,9 +163,16 @@ def test_training_moves_the_running_statistics_and_checkpoints_carry_them(tmp_pa
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(16, 5, 13, 11), (40, 5, 37, 29)])   # 1 and 3 parts a channel
-def test_gpu_kernels_match_the_numpy_ones(dtype, shape):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
     import cupy as cp
     from minidnn.kernels import cuda_batchnorm as gpu
+
+    def device(a):
+        """a on the GPU, in the layout under test (NHWC: logically NCHW, channels last)."""
+        a = cp.asarray(a)
+        return a if layout == "nchw" else a.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2)
+
     rng = np.random.default_rng(4)
     x = (3 + 2 * rng.standard_normal(shape)).astype(dtype)
     gy = rng.standard_normal(shape).astype(dtype)
@@ -176,20 +183,20 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape):
     m, v = np.empty(5, dtype), np.empty(5, dtype)
     cpu_batchnorm.batchnorm_stats(x, m, v)
     gm, gv = cp.empty(5, dtype), cp.empty(5, dtype)
-    gpu.batchnorm_stats(cp.asarray(x), gm, gv)
+    gpu.batchnorm_stats(device(x), gm, gv)
     np.testing.assert_allclose(gm.get(), m, **tol)
     np.testing.assert_allclose(gv.get(), v, **tol)
     invstd = (1 / np.sqrt(v + 1e-5)).astype(dtype)
     y = np.empty_like(x)
     cpu_batchnorm.batchnorm_forward(x, m, invstd, w, b, y)
-    gy_dev = cp.empty(shape, dtype)
-    gpu.batchnorm_forward(cp.asarray(x), cp.asarray(m), cp.asarray(invstd), cp.asarray(w),
+    gy_dev = device(np.empty(shape, dtype))
+    gpu.batchnorm_forward(device(x), cp.asarray(m), cp.asarray(invstd), cp.asarray(w),
                           cp.asarray(b), gy_dev)
     np.testing.assert_allclose(gy_dev.get(), y, **tol)
     gx, gw, gb = np.empty_like(x), np.empty(5, dtype), np.empty(5, dtype)
     cpu_batchnorm.batchnorm_backward(x, gy, m, invstd, w, gx, gw, gb)
-    dgx, dgw, dgb = cp.empty(shape, dtype), cp.empty(5, dtype), cp.empty(5, dtype)
-    gpu.batchnorm_backward(cp.asarray(x), cp.asarray(gy), cp.asarray(m), cp.asarray(invstd),
+    dgx, dgw, dgb = device(np.empty(shape, dtype)), cp.empty(5, dtype), cp.empty(5, dtype)
+    gpu.batchnorm_backward(device(x), device(gy), cp.asarray(m), cp.asarray(invstd),
                            cp.asarray(w), dgx, dgw, dgb)
     np.testing.assert_allclose(dgx.get(), gx, **tol)
     np.testing.assert_allclose(dgw.get(), gw, rtol=tol["rtol"], atol=1e-3 if dtype == np.float32
@@ -198,5 +205,29 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape):
                                else 1e-9)
     # The statistics reduce in a fixed order: the same bits again.
     gm2, gv2 = cp.empty(5, dtype), cp.empty(5, dtype)
-    gpu.batchnorm_stats(cp.asarray(x), gm2, gv2)
+    gpu.batchnorm_stats(device(x), gm2, gv2)
     assert cp.array_equal(gm2, gm) and cp.array_equal(gv2, gv)
+
+
+def test_channels_last_maps_give_the_numbers_of_nchw_ones():
+    shape = (4, 3, 5, 6)
+    rng = np.random.default_rng(5)
+    x, gy = rng.standard_normal(shape), rng.standard_normal(shape)
+
+    def nhwc(a):
+        return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+    results = []
+    for lay in (lambda a: a, nhwc):
+        layer = make_layer(shape)
+        y, aux = lay(np.empty(shape)), {k: np.empty(s, d)
+                                       for k, (s, d) in layer.aux_specs().items()}
+        ctx = StepContext(np, kernels=cpu_kernels, train=True)
+        layer.forward([lay(x)], y, aux, ctx)
+        gx = lay(np.empty(shape))
+        for p in layer.params.values():
+            p.grad = np.empty(p.shape)
+        layer.backward([lay(x)], None, lay(gy), [gx], aux, ctx)
+        results.append([y, gx, layer.params["weight"].grad, layer.buffers["running_var"].data])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

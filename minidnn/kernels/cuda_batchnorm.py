@@ -10,7 +10,9 @@ lets the memory manager recompute a batch-norm output in backward exactly. The e
 parts (y = x * scale + shift, and gx = a * gy + b * (x - mean) + c) are one thread per value
 with per-channel coefficients computed once.
 
-Maps (N, C, H, W), contiguous, float32 or float64; per-channel arrays (C,) of the same dtype.
+Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32 or float64; per-channel
+arrays (C,) of the same dtype. The sums read a map through its strides; the elementwise
+kernels index it logically, as CuPy does for any layout.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ _MAX_PARTS = 1024
 _SOURCE = r"""
 template<typename T>
 __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double* partial,
-                                int mode, int C, long long HW, long long count,
-                                long long per_block) {
+                                int mode, long long HW, long long count, long long per_block,
+                                long long stride_n, long long stride_c, long long stride_p) {
     const int c = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
     const long long begin = (long long)part * per_block;
     const long long end = min(count, begin + per_block);
@@ -33,7 +35,7 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
     double a = 0, b = 0;
     for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const long long n = k / HW, hw = k - n * HW;
-        const long long o = (n * C + c) * HW + hw;
+        const long long o = n * stride_n + c * stride_c + hw * stride_p;
         if (mode == 0) {
             a += (double)x[o];
         } else if (mode == 1) {
@@ -89,17 +91,23 @@ _grad_input = cp.ElementwiseKernel(
     "minidnn_bn_grad_input")
 
 
-def _check(x) -> tuple[int, int, int]:
-    if x.ndim != 4 or not x.flags.c_contiguous:
-        raise ValueError(f"batch norm kernels take contiguous (N, C, H, W) maps, got shape "
-                         f"{tuple(x.shape)}")
+def _geometry(x, gy=None) -> tuple:
+    """(N, C, H * W, strides of n, c and a pixel in elements) of a map whose pixels are one
+    run (NCHW, NHWC); gy, when given, must be laid out as x."""
+    if x.ndim != 4:
+        raise ValueError(f"batch norm kernels take (N, C, H, W) maps, got shape {tuple(x.shape)}")
     n, c, h, w = x.shape
-    return n, c, h * w
+    sn, sc, sh, sw = (s // x.itemsize for s in x.strides)
+    if (h > 1 and sh != w * sw) or (gy is not None and gy.strides != x.strides):
+        raise ValueError(f"batch norm kernels take NCHW or NHWC maps (and gradients laid out "
+                         f"as the input), got strides {x.strides}"
+                         f"{'' if gy is None else f' and {gy.strides}'}")
+    return n, c, h * w, sn, sc, sw
 
 
 def _channel_sums(mode: int, x, gy, center):
     """(sum a, sum b) per channel, float64 (C,) each, for the kernel's `mode`."""
-    n, c, hw = _check(x)
+    n, c, hw, sn, sc, sp = _geometry(x, gy)
     try:
         kernel = _module.get_function(f"bn_partial_sums<{_ctype[cp.dtype(x.dtype)]}>")
     except KeyError:
@@ -111,8 +119,8 @@ def _channel_sums(mode: int, x, gy, center):
     unused = x   # the pointer a mode that does not read gy or center is given
     kernel((c, parts), (_THREADS,),
            (x, gy if gy is not None else unused, center if center is not None else unused,
-            partial, cp.int32(mode), cp.int32(c), cp.int64(hw), cp.int64(count),
-            cp.int64(per_block)))
+            partial, cp.int32(mode), cp.int64(hw), cp.int64(count), cp.int64(per_block),
+            cp.int64(sn), cp.int64(sc), cp.int64(sp)))
     sum_a, sum_b = cp.empty(c, cp.float64), cp.empty(c, cp.float64)
     _add_parts(partial, cp.int32(parts), sum_a, sum_b)
     return sum_a, sum_b
@@ -129,7 +137,7 @@ def batchnorm_stats(x, mean, var) -> None:
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
-    n, c, hw = _check(x)
+    n, c, hw, *_ = _geometry(x)
     scale = invstd * weight
     shift = bias - mean * scale
     _scale_shift(x, scale, shift, c, hw, y)
@@ -137,7 +145,7 @@ def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
     """Training-mode gradients, as cpu_batchnorm.batchnorm_backward."""
-    n, c, hw = _check(x)
+    n, c, hw, *_ = _geometry(x, gy)
     sum_gy, sum_gy_centred = _channel_sums(2, x, gy, mean)
     istd = invstd.astype(cp.float64)
     gbias[...] = sum_gy

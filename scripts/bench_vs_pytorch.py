@@ -1,16 +1,15 @@
 """minidnn against PyTorch on the same GPU: whole training steps, or single kernels.
 
 Training (default): the same network (minidnn's definition, translated layer by layer into
-torch.nn; for a ResNet, torchvision's own resnetN in channels_last, PyTorch's fastest layout
-for it, which loads minidnn's state dict as it is), the same initial weights, batch and
-precision, synthetic data made on the
-device, SGD with momentum. Each (framework, network) runs in its own process so that the two
-allocators never share the card. Reports ms/iter, images/s and peak device memory (minidnn:
+torch.nn; for a ResNet, torchvision's own resnetN, which loads minidnn's state dict as it
+is), the same initial weights, batch and precision, synthetic data made on the device, SGD
+with momentum. Each (framework, network) runs in its own process so that the two allocators
+never share the card. Reports ms/iter, images/s and peak device memory (minidnn:
 the arena's peak, which counts everything it hands out; PyTorch: max_memory_allocated), both
 measured over the timed steps only (the first steps, which pick convolution algorithms, are
 excluded from both).
 
-    python3 scripts/bench_vs_pytorch.py                          # the three default runs
+    python3 scripts/bench_vs_pytorch.py                          # the default runs
     python3 scripts/bench_vs_pytorch.py --runs vgg16:64:tf32 --steps 5
     python3 scripts/bench_vs_pytorch.py --kernels --batch 32      # per-layer kernel table
 
@@ -20,7 +19,16 @@ strict FP32; and the pooling / LRN kernels against PyTorch's.
 
 Precision: 'tf32' allows TF32 in convolutions and matrix products in both frameworks
 (torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32); 'fp32' forbids it
-in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
+in both; 'bf16' runs minidnn with bf16 feature maps (precision='bf16') and PyTorch under bf16
+autocast, TF32 in both where float32 computes. PyTorch is imported only here, and only on the machine that runs the benchmark.
+
+Configurations (--frameworks), each run in a process of its own:
+  minidnn          minidnn as it runs by default (kernels/mapformat.py: GPU_DEFAULT_LAYOUT)
+  minidnn-nchw     minidnn with NCHW feature maps (layout='nchw')
+  minidnn-nhwc     minidnn with channels-last feature maps (layout='nhwc')
+  pytorch          PyTorch as it runs by default (NCHW)
+  pytorch-cl       PyTorch with the model and the batch in channels_last
+  pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
 """
 from __future__ import annotations
 
@@ -87,21 +95,21 @@ def torch_model(net):
 
 
 def torch_reference(name, net):
-    """(PyTorch model, channels_last) of a minidnn network with its weights: torchvision's own
-    ResNet for resnetN (the same state dict keys and layouts, running statistics included), run
-    channels_last; any chain-shaped network translated by torch_model otherwise."""
+    """The PyTorch model of a minidnn network, with its weights: torchvision's own ResNet for
+    resnetN (the same state dict keys and layouts, running statistics included), any
+    chain-shaped network translated by torch_model otherwise."""
     import torch
     weights = net.state_dict()
     if name.startswith("resnet"):
         import torchvision
         model = getattr(torchvision.models, name)(num_classes=net.num_classes)
         model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
-        return model, True
+        return model
     model, pairs = torch_model(net)
     with torch.no_grad():
         for key, p in pairs:
             p.copy_(torch.from_numpy(weights[key]))
-    return model, False
+    return model
 
 
 def image_size(name: str) -> int:
@@ -129,12 +137,21 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-def run_minidnn(name, batch, math, steps, warmup, profile=False):
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "pytorch", "pytorch-cl",
+              "pytorch-cl-bf16")
+DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+
+
+def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     import cupy as cp
-    from minidnn import SGD, Executor, models
+    from minidnn import SGD, models
+    from minidnn.decide import build_executor
     size = image_size(name)
     net = models.build(name, num_classes=1000, image_size=size)
-    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False)
+    # 'bf16': mixed precision (bf16 feature maps), TF32 where float32 computes.
+    ex = build_executor(net, batch, device="gpu", seed=0,
+                        math="tf32" if math == "bf16" else math, deterministic=False,
+                        layout=layout, precision="bf16" if math == "bf16" else "fp32")
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -142,9 +159,12 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
         labels = rng.integers(0, 1000, batch).astype(cp.int64)
     t0 = time.perf_counter()
     losses = []
-    for _ in range(warmup):
+    for k in range(warmup):
         losses.append(ex.train_step(x, labels, opt))
-    ex.device.synchronize()
+        ex.device.synchronize()
+        cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
+        print(f"warm-up step {k}: {time.perf_counter() - t0:.1f} s, conv plans "
+              f"{json.dumps(cache)}", file=sys.stderr, flush=True)
     warm_s = time.perf_counter() - t0
     # peak_device_bytes counts the warm-up's plan measurements; steady_peak_device_bytes is
     # the peak of the last step alone, so take its largest over the timed steps.
@@ -160,18 +180,20 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
     if profile:
         extra["profile"] = layer_profile(ex, x, labels, opt)
         extra["kernels"] = torch_kernel_profile(lambda: ex.train_step(x, labels, opt))
-    return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+    return {**extra, "framework": "minidnn", "layout": ex.maps.layout,
+            "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(max(step_peaks)), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
             "conv_graphs": cache.get("graphs_built"), "conv_build_s": cache.get("build_s"),
             "conv_measure_s": cache.get("measure_s")}
 
 
-def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
+def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
+                   channels_last=False):
     """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network of
     torch_reference with minidnn's initial weights (seed 0), on the GPU in training
     mode, SGD, one synthetic batch made on the device, cuDNN benchmark mode and TF32 as `math`
-    says ('tf32' or 'fp32')."""
+    says ('tf32' or 'fp32'); channels_last: model and batch in torch.channels_last."""
     import torch
     from minidnn import models
     torch.backends.cudnn.benchmark = True
@@ -179,15 +201,15 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
     torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
     net = models.build(name, num_classes=1000, image_size=image)
     net.init_params(0)
-    model, channels_last = torch_reference(name, net)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.cuda().to(memory_format=layout).train()
+    model = torch_reference(name, net).cuda().train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
-    x = x.contiguous(memory_format=layout)
     labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     return model, opt, x, labels
 
 
@@ -209,15 +231,23 @@ def torch_kernel_profile(step, top=16) -> dict:
             "slowest": [(name[:90], round(ms, 2), count) for name, (ms, count) in slowest]}
 
 
-def run_torch(name, batch, math, steps, warmup, profile=False):
+def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=False,
+              bf16=False):
+    import contextlib
     import torch
     import torch.nn.functional as F
-    model, opt, x, labels = torch_training(name, batch, image_size(name), math, lr=0.01,
-                                           momentum=0.9)
+    model, opt, x, labels = torch_training(name, batch, image_size(name),
+                                           "tf32" if bf16 else math, lr=0.01, momentum=0.9,
+                                           channels_last=channels_last)
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), labels)
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
         opt.step()
         return loss.detach()
@@ -238,10 +268,15 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
 
 
 def child(args) -> None:
-    name, batch, math = args.one[1], int(args.one[2]), args.one[3]
-    fn = run_minidnn if args.one[0] == "minidnn" else run_torch
-    res = fn(name, batch, math, args.steps, args.warmup, profile=args.profile)
-    res.update(network=name, batch=batch, math=math)
+    fw, name, batch, math = args.one[0], args.one[1], int(args.one[2]), args.one[3]
+    if fw.startswith("minidnn"):
+        res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                          layout=fw.split("-")[1] if "-" in fw else None)
+    else:
+        res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                        channels_last=fw != "pytorch",
+                        bf16=fw == "pytorch-cl-bf16" or math == "bf16")
+    res.update(network=name, batch=batch, math=math, framework=fw)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -254,10 +289,17 @@ def train_bench(args) -> list:
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--profile"] if args.profile else []
             t0 = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                out, err = proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                def text(b):
+                    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                out, err = text(exc.stdout), text(exc.stderr) + \
+                    f"\ntimed out after {args.timeout} s"
+            line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+                tail = (out + err).strip().splitlines()[-12:]
                 res = {"framework": fw, "network": name, "batch": int(batch), "math": math,
                        "error": " | ".join(tail)}
                 print(f"{fw} {run}: FAILED\n  " + "\n  ".join(tail), flush=True)
@@ -434,12 +476,14 @@ def kernel_bench(args) -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
-                    help="network:batch:precision (precision tf32 or fp32); default: %(default)s")
+                    help="network:batch:precision (precision tf32, fp32 or bf16: minidnn's "
+                         "--precision bf16, PyTorch's bf16 autocast); default: %(default)s")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
-                    choices=["minidnn", "pytorch"], help="which to run (default both)")
+    ap.add_argument("--frameworks", nargs="+", default=list(DEFAULT_FRAMEWORKS),
+                    choices=FRAMEWORKS, help="which configurations to run, each in its own "
+                    "process (see above; default: %(default)s)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one step: its slowest GPU kernels (PyTorch's "
                          "profiler), and minidnn's compute time per layer kind")

@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from minidnn import Executor, SGD, models
+from minidnn import SGD, models
 from minidnn.builder import NetBuilder
 from minidnn.cli import main
+from minidnn.decide import build_executor
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                    relus_worth_bits, unchained)
@@ -127,8 +128,8 @@ def train(make, decision=None, relu_bits=False, budget=None, steps=3, device="cp
     net = make()
     policy = decision if isinstance(decision, str) else \
         FixedDecision(decision) if decision is not None else "none"
-    with Executor(net, 4, device=device, seed=0, policy=policy, relu_bits=relu_bits,
-                  memory_budget=budget, **kw) as ex:
+    with build_executor(net, 4, device=device, seed=0, policy=policy, relu_bits=relu_bits,
+                        memory_budget=budget, **kw) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for _ in range(steps):
             x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
@@ -253,3 +254,19 @@ def test_branching_networks_on_the_gpu(make, default_gpu_kernels):
     cpu, _ = train(make)
     for key in kept:
         np.testing.assert_allclose(kept[key], cpu[key], rtol=1e-3, atol=1e-4, err_msg=key)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("make", [tiny_resnet, tiny_inception])
+def test_channels_last_maps_on_branching_networks(make, precision):
+    """Channels-last maps (fp32 or bf16) give the parameters and running statistics of NCHW
+    maps, within summation-order rounding, whatever the policy."""
+    if precision == "bf16":
+        pytest.importorskip("ml_dtypes")
+    want, _ = train(make, layout="nchw", precision=precision)
+    for policy in ("none", "all"):
+        got, _ = train(make, policy, layout="nhwc", precision=precision)
+        for key, value in want.items():
+            assert got[key].shape == value.shape, key
+            np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{policy} {key}")

@@ -88,6 +88,11 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
+    conv_plans: {convolution node name: plan setting} the step runs (the executor's decision;
+    layers/conv.py); a convolution not named runs its own setting. relu_bits: names of the
+    ReLU nodes that keep one bit per value for backward instead of their output (the
+    decision's; layers/relu.py); a ReLU not named keeps what its own setting says.
+    dropout: False passes dropout layers through in a training step (Executor.forward).
     """
     xp: Any
     kernels: Any = None
@@ -96,6 +101,9 @@ class StepContext:
     seed: int = 0
     device: Any = None
     workspace: Any = None
+    conv_plans: dict = field(default_factory=dict)
+    relu_bits: frozenset = frozenset()
+    dropout: bool = True
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

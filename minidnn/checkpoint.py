@@ -6,7 +6,8 @@ checkpoint never runs code):
     meta.json              uint8 bytes of a JSON object: format, minidnn version, model,
                            num_classes, image_size, step, seed, optimizer settings, parameter
                            names and shapes in network order, param_checksum, run config
-    param/<name>           every parameter, e.g. param/conv1.weight (OIHW, float32)
+    param/<name>           every parameter and buffer, e.g. param/conv1.weight (OIHW, float32),
+                           param/bn1.running_mean (the network's state dict)
     momentum/<name>        SGD momentum buffers that exist
 
 Writes are atomic (`atomic_write`: temp file in the same folder, fsync, os.replace), so a
@@ -173,7 +174,7 @@ def save_checkpoint(path: str, net, optimizer=None, step: int = 0, model: str | 
     settings (JSON-serialisable); extra: more metadata fields.
     """
     state = net.state_dict()
-    names = [n for n, _ in net.parameters()]
+    names = list(state)   # parameters and buffers (BatchNorm's running statistics)
     opt_state = optimizer.state_dict() if optimizer is not None else None
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
@@ -281,7 +282,7 @@ def restore(ckpt: Checkpoint, net, optimizer=None, model: str | None = None) -> 
     path = ckpt.path
     if model is not None and ckpt.model != model:
         raise CheckpointError(f"checkpoint {path!r} is for model {ckpt.model!r}, not {model!r}")
-    own = {n: p for n, p in net.parameters()}
+    own = {n: p for n, p in net.state()}
     for name, p in own.items():
         if name not in ckpt.params:
             raise CheckpointError(f"checkpoint {path!r} is missing the entry 'param/{name}' "

@@ -183,7 +183,9 @@ class Executor:
                                          recompute=self.decision.recompute)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
-                p.data, p.grad = values, None
+                p.data = values
+                if hasattr(p, "grad"):   # parameters; buffers have no gradient
+                    p.grad = None
             if self.allocator is not None:
                 self._release_device_memory()
             raise
@@ -254,6 +256,28 @@ class Executor:
                 data[...] = values
                 grad.fill(0)
             p.data, p.grad = data, grad
+        self._place_buffers()
+
+    def _place_buffers(self) -> None:
+        """Layer buffers (BatchNorm's running statistics) out of the device allocator too."""
+        for name, b in self.net.buffers():
+            dtype = b.dtype or self.net.dtype
+            if not self.compute:
+                self._held_bufs.append(self.allocator.alloc(
+                    max(int(np.prod(b.shape, dtype=np.int64)), 1) * np.dtype(dtype).itemsize,
+                    f"buffer {name}"))
+                continue
+            values = b.initial_value(self.net.dtype) if b.data is None else \
+                np.array(to_numpy(b.data), dtype=dtype)
+            self._host_params.append((b, values))
+            data, buf = self.allocator.empty(b.shape, dtype, f"buffer {name}")
+            self._held_bufs.append(buf)
+            if self.device.is_gpu:
+                with self.device.compute:
+                    data.set(values, stream=self.device.compute)
+            else:
+                data[...] = values
+            b.data = data
 
     def _check_conv_plans(self) -> None:
         """Every plan setting of the decision names a convolution of this network and reads
@@ -316,6 +340,8 @@ class Executor:
             for _, p in self.net.parameters():
                 p.data = np.array(to_numpy(p.data), copy=True, order="C")
                 p.grad = None
+            for _, b in self.net.buffers():
+                b.data = np.array(to_numpy(b.data), copy=True)
         self._release_device_memory()
         self.host.close()
         self._host_params = []

@@ -39,6 +39,8 @@ def check_backward(layer: Layer, in_shapes, inputs=None, seed: int = 0, eps: flo
         # Perturb the initial value so zero-initialized biases are exercised too.
         p.data = p.initial_value(rng, np.float64) + 0.1 * rng.standard_normal(p.shape)
         p.grad = np.full(p.shape, np.nan)
+    for b in layer.buffers.values():  # running statistics that forward may update
+        b.data = b.initial_value(np.float64)
     if inputs is None:
         inputs = [None] * len(in_shapes)
     xs = [rng.standard_normal(s) if x is None else np.asarray(x) for x, s in zip(inputs, in_shapes)]

@@ -172,6 +172,21 @@ class Network:
             self.infer_shapes(1)
         return [(f"{n.name}.{k}", p) for n in self.nodes for k, p in n.layer.params.items()]
 
+    def buffers(self) -> list[tuple[str, object]]:
+        """[(qualified name 'bn1.running_mean', Buffer)]: layer state no gradient updates
+        (layers/base.py Buffer), in the same order as `parameters()`."""
+        if self.batch is None:
+            self.infer_shapes(1)
+        return [(f"{n.name}.{k}", b) for n in self.nodes for k, b in n.layer.buffers.items()]
+
+    def state(self) -> list[tuple[str, object]]:
+        """Parameters and buffers in PyTorch's state dict order: by layer, its parameters
+        then its buffers."""
+        if self.batch is None:
+            self.infer_shapes(1)
+        return [(f"{n.name}.{k}", v) for n in self.nodes
+                for k, v in list(n.layer.params.items()) + list(n.layer.buffers.items())]
+
     def num_params(self) -> int:
         return sum(int(np.prod(p.shape)) for _, p in self.parameters())
 
@@ -182,12 +197,15 @@ class Network:
             for p in node.layer.params.values():
                 p.data = p.initial_value(rng, self.dtype)
                 p.grad = None
+            for b in node.layer.buffers.values():
+                b.data = b.initial_value(self.dtype)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """{name: NumPy copy} of every parameter, PyTorch layouts (OIHW, (out, in))."""
+        """{name: NumPy copy} of every parameter and buffer, PyTorch's names, order and
+        layouts (OIHW, (out, in); BatchNorm's running_mean, running_var, num_batches_tracked)."""
         from .backend import to_numpy
         out = {}
-        for name, p in self.parameters():
+        for name, p in self.state():
             if p.data is None:
                 raise ConfigError(f"network {self.name!r}: parameters are not initialized; "
                                   f"call init_params(seed) first")
@@ -195,9 +213,10 @@ class Network:
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Copy arrays into the parameters (on whatever device they live). Checks names and shapes."""
+        """Copy arrays into the parameters and buffers (on whatever device they live). Checks
+        names and shapes."""
         from .backend import get_array_module
-        params = dict(self.parameters())
+        params = dict(self.state())
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
         if strict and (missing or unexpected):
@@ -211,15 +230,16 @@ class Network:
             if tuple(value.shape) != p.shape:
                 raise CheckpointError(f"state dict entry {name!r} has shape {tuple(value.shape)}, "
                                       f"network {self.name!r} expects {p.shape}")
+            dtype = getattr(p, "dtype", None) or self.dtype   # buffers may have their own
             if p.data is None:
-                p.data = value.astype(self.dtype, copy=True)
+                p.data = value.astype(dtype, copy=True)
             else:
                 xp = get_array_module(p.data)
                 p.data[...] = xp.asarray(value.astype(p.data.dtype, copy=False))
 
     def param_checksum(self) -> str:
-        """sha256 over every parameter's name and bytes (the network's dtype, C order) in
-        `parameters()` order: equal checksums mean bit-identical parameters."""
+        """sha256 over every parameter's and buffer's name and bytes (C order) in `state()`
+        order: equal checksums mean bit-identical parameters and running statistics."""
         from .checkpoint import params_checksum
         return params_checksum(self.state_dict().items())
 
@@ -248,13 +268,14 @@ class Network:
         """A printable table of the network at this batch size."""
         from .errors import fmt_bytes
         rows = self.summary_rows(batch)
+        width = max([14] + [len(r["name"]) + 1 for r in rows])   # 'layer1.0.downsample.0'
         lines = [f"{self.name}: input {(batch,) + self.input_shape}, batch {batch}",
-                 f"{'layer':<14}{'type':<20}{'output shape':<22}{'params':>13}"
+                 f"{'layer':<{width}}{'type':<20}{'output shape':<22}{'params':>13}"
                  f"{'feature map':>14}{'GFLOPs':>10}"]
         lines.append("-" * len(lines[1]))
         for r in rows:
-            lines.append(f"{r['name']:<14}{r['type']:<20}{str(r['shape']):<22}{r['params']:>13,}"
-                         f"{fmt_bytes(r['bytes']):>14}{r['flops'] / 1e9:>10.3f}")
+            lines.append(f"{r['name']:<{width}}{r['type']:<20}{str(r['shape']):<22}"
+                         f"{r['params']:>13,}{fmt_bytes(r['bytes']):>14}{r['flops'] / 1e9:>10.3f}")
         lines.append("-" * len(lines[1]))
         total_bytes = sum(r["bytes"] for r in rows)
         lines.append(f"total params {sum(r['params'] for r in rows):,}   "

@@ -1,14 +1,15 @@
 """minidnn against PyTorch on the same GPU: whole training steps, or single kernels.
 
 Training (default): the same network (minidnn's definition, translated layer by layer into
-torch.nn, same initial weights), the same batch and precision, synthetic data made on the
-device, SGD with momentum. Each (framework, network) runs in its own process so that the two
-allocators never share the card. Reports ms/iter, images/s and peak device memory (minidnn:
+torch.nn; for a ResNet, torchvision's own resnetN, which loads minidnn's state dict as it
+is), the same initial weights, batch and precision, synthetic data made on the device, SGD
+with momentum. Each (framework, network) runs in its own process so that the two allocators
+never share the card. Reports ms/iter, images/s and peak device memory (minidnn:
 the arena's peak, which counts everything it hands out; PyTorch: max_memory_allocated), both
 measured over the timed steps only (the first steps, which pick convolution algorithms, are
 excluded from both).
 
-    python3 scripts/bench_vs_pytorch.py                          # the three default runs
+    python3 scripts/bench_vs_pytorch.py                          # the default runs
     python3 scripts/bench_vs_pytorch.py --runs vgg16:64:tf32 --steps 5
     python3 scripts/bench_vs_pytorch.py --kernels --batch 32      # per-layer kernel table
 
@@ -40,7 +41,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32")
+DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32", "resnet50:256:tf32")
 GiB = 1024 ** 3
 
 
@@ -91,6 +92,24 @@ def torch_model(net):
             pairs.append((f"{node.name}.{pname}", p))
         modules.append(m)
     return nn.Sequential(*modules), pairs
+
+
+def torch_reference(name, net):
+    """The PyTorch model of a minidnn network, with its weights: torchvision's own ResNet for
+    resnetN (the same state dict keys and layouts, running statistics included), any
+    chain-shaped network translated by torch_model otherwise."""
+    import torch
+    weights = net.state_dict()
+    if name.startswith("resnet"):
+        import torchvision
+        model = getattr(torchvision.models, name)(num_classes=net.num_classes)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+        return model
+    model, pairs = torch_model(net)
+    with torch.no_grad():
+        for key, p in pairs:
+            p.copy_(torch.from_numpy(weights[key]))
+    return model
 
 
 def image_size(name: str) -> int:
@@ -171,8 +190,8 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
 
 def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
                    channels_last=False):
-    """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network
-    translated by torch_model with minidnn's initial weights (seed 0), on the GPU in training
+    """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network of
+    torch_reference with minidnn's initial weights (seed 0), on the GPU in training
     mode, SGD, one synthetic batch made on the device, cuDNN benchmark mode and TF32 as `math`
     says ('tf32' or 'fp32'); channels_last: model and batch in torch.channels_last."""
     import torch
@@ -182,12 +201,7 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
     torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
     net = models.build(name, num_classes=1000, image_size=image)
     net.init_params(0)
-    model, pairs = torch_model(net)
-    weights = net.state_dict()
-    with torch.no_grad():
-        for key, p in pairs:
-            p.copy_(torch.from_numpy(weights[key]))
-    model = model.cuda().train()
+    model = torch_reference(name, net).cuda().train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -126,8 +126,8 @@ def test_too_small_images_name_the_minimum(name, minimum):
 
 
 def test_unknown_names_and_bad_arguments():
-    with pytest.raises(ConfigError, match="unknown model 'resnet50'.*alexnet"):
-        models.build("resnet50")
+    with pytest.raises(ConfigError, match="unknown model 'resnet51'.*alexnet"):
+        models.build("resnet51")
     with pytest.raises(ConfigError, match="VGG depth must be 11, 13 or at least 16"):
         models.build("vgg14")
     with pytest.raises(ConfigError, match="num_classes"):
@@ -179,3 +179,15 @@ def test_model_file_errors(tmp_path):
     syntax.write_text("def build(:\n")
     with pytest.raises(ConfigError, match="syntax.py.*SyntaxError"):
         models.build(str(syntax))
+
+
+def test_the_models_package_is_the_top_level_models_folder():
+    """Run from a checkout, minidnn.models is the checkout's models/ (setup.py installs the
+    same folder as minidnn/models)."""
+    from pathlib import Path
+    import minidnn
+    root = Path(minidnn.__file__).resolve().parent.parent
+    assert Path(models.__file__).resolve() == root / "models" / "__init__.py"
+    assert Path(models.resnet.__file__).resolve().parent == root / "models"
+    setup = (root / "setup.py").read_text()
+    assert '"minidnn.models": "models"' in setup

@@ -1,5 +1,6 @@
 """Layers: one file per layer family. Each declares what its backward needs (see base.py)."""
-from .base import Layer, Parameter, StepContext
+from .base import Buffer, Layer, Parameter, StepContext
+from .batchnorm import BatchNorm2d
 from .conv import Conv2d
 from .dropout import Dropout
 from .flatten import Flatten
@@ -10,5 +11,5 @@ from .merge import Add, Concat
 from .pool import AvgPool2d, MaxPool2d
 from .relu import ReLU
 
-__all__ = ["Layer", "Parameter", "StepContext", "Add", "AvgPool2d", "Concat", "Conv2d", "Dropout",
-           "Flatten", "LRN", "Linear", "MaxPool2d", "ReLU", "SoftmaxCrossEntropy"]
+__all__ = ["Buffer", "Layer", "Parameter", "StepContext", "Add", "AvgPool2d", "BatchNorm2d",
+           "Concat", "Conv2d", "Dropout", "Flatten", "LRN", "Linear", "MaxPool2d", "ReLU", "SoftmaxCrossEntropy"]

@@ -14,7 +14,11 @@ layer says, before any compute, what it needs:
   gradient's), which the liveness plan (memory/plan.py) grants only when no one else needs
   the input;
 * `recomputable` says forward may run again in backward to rebuild a dropped output, and
-  `grad_over_input` that backward may write input 0's gradient over input 0.
+  `grad_over_input` that backward may write input 0's gradient over input 0;
+* `batch_statistics` says forward computes statistics over the whole batch (BatchNorm), so
+  splitting the batch would change the result;
+* `buffers` (declared in setup) hold state that is not learned but belongs in the state
+  dict (BatchNorm's running statistics); the executor moves them with the parameters.
 
 Shapes always include the batch: (N, C, H, W) for images, (N, F) for vectors.
 """
@@ -57,6 +61,23 @@ class Parameter:
         else:
             raise ValueError(f"unknown initializer {self.init!r}")
         return v.astype(dtype)
+
+
+@dataclass(eq=False)
+class Buffer:
+    """State a layer keeps between steps that no gradient updates (running statistics, a
+    counter): in the state dict and checkpoints, on the executor's device, never seen by the
+    optimizer. init: 'zeros' or 'ones'; dtype None means the network's dtype."""
+    shape: tuple
+    init: str
+    dtype: Any = None
+    data: Any = None
+
+    def initial_value(self, dtype) -> np.ndarray:
+        fill = {"zeros": 0, "ones": 1}.get(self.init)
+        if fill is None:
+            raise ValueError(f"unknown buffer initializer {self.init!r}")
+        return np.full(self.shape, fill, dtype=self.dtype or dtype)
 
 
 @dataclass
@@ -130,11 +151,15 @@ class Layer:
     # gradient first, then data gradient), so that gradient may overwrite input 0 when no
     # one else reads it in backward (memory/plan.py).
     grad_over_input = False
+    # Forward normalizes with statistics of the whole batch (BatchNorm in training): running it
+    # on part of the batch gives other numbers, so batch splitting must not do so silently.
+    batch_statistics = False
 
     def __init__(self, name: str | None = None):
         self.name = name
         self.index = -1                      # position in the network, set when added
         self.params: dict[str, Parameter] = {}
+        self.buffers: dict[str, Buffer] = {}
         self.in_shapes: list[tuple] = []
         self.out_shape: tuple = ()
         self.dtype = np.dtype(np.float32)
@@ -165,6 +190,17 @@ class Layer:
             raise ShapeError(f"layer {self.name!r}: parameter {name} has shape {p.shape}, "
                              f"new input shapes need {shape}")
         return p
+
+    def add_buffer(self, name: str, shape: tuple, init: str, dtype=None) -> Buffer:
+        """Declare a buffer (see Buffer); a second setup keeps the existing one."""
+        shape = tuple(int(d) for d in shape)
+        b = self.buffers.get(name)
+        if b is None:
+            b = self.buffers[name] = Buffer(shape, init, None if dtype is None else np.dtype(dtype))
+        elif b.shape != shape:
+            raise ShapeError(f"layer {self.name!r}: buffer {name} has shape {b.shape}, "
+                             f"new input shapes need {shape}")
+        return b
 
     def shape_error(self, expected: str, got) -> ShapeError:
         return ShapeError(f"layer {self.name!r} ({type(self).__name__}) expected input {expected}, "

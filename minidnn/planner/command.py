@@ -467,13 +467,16 @@ def format_plan(out: dict) -> str:
              f"{fmt_bytes(out['usable_bytes'])}; the rest is left for fragmentation); "
              f"policy {out['policy']}; prefetch lookahead {out['prefetch_lookahead']}",
              ""]
-    head = (f"{'layer':<13}{'type':<20}{'feature map':>12}  {'keep/offload':<20}"
+    # Columns as wide as the longest layer name and status (ResNet's 'layer1.0.downsample.0').
+    name_w = max([13] + [len(r["layer"]) + 1 for r in out["layers"]])
+    status_w = max([20] + [len(r["status"]) + 1 for r in out["layers"]])
+    head = (f"{'layer':<{name_w}}{'type':<20}{'feature map':>12}  {'keep/offload':<{status_w}}"
             f"{'conv plan':<15}{'workspace':>11}{'fwd ms':>9}{'bwd ms':>9}{'offload ms':>11}"
             f"{'prefetch ms':>12}{'wait ms':>9}")
     lines += [head, "-" * len(head)]
     for r in out["layers"]:
-        lines.append(f"{r['layer'][:12]:<13}{r['type'][:19]:<20}{fmt_bytes(r['bytes']):>12}  "
-                     f"{r['status'][:19]:<20}"
+        lines.append(f"{r['layer']:<{name_w}}{r['type'][:19]:<20}{fmt_bytes(r['bytes']):>12}  "
+                     f"{r['status']:<{status_w}}"
                      f"{describe_plan_setting(r['algo']) if r['algo'] else '':<15}"
                      f"{fmt_bytes(r['workspace']) if r['workspace'] else '-':>11}"
                      f"{_ms(r['forward_s']):>9}{_ms(r['backward_s']):>9}"

@@ -300,6 +300,7 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     clock = _Clock(device)
     manager_s = _manager_overhead(net, batch)
     saved = [(p, p.data, p.grad) for _, p in net.parameters()]
+    saved_buffers = [(b, b.data) for _, b in net.buffers()]   # running statistics forward moves
     saved_settings = {n.name: n.layer.plan_setting for n in net.nodes if n.layer.kind == "conv"}
     costs = {}
     try:
@@ -312,6 +313,8 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
                 for p in node.layer.params.values():
                     p.data = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
                     p.grad = xp.empty(p.shape, dtype=net.dtype)
+                for b in node.layer.buffers.values():
+                    b.data = xp.asarray(b.initial_value(net.dtype))
                 fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
                     i, node, plan, shapes, ctx, clock, repeats, rng, num_classes, deterministic)
                 costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
@@ -322,6 +325,8 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     finally:
         for p, data, grad in saved:
             p.data, p.grad = data, grad
+        for b, data in saved_buffers:
+            b.data = data
         for name, setting in saved_settings.items():
             net.node(name).layer.plan_setting = setting
     return costs

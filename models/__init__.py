@@ -1,13 +1,16 @@
-"""The model registry: paper networks by name, or your own network from a .py file.
+"""The model registry: the networks of this folder by name, or your own from a .py file.
+
+This folder is the package `minidnn.models` (setup.py maps it there when minidnn is
+installed); each family is one short file written against the builder (minidnn/builder.py).
 
     net = models.build("alexnet", num_classes=10, image_size=64)
     net = models.build("vgg116")                      # native size 224, 1000 classes
     net = models.build("path/to/mynet.py", num_classes=5, image_size=32)
-    models.names()        # ['alexnet', 'mlp', 'overfeat', 'tiny_cnn', 'vgg11', ..., 'vgg416']
+    models.names()        # ['alexnet', 'googlenet', 'mlp', ..., 'resnet152', ..., 'vgg416']
 
 Any `vgg<depth>` resolves through `vgg.stage_depths` (11, 13 or >= 16). A model file
 defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added)
-and may set `NATIVE_IMAGE_SIZE`. Layers are imported only when a network is built.
+and may set `NATIVE_IMAGE_SIZE`.
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigError
-from . import alexnet, overfeat, small
+from minidnn.builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
+from minidnn.errors import ConfigError
+
+from . import alexnet, googlenet, overfeat, resnet, small
 from . import vgg as _vgg_defs
-from .builder import ImageTooSmall, NetBuilder, min_image_size as _min_size
 from .vgg import stage_depths
 
 
@@ -38,6 +42,14 @@ _BUILTIN = {
                          "AlexNet (Caffe bvlc_alexnet, as in vDNN), 61M parameters at 227"),
     "overfeat": ModelSpec("overfeat", overfeat.define, overfeat.NATIVE_IMAGE_SIZE,
                           "OverFeat fast (Sermanet et al. 2014), 146M parameters at 231"),
+    "googlenet": ModelSpec("googlenet", googlenet.define, googlenet.NATIVE_IMAGE_SIZE,
+                           "GoogLeNet (Caffe bvlc_googlenet, as in vDNN), inception modules "
+                           "and LRN, 7.0M parameters at 224"),
+    **{f"resnet{depth}": ModelSpec(f"resnet{depth}", resnet.define_resnet(depth),
+                                   resnet.NATIVE_IMAGE_SIZE,
+                                   f"ResNet-{depth} as torchvision builds it "
+                                   f"({resnet.CONFIGS[depth][0]} blocks, BatchNorm)")
+       for depth in resnet.CONFIGS},
     "mlp": ModelSpec("mlp", small.define_mlp, small.NATIVE_IMAGE_SIZE,
                      "3-layer perceptron (Linear/ReLU only)"),
     "tiny_cnn": ModelSpec("tiny_cnn", small.define_tiny_cnn, small.NATIVE_IMAGE_SIZE,
@@ -48,8 +60,12 @@ _VGG_NAME = re.compile(r"vgg(\d+)")
 
 
 def names() -> list[str]:
-    """Built-in model names (any other vgg<depth> with depth 11, 13 or >= 16 also builds)."""
-    return sorted(_BUILTIN) + [f"vgg{d}" for d in _LISTED_VGG]
+    """Built-in model names, a family's depths in order (any other vgg<depth> with depth 11,
+    13 or >= 16 also builds)."""
+    def family_then_depth(name: str):
+        family, depth = re.fullmatch(r"(.*?)(\d*)", name).groups()
+        return family, int(depth or 0)
+    return sorted(_BUILTIN, key=family_then_depth) + [f"vgg{d}" for d in _LISTED_VGG]
 
 
 def spec(name: str) -> ModelSpec:
@@ -136,7 +152,7 @@ def _build(name_or_path: str, num_classes: int, image_size: int | None):
 
 def vgg(depth: int, num_classes: int = 1000, image_size: int | None = None):
     """VGG-<depth> as a Network: vgg(16) is configuration D, vgg(116) ... vgg(416) are vDNN's
-    very deep variants (see minidnn/models/vgg.py for where the extra layers go)."""
+    very deep variants (see models/vgg.py for where the extra layers go)."""
     return build(f"vgg{int(depth)}", num_classes=num_classes, image_size=image_size)
 
 
@@ -166,8 +182,8 @@ def _check_image_size(image_size) -> None:
 
 
 def _build_from_file(module, path: str, num_classes: int, image_size: int):
-    from ..errors import MinidnnError
-    from ..network import Network
+    from minidnn.errors import MinidnnError
+    from minidnn.network import Network
     try:
         net = module.build(num_classes, image_size)
     except MinidnnError:

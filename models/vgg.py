@@ -21,7 +21,7 @@ Smallest image: 32x32 (five halvings leave 1x1 maps).
 """
 from __future__ import annotations
 
-from ..errors import ConfigError
+from minidnn.errors import ConfigError
 
 NATIVE_IMAGE_SIZE = 224
 STAGE_CHANNELS = (64, 128, 256, 512, 512)

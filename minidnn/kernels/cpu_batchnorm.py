@@ -1,0 +1,66 @@
+"""Batch normalization over the channels of (N, C, H, W) maps: the reference (written against
+`xp`, NumPy; the same code runs on CuPy arrays). cuda_batchnorm.py is its GPU twin.
+
+With M = N * H * W values per channel, mean and biased variance over them:
+
+    batchnorm_stats(x, mean, var)                       mean, var: (C,), overwritten
+    batchnorm_forward(x, mean, invstd, weight, bias, y) y = (x - mean) * invstd * weight + bias,
+                                                        computed as x * scale + shift
+    batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias)
+        the gradients of a training-mode forward (mean, invstd the batch's):
+        gbias = sum gy, gweight = sum gy * xhat   (xhat = (x - mean) * invstd)
+        gx = weight * invstd * (gy - gbias / M - xhat * gweight / M)   (gx may be None)
+
+Sums accumulate in float64 whatever the maps' dtype, so that float32 statistics of large
+batches keep their digits; the results are written in the arrays' own dtype.
+"""
+from __future__ import annotations
+
+from ..backend import get_array_module
+
+
+def _per_channel(v):
+    """(C,) -> (1, C, 1, 1), to broadcast over (N, C, H, W)."""
+    return v.reshape(1, -1, 1, 1)
+
+
+def batchnorm_stats(x, mean, var) -> None:
+    """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
+    xp = get_array_module(x)
+    axes = (0, 2, 3)
+    m = x.mean(axis=axes, dtype=xp.float64)
+    centred = x - _per_channel(m).astype(x.dtype)
+    var[...] = xp.square(centred, out=centred).mean(axis=axes, dtype=xp.float64)
+    mean[...] = m
+
+
+def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
+    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
+    xp = get_array_module(x)
+    scale = invstd * weight
+    shift = bias - mean * scale
+    xp.multiply(x, _per_channel(scale), out=y)
+    y += _per_channel(shift)
+
+
+def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
+    """Training-mode gradients (see the module docstring); gweight, gbias, gx overwritten."""
+    xp = get_array_module(x)
+    axes = (0, 2, 3)
+    count = x.size // x.shape[1]
+    centred = x - _per_channel(mean)
+    sum_gy = gy.sum(axis=axes, dtype=xp.float64)
+    sum_gy_centred = (gy * centred).sum(axis=axes, dtype=xp.float64)
+    istd = invstd.astype(xp.float64)
+    gbias[...] = sum_gy
+    gweight[...] = sum_gy_centred * istd
+    if gx is None:
+        return
+    # gx = a * gy + b * (x - mean) + c per channel, from the formula above.
+    a = weight.astype(xp.float64) * istd
+    b = -a * istd * istd * sum_gy_centred / count
+    c = -a * sum_gy / count
+    xp.multiply(gy, _per_channel(a.astype(x.dtype)), out=gx)
+    centred *= _per_channel(b.astype(x.dtype))
+    gx += centred
+    gx += _per_channel(c.astype(x.dtype))

@@ -1,0 +1,120 @@
+"""Batch normalization over channels (Ioffe & Szegedy 2015), as PyTorch's BatchNorm2d defines it.
+
+Training: each channel is normalized with the mean and biased variance of its N * H * W values
+in this batch, y = (x - mean) / sqrt(var + eps) * weight + bias, and the running estimates
+move towards them:
+
+    running_mean = (1 - momentum) * running_mean + momentum * mean
+    running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)   (unbiased)
+    num_batches_tracked += 1
+
+Evaluation: the running estimates take the batch statistics' place. momentum 0.1, eps 1e-5.
+State dict names and layouts are PyTorch's: weight, bias (C,); buffers running_mean,
+running_var (C,) and num_batches_tracked (an int64 scalar).
+
+What backward keeps: the input x (retain_inputs) and the batch's mean and 1/sqrt(var + eps)
+per channel (aux 'mean', 'invstd': C values each). The memory manager may offload x like any
+retained map, and may drop the output and recompute it in backward: forward then runs with
+aux=None, computes the batch statistics again from the same x (the same bytes reduced in the
+same order give the same bits, on the CPU and with the GPU kernels of cuda_batchnorm.py, which
+reduce in a fixed order) and leaves the running estimates alone, so they move once per step.
+
+The statistics are the whole batch's (`batch_statistics`): a step split into micro-batches
+would normalize each part with its own, which is a different network.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError, ShapeError
+from .base import Layer
+
+
+class BatchNorm2d(Layer):
+    kind = "batchnorm"
+    retain_inputs = (0,)
+    recomputable = True
+    batch_statistics = True
+
+    def __init__(self, eps: float = 1e-5, momentum: float = 0.1, name: str | None = None):
+        super().__init__(name)
+        if not eps > 0:
+            raise ConfigError(f"BatchNorm2d {name!r}: eps must be positive, got {eps!r}")
+        if not 0.0 <= momentum <= 1.0:
+            raise ConfigError(f"BatchNorm2d {name!r}: momentum must be in [0, 1], "
+                              f"got {momentum!r}")
+        self.eps, self.momentum = float(eps), float(momentum)
+
+    def infer(self, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise self.shape_error("(N, C, H, W)", s)
+        c = s[1]
+        self.add_param("weight", (c,), "ones")
+        self.add_param("bias", (c,), "zeros")
+        self.add_buffer("running_mean", (c,), "zeros")
+        self.add_buffer("running_var", (c,), "ones")
+        self.add_buffer("num_batches_tracked", (), "zeros", dtype=np.int64)
+        return s
+
+    def aux_specs(self):
+        c = self.in_shapes[0][1]
+        return {"mean": ((c,), self.dtype), "invstd": ((c,), self.dtype)}
+
+    @staticmethod
+    def _kernels(ctx):
+        """The batch-norm kernels of the step's device (their own modules; see kernels/)."""
+        if ctx.xp is np:
+            from ..kernels import cpu_batchnorm
+            return cpu_batchnorm
+        from ..kernels import cuda_batchnorm
+        return cuda_batchnorm
+
+    def forward(self, xs, y, aux, ctx):
+        """x, y: (N, C, H, W); aux['mean'], aux['invstd']: (C,), written in training. aux None:
+        a recomputation in backward (statistics again from x, running estimates untouched)."""
+        x, xp, k = xs[0], ctx.xp, self._kernels(ctx)
+        w, b = self.params["weight"].data, self.params["bias"].data
+        if not ctx.train:
+            running = self.buffers
+            invstd = 1.0 / xp.sqrt(running["running_var"].data + x.dtype.type(self.eps))
+            k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y)
+            return
+        count = x.size // x.shape[1]
+        if count < 2:
+            raise ShapeError(f"layer {self.name!r} (BatchNorm2d) needs more than one value per "
+                             f"channel in training, got input shape {tuple(x.shape)}")
+        c = x.shape[1]
+        mean = aux["mean"] if aux is not None else xp.empty(c, x.dtype)
+        invstd = aux["invstd"] if aux is not None else xp.empty(c, x.dtype)
+        var = xp.empty(c, x.dtype)
+        k.batchnorm_stats(x, mean, var)
+        xp.add(var, x.dtype.type(self.eps), out=invstd)
+        xp.sqrt(invstd, out=invstd)
+        xp.reciprocal(invstd, out=invstd)
+        k.batchnorm_forward(x, mean, invstd, w, b, y)
+        if aux is not None:
+            self._update_running(mean, var, count)
+
+    def _update_running(self, mean, var, count: int) -> None:
+        m = mean.dtype.type(self.momentum)
+        keep = mean.dtype.type(1.0 - self.momentum)
+        rm, rv = self.buffers["running_mean"].data, self.buffers["running_var"].data
+        rm *= keep
+        rm += m * mean
+        rv *= keep
+        rv += (m * mean.dtype.type(count / (count - 1))) * var
+        self.buffers["num_batches_tracked"].data += 1
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        w = self.params["weight"]
+        b = self.params["bias"]
+        self._kernels(ctx).batchnorm_backward(xs[0], gy, aux["mean"], aux["invstd"], w.data,
+                                              gxs[0], w.grad, b.grad)
+
+    def flops(self):
+        # statistics (sum, square, sum) and the scale and shift.
+        return 5 * int(np.prod(self.out_shape))
+
+    def describe(self):
+        return f"eps {self.eps:g}, momentum {self.momentum:g}"

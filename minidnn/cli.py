@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
                         "gradients, float32 weights, weight gradients, optimizer state and loss")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
-                   help="feature maps nchw (default) or nhwc: channels last, as cuDNN's "
-                        "NHWC convolutions take them (the CPU runs it through its reference "
-                        "kernels); parameters keep PyTorch's layouts in checkpoints")
+                   help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
+                        "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "
+                        "which runs nhwc through its reference kernels); parameters keep "
+                        "PyTorch's layouts in checkpoints")
     t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")

@@ -44,11 +44,16 @@ from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
 
 # ---- configurations -------------------------------------------------------------------------------
-def torch_configs(accumulate: list[int], segments: list[int]) -> list[dict]:
-    """The PyTorch configurations tried under every cap, in order."""
+def torch_configs(accumulate: list[int], segments: list[int],
+                  layouts=("nchw", "channels_last"), whole_batch: bool = True) -> list[dict]:
+    """The PyTorch configurations tried under every cap, in order. whole_batch=False leaves
+    out the steps over the whole batch at once (plain and save_on_cpu), for caps where they are
+    known to run out of memory."""
     configs = []
-    for layout in ("nchw", "channels_last"):
-        configs.append({"layout": layout, "accumulate": 1, "segments": 0, "save_on_cpu": False})
+    for layout in layouts:
+        if whole_batch:
+            configs.append({"layout": layout, "accumulate": 1, "segments": 0,
+                            "save_on_cpu": False})
         for k in accumulate:
             configs.append({"layout": layout, "accumulate": k, "segments": 0,
                             "save_on_cpu": False})
@@ -56,7 +61,8 @@ def torch_configs(accumulate: list[int], segments: list[int]) -> list[dict]:
         for k in [1] + accumulate:
             configs.append({"layout": "channels_last", "accumulate": k, "segments": s,
                             "save_on_cpu": False})
-    configs.append({"layout": "nchw", "accumulate": 1, "segments": 0, "save_on_cpu": True})
+    if whole_batch:
+        configs.append({"layout": "nchw", "accumulate": 1, "segments": 0, "save_on_cpu": True})
     return configs
 
 
@@ -261,6 +267,11 @@ def parse_args(argv):
     p.add_argument("--accumulate", default="2,4,8,16", help="PyTorch accumulation counts")
     p.add_argument("--segments", default="2,4,8",
                    help="checkpoint_sequential segment counts (VGG-416: 10,20,40)")
+    p.add_argument("--layouts", default="nchw,channels_last",
+                   help="PyTorch layouts of the plain and accumulation steps")
+    p.add_argument("--no-whole-batch", action="store_true",
+                   help="leave out PyTorch's plain and save_on_cpu steps of the whole batch "
+                        "(they run out of memory under the caps of VGG-16 b256)")
     p.add_argument("--no-relu-bits", action="store_true", help="minidnn without --relu-bits")
     p.add_argument("--only", choices=("minidnn", "torch"), default=None)
     p.add_argument("--warmup", type=int, default=3)
@@ -296,7 +307,8 @@ def main(argv=None) -> int:
                               relu_bits=not args.no_relu_bits))
         if args.only != "minidnn":
             specs += [dict(base, cap=cap, **c)
-                      for c in torch_configs(ints(args.accumulate), ints(args.segments))]
+                      for c in torch_configs(ints(args.accumulate), ints(args.segments),
+                                             args.layouts.split(","), not args.no_whole_batch)]
         rows = []
         for spec in specs:
             if time.time() + args.timeout > deadline:

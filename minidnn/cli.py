@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read the loss back from the device every N steps (default "
                         f"{d.log_every})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_ranks_arguments(t, d)
 
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
                        description="Print every layer of a network with its output shape, "
@@ -132,8 +133,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train(args) -> int:
+def _add_ranks_arguments(t, d: TrainConfig) -> None:
+    """Data-parallel training (minidnn/distributed): several ranks, one per GPU."""
+    g = t.add_argument_group("several GPUs (data parallel)")
+    g.add_argument("--ranks", type=argtypes.positive_int, default=None, metavar="N",
+                   help="train on N ranks, one process per GPU; --batch stays the global batch, "
+                        "split evenly. Alone: starts N ranks on this host. Under torchrun "
+                        "(WORLD_SIZE set) or with --rank: must equal the number of ranks")
+    g.add_argument("--rank", type=argtypes.count, default=None, metavar="R",
+                   help="this process is rank R of --ranks N started by hand on each host "
+                        "(torchrun sets RANK instead)")
+    g.add_argument("--local-rank", type=argtypes.count, default=None, metavar="L",
+                   help="this rank's GPU on its host (default: the rank; torchrun sets "
+                        "LOCAL_RANK)")
+    g.add_argument("--rendezvous", default=None, metavar="tcp://HOST:PORT|file:PATH",
+                   help="where the ranks meet: rank 0's address and a free port, or a file "
+                        "every host sees (default: MASTER_ADDR and MASTER_PORT)")
+    g.add_argument("--collective-timeout", type=argtypes.positive_float,
+                   default=d.collective_timeout, metavar="S",
+                   help=f"seconds a rank waits for the others before it gives up (default "
+                        f"{d.collective_timeout:g})")
+
+
+def _world(args):
+    """(this process's distributed.World or None, whether to start --ranks processes)."""
+    from .distributed import resolve_world
+    world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
+    return world, world is None and (args.ranks or 1) > 1
+
+
+def _train(args, argv: list[str]) -> int:
     from .train import summary_lines, train
+    world, start_ranks = _world(args)
+    if start_ranks:
+        from .distributed.launch import launch
+        return launch(argv, args.ranks)
     cfg = TrainConfig(
         model=args.model, batch=args.batch, image_size=args.image_size, steps=args.steps,
         device=args.device, seed=args.seed, lr=args.lr, momentum=args.momentum,
@@ -144,8 +178,10 @@ def _train(args) -> int:
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
-        log_every=args.log_every)
-    report = train(cfg)
+        log_every=args.log_every, collective_timeout=args.collective_timeout)
+    report = train(cfg, world=world)
+    if world is not None and not world.is_main:
+        return 0   # rank 0 speaks for the run
     for line in summary_lines(report):
         print(line)
     for what, path in (("report", cfg.report), ("checkpoint", cfg.checkpoint),
@@ -180,6 +216,13 @@ def _models() -> int:
     return 0
 
 
+def _record_rank_error(error) -> bool:
+    """In a rank started by `--ranks N`: hand the error to the launcher, which prints one
+    error for the whole run (True); elsewhere False."""
+    from .distributed.launch import launched, record_rank_error
+    return launched() and record_rank_error(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 error)."""
     parser = build_parser()
@@ -189,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if args.command == "train":
-            return _train(args)
+            return _train(args, list(sys.argv[1:] if argv is None else argv))
         if args.command == "summary":
             return _summary(args)
         if args.command == "plan":
@@ -197,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             return plan_command.run(args)
         return _models()
     except (MinidnnError, UsageError) as e:
-        print(f"minidnn: error: {e}", file=sys.stderr)
+        if not _record_rank_error(e):
+            print(f"minidnn: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:   # a bug: its traceback follows; a launcher learns of it too
+        _record_rank_error(e)
+        raise
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:

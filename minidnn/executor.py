@@ -57,6 +57,15 @@ class Executor:
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    batch_offset / global_batch: this executor's batch is rows batch_offset .. batch_offset
+    + batch of a larger global batch (one rank's share in data-parallel training); layers that
+    draw per row (dropout) draw for the global batch and use these rows. Default: the batch
+    is the whole batch.
+
+    Backward hooks: `backward_hooks` is a list of callables `hook(i)`, each called after the
+    backward of node i (of `plan.nodes`) has run (on a GPU: has been issued on the compute
+    stream), when the gradients of that node's parameters are final for the step. Data
+    parallelism starts the all-reduce of a bucket of gradients there (distributed/buckets.py).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -67,9 +76,16 @@ class Executor:
                  prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False):
+                 relu_bits: bool = False, batch_offset: int = 0,
+                 global_batch: int | None = None):
         self.net = net
         self.batch = int(batch)
+        self.batch_offset = int(batch_offset)
+        self.global_batch = self.batch if global_batch is None else int(global_batch)
+        if not 0 <= self.batch_offset <= self.global_batch - self.batch:
+            raise ConfigError(f"rows {self.batch_offset}..{self.batch_offset + self.batch} do "
+                              f"not lie in a global batch of {self.global_batch}")
+        self.backward_hooks: list = []   # hook(i) after node i's backward (see the class doc)
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
@@ -287,7 +303,8 @@ class Executor:
 
     def _ctx(self, train: bool) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device)
+                           seed=self.seed, device=self.device, batch_offset=self.batch_offset,
+                           global_batch=self.global_batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -331,6 +348,9 @@ class Executor:
             self._call("backward", i, ctx,
                        ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
                        mm.after_backward)
+            if ctx is not None:
+                for hook in self.backward_hooks:
+                    hook(i)
         self._set_where("")
 
     def _call(self, phase: str, i: int, ctx, run, after) -> None:

@@ -53,7 +53,8 @@ class TrainConfig:
     synthetic 1000). memory_budget: bytes (None: no budget). math: 'tf32' or 'fp32' for the GPU
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
-    is read back from the device.
+    is read back from the device. collective_timeout: seconds a rank of a data-parallel run
+    waits for the others in any exchange before it gives up.
     """
     model: str = "alexnet"
     batch: int = 32
@@ -83,6 +84,7 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 10
     warmup_steps: int = 2
+    collective_timeout: float = 600.0
 
 
 def _check_config(cfg: TrainConfig) -> None:
@@ -136,12 +138,14 @@ def resolve_image_size(cfg: TrainConfig) -> int:
     return models.native_image_size(cfg.model)
 
 
-def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
-    """The executor a run trains on (on `device`, a backend.Device, or on cfg.device)."""
-    return Executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
-                    memory_budget=cfg.memory_budget, policy=cfg.policy,
+def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
+    """The executor a run trains on (on `device`, a backend.Device, or on cfg.device); with
+    `dp` (a distributed.DataParallel), on this rank's share of the batch."""
+    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
+    return Executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
+                    seed=cfg.seed, memory_budget=cfg.memory_budget, policy=cfg.policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits)
+                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits, **share)
 
 
 class StepTimer:
@@ -185,15 +189,17 @@ class StepTimer:
         self._last = self._stamp()
 
 
-def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0) -> dict:
-    """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`."""
+def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0,
+             rows: slice | None = None) -> dict:
+    """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`
+    (over `rows` of each batch only, when given: one rank's share)."""
     steps = min(max_batches, len(dataset) // batch)
     if steps < 1:
         raise DataError(f"evaluation needs at least one full batch: the held-out set has "
                         f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")
     correct = total = 0
     loss_sum = 0.0
-    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps) as loader:
+    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps, rows=rows) as loader:
         for x, y in loader:
             loss, logits = ex.evaluate(x, y)
             correct += int((logits.argmax(axis=1) == y).sum())
@@ -223,27 +229,60 @@ def _check_resumable(ckpt, identity: dict) -> None:
                               f"{', '.join(diffs)}; resume with the same settings")
 
 
-def _batches(sources, cfg: TrainConfig, start: int, pool=None):
+def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None):
     """Iterator of (x, y) for steps start .. cfg.steps - 1, and the loader to close (or None).
 
-    pool: batches already on the device (synthetic data on a GPU), used in turn.
+    pool: batches already on the device (synthetic data on a GPU), used in turn. rows: this
+    rank's rows of each batch (data-parallel), or None.
     """
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
-                         steps=cfg.steps - start)
+                         steps=cfg.steps - start, rows=rows)
     return iter(loader), loader
 
 
-def train(config: TrainConfig | None = None, log=print) -> dict:
+def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
     """Run training as configured; returns the run report (and writes it when config.report).
 
     log: where progress messages go (one string per call); the progress bar goes to stderr
     when config.progress. The executor is closed at the end: the network's parameters are
     NumPy arrays again and the device memory is released.
+
+    world: a distributed.World when this process is one rank of a data-parallel run of more
+    than one rank (see _train_rank); config.batch is then the global batch.
     """
     cfg = dataclasses.replace(config) if config is not None else TrainConfig()
     _check_config(cfg)
+    if world is not None and world.size > 1:
+        return _train_rank(cfg, log, world)
+    return _train(cfg, log)
+
+
+def _train_rank(cfg: TrainConfig, log, world) -> dict:
+    """One rank of a data-parallel run: connects to the others, trains on its share of each
+    batch with the gradients all-reduced, and ends every rank if it fails. Only rank 0
+    prints, and writes checkpoints, the report, the trace and the plot."""
+    from .distributed import DataParallel
+    dp = DataParallel(world, cfg.batch, timeout=cfg.collective_timeout)
+    if not dp.is_main:
+        cfg = dataclasses.replace(cfg, progress=False, report=None, trace=None, plot=None)
+        log = _silent
+    try:
+        report = _train(cfg, log, dp)
+    except BaseException as e:
+        dp.abort(e)
+        raise
+    dp.close()
+    return report
+
+
+def _silent(*_):
+    pass
+
+
+def _train(cfg: TrainConfig, log, dp=None) -> dict:
+    """The run itself (dp: this rank's distributed.DataParallel, or None)."""
     started = time.perf_counter()
     image_size = resolve_image_size(cfg)
     sources = open_data(cfg.data, image_size, cfg.seed, cfg.num_classes)
@@ -256,13 +295,16 @@ def train(config: TrainConfig | None = None, log=print) -> dict:
         _check_resumable(ckpt, identity)
         restore(ckpt, net, model=cfg.model)  # parameters first: the executor then keeps them
         start = ckpt.step
-    device = select_device(cfg.device)
+    _check_world_size(ckpt, dp.size if dp else 1)
+    device = dp.select_device(cfg.device) if dp else select_device(cfg.device)
+    if dp:
+        dp.connect(device)   # NCCL's buffers before the executor's arena
     pool = None
     if isinstance(sources.train, SyntheticImages) and device.is_gpu:
         # Made on the device before the executor exists, so that, like a data loader's
         # buffers, they stay outside its arena and no host copy or RNG work is timed.
-        pool = sources.train.device_batches(cfg.batch, device)
-    ex = make_executor(cfg, net, device)
+        pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
+    ex = make_executor(cfg, net, device, dp)
     try:
         ex.step = start  # dropout draws from (seed, step, layer): a resumed run replays them
         opt = SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
@@ -270,22 +312,30 @@ def train(config: TrainConfig | None = None, log=print) -> dict:
                   allocator=ex.allocator)  # momentum counts against the memory budget too
         if ckpt is not None:
             restore_optimizer(ckpt, opt)
+        if dp:
+            opt = dp.attach(ex, opt)   # gradients all-reduced in buckets during backward
         log(f"{cfg.model}: {net.num_params():,} parameters, {image_size}x{image_size} images, "
             f"batch {cfg.batch}, on {ex.device.kind}"
             + (f" ({ex.device.name})" if ex.device.name != ex.device.kind else "")
             + f"; data: {sources.description}"
-            + (f"; resuming at step {start}" if start else ""))
+            + (f"; resuming at step {start}" if start else "")
+            + (f"; {dp.size} ranks of {dp.local_batch} images" if dp else ""))
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, net, opt, sources, start, pool,
-                    dict(dataclasses.asdict(cfg), identity=identity), log)
+                    dict(dataclasses.asdict(cfg), identity=identity,
+                         world_size=dp.size if dp else 1), log, dp)
         run.loop()
+        if dp:
+            dp.check_parameters("at the end")
         report = build_report(cfg, ex=ex, net=net, image_size=image_size,
                               num_classes=sources.num_classes, data=sources.description,
                               start_step=start, losses=run.losses, step_times=run.timer.times,
                               evals=run.evals, memory=run.memory or memory_figures(ex),
                               wall_time_s=time.perf_counter() - started)
+        if dp:
+            report.update(dp.report_fields())
         # The report first: a trace or plot that cannot be written must not lose it.
         if cfg.report:
             write_output("--report", cfg.report, lambda path: write_report(path, report))
@@ -311,6 +361,17 @@ def write_output(option: str, path: str, write) -> None:
                           f"pip install 'minidnn[plot]'") from e
 
 
+def _check_world_size(ckpt, size: int) -> None:
+    """A run resumes with the number of ranks that wrote its checkpoint (the batch order and
+    dropout masks are per rank share)."""
+    if ckpt is None:
+        return
+    saved = ckpt.meta.get("config", {}).get("world_size", 1)
+    if saved != size:
+        raise CheckpointError(f"checkpoint {ckpt.path!r} was written by a run of {saved} "
+                              f"rank(s); resume it with --ranks {saved}, not {size}")
+
+
 class _Loop:
     """The steps of one run: train, read the loss now and then, evaluate, checkpoint.
 
@@ -320,10 +381,11 @@ class _Loop:
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
-                 run_config: dict, log):
+                 run_config: dict, log, dp=None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
+        self.dp = dp                     # distributed.DataParallel of a rank, or None
         self.losses: list[float] = []
         self.pending: list = []          # loss values still on the device
         self.evals: list[dict] = []
@@ -335,7 +397,8 @@ class _Loop:
     def loop(self) -> None:
         cfg, ex = self.cfg, self.ex
         eval_ok = self.sources.eval is not None and len(self.sources.eval) >= cfg.batch
-        batches, loader = _batches(self.sources, cfg, self.start, self.pool)
+        batches, loader = _batches(self.sources, cfg, self.start, self.pool,
+                                   self.dp.rows if self.dp else None)
         self.bar = _progress_bar(cfg, self.start)
         try:
             for step in range(self.start, cfg.steps):
@@ -379,8 +442,10 @@ class _Loop:
         """Bring pending losses to the host (this waits for the device) and update the bar."""
         cfg = self.cfg
         self.timer.resolve()
-        for value in self.pending:
-            v = float(value)
+        values = [float(value) for value in self.pending]
+        if self.dp:
+            values = self.dp.mean(values)   # every rank's loss: the global batch's
+        for v in values:
             if not math.isfinite(v):
                 raise DivergenceError(f"loss became {v} by step {step}: training diverged "
                                       f"(try a smaller --lr, now {cfg.lr})")
@@ -394,8 +459,11 @@ class _Loop:
     def evaluate(self, step: int) -> None:
         cfg = self.cfg
         self.read_losses(step)
-        result = dict(step=step, **evaluate(self.ex, self.sources.eval, cfg.batch,
-                                            cfg.eval_batches, cfg.seed))
+        result = evaluate(self.ex, self.sources.eval, cfg.batch, cfg.eval_batches, cfg.seed,
+                          self.dp.rows if self.dp else None)
+        if self.dp:
+            result = self.dp.combine_eval(result)
+        result = dict(step=step, **result)
         self.evals.append(result)
         recent = np.mean(self.losses[-cfg.log_every:]) if self.losses else float("nan")
         _write(self.bar, self.log, f"step {step}/{cfg.steps}: training loss {recent:.4f}, "
@@ -403,6 +471,8 @@ class _Loop:
                                    f"{result['accuracy']:.3f} ({result['images']} images)")
 
     def checkpoint(self, step: int) -> None:
+        if self.dp and not self.dp.is_main:
+            return   # rank 0 writes it; every rank holds the same parameters
         save_checkpoint(self.cfg.checkpoint, self.net, self.opt, step=step, model=self.cfg.model,
                         seed=self.cfg.seed, config=self.run_config)
 

@@ -67,6 +67,10 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
+    batch_offset / global_batch: the step's batch is rows batch_offset .. batch_offset + N of
+    a global batch of global_batch rows (one rank's share of a data-parallel step; None: the
+    batch is the whole batch), so that a layer drawing per row draws what the whole batch
+    would (dropout).
     """
     xp: Any
     kernels: Any = None
@@ -75,6 +79,8 @@ class StepContext:
     seed: int = 0
     device: Any = None
     workspace: Any = None
+    batch_offset: int = 0
+    global_batch: int | None = None
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

@@ -166,7 +166,9 @@ def _train(args, argv: list[str]) -> int:
     from .train import summary_lines, train
     world, start_ranks = _world(args)
     if start_ranks:
+        from .distributed.data_parallel import split_batch
         from .distributed.launch import launch
+        split_batch(args.batch, args.ranks)   # before starting any rank
         return launch(argv, args.ranks)
     cfg = TrainConfig(
         model=args.model, batch=args.batch, image_size=args.image_size, steps=args.steps,

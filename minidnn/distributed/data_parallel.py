@@ -38,6 +38,14 @@ from .rendezvous import World
 CHECK_EVERY = 100
 
 
+def split_batch(global_batch: int, ranks: int) -> int:
+    """Images per rank of a global batch; ConfigError when it does not divide evenly."""
+    if global_batch % ranks:
+        raise ConfigError(f"--batch {global_batch} (the global batch) must divide evenly "
+                          f"over {ranks} ranks")
+    return global_batch // ranks
+
+
 class DataParallel:
     """This rank of `world`, training at `global_batch` images per step over all ranks.
 
@@ -48,12 +56,9 @@ class DataParallel:
 
     def __init__(self, world: World, global_batch: int, timeout: float = DEFAULT_TIMEOUT_S,
                  check_every: int = CHECK_EVERY, bucket_bytes: int = BUCKET_BYTES):
-        if global_batch % world.size:
-            raise ConfigError(f"--batch {global_batch} (the global batch) must divide evenly "
-                              f"over {world.size} ranks")
         self.world = world
         self.global_batch = int(global_batch)
-        self.local_batch = self.global_batch // world.size
+        self.local_batch = split_batch(self.global_batch, world.size)
         self.batch_offset = world.rank * self.local_batch
         self.rows = slice(self.batch_offset, self.batch_offset + self.local_batch)
         self.timeout = float(timeout)

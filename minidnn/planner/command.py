@@ -73,6 +73,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "chooses it; 1 for the other policies)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
+    p.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
+                   metavar="GB/S", help="pinned copies get at most this many GB/s each way, "
+                   "e.g. what each GPU measured with several copying at once "
+                   "(scripts/bench_host_link.py)")
     p.add_argument("--report", default=None, metavar="RUN.json",
                    help="a run report: plan for its settings and compare with its measurements")
     p.add_argument("--refresh-profile", action="store_true",
@@ -269,6 +273,9 @@ def make_plan(args) -> dict:
         from ..memory.policy import use_relu_bits
         use_relu_bits(net)
     prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
+    if args.host_link_gbps:
+        prof = prof.with_host_link(args.host_link_gbps)
+        source += f"; host link {args.host_link_gbps:g} GB/s each way"
     notes = list(prof.notes)
     budget = s["budget"]
     if budget is None:

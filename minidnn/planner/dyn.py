@@ -46,6 +46,8 @@ class DynPolicy(Policy):
     measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
     of a profiling pass goes (default: standard error). recompute: the planner may drop maps
     after forward and run their layers again in backward (default); False: offload only.
+    host_link_gbps: plan with pinned copies limited to this many GB/s each way (the share of
+    the host link each GPU gets when several offload at once: Profile.with_host_link).
     """
     name = "dyn"
     description = ("vDNN_dyn: profile the network, then choose per layer what to offload or "
@@ -55,7 +57,8 @@ class DynPolicy(Policy):
     def __init__(self, profile=None, gpu=None, device=None, math: str | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
-                 log=None, choose_lookahead: bool = True, recompute: bool = True):
+                 log=None, choose_lookahead: bool = True, recompute: bool = True,
+                 host_link_gbps: float | None = None):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -69,6 +72,7 @@ class DynPolicy(Policy):
         self.log = log
         self.choose_lookahead = bool(choose_lookahead)
         self.recompute = bool(recompute)
+        self.host_link_gbps = host_link_gbps
         self.result = None
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
@@ -103,7 +107,7 @@ class DynPolicy(Policy):
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
                        reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
-        profile = self.profile_for(net, batch)
+        profile = self.profile_for(net, batch).with_host_link(self.host_link_gbps)
         if not self.choose_lookahead:
             self.result = Planner(net, batch, profile, budget=int(budget),
                                   prefetch_lookahead=self.prefetch_lookahead, **options).run()

@@ -153,6 +153,10 @@ def _add_ranks_arguments(t, d: TrainConfig) -> None:
                    default=d.collective_timeout, metavar="S",
                    help=f"seconds a rank waits for the others before it gives up (default "
                         f"{d.collective_timeout:g})")
+    g.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
+                   metavar="GB/S", help="--policy dyn plans with pinned copies at most this "
+                   "fast each way: what each GPU gets with all ranks offloading at once "
+                   "(scripts/bench_host_link.py measures it)")
 
 
 def _world(args):
@@ -180,7 +184,8 @@ def _train(args, argv: list[str]) -> int:
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
-        log_every=args.log_every, collective_timeout=args.collective_timeout)
+        log_every=args.log_every, collective_timeout=args.collective_timeout,
+        host_link_gbps=args.host_link_gbps)
     report = train(cfg, world=world)
     if world is not None and not world.is_main:
         return 0   # rank 0 speaks for the run

@@ -54,7 +54,9 @@ class TrainConfig:
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
     is read back from the device. collective_timeout: seconds a rank of a data-parallel run
-    waits for the others in any exchange before it gives up.
+    waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
+    plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
+    offload at once, scripts/bench_host_link.py).
     """
     model: str = "alexnet"
     batch: int = 32
@@ -85,6 +87,7 @@ class TrainConfig:
     log_every: int = 10
     warmup_steps: int = 2
     collective_timeout: float = 600.0
+    host_link_gbps: float | None = None
 
 
 def _check_config(cfg: TrainConfig) -> None:
@@ -142,8 +145,12 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     """The executor a run trains on (on `device`, a backend.Device, or on cfg.device); with
     `dp` (a distributed.DataParallel), on this rank's share of the batch."""
     share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
+    policy = cfg.policy
+    if cfg.host_link_gbps and policy == "dyn":
+        from .planner.dyn import DynPolicy
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps)
     return Executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
-                    seed=cfg.seed, memory_budget=cfg.memory_budget, policy=cfg.policy,
+                    seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
                     prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits, **share)
 

@@ -16,12 +16,12 @@ from minidnn.distributed import DataParallel, World, resolve_world, world_from_e
 from minidnn.distributed.buckets import GradientBuckets
 from minidnn.distributed.cpu_collective import SocketGroup
 from minidnn.distributed.rendezvous import parse_rendezvous
-from minidnn.errors import CheckpointError, CollectiveError, ConfigError, RankFailedError
+from minidnn.errors import CollectiveError, ConfigError
 from minidnn.layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, StepContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPAWN = multiprocessing.get_context("spawn")
-GLOBAL_BATCH = 8
+GLOBAL_BATCH = 12   # divides over 2 and 3 ranks
 STEPS = 3
 
 
@@ -140,7 +140,7 @@ def _train_steps(ex, opt, data, rows):
         ex.train_step(x[rows], y[rows], opt)
 
 
-def _rank_main(rank, size, rendezvous, out, fail_at=None):
+def _rank_main(rank, size, rendezvous, out, fail_at=None, failing_rank=1):
     """One rank: the tiny net in float64 on its rows of each global batch."""
     world = World(size, rank, rank, rendezvous)
     net = tiny_net()
@@ -151,8 +151,8 @@ def _rank_main(rank, size, rendezvous, out, fail_at=None):
                       global_batch=GLOBAL_BATCH)
         opt = dp.attach(ex, SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3))
         for step, (x, y) in enumerate(batches()):
-            if step == fail_at and rank == 1:
-                raise ValueError("rank 1 cannot go on")
+            if step == fail_at and rank == failing_rank:
+                raise ValueError(f"rank {rank} cannot go on")
             ex.train_step(x[dp.rows], y[dp.rows], opt)
         ex.close()
     except BaseException as e:
@@ -164,10 +164,11 @@ def _rank_main(rank, size, rendezvous, out, fail_at=None):
     np.savez(f"{out}.rank{rank}.npz", **net.state_dict())
 
 
-def _run_ranks(size, tmp_path, fail_at=None):
+def _run_ranks(size, tmp_path, fail_at=None, failing_rank=1):
     rendezvous = f"file:{tmp_path / 'rendezvous'}"
     out = str(tmp_path / "run")
-    procs = [SPAWN.Process(target=_rank_main, args=(r, size, rendezvous, out, fail_at))
+    procs = [SPAWN.Process(target=_rank_main,
+                           args=(r, size, rendezvous, out, fail_at, failing_rank))
              for r in range(size)]
     for p in procs:
         p.start()
@@ -231,10 +232,13 @@ def test_a_collective_gives_up_after_its_timeout(tmp_path):
         peer.join()
 
 
-def test_an_abort_names_the_rank_where_the_failure_started(tmp_path):
-    error = RankFailedError(2, "out of memory")
-    assert str(error) == "rank 2 failed: out of memory"
-    assert isinstance(error, CollectiveError)
+def test_every_rank_names_the_rank_where_the_failure_started(tmp_path):
+    # Rank 2 talks to rank 0 only; rank 0 passes the abort on to rank 1.
+    out, codes = _run_ranks(3, tmp_path, fail_at=2, failing_rank=2)
+    assert codes == [2, 2, 2]
+    for r in (0, 1):
+        with open(f"{out}.rank{r}.err") as f:
+            assert f.read() == "RankFailedError: rank 2 failed: ValueError: rank 2 cannot go on"
 
 
 # ---- the command line ------------------------------------------------------------------------
@@ -250,7 +254,7 @@ SMALL = ["train", "--model", "tiny_cnn", "--image-size", "16", "--batch", "16", 
          "cpu", "--eval-every", "0", "--eval-batches", "2", "--no-progress", "--log-every", "2"]
 
 
-def test_ranks_on_the_command_line_report_what_one_process_trains(tmp_path):
+def test_ranks_on_the_command_line_train_what_one_process_trains(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     r1 = minidnn(*SMALL, "--steps", "4", "--report", str(one))
     r2 = minidnn(*SMALL, "--steps", "4", "--report", str(two), "--ranks", "2")
@@ -265,12 +269,12 @@ def test_ranks_on_the_command_line_report_what_one_process_trains(tmp_path):
     assert r2.stdout.count("images/s") == 1            # rank 0 alone speaks
 
 
-def test_resume_needs_the_same_number_of_ranks_and_continues_it(tmp_path):
+def test_resume_needs_the_same_number_of_ranks_and_continues_bit_for_bit(tmp_path):
+    straight, resumed = tmp_path / "straight.json", tmp_path / "resumed.json"
     ckpt = str(tmp_path / "run.npz")
-    straight = tmp_path / "straight.json"
-    resumed = tmp_path / "resumed.json"
     r = minidnn(*SMALL, "--steps", "4", "--ranks", "2", "--report", str(straight))
     assert r.returncode == 0, r.stderr
+    b = json.loads(straight.read_text())
     r = minidnn(*SMALL, "--steps", "2", "--ranks", "2", "--checkpoint", ckpt)
     assert r.returncode == 0, r.stderr
     r = minidnn(*SMALL, "--steps", "4", "--checkpoint", ckpt, "--resume")
@@ -280,9 +284,9 @@ def test_resume_needs_the_same_number_of_ranks_and_continues_it(tmp_path):
     r = minidnn(*SMALL, "--steps", "4", "--ranks", "2", "--checkpoint", ckpt, "--resume",
                 "--report", str(resumed))
     assert r.returncode == 0, r.stderr
-    a, b = json.loads(straight.read_text()), json.loads(resumed.read_text())
-    assert b["loss"] == a["loss"][2:]
-    assert b["param_checksum"] == a["param_checksum"]
+    c = json.loads(resumed.read_text())
+    assert c["loss"] == b["loss"][2:]
+    assert c["param_checksum"] == b["param_checksum"]
 
 
 FAILING_MODEL = '''

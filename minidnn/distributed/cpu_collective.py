@@ -197,6 +197,8 @@ class CpuReducer:
     every bucket started (and raises the first error a bucket met).
     """
 
+    name = "sockets"
+
     def __init__(self, group: SocketGroup):
         from concurrent.futures import ThreadPoolExecutor
         self.group = group

@@ -151,8 +151,7 @@ class DataParallel:
         """What the run report says about the ranks (after a final check_parameters)."""
         return {"world_size": self.size, "batch_per_rank": self.local_batch,
                 "gradient_buckets": len(self.buckets.buckets) if self.buckets else None,
-                "collective": "nccl" if self.reducer.__class__.__name__ == "NcclReducer"
-                else "sockets",
+                "collective": self.reducer.name,
                 "rank_param_checksums": list(self.checksums),
                 "ranks_agree": len(set(self.checksums)) == 1}
 

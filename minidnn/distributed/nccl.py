@@ -57,6 +57,8 @@ class NcclReducer:
     backend.Device (its GPU must be the current CuPy device).
     """
 
+    name = "nccl"
+
     def __init__(self, control, device):
         nccl = _nccl()
         import cupy

@@ -218,10 +218,7 @@ def test_a_collective_gives_up_after_its_timeout(tmp_path):
     peer = SPAWN.Process(target=_silent_rank, args=(rendezvous,))
     peer.start()
     try:
-        group = SocketGroup(World(2, 0, 0, rendezvous), timeout=10)
-        group.timeout = 0.5
-        for sock in group.peers.values():
-            sock.settimeout(0.5)
+        group = SocketGroup(World(2, 0, 0, rendezvous), timeout=0.5, connect_timeout=10)
         t0 = time.monotonic()
         with pytest.raises(CollectiveError, match="rank 1 sent nothing for 0.5 s"):
             group.all_reduce_sum([np.ones(3)])

@@ -35,16 +35,19 @@ DEFAULT_TIMEOUT_S = 600.0
 class SocketGroup:
     """The ranks of `world`, connected (see the module docstring).
 
-    timeout: seconds every receive (and the rendezvous) may wait. Use as a context manager or
-    call close(); abort(message) instead when this rank failed.
+    timeout: seconds every receive may wait; connect_timeout: seconds the ranks may take to
+    meet (default: timeout). Use as a context manager or call close(); abort(error) instead
+    when this rank failed.
     """
 
-    def __init__(self, world: World, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, world: World, timeout: float = DEFAULT_TIMEOUT_S,
+                 connect_timeout: float | None = None):
         if not timeout > 0:
             raise CollectiveError(f"collective timeout must be positive, got {timeout!r}")
         self.world = world
         self.timeout = float(timeout)
-        self.peers: dict[int, socket.socket] = connect_star(world, self.timeout)
+        self.peers: dict[int, socket.socket] = connect_star(
+            world, self.timeout if connect_timeout is None else float(connect_timeout))
         for sock in self.peers.values():
             sock.settimeout(self.timeout)
         self._closed = False

@@ -67,10 +67,9 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
-    batch_offset / global_batch: the step's batch is rows batch_offset .. batch_offset + N of
-    a global batch of global_batch rows (one rank's share of a data-parallel step; None: the
-    batch is the whole batch), so that a layer drawing per row draws what the whole batch
-    would (dropout).
+    batch_offset, global_batch: the rows of the whole batch this call computes are
+    [batch_offset, batch_offset + N) of global_batch (None: the call's own N), so that a
+    batch split into micro-batches draws the same random numbers as the whole batch.
     """
     xp: Any
     kernels: Any = None
@@ -91,6 +90,18 @@ class StepContext:
         # CuPy's generator takes one integer seed; fold the key the way NumPy's SeedSequence does.
         folded = int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
         return self.xp.random.default_rng(folded)
+
+    def uniform_rows(self, layer: "Layer", shape: tuple):
+        """float32 draws in [0, 1) of `shape` (N, ...): rows [batch_offset, batch_offset + N)
+        of the draws of the whole batch (global_batch, ...), so a split batch sees the same
+        numbers row for row. The whole batch's draws are made and sliced: a cost of
+        global_batch / N times the draws, small for the layers that draw (dropout)."""
+        shape = tuple(shape)
+        total = shape[0] if self.global_batch is None else int(self.global_batch)
+        draws = self.rng(layer).random((total,) + shape[1:], dtype=np.float32)
+        if total == shape[0]:
+            return draws
+        return draws[self.batch_offset:self.batch_offset + shape[0]]
 
 
 class Layer:

@@ -2,9 +2,8 @@
 evaluation (and for p = 0) the identity.
 
 The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
-by (seed, step, layer index), so a resumed run draws the same masks. A share of a larger batch
-(ctx.batch_offset, ctx.global_batch: one rank of a data-parallel step) uses its rows of the
-whole batch's mask. Backward reads only the
+by (seed, step, layer index), so a resumed run draws the same masks; a micro-batch takes its
+rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them. Backward reads only the
 mask, so the layer runs in place.
 """
 from __future__ import annotations
@@ -44,23 +43,12 @@ class Dropout(Layer):
                 y[...] = x
             return
         mask = aux["mask"]
-        # float32 draws whatever the layer's dtype: the same mask in float32 and float64 runs.
-        draws = self._draws(mask.shape, ctx)
+        # float32 draws whatever the layer's dtype: the same mask in float32 and float64 runs;
+        # the rows of the whole batch's draws, so a micro-batch has its rows of the same mask.
+        draws = ctx.uniform_rows(self, mask.shape)
         xp.greater_equal(draws, np.float32(self.p), out=mask)
         xp.multiply(x, mask, out=y)
         y *= y.dtype.type(1.0 / (1.0 - self.p))
-
-    def _draws(self, shape, ctx):
-        """Uniform float32 draws for this step's rows: when the batch is a share of a larger
-        one (ctx.global_batch), those rows of the whole batch's draws, so that every share
-        masks exactly as one process running the whole batch would."""
-        rng = ctx.rng(self)
-        n, total = shape[0], ctx.global_batch
-        if total is None or total == n:
-            return rng.random(shape, dtype=np.float32)
-        # The whole batch's draws, then our rows: the same on NumPy and CuPy generators.
-        full = rng.random((total,) + tuple(shape[1:]), dtype=np.float32)
-        return full[ctx.batch_offset:ctx.batch_offset + n]
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         gx = gxs[0]

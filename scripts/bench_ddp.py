@@ -43,6 +43,8 @@ def minidnn_run(label, args, ranks, budget, folder) -> dict:
         cmd += ["--ranks", str(ranks)]
     if budget:
         cmd += ["--policy", "dyn", "--memory-budget", budget]
+        if ranks > 1 and args.host_link_gbps:
+            cmd += ["--host-link-gbps", str(args.host_link_gbps)]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout)
     result = {"label": label, "framework": "minidnn", "gpus": ranks, "batch": batch,
@@ -159,6 +161,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="PyTorch steps before timing")
     p.add_argument("--budget", default="12GiB", help="per-GPU budget of the dyn runs")
+    p.add_argument("--host-link-gbps", type=float, default=None,
+                   help="per-GPU host link of the two-rank dyn run's plan (bench_host_link.py)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--only", default=None,
                    help="comma-separated labels to run (minidnn-1gpu, minidnn-2gpu, "

@@ -119,8 +119,7 @@ class DataParallel:
     # ---- during the run ------------------------------------------------------------------
     def after_step(self, step: int) -> None:
         """Called by the optimizer wrapper after each update (step: updates so far)."""
-        if self._watchdog is not None:
-            self._watchdog.beat()
+        self._alive()
         if self.check_every and step % self.check_every == 0:
             self.check_parameters(f"after step {step}")
 
@@ -128,6 +127,7 @@ class DataParallel:
         """Every rank's parameter checksum (sha256); CollectiveError when they differ."""
         sums = self.group.gather_objects(self.net.param_checksum(), "the parameter check")
         self.checksums = sums
+        self._alive()
         if len(set(sums)) > 1:
             listed = ", ".join(f"rank {r} {c[:12]}" for r, c in enumerate(sums))
             raise CollectiveError(f"ranks hold different parameters {when}: {listed}")
@@ -137,6 +137,7 @@ class DataParallel:
         """The mean over ranks of each value (the ranks' losses: the global batch's loss)."""
         a = np.array(values, dtype=np.float64)
         self.group.all_reduce_sum([a], "the loss mean")
+        self._alive()
         return [float(v) for v in a / self.size]
 
     def combine_eval(self, result: dict) -> dict:
@@ -145,6 +146,7 @@ class DataParallel:
         n = float(result["images"])
         a = np.array([result["loss"] * n, round(result["accuracy"] * n), n], dtype=np.float64)
         self.group.all_reduce_sum([a], "the evaluation")
+        self._alive()
         return {"loss": a[0] / a[2], "accuracy": a[1] / a[2], "images": int(a[2])}
 
     def report_fields(self) -> dict:
@@ -154,6 +156,11 @@ class DataParallel:
                 "collective": self.reducer.name,
                 "rank_param_checksums": list(self.checksums),
                 "ranks_agree": len(set(self.checksums)) == 1}
+
+    def _alive(self) -> None:
+        """Progress: an update, or an exchange every rank took part in (the watchdog's beat)."""
+        if self._watchdog is not None:
+            self._watchdog.beat()
 
     # ---- ending ----------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:

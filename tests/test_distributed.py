@@ -98,7 +98,7 @@ class RecordingReducer:
     def __init__(self):
         self.started = []
 
-    def start(self, arrays):
+    def start(self, arrays, trace=None):
         self.started.append([id(a) for a in arrays])
 
     def finish(self):
@@ -254,7 +254,9 @@ SMALL = ["train", "--model", "tiny_cnn", "--image-size", "16", "--batch", "16", 
 def test_ranks_on_the_command_line_train_what_one_process_trains(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     r1 = minidnn(*SMALL, "--steps", "4", "--report", str(one))
-    r2 = minidnn(*SMALL, "--steps", "4", "--report", str(two), "--ranks", "2")
+    trace = tmp_path / "trace.json"
+    r2 = minidnn(*SMALL, "--steps", "4", "--report", str(two), "--ranks", "2", "--trace",
+                 str(trace))
     assert r1.returncode == 0, r1.stderr
     assert r2.returncode == 0, r2.stderr
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
@@ -264,6 +266,13 @@ def test_ranks_on_the_command_line_train_what_one_process_trains(tmp_path):
     assert b["param_checksum"] == b["rank_param_checksums"][0]
     assert b["eval"][-1]["images"] == a["eval"][-1]["images"]
     assert r2.stdout.count("images/s") == 1            # rank 0 alone speaks
+    # The trace of rank 0's last step shows the bucket's all-reduce on a track of its own.
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
+    reduces = [e for e in events if e.get("cat") == "allreduce"]
+    assert [e["name"] for e in reduces] == ["all-reduce bucket 0"]
+    assert reduces[0]["tid"] == tracks["allreduce stream"]
+    assert reduces[0]["args"]["bytes"] == 38570 * 4
 
 
 def test_resume_needs_the_same_number_of_ranks_and_continues_bit_for_bit(tmp_path):

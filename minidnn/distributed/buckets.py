@@ -24,15 +24,18 @@ class GradientBuckets:
     """Buckets of a network's parameter gradients (see the module docstring).
 
     net: the Network (its parameters must be on the device: `p.grad` set). reducer: has
-    start(arrays) and finish() (cpu_collective.CpuReducer, nccl.NcclReducer).
+    start(arrays, trace) and finish() (cpu_collective.CpuReducer, nccl.NcclReducer).
+    tracer: a callable returning the trace.Tracer that records each bucket's all-reduce on
+    the 'allreduce' track, or None (the executor's `lambda: ex.tracer`).
 
     After construction: `buckets`, a list of [(parameter name, Parameter)] in the order they
     are reduced; `layer_done(i)` is the executor's hook after node i's backward.
     """
 
     def __init__(self, net, reducer, bucket_bytes: int = BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES):
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, tracer=None):
         self.reducer = reducer
+        self.tracer = tracer or (lambda: None)
         self.buckets: list[list] = []
         self._of_node: dict[int, list[int]] = {}   # node index -> its buckets, once per param
         cap, size = first_bucket_bytes, 0
@@ -64,7 +67,9 @@ class GradientBuckets:
 
     def _start(self, b: int) -> None:
         self._waiting[b] = -1   # started
-        self.reducer.start([p.grad for _, p in self.buckets[b]])
+        tracer = self.tracer()
+        self.reducer.start([p.grad for _, p in self.buckets[b]],
+                           (tracer, f"all-reduce bucket {b}") if tracer is not None else None)
 
     def finish(self) -> None:
         """Start any bucket not started (a layer whose backward did not report), then wait for

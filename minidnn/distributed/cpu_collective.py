@@ -208,14 +208,19 @@ class CpuReducer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minidnn-allreduce")
         self._pending: list = []
 
-    def start(self, arrays: list) -> None:
-        self._pending.append(self._pool.submit(self._reduce, list(arrays)))
+    def start(self, arrays: list, trace=None) -> None:
+        """Start the mean of `arrays` over the ranks; trace: (Tracer, span name) or None."""
+        self._pending.append(self._pool.submit(self._reduce, list(arrays), trace))
 
-    def _reduce(self, arrays: list) -> None:
+    def _reduce(self, arrays: list, trace) -> None:
+        t0 = trace[0].mark(None) if trace else None
         self.group.all_reduce_sum(arrays, "the gradient all-reduce")
         size = self.group.size
         for a in arrays:
             a /= a.dtype.type(size)
+        if trace:
+            trace[0].copy("allreduce", trace[1], t0, trace[0].mark(None),
+                          sum(a.nbytes for a in arrays))
 
     def finish(self) -> None:
         pending, self._pending = self._pending, []

@@ -109,7 +109,8 @@ class DataParallel:
         if self.reducer is None:
             self.connect(ex.device)
         self.net = ex.net
-        self.buckets = GradientBuckets(ex.net, self.reducer, self.bucket_bytes)
+        self.buckets = GradientBuckets(ex.net, self.reducer, self.bucket_bytes,
+                                       tracer=lambda: ex.tracer)
         ex.backward_hooks.append(self.buckets.layer_done)
         self.check_parameters("at the start")
         if ex.device.is_gpu:

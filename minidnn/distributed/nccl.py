@@ -101,16 +101,20 @@ class NcclReducer:
         finally:
             nccl.groupEnd()
 
-    def start(self, arrays: list) -> None:
+    def start(self, arrays: list, trace=None) -> None:
         """Mean over ranks of `arrays` (device gradients, contiguous), in place, once the
-        compute stream has produced them."""
+        compute stream has produced them. trace: (Tracer, span name) or None."""
         ready = self.device.event()
         ready.record(self.device.compute)
         self.stream.wait_event(ready)
+        t0 = trace[0].mark(self.stream) if trace else None
         self._all_reduce(arrays)
         with self.stream:
             for a in arrays:
                 a /= a.dtype.type(self.size)
+        if trace:
+            trace[0].copy("allreduce", trace[1], t0, trace[0].mark(self.stream),
+                          sum(a.nbytes for a in arrays))
         self._started = True
 
     def finish(self) -> None:

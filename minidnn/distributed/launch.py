@@ -10,13 +10,14 @@ Supervision: a rank that fails writes its one-line error into a file the launche
 the collective (an abort message, a lost connection or a timeout) and end too. When one rank
 has failed the launcher gives the others a few seconds to end, then stops the rest, and
 prints one error: the failure that came first (not the others' reports of it), with that
-rank's exit status. Ctrl-C stops every rank.
+rank's exit status. Ctrl-C, or SIGTERM to the launcher, stops every rank.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,7 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
                                                 os.environ.get("PYTHONPATH", "").split(
                                                     os.pathsep) if p])
     procs = []
+    previous = signal.signal(signal.SIGTERM, _terminated)   # stopped: stop the ranks too
     try:
         for r in range(ranks):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -90,7 +92,12 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
         return 130
     finally:
         _stop(procs)
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _supervise(procs: list, folder: str, log) -> int:

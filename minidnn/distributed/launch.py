@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from .rendezvous import free_port
@@ -74,7 +75,8 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
                                                 os.environ.get("PYTHONPATH", "").split(
                                                     os.pathsep) if p])
     procs = []
-    previous = signal.signal(signal.SIGTERM, _terminated)   # stopped: stop the ranks too
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None   # ... and ranks
     try:
         for r in range(ranks):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -92,7 +94,8 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
         return 130
     finally:
         _stop(procs)
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -118,7 +118,7 @@ def _supervise(procs: list, folder: str, log) -> int:
     _stop(procs)
     rank, message, code = _first_failure(procs, folder)
     extra = f" (ranks {stopped} were stopped)" if stopped else ""
-    where = "" if message.startswith(f"rank {rank}") else f"rank {rank}: "
+    where = "" if message.startswith(f"rank {rank}: ") else f"rank {rank}: "
     log(f"minidnn: error: {where}{message}{extra}")
     return code
 

@@ -10,13 +10,17 @@ checkpoint never runs code):
     momentum/<name>        SGD momentum buffers that exist
 
 Writes are atomic (`atomic_write`: temp file in the same folder, fsync, os.replace), so a
-failed or interrupted write leaves the previous checkpoint as it was. Every problem on load
+failed or interrupted write leaves the previous checkpoint as it was; the file gets the mode the
+user's umask gives new files. A run holds `CheckpointLock` on its checkpoint while it trains, so
+a second run writing the same file is refused instead of silently overwriting it; taking the
+lock removes the temporary files that a killed writer left behind. Every problem on load
 (missing, truncated or corrupt file, a missing entry, another model, a shape mismatch) is a
 CheckpointError naming the file and the entry.
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -44,8 +48,9 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a new file gets the umask's mode
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -55,6 +60,83 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _temp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}."
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Remove the temporary files that `atomic_write` calls for `path` left behind (a writer
+    killed mid-write); returns their paths. Call it only while no one writes `path`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = os.path.join(glob.escape(directory), glob.escape(_temp_prefix(path)) + "*.tmp")
+    removed = []
+    for tmp in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+            removed.append(tmp)
+    return removed
+
+
+class CheckpointLock:
+    """While held, no other run (process) can hold the lock of the same checkpoint path.
+
+    An advisory lock (flock) on a hidden file beside the checkpoint, `.NAME.lock`; the
+    operating system drops it when the process ends, however it ends, so a killed run never
+    leaves the checkpoint locked. Taking the lock removes stale temporary files of `path`.
+
+        with CheckpointLock("runs/alexnet.npz"):
+            ...   # train and write the checkpoint
+    """
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        self.lock_path = os.path.join(os.path.dirname(os.path.abspath(self.path)),
+                                      f".{os.path.basename(self.path)}.lock")
+        self._fd = None
+
+    def acquire(self) -> None:
+        import fcntl
+        os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise CheckpointError(f"cannot write checkpoint {self.path!r}: "
+                                  f"{e.strerror or e}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise CheckpointError(f"checkpoint {self.path!r} is in use by another run "
+                                  f"(process {holder}); give each run its own --checkpoint"
+                                  ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        remove_stale_temporaries(self.path)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.lock_path)   # before closing: the lock is still ours
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
 
 
 def params_checksum(named_arrays) -> str:

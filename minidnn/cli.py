@@ -11,18 +11,23 @@
 what to offload or recompute and which convolution plan each convolution runs; `minidnn plan`
 shows that plan, and its predicted memory and speed, before anything runs.
 
-Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget) prints as
-one line `minidnn: error: ...` and exits with status 2; so do argument errors.
+Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget, host
+memory exhausted) prints as one line `minidnn: error: ...` and exits with status 2; so do
+argument errors. SIGINT (Ctrl-C) and SIGTERM stop `train` after the step under way, write its
+checkpoint and report, and exit 130 / 143. Output into a pipe that closes early (`| head`)
+does not stop the training: the rest of the output is dropped and the status is 2.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import argtypes
 from .errors import MinidnnError, fmt_bytes
+from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .report import MATH_MODES
-from .train import TrainConfig
+from .train import Interrupted, TrainConfig
 
 
 class UsageError(Exception):
@@ -59,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"train until this step (default {d.steps}; with --resume the total)")
     t.add_argument("--device", choices=("auto", "cpu", "gpu"), default=d.device,
                    help="auto: the GPU when CuPy sees one, else the CPU (default auto)")
-    t.add_argument("--seed", type=int, default=d.seed,
+    t.add_argument("--seed", type=argtypes.count, default=d.seed,
                    help=f"seeds initialisation, batch order and dropout (default {d.seed})")
     t.add_argument("--lr", type=argtypes.positive_float, default=d.lr,
                    help=f"SGD learning rate (default {d.lr})")
@@ -73,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "class; cifar10:PATH: the CIFAR-10 python batches")
     t.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default: what the data has; synthetic 1000)")
-    from .memory.policy import policy_names
+    from .decide import policy_names
     t.add_argument("--policy", default=d.policy, metavar="|".join(policy_names()),
                    help="which feature maps to offload to host memory: none; all (vDNN_all: "
                         "every map backward needs); conv (vDNN_conv: the inputs of conv "
@@ -81,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget, with each convolution's plan; see 'minidnn plan') "
                         "(default none)")
     t.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
-                   help="device memory budget, e.g. 12GiB or 512MB (default: none)")
+                   help="device memory budget, e.g. 12GiB or 512MB: KiB, MiB, GiB are powers "
+                        "of 1024, K/KB, M/MB, G/GB powers of 1000 (default: none)")
     t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
                    metavar="N", help="layers ahead to prefetch offloaded maps in backward (with "
                         "--policy dyn the plan chooses it)")
@@ -93,7 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",
-                   help="GPU: only algorithms that give the same bits every run")
+                   help="GPU: only algorithms that give the same bits every run, and each "
+                        "convolution on its memory-optimal plan under every budget, so that "
+                        "every policy and budget gives the same bits (slower convolutions)")
+    t.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
+                        "gradients, float32 weights, weight gradients, optimizer state and loss")
+    t.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="feature maps nchw (default) or nhwc: channels last, as cuDNN's "
+                        "NHWC convolutions take them (the CPU runs it through its reference "
+                        "kernels); parameters keep PyTorch's layouts in checkpoints")
     t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every})")
@@ -166,7 +181,60 @@ def _world(args):
     return world, world is None and (args.ranks or 1) > 1
 
 
+class _PipeSafeOutput:
+    """sys.stdout for a run: when the reader of a pipe goes away (`minidnn train | head`), the
+    rest of the output is dropped instead of a BrokenPipeError ending the training. `broken`
+    says whether it happened."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text):
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self):
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.broken = True
+        try:  # the interpreter flushes stdout at exit too: point the descriptor at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):  # isatty, encoding, fileno...: the stream's own
+        return getattr(self.stream, name)
+
+
 def _train(args, argv: list[str]) -> int:
+    out = _PipeSafeOutput(sys.stdout)
+    sys.stdout = out
+    try:
+        code = _run_training(args, argv)
+        out.flush()
+    finally:
+        sys.stdout = out.stream
+    if out.broken:
+        print("minidnn: error: standard output was closed before the run ended (a pipe such "
+              "as '| head'); the training went on to the end and wrote its files",
+              file=sys.stderr)
+        return 2
+    return code
+
+
+def _run_training(args, argv: list[str]) -> int:
     from .train import summary_lines, train
     world, start_ranks = _world(args)
     if start_ranks:
@@ -180,7 +248,8 @@ def _train(args, argv: list[str]) -> int:
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
-        deterministic=args.deterministic, eval_every=args.eval_every,
+        deterministic=args.deterministic, precision=args.precision, layout=args.layout,
+        eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
@@ -246,9 +315,17 @@ def main(argv: list[str] | None = None) -> int:
             from .planner import command as plan_command
             return plan_command.run(args)
         return _models()
+    except Interrupted as e:
+        print(f"minidnn: interrupted by {e}", file=sys.stderr)
+        return e.status
     except (MinidnnError, UsageError) as e:
         if not _record_rank_error(e):
             print(f"minidnn: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # NumPy could not allocate host memory (not a device budget)
+        message = f"out of host memory: {e}; try a smaller --batch or --image-size"
+        if not _record_rank_error(message):
+            print(f"minidnn: error: {message}", file=sys.stderr)
         return 2
     except Exception as e:   # a bug: its traceback follows; a launcher learns of it too
         _record_rank_error(e)

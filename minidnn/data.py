@@ -519,6 +519,8 @@ def open_data(spec: str, image_size: int, seed: int = 0, num_classes: int | None
                            f"shapes ({k} classes, {train_size} training images)")
     if spec == "synthetic":
         k = 1000 if num_classes is None else num_classes
+        if k < 2:
+            raise ConfigError(f"--num-classes {k}: a classifier needs at least two classes")
         return DataSources(SyntheticImages(k, (3, image_size, image_size), seed), None, k,
                            f"synthetic ({k} classes, random pixels)")
     if spec.startswith("cifar10:"):
@@ -536,6 +538,11 @@ def open_data(spec: str, image_size: int, seed: int = 0, num_classes: int | None
     except DataError:  # too few images to hold any out
         held_out = None
     _check_classes(num_classes, train.num_classes, spec)
+    if train.num_classes < 2:
+        # One class: the loss is 0 from the first step and nothing is learned.
+        raise DataError(f"data folder {train.root!r} has one class folder "
+                        f"({train.classes[0]!r}); a classifier needs at least two (one "
+                        f"subfolder per class)")
     return DataSources(train, held_out, train.num_classes,
                        f"image folder {spec} ({train.num_classes} classes, {len(train)} images)")
 

@@ -1,14 +1,23 @@
 """The executor: runs forward and backward of a network layer by layer on one device.
 
-It owns the step's order and nothing else: every buffer comes from the memory manager, every
-number from a layer. This is the Python API the training loop and the CLI are built on:
+It runs a decision made before it is built (what to keep, offload or recompute, each
+convolution's plan setting, the ReLU bit masks, the prefetch lookahead: minidnn/decide.py
+makes it from a policy name and a budget) and decides nothing itself: every buffer comes from
+the memory manager, every number from a layer. This is the Python API the training loop and
+the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    ex = Executor(net, batch=32, device="auto", seed=0, policy="all", memory_budget="4GiB")
+    decision = decide(net, 32, policy="all", memory_budget="4GiB")      # minidnn/decide.py
+    ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
-    grads = ex.gradients()                # {'conv1.weight': ndarray, ...}
+    grads = ex.gradients()                # {'conv1.weight': ndarray (a copy), ...}
     ex.memory_stats()                     # peak device bytes, offloaded bytes, ...
+
+For checks against another framework: `Executor(..., input_grad=True)` also computes the
+gradient of the loss with respect to the input batch (`ex.input_gradient()` after backward),
+and `forward(x, labels, dropout=False)` runs a training step with every dropout layer passed
+through (the identity), so that the step is deterministic without changing the network.
 
 Memory: everything on the device comes out of one allocator. On the GPU that is always an
 Arena (of the budget, or of the free memory when no budget is given) with CuPy's allocator
@@ -28,14 +37,20 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .layers import precision as mixed
 from .layers.base import StepContext
-from .memory.allocator import CountingAllocator
+from .layers.conv import parse_plan_setting
+from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
-from .memory.host import HostSlab
-from .memory.layout import PlannedBlocks, StaticLayout
+from .memory.host import HostSlab, check_host_memory
+from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
+from .memory.observer import ObserverGroup
 from .memory.plan import LivenessPlan
-from .memory.policy import CALL_PHASES, get_policy, use_relu_bits
+from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable
+from .memory.record import layout_for_step
+from .memory.schedule import walk
 from .network import DATA, LABEL, Network
 
 
@@ -43,40 +58,48 @@ class Executor:
     """Training and evaluation steps of `net` at a fixed batch size on one device.
 
     memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    policy: 'none' | 'all' | 'conv' | 'dyn' (planned for the budget; minidnn/planner) or a
-    memory.policy.Policy. prefetch_lookahead: layers ahead that backward brings offloaded
-    maps back (0: only on demand). trace: keep a trace.Tracer in `self.tracer`.
+    decision: the finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep
+    every map, prefetch one layer ahead). Its conv plan settings reach the convolutions
+    through the StepContext; the layers keep their own. trace: keep a trace.Tracer in
+    `self.tracer`.
     compute=False: dry run (simulate_step only).
     static_layout: place every feature-map block at an address planned before step one
     (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
     None (default): planned when a memory budget is given, where fragmentation can make a
     step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
     across the step, which gives a lower peak.
-    relu_bits: ReLUs whose output no other layer keeps for backward keep one bit per value
-    instead (layers/relu.py; lossless), so that map is free after forward.
+    The decision's `relu_bits` ReLUs keep one bit per value instead of their output
+    (layers/relu.py; lossless): the liveness plan is made with them and they reach the ReLUs
+    through the StepContext; the layers keep their own setting.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
     the kernel module, so it stays in force for later executors too).
+    allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
+    use instead of the ones the executor would make (the planner's step model gives a dry run
+    its recording allocator this way).
+    input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
+    the data-gradient pass of the first layers and one input-sized buffer.
+    The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
+    stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
+    out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
+    'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
+    layers/precision.py runs layers on them).
     batch_offset / global_batch: this executor's batch is rows batch_offset .. batch_offset
     + batch of a larger global batch (one rank's share in data-parallel training); layers that
     draw per row (dropout) draw for the global batch and use these rows. Default: the batch
     is the whole batch.
-
-    Backward hooks: `backward_hooks` is a list of callables `hook(i)`, each called after the
-    backward of node i (of `plan.nodes`) has run (on a GPU: has been issued on the compute
-    stream), when the gradients of that node's parameters are final for the step. Data
-    parallelism starts the all-reduce of a bucket of gradients there (distributed/buckets.py).
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
     """
 
     def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | str | None = None, policy="none",
-                 prefetch_lookahead: int = 1, trace: bool = False, compute: bool = True,
+                 memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
+                 trace: bool = False, compute: bool = True,
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
-                 relu_bits: bool = False, batch_offset: int = 0,
+                 allocator: Allocator | None = None, host: Allocator | None = None,
+                 input_grad: bool = False, batch_offset: int = 0,
                  global_batch: int | None = None):
         self.net = net
         self.batch = int(batch)
@@ -85,7 +108,6 @@ class Executor:
         if not 0 <= self.batch_offset <= self.global_batch - self.batch:
             raise ConfigError(f"rows {self.batch_offset}..{self.batch_offset + self.batch} do "
                               f"not lie in a global batch of {self.global_batch}")
-        self.backward_hooks: list = []   # hook(i) after node i's backward (see the class doc)
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
@@ -94,43 +116,30 @@ class Executor:
             memory_budget = parse_bytes(memory_budget)
         if isinstance(host_limit, str):
             host_limit = parse_bytes(host_limit)
-        if prefetch_lookahead is None or int(prefetch_lookahead) < 0:
-            raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
-                              f"got {prefetch_lookahead!r}")
+        self.decision = decision = NO_DECISION if decision is None else decision
+        check_runnable(decision)
+        self.prefetch_lookahead = int(decision.prefetch_lookahead)
         self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
         if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
                     if v is not None}
             self.kernels.configure(**opts)
-        # Settings of the network's layers that this executor changes while it lives (ReLU
-        # masks, the decision's convolution plans); close() gives them back, so a later
-        # executor of the same network starts from the layers' own settings.
-        self._own_keeps = {n.name: n.layer.keep for n in net.nodes if n.layer.kind == "relu"}
-        self._own_plan_settings = {n.name: n.layer.plan_setting for n in net.nodes
-                           if n.layer.kind == "conv"}
-        self.host = self._make_host(host_limit)
+        self.host = host if host is not None else self._make_host(host_limit)
         self._routed = False
         self._held_bufs: list = []
         self._host_params: list = []   # (parameter, its host values) before they moved here
         self.allocator = None
-        try:  # from here on, a failure must give the layers, device memory and CuPy back
-            if relu_bits:
-                use_relu_bits(net)
-            self.plan = LivenessPlan(net, self.batch)
-            self.policy = get_policy(policy)
+        try:  # from here on, a failure must give the parameters, device memory and CuPy back
+            self._check_relu_bits()
+            self.maps = MapFormat(decision.layout, decision.precision)
+            self.plan = LivenessPlan(net, self.batch, relu_bits=decision.relu_bits,
+                                     input_grad=input_grad, maps=self.maps)
+            self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
-            if hasattr(self.policy, "bind"):  # a planning policy learns what it plans for
-                self.policy.bind(device=self.device, prefetch_lookahead=int(prefetch_lookahead),
-                                 static_layout=static_layout)
-            self.decision = self.policy.decide(self.plan, memory_budget)
-            for name, setting in self.decision.conv_algo.items():
-                net.node(name).layer.plan_setting = setting
-            if self.decision.prefetch_lookahead is not None:  # the policy chose it
-                prefetch_lookahead = self.decision.prefetch_lookahead
-            self.prefetch_lookahead = int(prefetch_lookahead)
-            self.allocator = self._make_allocator(memory_budget)
+            self.allocator = allocator if allocator is not None else \
+                self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
             # Workspaces are planned blocks only inside a static layout.
@@ -146,17 +155,20 @@ class Executor:
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data, p.grad = values, None
-            self._restore_layers()
             if self.allocator is not None:
                 self._release_device_memory()
             raise
         self._host_params = []
         self.tracer = None
+        self.observer = None           # what the executor and the manager tell (watch)
+        self._watched, self._standing = None, []
         if trace:
             self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
         self._peak_before_step = 0     # allocator peak before the current step's reset
         self._outputs = None
+        self._input_grad = None
+        self._dropout = True           # dropout of the open training step (forward's argument)
         self._in_step = False
         self._closed = False
 
@@ -166,6 +178,10 @@ class Executor:
         allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
         if not self.compute:
             return CountingAllocator(budget)
+        if not self.device.is_gpu:   # the CPU's arena and host slab are both host memory
+            slab = self.decision.offload_bytes(self.plan)
+            limit = getattr(self.host, "limit", None)
+            check_host_memory(budget or 0, slab if limit is None else min(slab, limit))
         allocator = make_allocator(self.device, budget)
         if self.device.is_gpu:
             allocator.install()  # every CuPy allocation now comes out of the arena
@@ -194,18 +210,38 @@ class Executor:
         for name, p in params:
             values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
             self._host_params.append((p, values))
-            data, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
+            _, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
             self._held_bufs.append(buf)
-            grad, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
+            _, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
             self._held_bufs.append(gbuf)
+            data = self.maps.view(buf, p.shape, self.net.dtype)   # conv weights as the maps
+            grad = self.maps.view(gbuf, p.shape, self.net.dtype)
             if self.device.is_gpu:
                 with self.device.compute:
-                    data.set(values, stream=self.device.compute)
+                    in_memory_order(data).set(arrange(values, self.maps.layout).reshape(-1),
+                                              stream=self.device.compute)
                     grad.fill(0)
             else:
                 data[...] = values
                 grad.fill(0)
             p.data, p.grad = data, grad
+
+    def _check_conv_plans(self) -> None:
+        """Every plan setting of the decision names a convolution of this network and reads
+        as a setting (layers/conv.py); the layers receive them through the StepContext."""
+        for name, setting in self.decision.conv_algo.items():
+            if self.net.node(name).layer.kind != "conv":
+                raise ConfigError(f"memory decision sets a convolution plan for {name!r}, "
+                                  f"which is not a convolution of network {self.net.name!r}")
+            parse_plan_setting(setting)
+
+    def _check_relu_bits(self) -> None:
+        """Every ReLU the decision has keep bit masks is a ReLU of this network; the layers
+        receive the names through the StepContext."""
+        for name in sorted(self.decision.relu_bits):
+            if self.net.node(name).layer.kind != "relu":
+                raise ConfigError(f"memory decision has {name!r} keep ReLU bit masks, which "
+                                  f"is not a ReLU of network {self.net.name!r}")
 
     def _workspace_blocks(self) -> dict:
         """{(node index, phase): bytes} of the decision's planned workspaces."""
@@ -224,20 +260,13 @@ class Executor:
         take the region for them from the allocator now, so that a budget too small fails
         before step one."""
         keep = (self.net.loss_node.name, self.net.output)
-        self.layout = StaticLayout.for_step(self.plan, self.decision.offload, lookahead, keep,
-                                            workspace, self.decision.recompute)
+        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
+                                      workspace, self.decision.recompute)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
-
-    def _restore_layers(self) -> None:
-        """Give the layers back the settings this executor changed (conv plans, ReLU masks)."""
-        for name, setting in self._own_plan_settings.items():
-            self.net.node(name).layer.plan_setting = setting
-        for name, keep in self._own_keeps.items():
-            self.net.node(name).layer.keep = keep
 
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:
@@ -246,8 +275,7 @@ class Executor:
         if self._routed:
             self.allocator.uninstall()
             self._routed = False
-        if hasattr(self.allocator, "close"):
-            self.allocator.close()
+        self.allocator.close()
 
     def close(self) -> None:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
@@ -257,12 +285,10 @@ class Executor:
         self.device.synchronize()
         if self.compute:
             for _, p in self.net.parameters():
-                p.data = np.array(to_numpy(p.data), copy=True)
+                p.data = np.array(to_numpy(p.data), copy=True, order="C")
                 p.grad = None
         self._release_device_memory()
-        if hasattr(self.host, "close"):
-            self.host.close()
-        self._restore_layers()
+        self.host.close()
         self._host_params = []
         self._closed = True
 
@@ -273,14 +299,35 @@ class Executor:
         self.close()
         return False
 
+    def watch(self, observer) -> None:
+        """Tell `observer` (a memory.observer.StepObserver; None: no one) about every layer
+        call, copy and memory level of the steps from now on, instead of the one watching
+        before (observers added by `add_observer` keep watching)."""
+        self._watched = observer
+        self._install_observers()
+
+    def add_observer(self, observer) -> None:
+        """Also tell `observer` about every step, beside the one `watch` sets, for this
+        executor's lifetime. Data parallelism watches this way for the backward calls after
+        which a layer's parameter gradients are final (distributed/buckets.py)."""
+        self._standing.append(observer)
+        self._install_observers()
+
+    def _install_observers(self) -> None:
+        watching = [o for o in [self._watched] + self._standing if o is not None]
+        observer = watching[0] if len(watching) == 1 else \
+            ObserverGroup(watching) if watching else None
+        self.observer = observer
+        self.manager.observer = observer
+
     def enable_trace(self, on: bool = True, max_steps: int | None = None):
         """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
         if on:
             from .trace import Tracer
-            self.tracer = Tracer(self.device, max_steps=max_steps)
+            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget)
         else:
             self.tracer = None
-        self.manager.tracer = self.tracer
+        self.watch(self.tracer)
         return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
@@ -303,8 +350,10 @@ class Executor:
 
     def _ctx(self, train: bool) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
-                           seed=self.seed, device=self.device, batch_offset=self.batch_offset,
-                           global_batch=self.global_batch)
+                           seed=self.seed, device=self.device,
+                           conv_plans=self.decision.conv_algo,
+                           relu_bits=self.decision.relu_bits, dropout=self._dropout,
+                           batch_offset=self.batch_offset, global_batch=self.global_batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -317,64 +366,49 @@ class Executor:
         self.allocator.current_where = where
 
     def _sample(self, at, phase: str, layer: str, when: str) -> None:
-        self.tracer.memory(at, phase, layer, when, self.allocator.in_use,
-                           self.manager.resident_bytes)
+        self.observer.memory(at, phase, layer, when, self.allocator.in_use,
+                             self.manager.resident_bytes)
 
-    def _run_forward(self, ctx) -> None:
-        """The forward loop (ctx None: dry run, no compute)."""
+    def _run(self, ctx, part: str) -> None:
+        """Walk the 'forward' or 'backward' part of the step's schedule (memory/schedule.py):
+        each layer call with the buffers the manager serves for it (ctx None: dry run, no
+        compute)."""
         mm = self.manager
-        for i, node in enumerate(self.plan.nodes):
-            self._set_where(f"forward of {node.name}")
-            xs, y, aux = mm.forward_buffers(i)
-            self._call("forward", i, ctx, ctx and (lambda: node.layer.forward(xs, y, aux, ctx)),
-                       mm.after_forward)
+        for call in walk(mm.schedule, mm, part):
+            node = self.plan.nodes[call.index]
+            self._set_where(f"{call.phase} of {node.name}")
+            self._call(call, node, ctx, mm.buffers(call))
         self._set_where("")
 
-    def _run_backward(self, ctx) -> None:
-        """The backward loop, in reverse order (ctx None: dry run, no compute); before a
-        layer's backward, the forward of the layers whose dropped outputs it reads first."""
-        mm = self.manager
-        for i in reversed(range(len(self.plan.nodes))):
-            for j in mm.recompute_before(i):
-                writer = self.plan.nodes[j]
-                self._set_where(f"recompute of {writer.name}")
-                xs, y = mm.recompute_buffers(j)
-                self._call("recompute", j, ctx,
-                           ctx and (lambda: writer.layer.forward(xs, y, None, ctx)),
-                           lambda j: None)
-            node = self.plan.nodes[i]
-            self._set_where(f"backward of {node.name}")
-            xs, y, gy, gxs, aux = mm.backward_buffers(i)
-            self._call("backward", i, ctx,
-                       ctx and (lambda: node.layer.backward(xs, y, gy, gxs, aux, ctx)),
-                       mm.after_backward)
-            if ctx is not None:
-                for hook in self.backward_hooks:
-                    hook(i)
-        self._set_where("")
-
-    def _call(self, phase: str, i: int, ctx, run, after) -> None:
-        """One layer call: `run` (None in a dry run) with its planned workspace block in
-        ctx.workspace, then the manager's `after(i)`; timed and sampled when tracing (the end
-        sample sees the memory the manager released)."""
-        tracer = self.tracer
-        name = self.plan.nodes[i].name
-        if tracer:
-            t0 = tracer.mark(self.device.compute)
-            self._sample(t0, phase, name, "start")
+    def _call(self, call, node, ctx, buffers) -> None:
+        """One layer call with its buffers and its planned workspace block in ctx.workspace,
+        then the manager's `after(call)`; timed and sampled when tracing (the end sample sees
+        the memory the manager released)."""
+        observer, phase, i = self.observer, call.phase, call.index
+        if observer:
+            t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
+            self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
-        if run is not None:
+        if ctx is not None:
             ctx.workspace = workspace
             try:
-                run()
+                # layers/precision.py: the layer itself, in float32 around bf16 maps
+                if phase == "forward":
+                    xs, y, aux = buffers
+                    mixed.forward(node.layer, xs, y, aux, ctx)
+                elif phase == "recompute":   # aux None: write the output only
+                    xs, y = buffers
+                    mixed.forward(node.layer, xs, y, None, ctx)
+                else:
+                    mixed.backward(node.layer, *buffers, ctx)
             finally:
                 ctx.workspace = None
         self.manager.release_workspace()
-        after(i)
-        if tracer:
-            t1 = tracer.mark(self.device.compute)
-            tracer.layer(phase, name, i, t0, t1)
-            self._sample(t1, phase, name, "end")
+        self.manager.after(call)
+        if observer:
+            t1 = observer.mark(self.device.compute)
+            observer.layer(phase, node.name, i, t0, t1)
+            self._sample(t1, phase, node.name, "end")
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""
@@ -387,11 +421,13 @@ class Executor:
         self.manager.end_step()
         self._in_step = False
 
-    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False):
+    def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
+                dropout: bool = True):
         """Run forward; returns the mean loss as a 0-d device array (float() reads it).
 
         With train=True the step stays open for `backward()`. keep_outputs=True keeps the
-        logits so that `outputs()` can read them.
+        logits so that `outputs()` can read them. dropout=False: dropout layers pass their
+        input through in this step (forward and its backward); evaluation never drops.
         """
         self._need_compute("forward")
         x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
@@ -401,16 +437,17 @@ class Executor:
             self.manager.end_step()
             self._in_step = False
         mm = self.manager
+        self._dropout = bool(dropout)
         self._start_step_peak()
         keep = (self.net.loss_node.name,) + ((self.net.output,) if keep_outputs else ())
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, keep)
                 mm.write_input(DATA, x)
                 mm.write_input(LABEL, labels)
-                self._run_forward(self._ctx(train))
+                self._run(self._ctx(train), "forward")
                 loss = mm.view(self.net.loss_node.name).copy()
                 self._outputs = mm.view(self.net.output).copy() if keep_outputs else None
         except BaseException:
@@ -428,16 +465,19 @@ class Executor:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
         try:
             with self.device.compute:
-                self._run_backward(self._ctx(True))
+                self._run(self._ctx(True), "backward")
+                if self.plan.input_grad:  # a copy: end_step gives the buffer back
+                    self._input_grad = self.manager.view(f"grad:{DATA}").copy()
                 self.manager.end_step()
         except BaseException:
             self._abort()
             raise
         self._in_step = False
 
-    def train_step(self, x, labels, optimizer):
-        """forward, backward, optimizer update; returns the loss (0-d device array)."""
-        loss = self.forward(x, labels, train=True)
+    def train_step(self, x, labels, optimizer, dropout: bool = True):
+        """forward, backward, optimizer update; returns the loss (0-d device array).
+        dropout=False: see forward()."""
+        loss = self.forward(x, labels, train=True, dropout=dropout)
         self.backward()
         self._set_where("optimizer step")
         with self.device.compute:
@@ -462,16 +502,16 @@ class Executor:
             self._in_step = False
         mm = self.manager
         self._start_step_peak()
-        if self.tracer:
-            self.tracer.begin_step(self.step)
+        if self.observer:
+            self.observer.begin_step(self.step)
         try:
             with self.device.compute:
                 mm.begin_step(train, (self.net.loss_node.name,))  # as forward() keeps it
                 mm.write_input(DATA, None)
                 mm.write_input(LABEL, None)
-                self._run_forward(None)
+                self._run(None, "forward")
                 if train:
-                    self._run_backward(None)
+                    self._run(None, "backward")
                 mm.end_step()
         except BaseException:
             self._abort()
@@ -480,14 +520,25 @@ class Executor:
 
     # ---- reading results ---------------------------------------------------------------------
     def outputs(self) -> np.ndarray:
-        """Logits (batch, classes) of the last forward run with keep_outputs=True."""
+        """Logits (batch, classes), in the network's dtype, of the last forward run with
+        keep_outputs=True."""
         if self._outputs is None:
             raise RuntimeError("no outputs kept: call forward(..., keep_outputs=True)")
-        return to_numpy(self._outputs)
+        return to_numpy(self._outputs).astype(self.net.dtype, copy=False)
 
     def gradients(self) -> dict[str, np.ndarray]:
-        """{'conv1.weight': NumPy array, ...} from the last backward."""
-        return {name: to_numpy(p.grad) for name, p in self.net.parameters()}
+        """{'conv1.weight': NumPy array, ...} from the last backward: copies on every device,
+        which later steps do not change (the live buffers are `parameters()`' `.grad`)."""
+        return {name: np.array(to_numpy(p.grad), order="C", copy=True) for name, p in self.net.parameters()}
+
+    def input_gradient(self) -> np.ndarray:
+        """d loss / d input batch (batch, C, H, W) from the last backward, as NumPy (needs an
+        executor made with input_grad=True)."""
+        if not self.plan.input_grad:
+            raise ConfigError("input_gradient() needs Executor(..., input_grad=True)")
+        if self._input_grad is None:
+            raise RuntimeError("no input gradient yet: call backward() first")
+        return np.ascontiguousarray(to_numpy(self._input_grad)).astype(self.net.dtype, copy=False)
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""
@@ -520,7 +571,7 @@ class Executor:
         buffer lives exactly from its first write to its last read, nothing offloaded.
         """
         st = self.manager.stats
-        frag = self.allocator.fragmentation() if hasattr(self.allocator, "fragmentation") else 0.0
+        frag = self.allocator.fragmentation()
         return {
             "peak_device_bytes": max(self._peak_before_step, int(self.allocator.peak)),
             "steady_peak_device_bytes": int(self.allocator.peak),
@@ -537,7 +588,7 @@ class Executor:
             "liveness_peak_bytes": int(self.plan.liveness_peak_bytes()),
             "host_peak_bytes": int(getattr(self.host, "peak", 0)),
             "fragmentation": float(frag),
-            "policy": self.policy.name,
+            "policy": self.decision.policy,
             "offload_storages": len(self.decision.offload),
             "layout_bytes": int(self.layout.size) if self.layout else None,
             "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,

@@ -39,7 +39,12 @@ class Node:
 
 
 class Network:
-    """A DAG of layers with shape inference. Parameters are created by `init_params`."""
+    """A DAG of layers with shape inference. Parameters are created by `init_params`.
+
+    `shapes` ({tensor name: shape}) and `batch` are those of the last `infer_shapes(batch)`,
+    the call that sets the layers up; an Executor makes it at its own batch. To read the
+    shapes at another batch without changing them, use `shapes_at(batch)` (summaries do).
+    """
 
     def __init__(self, input_shape: tuple, num_classes: int | None = None, name: str = "net",
                  dtype=np.float32):
@@ -140,6 +145,15 @@ class Network:
         self.shapes, self.batch = shapes, batch
         return shapes
 
+    def shapes_at(self, batch: int) -> dict[str, tuple]:
+        """{tensor name: shape} at `batch`, leaving `shapes`, `batch` and the layers' set-up as
+        they were (set up again at the previous batch)."""
+        previous = self.batch
+        shapes = self.infer_shapes(batch)
+        if previous is not None and previous != int(batch):
+            self.infer_shapes(previous)
+        return shapes
+
     def consumers(self) -> dict[str, list[Node]]:
         """{tensor name: nodes that read it, in execution order}."""
         out: dict[str, list[Node]] = {DATA: [], LABEL: []}
@@ -177,7 +191,7 @@ class Network:
             if p.data is None:
                 raise ConfigError(f"network {self.name!r}: parameters are not initialized; "
                                   f"call init_params(seed) first")
-            out[name] = np.array(to_numpy(p.data), copy=True)
+            out[name] = np.array(to_numpy(p.data), copy=True, order="C")  # any device layout
         return out
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -211,17 +225,23 @@ class Network:
 
     # ---- reporting -------------------------------------------------------------------------
     def summary_rows(self, batch: int) -> list[dict]:
-        """One dict per node: name, type, output shape, params, feature-map bytes, forward FLOPs."""
+        """One dict per node: name, type, output shape, params, feature-map bytes, forward FLOPs.
+        Leaves the network set up at the batch it had (see shapes_at)."""
+        previous = self.batch
         shapes = self.infer_shapes(batch)
-        rows = []
-        for node in self.nodes:
-            layer = node.layer
-            shape = shapes[node.name]
-            rows.append(dict(
-                name=node.name, type=type(layer).__name__, inputs=list(node.inputs),
-                describe=layer.describe(), shape=shape,
-                params=sum(int(np.prod(p.shape)) for p in layer.params.values()),
-                bytes=int(np.prod(shape)) * self.dtype.itemsize, flops=layer.flops()))
+        try:
+            rows = []
+            for node in self.nodes:
+                layer = node.layer
+                shape = shapes[node.name]
+                rows.append(dict(
+                    name=node.name, type=type(layer).__name__, inputs=list(node.inputs),
+                    describe=layer.describe(), shape=shape,
+                    params=sum(int(np.prod(p.shape)) for p in layer.params.values()),
+                    bytes=int(np.prod(shape)) * self.dtype.itemsize, flops=layer.flops()))
+        finally:
+            if previous is not None and previous != int(batch):
+                self.infer_shapes(previous)
         return rows
 
     def summary(self, batch: int = 1) -> str:

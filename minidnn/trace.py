@@ -17,6 +17,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from .memory.observer import StepObserver
+
 TRACKS = ("compute", "offload", "prefetch", "allreduce")
 
 
@@ -47,15 +49,17 @@ class Sample:
     ts_us: float = 0.0
 
 
-class Tracer:
+class Tracer(StepObserver):
     """Records spans and memory samples of the steps it is given (see module docstring).
 
-    max_steps: keep only the last N steps (None: all).
+    max_steps: keep only the last N steps (None: all). budget: the device memory budget in
+    bytes, drawn as a line on the memory plot (None: no line).
     """
 
-    def __init__(self, device, max_steps: int | None = None):
+    def __init__(self, device, max_steps: int | None = None, budget: int | None = None):
         self.device = device
         self.max_steps = max_steps
+        self.budget = budget
         self.spans: list[Span] = []
         self.samples: list[Sample] = []
         self.step = -1
@@ -143,6 +147,35 @@ class Tracer:
         return sorted({s.step for s in self.spans} | {m.step for m in self.samples})
 
     # ---- output -------------------------------------------------------------------------------
+    def timeline(self, step: int | None = None) -> dict:
+        """One traced step (default: the last) as minidnn/planner/timeline.py draws it, the
+        measured twin of the step model's: {'step_time_s', 'compute_s', 'calls': [{'phase',
+        'layer', 'start', 'end', 'stall'}], 'copies': [{'stream', 'name', 'start', 'end'}]},
+        seconds from the step's first compute call; a call's stall is the compute stream's
+        idle time since the call before it."""
+        spans = self.resolved_spans()
+        if not spans:
+            raise ValueError("timeline: nothing traced yet (run a step with trace=True)")
+        step = spans[-1].step if step is None else step
+        spans = sorted((s for s in spans if s.step == step), key=lambda s: s.start_us)
+        compute = [s for s in spans if s.track == "compute"]
+        if not compute:
+            raise ValueError(f"timeline: step {step} was not traced (traced: {self.steps()})")
+        t0 = compute[0].start_us
+        calls, last_end = [], t0
+        for s in compute:
+            start = (s.start_us - t0) / 1e6
+            calls.append({"phase": s.category, "layer": s.args["layer"], "start": start,
+                          "end": start + s.dur_us / 1e6,
+                          "stall": max(s.start_us - last_end, 0.0) / 1e6})
+            last_end = max(last_end, s.start_us + s.dur_us)
+        copies = [{"stream": s.track, "name": s.name, "start": (s.start_us - t0) / 1e6,
+                   "end": (s.start_us + s.dur_us - t0) / 1e6}
+                  for s in spans if s.track != "compute"]
+        end = max([c["end"] for c in calls] + [c["end"] for c in copies])
+        return {"step_time_s": end, "compute_s": sum(c["end"] - c["start"] for c in calls),
+                "calls": calls, "copies": copies}
+
     def chrome_trace(self) -> dict:
         """The trace as a Chrome trace-event object (`traceEvents`, times in microseconds)."""
         spans, samples = self.resolved_spans(), self.resolved_samples()
@@ -176,9 +209,11 @@ class Tracer:
         """PNG of device memory over one step (default: the last traced), layer boundaries marked.
 
         x: 'time' (milliseconds since the step began) or 'call' (one unit per layer call, as in
-        vDNN's per-layer figures). Two curves: everything in the device allocator (parameters,
-        gradients, workspaces, feature maps) and the feature maps alone; forward is shaded blue,
-        backward orange.
+        vDNN's per-layer figures). Two panels, each on its own scale: everything in the device
+        allocator (parameters, gradients, workspaces, feature maps) and the feature maps alone;
+        forward is shaded blue, backward orange; the budget, when the tracer knows it, is a
+        dashed line. Layers are named where their names do not
+        overlap (a label is left out when it is closer than 1/60 of the axis to the last one).
         """
         if x not in ("time", "call"):
             raise ValueError(f"plot_memory: x must be 'time' or 'call', got {x!r}")
@@ -203,33 +238,47 @@ class Tracer:
             xs.append((m.ts_us - t0) / 1e3)
         if x == "call":
             xs = calls
-        top = max(max(m.device_bytes for m in samples), 1)
-        unit, scale = next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
-                                               ("bytes", 1)) if top >= b)
-        fig, ax = plt.subplots(figsize=(12, 4.5))
-        for phase, colour in (("forward", "tab:blue"), ("backward", "tab:orange")):
-            idx = [k for k, m in enumerate(samples) if m.phase == phase]
-            if idx:
-                ax.axvspan(xs[idx[0]], xs[idx[-1]], color=colour, alpha=0.08, lw=0,
-                           label=f"{phase}")
+        def unit_of(top):
+            return next((u, b) for u, b in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
+                                            ("bytes", 1)) if max(top, 1) >= b)
+        # Two panels, each on its own scale: feature maps are often small beside parameters.
+        fig, axes = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
+        curves = (("device_bytes", "k", "device memory in use (all: parameters, gradients, "
+                   "workspaces, feature maps)"),
+                  ("feature_map_bytes", "tab:red", "feature maps, aux and gradient maps"))
+        for ax, (field, colour, label) in zip(axes, curves):
+            values = [getattr(m, field) for m in samples]
+            top = max(values + ([self.budget] if field == "device_bytes" and self.budget
+                                else []))
+            unit, scale = unit_of(top)
+            for phase, shade in (("forward", "tab:blue"), ("backward", "tab:orange")):
+                idx = [k for k, m in enumerate(samples) if m.phase == phase]
+                if idx:
+                    ax.axvspan(xs[idx[0]], xs[idx[-1]], color=shade, alpha=0.08, lw=0,
+                               label=phase)
+            for k, m in enumerate(samples):
+                if m.when == "start":
+                    ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
+            ax.step(xs, [v / scale for v in values], where="post", color=colour, lw=1.3,
+                    label=label)
+            if field == "device_bytes" and self.budget:
+                ax.axhline(self.budget / scale, color="k", ls="--", lw=1,
+                           label=f"memory budget ({self.budget / scale:.2f} {unit})")
+            ax.set_ylabel(unit)
+            ax.set_ylim(bottom=0)
+            ax.legend(loc="upper right", fontsize=8)
+        ax = axes[-1]
+        starts, gap = [], (xs[-1] - xs[0]) / 60 if len(xs) > 1 else 0
         for k, m in enumerate(samples):
-            if m.when == "start":
-                ax.axvline(xs[k], color="0.85", lw=0.5, zorder=0)
-        ax.step(xs, [m.device_bytes / scale for m in samples], where="post", color="k",
-                lw=1.4, label="device memory in use (all)")
-        ax.step(xs, [m.feature_map_bytes / scale for m in samples], where="post",
-                color="tab:red", lw=1.2, label="feature maps, aux and gradient maps")
-        starts = [k for k, m in enumerate(samples) if m.when == "start"]
-        if len(starts) <= 60:  # name the layers when they fit
+            if m.when == "start" and (not starts or xs[k] - xs[starts[-1]] >= gap):
+                starts.append(k)
+        if starts:
             ax.set_xticks([xs[k] for k in starts])
             ax.set_xticklabels([samples[k].layer for k in starts], rotation=90, fontsize=6)
             ax.set_xlabel("layer call" + (" (time →)" if x == "time" else ""))
         else:
             ax.set_xlabel("time (ms)" if x == "time" else "layer call")
-        ax.set_ylabel(unit)
-        ax.set_ylim(bottom=0)
-        ax.set_title(f"device memory over step {step}")
-        ax.legend(loc="upper right", fontsize=8)
+        axes[0].set_title(f"device memory over step {step} (of the steps traced)")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -10,12 +10,22 @@ small enough for a CPU and learnable within a few hundred steps.
 Reproducibility: parameters are initialised from `seed`, the batch order is a pure function
 of (seed, step) and dropout draws from (seed, step, layer), so `--resume` from a checkpoint at
 step k continues bit for bit as if the run had never stopped.
+
+Nothing lost: every output path is checked before the first step; the loss of every step is
+checked before a checkpoint is written (a diverged run never overwrites a good checkpoint, and
+its report says where it diverged); SIGINT (Ctrl-C) and SIGTERM stop the run at the end of the
+step under way, write the checkpoint and the report of the steps done, and raise Interrupted
+(the CLI exits 130 / 143).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import signal
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -23,9 +33,11 @@ import numpy as np
 
 from . import models
 from .backend import select_device
-from .checkpoint import load_checkpoint, restore, restore_optimizer, save_checkpoint
+from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
+                         save_checkpoint)
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
-from .errors import CheckpointError, ConfigError, DataError, MinidnnError
+from .decide import build_executor
+from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
 from .report import MATH_MODES, build_report, memory_figures, steady_images_per_s, write_report
@@ -40,7 +52,32 @@ RUN_IDENTITY = ("model", "batch", "image_size", "seed", "data", "num_classes", "
 
 
 class DivergenceError(MinidnnError):
-    """The loss became NaN or infinite."""
+    """The loss (or a parameter) became NaN or infinite.
+
+    step: the step at which it did; report: the run report of the steps before it (also
+    written to --report), set by train().
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+        self.report = None
+
+
+class Interrupted(MinidnnError):
+    """SIGINT or SIGTERM stopped the run between two steps.
+
+    signum: the signal; status: the exit status a shell gives a process that signal ends
+    (130 for SIGINT, 143 for SIGTERM); step: the steps done; report: the run report of those
+    steps (set by train()). The checkpoint (when the run has one) holds that step.
+    """
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None):
+        self.signum, self.step, self.checkpoint = int(signum), int(step), checkpoint
+        self.status = 128 + self.signum
+        self.report = None
+        saved = f"; checkpoint {checkpoint!r} holds step {step}" if checkpoint else ""
+        super().__init__(f"{signal.Signals(self.signum).name} after step {step}{saved}")
 
 
 @dataclass
@@ -52,7 +89,9 @@ class TrainConfig:
     num_classes None: what the data has (Shapes 10, CIFAR-10 10, a folder its class count,
     synthetic 1000). memory_budget: bytes (None: no budget). math: 'tf32' or 'fp32' for the GPU
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
-    every run. eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
+    every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
+    optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
+    the device's default). eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
     is read back from the device. collective_timeout: seconds a rank of a data-parallel run
     waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
@@ -75,6 +114,8 @@ class TrainConfig:
     relu_bits: bool = False
     math: str | None = None
     deterministic: bool = False
+    precision: str = "fp32"
+    layout: str | None = None
     eval_every: int = 50
     eval_batches: int = 8
     checkpoint: str | None = None
@@ -97,6 +138,7 @@ def _check_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{name.replace('_', '-')} must be an integer >= {minimum}, "
                               f"got {v!r}")
     positive("batch")
+    positive("seed", 0)
     positive("steps", 0)
     positive("eval_every", 0)
     positive("eval_batches")
@@ -120,6 +162,9 @@ def _check_config(cfg: TrainConfig) -> None:
         raise ConfigError(f"math must be one of {', '.join(MATH_MODES)}, got {cfg.math!r}")
     if cfg.resume and not cfg.checkpoint:
         raise ConfigError("--resume needs --checkpoint PATH (the checkpoint to continue from)")
+    if cfg.checkpoint_every and not cfg.checkpoint:
+        raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint PATH "
+                          f"(where to write the checkpoints)")
     if cfg.plot:
         # Checked now, not when the plot is drawn after the whole run.
         try:
@@ -128,6 +173,50 @@ def _check_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"--plot {cfg.plot!r} needs matplotlib, which does not import "
                               f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'"
                               ) from None
+    # Every output path now, so that a run is never lost to a path that cannot be written.
+    for option, path in (("--report", cfg.report), ("--trace", cfg.trace),
+                         ("--checkpoint", cfg.checkpoint)):
+        if path:
+            check_output_path(option, path)
+    if cfg.plot:
+        check_output_path("--plot", cfg.plot, formats=_plot_formats())
+
+
+def _plot_formats() -> tuple:
+    from matplotlib.backend_bases import FigureCanvasBase
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def check_output_path(option: str, path: str, formats: tuple = ()) -> None:
+    """Raise a ConfigError naming `option` unless `write_output` can write `path`.
+
+    Refused: a name that is a folder or ends in a separator, a file where one of the folders
+    above it should be, a folder where no file can be created, and (when `formats` are given)
+    a file extension that is not one of them. Folders that do not exist yet are fine (they
+    are created when the file is written). Writes nothing but a probe file, removed at once.
+    """
+    text = os.fspath(path)
+    if not text or text.endswith(("/", os.sep)) or os.path.isdir(text):
+        raise ConfigError(f"{option} {text!r} names a folder; give the path of a file in it")
+    if formats:
+        ext = os.path.splitext(text)[1].lower().lstrip(".")
+        if ext not in formats:
+            raise ConfigError(f"{option} {text!r}: the file name must end in one of "
+                              f"{', '.join('.' + f for f in formats)} (it says the format); "
+                              f"got {'.' + ext if ext else 'no extension'}")
+    existing = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{option}: cannot write {text!r}: {existing!r} is a file, not a "
+                          f"folder")
+    try:  # os.access is not enough: root, read-only file systems, network mounts
+        fd, probe = tempfile.mkstemp(prefix=".minidnn-probe.", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot write {text!r}: cannot create files in "
+                          f"{existing!r}: {e.strerror or e}") from None
 
 
 def resolve_image_size(cfg: TrainConfig) -> int:
@@ -149,10 +238,11 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     if cfg.host_link_gbps and policy == "dyn":
         from .planner.dyn import DynPolicy
         policy = DynPolicy(host_link_gbps=cfg.host_link_gbps)
-    return Executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
-                    seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
-                    prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits, **share)
+    return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
+                          seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
+                          prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
+                          deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                          precision=cfg.precision, layout=cfg.layout, **share)
 
 
 class StepTimer:
@@ -256,39 +346,53 @@ def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
     when config.progress. The executor is closed at the end: the network's parameters are
     NumPy arrays again and the device memory is released.
 
+    Raises DivergenceError when the loss or a parameter becomes NaN or infinite, and
+    Interrupted after SIGINT or SIGTERM (in the main thread); both carry the report of the
+    steps done in `.report` and have written it to config.report, and an interrupted run has
+    written its checkpoint.
+
     world: a distributed.World when this process is one rank of a data-parallel run of more
-    than one rank (see _train_rank); config.batch is then the global batch.
+    than one rank; config.batch is then the global batch (see _rank).
     """
     cfg = dataclasses.replace(config) if config is not None else TrainConfig()
     _check_config(cfg)
-    if world is not None and world.size > 1:
-        return _train_rank(cfg, log, world)
-    return _train(cfg, log)
+    cfg, log, dp = _rank(cfg, log, world)
+    try:
+        with contextlib.ExitStack() as stack:
+            # One writer per checkpoint (rank 0 of several); also clears a killed writer's
+            # temp files.
+            if cfg.checkpoint and (dp is None or dp.is_main):
+                stack.enter_context(CheckpointLock(cfg.checkpoint))
+            stop = stack.enter_context(StopSignals())
+            report = _train(cfg, log, stop, dp)
+    except BaseException as e:
+        if dp is not None:
+            dp.abort(e)   # every other rank ends too, with this error
+        raise
+    if dp is not None:
+        dp.close()
+    return report
 
 
-def _train_rank(cfg: TrainConfig, log, world) -> dict:
-    """One rank of a data-parallel run: connects to the others, trains on its share of each
-    batch with the gradients all-reduced, and ends every rank if it fails. Only rank 0
-    prints, and writes checkpoints, the report, the trace and the plot."""
+def _rank(cfg: TrainConfig, log, world):
+    """(cfg, log, distributed.DataParallel or None) of this process. One rank of several
+    connects to the others now; only rank 0 prints, and writes checkpoints, the report, the
+    trace and the plot."""
+    if world is None or world.size == 1:
+        return cfg, log, None
     from .distributed import DataParallel
     dp = DataParallel(world, cfg.batch, timeout=cfg.collective_timeout)
     if not dp.is_main:
         cfg = dataclasses.replace(cfg, progress=False, report=None, trace=None, plot=None)
         log = _silent
-    try:
-        report = _train(cfg, log, dp)
-    except BaseException as e:
-        dp.abort(e)
-        raise
-    dp.close()
-    return report
+    return cfg, log, dp
 
 
 def _silent(*_):
     pass
 
 
-def _train(cfg: TrainConfig, log, dp=None) -> dict:
+def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     """The run itself (dp: this rank's distributed.DataParallel, or None)."""
     started = time.perf_counter()
     image_size = resolve_image_size(cfg)
@@ -300,6 +404,10 @@ def _train(cfg: TrainConfig, log, dp=None) -> dict:
     if cfg.resume:
         ckpt = load_checkpoint(cfg.checkpoint)
         _check_resumable(ckpt, identity)
+        if cfg.steps <= ckpt.step:
+            raise ConfigError(f"--steps {cfg.steps} is not past the checkpoint {cfg.checkpoint!r}, "
+                              f"which is at step {ckpt.step}: nothing to train (--steps is the "
+                              f"total; give more than {ckpt.step})")
         restore(ckpt, net, model=cfg.model)  # parameters first: the executor then keeps them
         start = ckpt.step
     _check_world_size(ckpt, dp.size if dp else 1)
@@ -327,20 +435,39 @@ def _train(cfg: TrainConfig, log, dp=None) -> dict:
             + f"; data: {sources.description}"
             + (f"; resuming at step {start}" if start else "")
             + (f"; {dp.size} ranks of {dp.local_batch} images" if dp else ""))
+        if cfg.memory_budget is not None:
+            # Say what the number means: '12G' and '12GB' are 10^9 bytes, '12GiB' 2^30.
+            log(f"memory budget {fmt_bytes(cfg.memory_budget)} ({cfg.memory_budget:,} bytes)")
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, net, opt, sources, start, pool,
                     dict(dataclasses.asdict(cfg), identity=identity,
-                         world_size=dp.size if dp else 1), log, dp)
-        run.loop()
+                         world_size=dp.size if dp else 1), log, stop, dp)
+
+        def report_now() -> dict:
+            return build_report(cfg, ex=ex, net=net, image_size=image_size,
+                                num_classes=sources.num_classes, data=sources.description,
+                                start_step=start, losses=run.losses,
+                                step_times=run.timer.times[:len(run.losses)], evals=run.evals,
+                                memory=run.memory or memory_figures(ex),
+                                wall_time_s=time.perf_counter() - started)
+        try:
+            run.loop()
+        except (DivergenceError, Interrupted) as stopped:
+            # The steps done are not lost: their report is written, as for a finished run.
+            report = report_now()
+            if isinstance(stopped, DivergenceError):
+                report["diverged_at_step"] = stopped.step
+            else:
+                report["interrupted_by"] = signal.Signals(stopped.signum).name
+            stopped.report = report
+            if cfg.report:
+                write_output("--report", cfg.report, lambda path: write_report(path, report))
+            raise
         if dp:
             dp.check_parameters("at the end")
-        report = build_report(cfg, ex=ex, net=net, image_size=image_size,
-                              num_classes=sources.num_classes, data=sources.description,
-                              start_step=start, losses=run.losses, step_times=run.timer.times,
-                              evals=run.evals, memory=run.memory or memory_figures(ex),
-                              wall_time_s=time.perf_counter() - started)
+        report = report_now()
         if dp:
             report.update(dp.report_fields())
         # The report first: a trace or plot that cannot be written must not lose it.
@@ -353,6 +480,39 @@ def _train(cfg: TrainConfig, log, dp=None) -> dict:
     finally:
         ex.close()
     return report
+
+
+class StopSignals:
+    """While entered (in the main thread), SIGINT and SIGTERM ask the run to stop instead of
+    killing it: `signum` holds the first signal received (None until then). A second SIGINT
+    raises KeyboardInterrupt at once, for a user who does not want to wait for the step.
+    Outside the main thread (where Python allows no handlers) it does nothing, and a signal
+    the process ignores (SIGINT of a background job) stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue   # ignored on purpose (nohup, a background job): leave it so
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+        return False
 
 
 def write_output(option: str, path: str, write) -> None:
@@ -384,15 +544,18 @@ class _Loop:
 
     After loop(): losses and timer.times (one per step), evals, memory (the executor's
     figures right after the last training step, before evaluation overwrites the per-step
-    ones) and tracer (the trace of the last training step, when asked for).
+    ones) and tracer (the trace of the last training step, when asked for). stop: the
+    StopSignals of the run; a signal ends the loop between two steps (Interrupted).
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
-                 run_config: dict, log, dp=None):
+                 run_config: dict, log, stop: StopSignals | None = None, dp=None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
+        self.stop = stop
         self.dp = dp                     # distributed.DataParallel of a rank, or None
+        self.saved_step: int | None = None   # the step of the last checkpoint written
         self.losses: list[float] = []
         self.pending: list = []          # loss values still on the device
         self.evals: list[dict] = []
@@ -409,6 +572,8 @@ class _Loop:
         self.bar = _progress_bar(cfg, self.start)
         try:
             for step in range(self.start, cfg.steps):
+                if self.stop is not None and self.stop.signum is not None:
+                    self.interrupted(step)
                 done = step + 1
                 last = done == cfg.steps
                 x, y = next(batches)
@@ -445,8 +610,19 @@ class _Loop:
                 self.bar.close()
         ex.device.synchronize()
 
+    def interrupted(self, done: int) -> None:
+        """Stop after `done` steps: checkpoint them (when the run has a checkpoint) and raise
+        Interrupted."""
+        self.read_losses(done)
+        if self.cfg.checkpoint and self.saved_step != done:
+            self.checkpoint(done)
+        raise Interrupted(self.stop.signum, done, self.cfg.checkpoint)
+
     def read_losses(self, step: int) -> None:
-        """Bring pending losses to the host (this waits for the device) and update the bar."""
+        """Bring pending losses to the host (this waits for the device) and update the bar.
+
+        Raises DivergenceError at the first loss that is not finite (those before it are kept).
+        """
         cfg = self.cfg
         self.timer.resolve()
         values = [float(value) for value in self.pending]
@@ -454,8 +630,10 @@ class _Loop:
             values = self.dp.mean(values)   # every rank's loss: the global batch's
         for v in values:
             if not math.isfinite(v):
-                raise DivergenceError(f"loss became {v} by step {step}: training diverged "
-                                      f"(try a smaller --lr, now {cfg.lr})")
+                at = self.start + len(self.losses) + 1
+                self.pending.clear()
+                raise DivergenceError(f"loss became {v} at step {at}: training diverged "
+                                      f"(try a smaller --lr, now {cfg.lr})", step=at)
             self.losses.append(v)
         self.pending.clear()
         if self.bar is not None and self.losses:
@@ -478,10 +656,21 @@ class _Loop:
                                    f"{result['accuracy']:.3f} ({result['images']} images)")
 
     def checkpoint(self, step: int) -> None:
+        """Write the checkpoint of `step`, after checking every loss up to it and every
+        parameter: a diverged run must not overwrite the last good checkpoint."""
+        self.read_losses(step)
+        xp = self.ex.xp
+        for name, p in self.net.parameters():
+            if not bool(xp.isfinite(p.data).all()):
+                raise DivergenceError(f"parameter {name} became NaN or infinite at step {step}: "
+                                      f"training diverged (try a smaller --lr, now "
+                                      f"{self.cfg.lr}); the checkpoint was not overwritten",
+                                      step=step)
         if self.dp and not self.dp.is_main:
             return   # rank 0 writes it; every rank holds the same parameters
         save_checkpoint(self.cfg.checkpoint, self.net, self.opt, step=step, model=self.cfg.model,
                         seed=self.cfg.seed, config=self.run_config)
+        self.saved_step = step
 
 
 def _progress_bar(cfg: TrainConfig, start: int):

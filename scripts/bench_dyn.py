@@ -45,10 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minidnn import Executor, SGD, models  # noqa: E402
+from minidnn import SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import MemoryDecision, use_relu_bits  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
+from minidnn.memory.policy import MemoryDecision, relu_bits_for  # noqa: E402
 from minidnn.planner.dyn import FixedDecision  # noqa: E402
 from minidnn.report import MATH_MODES  # noqa: E402
 
@@ -59,11 +60,13 @@ PLAN_LABELS = {"fastest": "fastest", "min_workspace": "memory-optimal", "planned
 
 # ---- one minidnn run ----------------------------------------------------------------------------
 def measure_run(net, batch: int, device, decision: MemoryDecision, budget: int | None,
-                math: str, warmup: int, steps: int, input_batches: int = 2) -> dict:
+                math: str, warmup: int, steps: int, input_batches: int = 2,
+                relu_bits: bool = False) -> dict:
     """Train `steps` timed steps after `warmup`; steady-state memory and speed."""
     from minidnn.data import SyntheticImages
-    ex = Executor(net, batch, device=device, seed=0, policy=FixedDecision(decision),
-                  memory_budget=budget, math=math if device.is_gpu else None)
+    ex = build_executor(net, batch, device=device, seed=0, policy=FixedDecision(decision),
+                        memory_budget=budget, math=math if device.is_gpu else None,
+                        relu_bits=relu_bits)
     # Convolutions whose planned workspace did not fit at run time ran a leaner plan instead;
     # each configuration starts from the planned choices.
     if hasattr(ex.kernels, "reset_workspace_fallbacks"):
@@ -115,14 +118,13 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     from minidnn.planner.profile import get_profile
     from minidnn.planner.search import InfeasibleBudgetError, Planner, plan_lookaheads
     net = models.build(name, num_classes=1000, image_size=args.image_size)
-    if args.relu_bits:
-        use_relu_bits(net)
+    relu_bits = relu_bits_for(net) if args.relu_bits else frozenset()
     mod = kernels.for_device(device)
     if hasattr(mod, "configure"):
         mod.configure(math=args.math, deterministic=False)
     t0 = time.perf_counter()
     prof = get_profile(net, batch, device, directory=out / "profiles",
-                       log=lambda msg: print(msg, flush=True))
+                       log=lambda msg: print(msg, flush=True), relu_bits=relu_bits)
     print(f"{name} b{batch}: profile ready in {time.perf_counter() - t0:.1f} s", flush=True)
     profile_s = time.perf_counter() - t0
     # The synthetic source keeps its batches on a GPU (in the arena); on the CPU they are
@@ -130,12 +132,13 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
     inputs = 2 if device.is_gpu else 0
     # vDNN's policies at the executor's default prefetch lookahead (one layer); dyn as
     # `--policy dyn` runs it, choosing the lookahead too.
-    planner = Planner(net, batch, prof, budget=args.budget, input_batches=inputs)
+    planner = Planner(net, batch, prof, budget=args.budget, input_batches=inputs,
+                      relu_bits=relu_bits)
     def plan_dyn(recompute: bool):
         """(PlanResult, lookahead) of dyn, or None when nothing fits."""
         try:
             return plan_lookaheads(net, batch, prof, args.budget, input_batches=inputs,
-                                   recompute=recompute)
+                                   recompute=recompute, relu_bits=relu_bits)
         except InfeasibleBudgetError as e:
             print(f"{name} b{batch}: no decision fits: {e}", flush=True)
             return None
@@ -181,7 +184,8 @@ def bench_config(name: str, batch: int, args, device, out: Path, deadline: float
                 continue
             try:
                 m = measure_run(net, batch, device, decision, args.budget, args.math,
-                                args.warmup, args.steps, input_batches=max(inputs, 1))
+                                args.warmup, args.steps, input_batches=max(inputs, 1),
+                                relu_bits=args.relu_bits)
             except Exception as e:  # a failed configuration is a result; the others still run
                 row["error"] = f"{type(e).__name__}: {e}"
                 print(f"{name} b{batch} {policy}/{algo}: FAILED {row['error']}", flush=True)

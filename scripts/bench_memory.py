@@ -12,7 +12,8 @@ bytes of feature maps (+ aux + gradient maps) on the device:
 Real mode (GPU): trains a model for N steps after warm-up under each policy, and prints
 ms/step, images/s, peak device bytes, bytes offloaded and prefetched per step, and the arena's
 bytes in use after warm-up and after the last step (they must be equal: no leak); writes a
-trace and a memory plot of one step per policy:
+trace, a memory plot and a measured stream timeline (compute, offload, prefetch, stalls) of
+one step per policy:
 
     python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies none,all \\
         --memory-budget 12GiB --steps 200 --trace-dir runs/bench
@@ -29,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from minidnn import Executor, SGD, models  # noqa: E402
+from minidnn import SGD, models  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import MemoryBudgetError, MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
-from minidnn.memory.policy import use_relu_bits  # noqa: E402
+from minidnn.decide import build_executor  # noqa: E402
+from minidnn.planner.timeline import draw_timeline  # noqa: E402
 
 # The paper's networks and batches (vDNN, Rhu et al. 2016): (model, image size, batch).
 PAPER_CONFIGS = "alexnet:227:128,overfeat:231:128,vgg16:224:64,vgg16:224:128,vgg16:224:256"
@@ -61,11 +63,9 @@ def dry(configs, policies, lookahead: int, budget, relu_bits: bool = False) -> N
     for name, size, batch in configs:
         t0 = time.perf_counter()
         net = models.build(name, num_classes=1000, image_size=size)
-        if relu_bits:
-            use_relu_bits(net)
         for policy in policies:
-            ex = Executor(net, batch, device="cpu", policy=policy, compute=False,
-                          prefetch_lookahead=lookahead)
+            ex = build_executor(net, batch, device="cpu", policy=policy, compute=False,
+                                prefetch_lookahead=lookahead, relu_bits=relu_bits)
             st = ex.simulate_step()
             nw = st["network_wide_bytes"]
             fits = "-" if budget is None else ("yes" if st["peak_device_bytes"] <= budget else "no")
@@ -101,8 +101,6 @@ def real(args, policies, budget) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for policy in policies:
         net = models.build(net_name, num_classes=args.num_classes, image_size=size)
-        if args.relu_bits:
-            use_relu_bits(net)
         try:
             row = run_policy(net, device, batch, policy, budget, args)
         except MemoryBudgetError as e:
@@ -112,9 +110,10 @@ def real(args, policies, budget) -> None:
 
 
 def run_policy(net, device, batch, policy, budget, args) -> str:
-    with Executor(net, batch, device=device, seed=0, memory_budget=budget, policy=policy,
-                  prefetch_lookahead=args.lookahead, math=args.math,
-                  deterministic=args.deterministic or None) as ex:
+    with build_executor(net, batch, device=device, seed=0, memory_budget=budget, policy=policy,
+                        prefetch_lookahead=args.lookahead, math=args.math,
+                        deterministic=args.deterministic or None,
+                        relu_bits=args.relu_bits) as ex:
         opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
         rng = np.random.default_rng(0)
@@ -145,6 +144,9 @@ def run_policy(net, device, batch, policy, budget, args) -> str:
             tracer.write_chrome_trace(f"{stem}.json")
             try:
                 tracer.plot_memory(f"{stem}.png")
+                draw_timeline([{"title": f"{net.name} b{batch}, {policy}, measured on "
+                                         f"{device.name}", "timeline": tracer.timeline()}],
+                              f"{stem}_timeline.png")
             except ImportError:
                 pass
             ex.enable_trace(False)

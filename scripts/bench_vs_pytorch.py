@@ -18,7 +18,16 @@ strict FP32; and the pooling / LRN kernels against PyTorch's.
 
 Precision: 'tf32' allows TF32 in convolutions and matrix products in both frameworks
 (torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32); 'fp32' forbids it
-in both. PyTorch is imported only here, and only on the machine that runs the benchmark.
+in both; 'bf16' runs minidnn with bf16 feature maps (precision='bf16') and PyTorch under bf16
+autocast, TF32 in both where float32 computes. PyTorch is imported only here, and only on the machine that runs the benchmark.
+
+Configurations (--frameworks), each run in a process of its own:
+  minidnn          minidnn as it runs by default (kernels/mapformat.py: GPU_DEFAULT_LAYOUT)
+  minidnn-nchw     minidnn with NCHW feature maps (layout='nchw')
+  minidnn-nhwc     minidnn with channels-last feature maps (layout='nhwc')
+  pytorch          PyTorch as it runs by default (NCHW)
+  pytorch-cl       PyTorch with the model and the batch in channels_last
+  pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
 """
 from __future__ import annotations
 
@@ -109,12 +118,21 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-def run_minidnn(name, batch, math, steps, warmup, profile=False):
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "pytorch", "pytorch-cl",
+              "pytorch-cl-bf16")
+DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+
+
+def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     import cupy as cp
-    from minidnn import SGD, Executor, models
+    from minidnn import SGD, models
+    from minidnn.decide import build_executor
     size = image_size(name)
     net = models.build(name, num_classes=1000, image_size=size)
-    ex = Executor(net, batch, device="gpu", seed=0, math=math, deterministic=False)
+    # 'bf16': mixed precision (bf16 feature maps), TF32 where float32 computes.
+    ex = build_executor(net, batch, device="gpu", seed=0,
+                        math="tf32" if math == "bf16" else math, deterministic=False,
+                        layout=layout, precision="bf16" if math == "bf16" else "fp32")
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -122,9 +140,12 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
         labels = rng.integers(0, 1000, batch).astype(cp.int64)
     t0 = time.perf_counter()
     losses = []
-    for _ in range(warmup):
+    for k in range(warmup):
         losses.append(ex.train_step(x, labels, opt))
-    ex.device.synchronize()
+        ex.device.synchronize()
+        cache = ex.kernels.conv_cache_stats() if hasattr(ex.kernels, "conv_cache_stats") else {}
+        print(f"warm-up step {k}: {time.perf_counter() - t0:.1f} s, conv plans "
+              f"{json.dumps(cache)}", file=sys.stderr, flush=True)
     warm_s = time.perf_counter() - t0
     # peak_device_bytes counts the warm-up's plan measurements; steady_peak_device_bytes is
     # the peak of the last step alone, so take its largest over the timed steps.
@@ -140,18 +161,20 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False):
     if profile:
         extra["profile"] = layer_profile(ex, x, labels, opt)
         extra["kernels"] = torch_kernel_profile(lambda: ex.train_step(x, labels, opt))
-    return {**extra, "framework": "minidnn", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+    return {**extra, "framework": "minidnn", "layout": ex.maps.layout,
+            "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
             "peak_bytes": int(max(step_peaks)), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
             "conv_graphs": cache.get("graphs_built"), "conv_build_s": cache.get("build_s"),
             "conv_measure_s": cache.get("measure_s")}
 
 
-def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
+def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
+                   channels_last=False):
     """(model, optimizer, x, labels) of a PyTorch run set up as minidnn's: the network
     translated by torch_model with minidnn's initial weights (seed 0), on the GPU in training
     mode, SGD, one synthetic batch made on the device, cuDNN benchmark mode and TF32 as `math`
-    says ('tf32' or 'fp32')."""
+    says ('tf32' or 'fp32'); channels_last: model and batch in torch.channels_last."""
     import torch
     from minidnn import models
     torch.backends.cudnn.benchmark = True
@@ -170,6 +193,9 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, 3, image, image, device="cuda", generator=gen)
     labels = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     return model, opt, x, labels
 
 
@@ -191,15 +217,23 @@ def torch_kernel_profile(step, top=16) -> dict:
             "slowest": [(name[:90], round(ms, 2), count) for name, (ms, count) in slowest]}
 
 
-def run_torch(name, batch, math, steps, warmup, profile=False):
+def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=False,
+              bf16=False):
+    import contextlib
     import torch
     import torch.nn.functional as F
-    model, opt, x, labels = torch_training(name, batch, image_size(name), math, lr=0.01,
-                                           momentum=0.9)
+    model, opt, x, labels = torch_training(name, batch, image_size(name),
+                                           "tf32" if bf16 else math, lr=0.01, momentum=0.9,
+                                           channels_last=channels_last)
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), labels)
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
         opt.step()
         return loss.detach()
@@ -220,10 +254,15 @@ def run_torch(name, batch, math, steps, warmup, profile=False):
 
 
 def child(args) -> None:
-    name, batch, math = args.one[1], int(args.one[2]), args.one[3]
-    fn = run_minidnn if args.one[0] == "minidnn" else run_torch
-    res = fn(name, batch, math, args.steps, args.warmup, profile=args.profile)
-    res.update(network=name, batch=batch, math=math)
+    fw, name, batch, math = args.one[0], args.one[1], int(args.one[2]), args.one[3]
+    if fw.startswith("minidnn"):
+        res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                          layout=fw.split("-")[1] if "-" in fw else None)
+    else:
+        res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
+                        channels_last=fw != "pytorch",
+                        bf16=fw == "pytorch-cl-bf16" or math == "bf16")
+    res.update(network=name, batch=batch, math=math, framework=fw)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -236,10 +275,17 @@ def train_bench(args) -> list:
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--profile"] if args.profile else []
             t0 = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                out, err = proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                def text(b):
+                    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                out, err = text(exc.stdout), text(exc.stderr) + \
+                    f"\ntimed out after {args.timeout} s"
+            line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+                tail = (out + err).strip().splitlines()[-12:]
                 res = {"framework": fw, "network": name, "batch": int(batch), "math": math,
                        "error": " | ".join(tail)}
                 print(f"{fw} {run}: FAILED\n  " + "\n  ".join(tail), flush=True)
@@ -416,12 +462,14 @@ def kernel_bench(args) -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", default=list(DEFAULT_RUNS),
-                    help="network:batch:precision (precision tf32 or fp32); default: %(default)s")
+                    help="network:batch:precision (precision tf32, fp32 or bf16: minidnn's "
+                         "--precision bf16, PyTorch's bf16 autocast); default: %(default)s")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    ap.add_argument("--frameworks", nargs="+", default=["minidnn", "pytorch"],
-                    choices=["minidnn", "pytorch"], help="which to run (default both)")
+    ap.add_argument("--frameworks", nargs="+", default=list(DEFAULT_FRAMEWORKS),
+                    choices=FRAMEWORKS, help="which configurations to run, each in its own "
+                    "process (see above; default: %(default)s)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one step: its slowest GPU kernels (PyTorch's "
                          "profiler), and minidnn's compute time per layer kind")

@@ -22,6 +22,8 @@ else
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# A GPU test that skips (no GPU seen, CuPy not importing) fails the check instead.
+export MINIDNN_REQUIRE_GPU=1
 
 {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"

@@ -9,7 +9,8 @@
 # a memory plot of one step each, vDNN_conv in 12 GiB for 20 steps, and none / all with ReLU
 # bit masks in 12 GiB; 4. the PyTorch comparison of scripts/bench_vs_pytorch.py.
 # SKIP_MAIN=1 skips step 2; PT_RUNS="" skips step 4. Everything is logged to $OUT/run.log;
-# traces, plots and reports land beside it.
+# traces, plots and reports land beside it. Exits with pytest's status (non-zero when a GPU
+# test fails or skips: MINIDNN_REQUIRE_GPU=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_check_out}
@@ -19,6 +20,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# A GPU test that skips (no GPU seen, CuPy not importing) fails the check instead.
+export MINIDNN_REQUIRE_GPU=1
 STEPS=${STEPS:-200}
 log() { echo "== $*" | tee -a "$OUT/run.log"; }
 {
@@ -29,6 +32,7 @@ log() { echo "== $*" | tee -a "$OUT/run.log"; }
 log "GPU tests"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests 2>&1 \
     | tee "$OUT/pytest_gpu.log" | tail -n 25 | tee -a "$OUT/run.log"
+status=${PIPESTATUS[0]}
 
 if [ -z "${SKIP_MAIN:-}" ]; then
     log "main job: python3 -m minidnn train --no-progress --report $OUT/main_report.json"
@@ -53,7 +57,8 @@ log "VGG-16 b256 with ReLU bit masks, policies none and all, 12 GiB budget"
 timeout 200 python3 scripts/bench_memory.py --model vgg16 --batch 256 --policies none,all \
     --relu-bits --memory-budget 12GiB --steps 20 --warmup 3 2>&1 | tail -n 15 | tee -a "$OUT/run.log"
 
-[ "${PT_RUNS-x}" = "" ] && exit 0
+[ "${PT_RUNS-x}" = "" ] && exit "$status"
 log "PyTorch comparison"
 timeout "${PT_TIMEOUT:-200}" python3 scripts/bench_vs_pytorch.py --runs ${PT_RUNS:-vgg16:256:tf32 alexnet:256:tf32} \
     --steps 5 --warmup 2 --timeout 120 --out "$OUT/bench_pytorch.json" 2>&1 | tail -n 20 | tee -a "$OUT/run.log"
+exit "$status"

@@ -5,15 +5,16 @@ import zipfile
 import numpy as np
 import pytest
 
-from minidnn import SGD, Executor, models
+from minidnn import SGD, models
 from minidnn.checkpoint import (atomic_write, load_checkpoint, restore, save_checkpoint)
 from minidnn.data import Shapes
 from minidnn.errors import CheckpointError
+from minidnn.decide import build_executor
 
 
 def trained_mlp(steps=2, num_classes=10, seed=0):
     net = models.build("mlp", num_classes=num_classes, image_size=8)
-    ex = Executor(net, 4, device="cpu", seed=seed)
+    ex = build_executor(net, 4, device="cpu", seed=seed)
     opt = SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     x, y = Shapes(num_classes, 8, n=8, seed=seed).get_batch(np.arange(4))
     for _ in range(steps):

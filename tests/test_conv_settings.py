@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from minidnn import Executor, Network
+from minidnn import Network
 from minidnn.errors import ConfigError
 from minidnn.kernels import cpu as cpu_kernels
 from minidnn.kernels.cudnn_conv import PlanTiming, choose_plan, workspace_ladder
@@ -18,6 +18,7 @@ from minidnn.planner.dyn import FixedDecision
 from minidnn.memory.policy import MemoryDecision
 from minidnn.planner.search import Planner
 from minidnn.backend import Device
+from minidnn.decide import build_executor
 
 MiB = 2**20
 INF = math.inf
@@ -107,10 +108,13 @@ def test_settings_are_ordered_by_workspace():
 
 
 def test_profiling_costs_each_rung_from_the_plan_table(monkeypatch):
-    """The CPU has no cuDNN plans; a stand-in table exercises the path the GPU runs."""
+    """The CPU has no cuDNN plans; a stand-in table exercises the path the GPU runs (by
+    default not deterministic)."""
     def conv_plans(op, x_shape, w_shape, spec, dtype=None):
         return {"fprop": FPROP, "wgrad": WGRAD, "dgrad": WGRAD}[op]
     monkeypatch.setattr(cpu_kernels, "conv_plans", conv_plans, raising=False)
+    monkeypatch.setattr(profiling, "kernel_settings",
+                        lambda kernels: {"math": "tf32", "deterministic": False})
     net = Network.sequential((3, 8, 8), [Conv2d(4, 3, padding=1, name="conv1"),
                                          ReLU(name="relu1"), Conv2d(4, 3, padding=1,
                                                                     name="conv2"),
@@ -166,10 +170,27 @@ def test_the_planner_takes_a_rung_rather_than_the_memory_optimal_plan():
     assert f"fastest<={MiB}" in result.best.conv_algo.values()
     assert result.best.offload == frozenset()
     assert result.best.step_time_s < result.baselines["none/min_workspace"].step_time_s
-    # The executor runs the decision's settings and gives the layers theirs back on close.
-    ex = Executor(net, batch, device="cpu", policy=FixedDecision(result.best.decision),
+    # The executor runs the decision's settings and leaves the layers' own alone.
+    ex = build_executor(net, batch, device="cpu", policy=FixedDecision(result.best.decision),
                   compute=False)
-    for name, setting in result.best.conv_algo.items():
-        assert net.node(name).layer.plan_setting == setting
+    assert ex.decision.conv_algo == result.best.conv_algo
+    assert {net.node(n).layer.plan_setting for n in ("conv1", "conv2")} == {"fastest"}
     ex.close()
     assert {net.node(n).layer.plan_setting for n in ("conv1", "conv2")} == {"fastest"}
+
+
+def test_deterministic_profiling_costs_one_plan_for_every_setting(monkeypatch):
+    """In deterministic mode every setting runs the same plan (the best-ranked of the least
+    workspace), so the profile offers no trade-off and no budget changes a bit."""
+    def conv_plans(op, x_shape, w_shape, spec, dtype=None):
+        return {"fprop": FPROP, "wgrad": WGRAD, "dgrad": WGRAD}[op]
+    monkeypatch.setattr(cpu_kernels, "conv_plans", conv_plans, raising=False)
+    net = Network.sequential((3, 8, 8), [Conv2d(4, 3, padding=1, name="conv1"),
+                                         Flatten(name="flat"), Linear(10, name="fc")],
+                             num_classes=10)
+    net.init_params(0)
+    layers = profiling.measure_layers(net, 2, Device("cpu"), repeats=1, progress=False)
+    c = layers["conv1"]
+    assert set(c.settings()) == {"fastest", "min_workspace"}
+    for phase in ("forward", "backward"):
+        assert c.workspace(phase, "fastest") == c.workspace(phase, "min_workspace") == 0

@@ -109,9 +109,13 @@ def test_fastest_and_min_workspace():
     assert choose_plan(TABLE, "min_workspace").index == 7
 
 
-def test_deterministic_choice_follows_rank_not_timing():
-    assert choose_plan(TABLE, "fastest", by_rank=True).index == 0
-    assert choose_plan(TABLE, "min_workspace", by_rank=True).index == 3
+def test_deterministic_choice_follows_rank_not_timing_and_not_the_setting():
+    """One plan for every setting: the best-ranked of the least-workspace plans (3, not the
+    faster 7), so that no budget changes a bit of the result."""
+    for algo in ("fastest", "min_workspace"):
+        assert choose_plan(TABLE, algo, by_rank=True).index == 3
+    for limit in (None, 0, 26_000_000, 10**9):
+        assert choose_plan(TABLE, "fastest", by_rank=True, workspace_limit=limit).index == 3
 
 
 def test_plans_that_did_not_run_are_never_chosen():
@@ -178,12 +182,29 @@ def test_cache_builds_and_measures_each_problem_once():
     assert len(cache) == 0 and cache.stats["graphs_built"] == 0
 
 
+def test_only_the_best_ranked_plans_are_measured():
+    """Past max_measured candidates (in rank order) nothing runs: those plans stay in the
+    table, unmeasured, and are never chosen, however little workspace they need."""
+    fake = FakeCuDNN([(0, 100, 0.5), (1, 50, 0.7), (2, 0, 0.1), (3, 0, 0.05)])
+    cache = ConvPlanCache(fake.build, fake.time, max_measured=2)
+    x, w, y, spec = arrays()
+    e = cache.get(ConvProblem.of("wgrad", x, w, y, spec, "tf32", False), operands=())
+    assert [t[1] for t in fake.timed] == [0, 1]
+    assert cache.stats["plans_measured"] == 2 and cache.stats["plans_skipped"] == 2
+    assert [(p.index, p.workspace_bytes) for p in e.table[2:]] == [(2, 0), (3, 0)]
+    assert all(math.isnan(p.time_ms) for p in e.table[2:])            # not measured
+    assert e.plan_for("fastest").index == 0 and e.plan_for("min_workspace").index == 1
+    every = ConvPlanCache(fake.build, fake.time, max_measured=None)
+    e = every.get(ConvProblem.of("wgrad", x, w, y, spec, "tf32", False), operands=())
+    assert e.plan_for("fastest").index == 3
+
+
 def test_deterministic_entry_chooses_by_rank():
     fake = FakeCuDNN([(0, 100, 0.5), (1, 0, 0.2)])
     cache = ConvPlanCache(fake.build, fake.time)
     x, w, y, spec = arrays()
     e = cache.get(ConvProblem.of("wgrad", x, w, y, spec, "fp32", True), operands=())
-    assert e.plan_for("fastest").index == 0
+    assert e.plan_for("fastest").index == 1 == e.plan_for("min_workspace").index
 
 
 def test_unavailable_problem_is_remembered_and_not_rebuilt():

@@ -18,6 +18,7 @@ from minidnn.distributed.cpu_collective import SocketGroup
 from minidnn.distributed.rendezvous import parse_rendezvous
 from minidnn.errors import CollectiveError, ConfigError
 from minidnn.layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, StepContext
+from minidnn.memory.observer import StepObserver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPAWN = multiprocessing.get_context("spawn")
@@ -115,13 +116,19 @@ def test_buckets_start_in_reverse_layer_order_once_backward_made_their_gradients
     assert names == [["fc2.bias", "fc2.weight"], ["fc1.bias", "fc1.weight"],
                      ["conv1.bias", "conv1.weight"]]
     done = []
-    ex.backward_hooks.append(lambda i: done.append((net.nodes[i].name, len(reducer.started))))
-    ex.backward_hooks.append(buckets.layer_done)
+
+    class Recorder(StepObserver):
+        def layer(self, phase, name, index, start, end):
+            if phase == "backward":
+                done.append((name, len(reducer.started)))
+
+    ex.add_observer(Recorder())
+    ex.add_observer(buckets)
     x, y = batches(1, 4)[0]
     ex.forward(x, y)
     ex.backward()
-    # The hook runs after every layer's backward, last layer first; a bucket starts right
-    # after the backward that made its last gradient, while earlier layers still compute.
+    # Observers hear of every layer's backward, last layer first; a bucket starts right after
+    # the backward that made its last gradient, while earlier layers still compute.
     assert [n for n, _ in done] == [n.name for n in reversed(net.nodes)]
     started_before = dict(done)
     assert [started_before[n] for n in ("fc2", "drop", "fc1", "flat", "conv1")] == \
@@ -350,3 +357,31 @@ def test_two_gpus_train_alike_over_nccl(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert report["collective"] == "nccl" and report["ranks_agree"]
+
+
+WATCHDOG = """
+import time
+from minidnn.distributed.data_parallel import _Watchdog
+
+class Reducer:
+    def abort(self):
+        print("communicator aborted", flush=True)
+
+dog = _Watchdog(rank=1, timeout=0.5, reducer=Reducer())
+for _ in range(3):          # steps that finish keep it quiet
+    time.sleep(0.2)
+    dog.beat()
+time.sleep(10)              # a step that never ends (an all-reduce whose peer died)
+print("not reached")
+"""
+
+
+def test_a_gpu_rank_whose_step_never_ends_is_ended_by_its_watchdog():
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", WATCHDOG], capture_output=True, text=True,
+                       cwd=ROOT, timeout=30)
+    assert r.returncode == 2
+    assert time.monotonic() - t0 < 8
+    assert r.stdout == "communicator aborted\n"
+    assert r.stderr.strip() == ("minidnn: error: rank 1: no training step finished for 0.5 s "
+                                "(collective timeout): a peer failed or hangs")

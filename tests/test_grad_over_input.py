@@ -4,11 +4,12 @@ one map less, and what it means for recomputation. On the CPU."""
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD, models
+from minidnn import Network, SGD, models
 from minidnn.layers import Add, AvgPool2d, Conv2d, Flatten, Linear, ReLU
 from minidnn.layers.conv import Conv2d as ConvClass
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import recompute_candidates, relus_worth_bits
+from minidnn.decide import build_executor
 
 
 def crossing() -> Network:
@@ -34,7 +35,7 @@ def train(net_fn, monkeypatch=None, allow=True, relu_bits=False, steps=2):
     net = net_fn()
     shape = net.input_shape
     classes = net.infer_shapes(2)[net.output][-1]
-    with Executor(net, 2, device="cpu", seed=0, relu_bits=relu_bits) as ex:
+    with build_executor(net, 2, device="cpu", seed=0, relu_bits=relu_bits) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for _ in range(steps):
             x = rng.standard_normal((2,) + tuple(shape)).astype(np.float32)

@@ -3,9 +3,10 @@ and parameter gradients against finite differences of the loss."""
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network
+from minidnn import Network
 from minidnn.layers import (LRN, Add, AvgPool2d, Concat, Conv2d, Dropout, Flatten, Linear,
                             MaxPool2d, ReLU)
+from minidnn.decide import build_executor
 
 BATCH, CLASSES = 3, 5
 
@@ -45,7 +46,7 @@ def batch(seed=0):
 
 def test_branch_and_join_gradients_match_finite_differences():
     net = branchy_net()
-    ex = Executor(net, BATCH, device="cpu", seed=1)
+    ex = build_executor(net, BATCH, device="cpu", seed=1)
     x, labels = batch()
     ex.forward(x, labels)
     ex.backward()
@@ -68,7 +69,7 @@ def test_branch_and_join_gradients_match_finite_differences():
 
 def test_in_place_decisions():
     net = branchy_net()
-    ex = Executor(net, BATCH, device="cpu")
+    ex = build_executor(net, BATCH, device="cpu")
     index = {node.name: i for i, node in enumerate(net.nodes)}
     inplace = ex.plan.inplace
     assert inplace[index["relu1"]]      # over conv1's output (conv1 keeps its input, not output)
@@ -91,7 +92,7 @@ def test_in_place_layers_give_the_gradients_of_copies():
         if not allow_inplace:
             for node in net.nodes:
                 node.layer.inplace = False          # instance attribute shadows the class's
-        ex = Executor(net, BATCH, device="cpu", seed=4)
+        ex = build_executor(net, BATCH, device="cpu", seed=4)
         loss = float(ex.forward(x, labels))
         ex.backward()
         assert any(ex.plan.inplace.values()) == allow_inplace
@@ -106,9 +107,9 @@ def test_in_place_layers_give_the_gradients_of_copies():
 def test_dropout_train_versus_eval():
     x, labels = batch(5)
     with_drop, without = branchy_net(dropout=True), branchy_net(dropout=False)
-    ex = Executor(with_drop, BATCH, device="cpu", seed=6)
+    ex = build_executor(with_drop, BATCH, device="cpu", seed=6)
     without.load_state_dict(with_drop.state_dict())
-    ex_plain = Executor(without, BATCH, device="cpu", seed=6)
+    ex_plain = build_executor(without, BATCH, device="cpu", seed=6)
 
     loss_eval, logits_eval = ex.evaluate(x, labels)
     loss_plain, logits_plain = ex_plain.evaluate(x, labels)
@@ -134,7 +135,7 @@ def test_sequential_alexnet_shaped_net_trains():
               Conv2d(12, 3, padding=1, groups=2), ReLU(), MaxPool2d(3, stride=2, ceil_mode=True),
               Flatten(), Linear(16), ReLU(), Dropout(0.5), Linear(CLASSES)]
     net = Network.sequential((3, 20, 20), layers, num_classes=CLASSES)
-    ex = Executor(net, 4, device="cpu", seed=0)
+    ex = build_executor(net, 4, device="cpu", seed=0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 20, 20)).astype(np.float32)
     labels = rng.integers(0, CLASSES, 4)

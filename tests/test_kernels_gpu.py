@@ -356,7 +356,9 @@ def test_plan_table_and_choice(stream):
     x, w, b, gy, spec = _conv_data((8, 32, 28, 28, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1),
                                    np.float32)
     table = cuda.conv_plans("fprop", x.shape, w.shape, spec)
-    assert all(isinstance(i, int) and isinstance(ws, int) and ms > 0 for i, ws, ms in table)
+    # Plans ranked past MEASURED_PLANS are not measured: time NaN.
+    assert all(isinstance(i, int) and isinstance(ws, int) and (ms > 0 or np.isnan(ms))
+               for i, ws, ms in table)
     ran = [t for t in table if np.isfinite(t[2])]
     entry = next(e for e in cuda.conv_cache_entries() if e.problem.op == "fprop"
                  and e.problem.x[0] == x.shape and e.problem.math == "tf32")
@@ -631,7 +633,8 @@ def test_convolution_falls_back_to_a_leaner_plan_when_the_workspace_does_not_fit
     w = rng.standard_normal((128, 64, 3, 3), dtype=cp.float32)
     want = cp.empty((32, 128, 56, 56), cp.float32)
     cuda.conv2d_forward(x, w, None, want, spec)        # measures the plans without a budget
-    fastest = min(cuda.conv_plans("fprop", x.shape, w.shape, spec), key=lambda p: p[2])
+    fastest = min((p for p in cuda.conv_plans("fprop", x.shape, w.shape, spec)
+                   if np.isfinite(p[2])), key=lambda p: p[2])
     if fastest[1] == 0:
         pytest.skip("the fastest plan needs no workspace on this GPU")
     stream.synchronize()

@@ -3,6 +3,8 @@
 Skipped where CuPy sees no CUDA device. Tolerances are relative to the largest reference value:
 1e-3 for convolutions and matrix products (they may run in TF32), 1e-5 for everything else.
 Dropout draws its mask on the device, so the twin is computed from that same mask.
+Each comparison runs again with channels-last (NHWC) feature maps and conv weights on the
+GPU (kernels/mapformat.py): same values, other strides.
 """
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from minidnn import kernels
 from minidnn.backend import Device, to_numpy
 from minidnn.kernels import cpu as cpu_kernels
+from minidnn.kernels import mapformat
 from minidnn.layers import (LRN, Add, AvgPool2d, Concat, Conv2d, Dropout, Flatten, Linear,
                             MaxPool2d, ReLU, StepContext)
 
@@ -35,24 +38,39 @@ def assert_close(got, want, rtol, what):
         f"{what}: max abs error {err:.3g} exceeds {rtol:g} x max |reference| {scale:.3g}"
 
 
-def run_layer(layer, xs, gy, ctx, xp, aux_override=None):
+def laid_out(xp, a, layout="nchw"):
+    """A copy of host array `a` with module xp, laid out as `layout` (4-D arrays)."""
+    out = mapformat.empty(xp, a.shape, a.dtype, layout)
+    out[...] = xp.asarray(a)
+    return out
+
+
+def filled(xp, shape, value, dtype, layout="nchw"):
+    out = mapformat.empty(xp, shape, dtype, layout)
+    out.fill(value)
+    return out
+
+
+def run_layer(layer, xs, gy, ctx, xp, aux_override=None, layout="nchw"):
     """Forward then backward of `layer` with arrays of module xp; the manager's calling
-    convention (None for what the layer did not retain). Returns (y, aux, gxs, param grads)."""
-    y = xp.empty(layer.out_shape, dtype=np.float32)
-    aux = {k: xp.zeros(s, dtype=d) for k, (s, d) in layer.aux_specs().items()}
+    convention (None for what the layer did not retain). Returns (y, aux, gxs, param grads).
+    layout: of every 4-D buffer made here (outputs, aux, gradients)."""
+    y = mapformat.empty(xp, layer.out_shape, np.float32, layout)
+    aux = {k: filled(xp, s, 0, d, layout) for k, (s, d) in layer.aux_specs().items()}
     layer.forward(xs, y, aux, ctx)
     if aux_override is not None:   # backward from a given aux (dropout's mask)
         aux = aux_override
-    gxs = [xp.full(x.shape, np.nan, dtype=np.float32) for x in xs]
+    gxs = [filled(xp, x.shape, np.nan, np.float32, layout) for x in xs]
     for p in layer.params.values():
-        p.grad = xp.full(p.shape, np.nan, dtype=np.float32)
+        p.grad = filled(xp, p.shape, np.nan, np.float32, layout)
     layer.backward([x if k in layer.retain_inputs else None for k, x in enumerate(xs)],
                    y if layer.retain_output else None, gy, gxs, aux, ctx)
     return y, aux, gxs, {k: p.grad for k, p in layer.params.items()}
 
 
-def compare_with_numpy(gpu, layer, in_shapes, rtol, seed=0):
-    """Run `layer` on NumPy and on the GPU with the same inputs and parameters; compare all."""
+def compare_with_numpy(gpu, layer, in_shapes, rtol, seed=0, layout="nchw"):
+    """Run `layer` on NumPy and on the GPU with the same inputs and parameters; compare all.
+    layout: of the GPU's 4-D arrays (feature maps, their gradients, conv weights)."""
     cp, device, gpu_kernels = gpu
     rng = np.random.default_rng(seed)
     layer.index = 0
@@ -67,18 +85,29 @@ def compare_with_numpy(gpu, layer, in_shapes, rtol, seed=0):
     cpu_ctx = StepContext(np, kernels=cpu_kernels, train=True)
     want = run_layer(layer, [x.copy() for x in xs], gy.copy(), cpu_ctx, np)
 
-    for k, p in layer.params.items():
-        p.data = cp.asarray(params[k])
     gpu_ctx = StepContext(cp, kernels=gpu_kernels, train=True, device=device)
     with device.compute:
-        got = run_layer(layer, [cp.asarray(x) for x in xs], cp.asarray(gy), gpu_ctx, cp)
+        for k, p in layer.params.items():
+            p.data = laid_out(cp, params[k], layout)
+        got = run_layer(layer, [laid_out(cp, x, layout) for x in xs],
+                        laid_out(cp, gy, layout), gpu_ctx, cp, layout=layout)
     device.synchronize()
+    if layout == "nhwc":        # every 4-D result was written where it was, channels last
+        for a in [got[0], *got[1].values(), *got[2], *got[3].values()]:
+            assert a.ndim != 4 or mapformat.layout_of(a) == "nhwc" or a.flags.c_contiguous
 
-    name = f"{type(layer).__name__}({layer.describe()}) on {in_shapes}"
+    name = f"{type(layer).__name__}({layer.describe()}) on {in_shapes}, {layout}"
     assert_close(got[0], want[0], rtol, f"{name}: output")
     for a in want[1]:
-        if np.issubdtype(want[1][a].dtype, np.integer):
-            np.testing.assert_array_equal(to_numpy(got[1][a]), want[1][a], err_msg=f"{name}: {a}")
+        expected = want[1][a]
+        if isinstance(layer, ReLU) and a == "mask" and layout == "nhwc":
+            # The bits follow the values in memory order: channels last.
+            bits = np.packbits(mapformat.arrange(want[0] > 0, "nhwc").reshape(-1),
+                               bitorder="little")
+            expected = np.zeros_like(expected)
+            expected[:bits.size] = bits
+        if np.issubdtype(expected.dtype, np.integer):
+            np.testing.assert_array_equal(to_numpy(got[1][a]), expected, err_msg=f"{name}: {a}")
         else:
             assert_close(got[1][a], want[1][a], rtol, f"{name}: aux {a}")
     for k, (g, w) in enumerate(zip(got[2], want[2])):
@@ -114,9 +143,20 @@ CONV_CASES = [
 ] + _random_conv_cases(6, seed=11)
 
 
+LAYOUTS = ["nchw", "nhwc"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("args, shape", CONV_CASES)
-def test_conv(gpu, args, shape):
-    compare_with_numpy(gpu, Conv2d(**args), [shape], CONV_RTOL)
+def test_conv(gpu, args, shape, layout):
+    compare_with_numpy(gpu, Conv2d(**args), [shape], CONV_RTOL, layout=layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conv_vgg_sized_channels(gpu, layout):
+    """Channel counts the tensor-core NHWC plans are made for; bias gradient over many rows."""
+    compare_with_numpy(gpu, Conv2d(64, 3, padding=1), [(4, 32, 20, 20)], CONV_RTOL,
+                       layout=layout)
 
 
 @pytest.mark.parametrize("layer_args, shape", [
@@ -126,8 +166,9 @@ def test_conv(gpu, args, shape):
     (dict(kernel_size=3, stride=2, ceil_mode=True), (2, 2, 8, 8)),
     (dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 1), ceil_mode=True), (1, 3, 7, 9)),
 ])
-def test_maxpool(gpu, layer_args, shape):
-    compare_with_numpy(gpu, MaxPool2d(**layer_args), [shape], RTOL)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_maxpool(gpu, layer_args, shape, layout):
+    compare_with_numpy(gpu, MaxPool2d(**layer_args), [shape], RTOL, layout=layout)
 
 
 @pytest.mark.parametrize("count_include_pad", [True, False])
@@ -137,14 +178,17 @@ def test_maxpool(gpu, layer_args, shape):
     (dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), (2, 2, 8, 8)),
     (dict(kernel_size=(2, 3), stride=(3, 2), padding=(1, 1), ceil_mode=True), (1, 2, 9, 7)),
 ])
-def test_avgpool(gpu, layer_args, shape, count_include_pad):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_avgpool(gpu, layer_args, shape, count_include_pad, layout):
     compare_with_numpy(gpu, AvgPool2d(**layer_args, count_include_pad=count_include_pad),
-                       [shape], RTOL)
+                       [shape], RTOL, layout=layout)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
-def test_lrn(gpu, size):
-    compare_with_numpy(gpu, LRN(size, alpha=0.5, beta=0.75, k=1.0), [(2, 7, 5, 3)], RTOL)
+def test_lrn(gpu, size, layout):
+    compare_with_numpy(gpu, LRN(size, alpha=0.5, beta=0.75, k=1.0), [(2, 7, 5, 3)], RTOL,
+                       layout=layout)
 
 
 def test_lrn_alexnet_constants(gpu):
@@ -166,8 +210,42 @@ def test_linear(gpu):
     (Concat(axis=-1), [(3, 2, 5), (3, 2, 1)]),
     (Add(), [(2, 3, 5, 5)] * 3),
 ])
-def test_other_layers(gpu, layer, shapes):
-    compare_with_numpy(gpu, layer, shapes, RTOL)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_other_layers(gpu, layer, shapes, layout):
+    compare_with_numpy(gpu, layer, shapes, RTOL, layout=layout)
+
+
+@pytest.mark.parametrize("layer", [Flatten(), ReLU(), ReLU(keep="bits")])
+def test_in_place_on_channels_last(gpu, layer):
+    """Written over its own channels-last input (the liveness plan's in-place case), the
+    output and gradient are those of separate buffers; Flatten's come out in NCHW order."""
+    cp, device, gpu_kernels = gpu
+    layer.index = 0
+    shape = (3, 4, 5, 6)
+    layer.setup([shape], np.float32)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    gy = rng.standard_normal(layer.out_shape).astype(np.float32)
+    ctx = StepContext(cp, kernels=gpu_kernels, train=True, device=device)
+    with device.compute:
+        aux = {k: cp.zeros(s, d) for k, (s, d) in layer.aux_specs().items()}
+        sep = run_layer(layer, [laid_out(cp, x, "nhwc")], laid_out(cp, gy, "nhwc"), ctx, cp,
+                        layout="nhwc")
+        flat = mapformat.empty(cp, shape, np.float32, "nhwc")
+        flat[...] = cp.asarray(x)
+        mem = mapformat.in_memory_order(flat)
+        xa = flat                                       # the input, channels last
+        ya = mapformat.shaped(mem.view(cp.uint8), layer.out_shape, np.float32, "nhwc")
+        layer.forward([xa], ya, aux, ctx)
+        y_now = ya.copy()
+        ga = mapformat.shaped(mem.view(cp.uint8), layer.out_shape, np.float32, "nhwc")
+        ga[...] = cp.asarray(gy)
+        gx = mapformat.shaped(mem.view(cp.uint8), shape, np.float32, "nhwc")
+        layer.backward([None], ga if layer.retain_output else None, ga, [gx], aux, ctx)
+    device.synchronize()
+    np.testing.assert_array_equal(to_numpy(y_now), to_numpy(sep[0]))
+    if not layer.retain_output:   # a ReLU keeping its output reads y, which ga overwrote
+        np.testing.assert_array_equal(to_numpy(gx), to_numpy(sep[2][0]))
 
 
 @pytest.mark.parametrize("in_place", [False, True])

@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from minidnn import Executor, SGD, models
+from minidnn import SGD, models
 from minidnn.errors import fmt_bytes
 from minidnn.memory.allocator import aligned
 from minidnn.memory.layout import Interval, PlannedBlocks, StaticLayout, pack
+from minidnn.decide import build_executor
 
 
 def _random_intervals(rng, n=60):
@@ -78,7 +79,7 @@ def test_a_block_released_behind_a_copy_makes_its_next_occupant_wait():
 
 def _train(static, policy, steps=3):
     net = models.build("tiny_cnn", num_classes=5, image_size=16)
-    ex = Executor(net, 4, device="cpu", seed=1, policy=policy, static_layout=static)
+    ex = build_executor(net, 4, device="cpu", seed=1, policy=policy, static_layout=static)
     opt = SGD(net.parameters(), lr=0.05, momentum=0.9)
     rng = np.random.default_rng(2)
     for _ in range(steps):
@@ -99,7 +100,7 @@ def test_vgg16_b256_feature_maps_under_vdnn_all_pack_without_waste():
     """The layout of VGG-16 at batch 256 under vDNN_all is as small as its live peak, and with
     parameters, gradients and momentum it leaves room under a 12 GiB budget."""
     net = models.build("vgg16", num_classes=1000)
-    ex = Executor(net, 256, device="cpu", policy="all", compute=False, static_layout=True)
+    ex = build_executor(net, 256, device="cpu", policy="all", compute=False, static_layout=True)
     st = ex.simulate_step()
     assert st["layout_bytes"] <= 1.01 * st["layout_live_peak_bytes"]
     momentum = sum(int(np.prod(p.shape)) * 4 for _, p in net.parameters())
@@ -111,16 +112,16 @@ def test_a_workspace_block_lives_for_its_call_and_packs_over_dead_maps():
     """tiny_cnn's last conv runs when its first conv's output is dead: a workspace there takes
     those addresses, so the region grows by less than the workspace; one at the first conv,
     where the maps alive are few but will all be needed, is placed beside them."""
-    from minidnn.memory.layout import record_intervals
+    from minidnn.memory.record import layout_for_step, record_intervals
     from minidnn.memory.plan import LivenessPlan
     net = models.build("tiny_cnn", num_classes=5, image_size=16)
     plan = LivenessPlan(net, 4)
     convs = [i for i, n in enumerate(plan.nodes) if n.layer.kind == "conv"]
     keep = (net.loss_node.name, net.output)
-    bare = StaticLayout.for_step(plan, frozenset(), 1, keep)
+    bare = layout_for_step(plan, frozenset(), 1, keep)
     ws = 64 * 1024
-    with_ws = StaticLayout.for_step(plan, frozenset(), 1, keep,
-                                    {(convs[-1], "backward"): ws, (convs[0], "forward"): ws})
+    with_ws = layout_for_step(plan, frozenset(), 1, keep,
+                              {(convs[-1], "backward"): ws, (convs[0], "forward"): ws})
     assert with_ws.workspace_bytes() == 2 * ws
     assert with_ws.size < bare.size + 2 * ws          # workspaces share addresses with maps
     intervals = record_intervals(plan, frozenset(), 1, keep, {(convs[-1], "backward"): ws})
@@ -150,7 +151,7 @@ def _train_with_workspace(workspace: dict, steps=3):
                 return call
             layer.forward = spy(layer.forward, node.name, "forward")
             layer.backward = spy(layer.backward, node.name, "backward")
-    ex = Executor(net, 4, device="cpu", seed=1, memory_budget="64MiB",
+    ex = build_executor(net, 4, device="cpu", seed=1, memory_budget="64MiB",
                   policy=FixedDecision(MemoryDecision(workspace=workspace)))
     opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
     rng = np.random.default_rng(2)

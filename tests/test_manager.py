@@ -6,12 +6,13 @@ every layer call, and that moving bytes never changes a single bit of the result
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD
+from minidnn import Network, SGD
 from minidnn.errors import ConfigError, MemoryBudgetError
 from minidnn.layers import (LRN, Add, Concat, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU)
 from minidnn.memory.allocator import CountingAllocator, SimpleAllocator, aligned
 from minidnn.memory.manager import MemoryManager
 from minidnn.network import DATA, LABEL
+from minidnn.decide import build_executor
 
 BATCH = 2
 
@@ -48,7 +49,7 @@ def batch(seed=0):
 
 def train(policy="none", steps=3, lookahead=1, budget=None, **kw):
     """(executor, optimizer) after `steps` SGD steps on fixed data."""
-    ex = Executor(dag_net(), BATCH, device="cpu", seed=0, policy=policy,
+    ex = build_executor(dag_net(), BATCH, device="cpu", seed=0, policy=policy,
                   prefetch_lookahead=lookahead, memory_budget=budget, **kw)
     opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, allocator=ex.allocator)
     for step in range(steps):
@@ -72,7 +73,7 @@ def test_policies_give_bit_identical_parameters():
 def test_gradients_identical_under_offload():
     grads = {}
     for policy in ("none", "all"):
-        ex = Executor(dag_net(), BATCH, device="cpu", seed=1, policy=policy)
+        ex = build_executor(dag_net(), BATCH, device="cpu", seed=1, policy=policy)
         ex.forward(*batch(5))
         ex.backward()
         grads[policy] = ex.gradients()
@@ -134,7 +135,7 @@ def test_peak_feature_maps_equal_the_plans_liveness_peak():
     # chain: there the manager's peak is the plan's, plus the 4-byte loss value it keeps.
     net = Network.sequential((3, 8, 8), [Conv2d(4, 3, padding=1), ReLU(), MaxPool2d(2),
                                          Flatten(), Linear(5)], num_classes=5)
-    ex = Executor(net, BATCH, device="cpu")
+    ex = build_executor(net, BATCH, device="cpu")
     ex.forward(*batch())
     ex.backward()
     st = ex.memory_stats()
@@ -143,7 +144,7 @@ def test_peak_feature_maps_equal_the_plans_liveness_peak():
 
 
 def test_in_place_layers_share_storage_in_this_net():
-    plan = Executor(dag_net(), BATCH, device="cpu", compute=False).plan
+    plan = build_executor(dag_net(), BATCH, device="cpu", compute=False).plan
     assert plan.storage_of("relu1") is plan.storage_of("conv1")
     assert plan.storage_of("drop") is plan.storage_of("lrn")
     assert plan.storage_of("flat") is plan.storage_of("lrn")   # a reshape is a view
@@ -155,7 +156,7 @@ def test_in_place_layers_share_storage_in_this_net():
 
 
 def test_evaluation_frees_aux_buffers_at_their_last_forward_use():
-    ex = Executor(dag_net(), BATCH, device="cpu")
+    ex = build_executor(dag_net(), BATCH, device="cpu")
     ex.evaluate(*batch())
     mm, plan = ex.manager, ex.plan
     for name in ("pool:argmax", "lrn:scale", "drop:mask"):
@@ -166,7 +167,7 @@ def test_evaluation_frees_aux_buffers_at_their_last_forward_use():
 
 
 def test_no_leak_across_steps():
-    ex = Executor(dag_net(), BATCH, device="cpu", policy="all", memory_budget="8MiB")
+    ex = build_executor(dag_net(), BATCH, device="cpu", policy="all", memory_budget="8MiB")
     opt = SGD(ex.parameters(), lr=0.05, allocator=ex.allocator)
     levels, host = [], []
     for step in range(5):
@@ -181,7 +182,7 @@ def test_no_leak_across_steps():
 
 
 def test_momentum_buffers_come_from_the_allocator():
-    ex = Executor(dag_net(), BATCH, device="cpu")
+    ex = build_executor(dag_net(), BATCH, device="cpu")
     before = ex.allocator.in_use
     opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
     # Taken when the optimizer is made (side by side, not between a step's temporaries) ...
@@ -216,7 +217,7 @@ def test_feature_map_states_device_both_host_both_freed():
 
 def test_offload_start_waits_for_in_place_writers():
     # conv1's storage is written again by relu1 (in place): the offload copies relu1's values.
-    plan = Executor(dag_net(), BATCH, device="cpu", compute=False).plan
+    plan = build_executor(dag_net(), BATCH, device="cpu", compute=False).plan
     s = plan.storage_of("conv1")
     assert s.last_forward_write == plan.nodes.index(plan.net.node("relu1"))
 
@@ -261,9 +262,9 @@ def test_budget_is_never_exceeded_and_offload_fits_where_none_does_not():
 
 def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
     # Dynamic blocks: the budget runs out inside a step, which must say where and clean up.
-    probe = Executor(dag_net(), BATCH, device="cpu", static_layout=False)
+    probe = build_executor(dag_net(), BATCH, device="cpu", static_layout=False)
     params = probe.allocator.in_use
-    ex = Executor(dag_net(), BATCH, device="cpu", memory_budget=params + 2048,
+    ex = build_executor(dag_net(), BATCH, device="cpu", memory_budget=params + 2048,
                   static_layout=False)
     with pytest.raises(MemoryBudgetError) as err:
         ex.forward(*batch())
@@ -275,26 +276,26 @@ def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
 
 
 def test_too_small_budget_for_the_static_layout_fails_before_step_one():
-    probe = Executor(dag_net(), BATCH, device="cpu", static_layout=True)
+    probe = build_executor(dag_net(), BATCH, device="cpu", static_layout=True)
     region = probe.memory_stats()["layout_bytes"]
     assert region >= probe.layout.live_peak() > 0
     with pytest.raises(MemoryBudgetError, match="feature maps \\(static layout\\)"):
-        Executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256)
+        build_executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256)
     # With a budget the layout is planned by default; without one, blocks are dynamic.
-    assert Executor(dag_net(), BATCH, device="cpu", memory_budget="1GiB").layout is not None
-    assert Executor(dag_net(), BATCH, device="cpu").layout is None
+    assert build_executor(dag_net(), BATCH, device="cpu", memory_budget="1GiB").layout is not None
+    assert build_executor(dag_net(), BATCH, device="cpu").layout is None
 
 
 def test_budget_below_the_parameters_names_the_parameter():
     with pytest.raises(MemoryBudgetError, match="parameter conv1.weight|gradient of conv1"):
-        Executor(dag_net(), BATCH, device="cpu", memory_budget=512)
+        build_executor(dag_net(), BATCH, device="cpu", memory_budget=512)
 
 
 # ---- dry runs -----------------------------------------------------------------------------------------
 def test_dry_run_reproduces_the_real_residency_pattern():
     for policy in ("none", "all", "conv"):
         real, _ = train(policy, steps=1)
-        dry = Executor(dag_net(), BATCH, device="cpu", policy=policy, compute=False)
+        dry = build_executor(dag_net(), BATCH, device="cpu", policy=policy, compute=False)
         st = dry.simulate_step()
         rs = real.memory_stats()
         for key in ("peak_feature_map_bytes", "avg_feature_map_bytes", "offloaded_bytes",
@@ -305,14 +306,14 @@ def test_dry_run_reproduces_the_real_residency_pattern():
 
 
 def test_dry_executor_refuses_to_compute():
-    dry = Executor(dag_net(), BATCH, device="cpu", compute=False)
+    dry = build_executor(dag_net(), BATCH, device="cpu", compute=False)
     with pytest.raises(ConfigError, match="simulate_step"):
         dry.forward(*batch())
 
 
 def test_bad_lookahead_is_a_config_error():
     with pytest.raises(ConfigError, match="prefetch_lookahead"):
-        Executor(dag_net(), BATCH, device="cpu", prefetch_lookahead=-1)
+        build_executor(dag_net(), BATCH, device="cpu", prefetch_lookahead=-1)
 
 
 def test_close_brings_parameters_home():

@@ -11,13 +11,14 @@ import pytest
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
-from minidnn import Executor, Network, SGD  # noqa: E402
+from minidnn import Network, SGD  # noqa: E402
 from minidnn.backend import Device, gpu_available  # noqa: E402
 from minidnn.layers import (Add, Conv2d, Dropout, Flatten, Linear, MaxPool2d,  # noqa: E402
                             ReLU)
 from minidnn.memory.layout import DynamicBlocks  # noqa: E402
 from minidnn.memory.manager import FeatureMap, Mover  # noqa: E402
 from minidnn.memory.plan import StoragePlan  # noqa: E402
+from minidnn.decide import build_executor
 
 if not gpu_available():  # collected on a machine with CuPy but no GPU: conftest skips them
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -152,11 +153,14 @@ def dag_net() -> Network:
     return net
 
 
-def _train(policy, steps=3, budget="1GiB", lookahead=1):
-    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps."""
+def _train(policy, steps=3, budget="1GiB", lookahead=1, layout=None, state=False,
+           precision="fp32"):
+    """(checksum, memory stats, arena in_use after each step) of a few deterministic steps
+    (and the state dict after them, with state=True)."""
     rng = np.random.default_rng(0)
-    with Executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
-                  prefetch_lookahead=lookahead, deterministic=True) as ex:
+    with build_executor(dag_net(), 8, device="gpu", seed=0, policy=policy, memory_budget=budget,
+                        prefetch_lookahead=lookahead, deterministic=True, layout=layout,
+                        precision=precision, math="fp32" if state else None) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
         levels = []
         for _ in range(steps):
@@ -166,7 +170,36 @@ def _train(policy, steps=3, budget="1GiB", lookahead=1):
         stats = ex.memory_stats()
         del opt  # its momentum buffers live in the arena
         ex.close()
+        if state:
+            return ex.net.param_checksum(), stats, levels, ex.net.state_dict()
         return ex.net.param_checksum(), stats, levels
+
+
+def test_bf16_maps_on_the_gpu_follow_float32():
+    """precision='bf16' on the GPU (layers/precision.py widens and rounds with CuPy's bf16
+    arrays) in both layouts: float32 state, parameters near the float32 run's, and half the
+    bytes offloaded where the maps are float."""
+    want = _train("all", layout="nchw", state=True)
+    for layout in ("nchw", "nhwc"):
+        got = _train("all", layout=layout, state=True, precision="bf16")
+        assert got[1]["offloaded_bytes"] < 0.6 * want[1]["offloaded_bytes"]
+        for name, w in want[3].items():
+            assert got[3][name].dtype == np.float32
+            np.testing.assert_allclose(got[3][name], w, rtol=3e-2, atol=3e-2, err_msg=name)
+
+
+def test_channels_last_trains_as_nchw():
+    """Three steps with channels-last maps give the parameters of NCHW
+    maps within strict-FP32 rounding (the dropout mask is the same: it is drawn in logical
+    order), under every policy; the branch's gradient sum works in either layout, and the
+    state dict keeps PyTorch's OIHW weights."""
+    nchw = _train("none", layout="nchw", state=True)[3]
+    for policy in ("none", "all"):
+        got = _train(policy, layout="nhwc", state=True)[3]
+        for name, want in nchw.items():
+            assert got[name].shape == want.shape and got[name].flags.c_contiguous
+            np.testing.assert_allclose(got[name], want, rtol=2e-4, atol=2e-5,
+                                       err_msg=f"{policy} {name}")
 
 
 def test_policies_give_bit_identical_parameters_on_gpu():
@@ -196,7 +229,7 @@ def test_planned_workspaces_give_the_same_bits_and_need_no_allocation():
     from minidnn.planner.dyn import FixedDecision
     from minidnn.kernels import cuda
     convs = [n.name for n in dag_net().nodes if n.layer.kind == "conv"]
-    probe = Executor(dag_net(), 8, device="cpu", compute=False)
+    probe = build_executor(dag_net(), 8, device="cpu", compute=False)
     offload = get_policy("all").decide(probe.plan).offload
     workspace = {(c, p): 16 * 1024**2 for c in convs for p in ("forward", "backward")}
     planned = FixedDecision(MemoryDecision(offload=offload, workspace=workspace))
@@ -214,7 +247,7 @@ def test_recomputed_maps_give_the_same_bits_on_gpu():
     from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                        recompute_inputs, unchained)
     from minidnn.planner.dyn import FixedDecision
-    plan = Executor(dag_net(), 8, device="cpu", compute=False).plan
+    plan = build_executor(dag_net(), 8, device="cpu", compute=False).plan
     recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
     assert {plan.storages[s].tensors[0] for s in recompute} >= {"conv1"}
     reads = {t for s in recompute for t in recompute_inputs(plan, s)}
@@ -239,7 +272,7 @@ def test_input_gradients_over_inputs_give_the_same_bits_on_gpu(monkeypatch):
     def run(policy, allow):
         monkeypatch.setattr(ConvClass, "grad_over_input", allow)
         rng = np.random.default_rng(1)
-        with Executor(models.build("vgg11", num_classes=10, image_size=32), 8, device="gpu",
+        with build_executor(models.build("vgg11", num_classes=10, image_size=32), 8, device="gpu",
                       seed=0, policy=policy, memory_budget="1GiB", relu_bits=True,
                       deterministic=True) as ex:
             opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD
+from minidnn import Network, SGD
 from minidnn.errors import ConfigError, MemoryBudgetError
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.memory.policy import get_policy
@@ -13,6 +13,7 @@ from minidnn.planner import DynPolicy, LayerCost, Profile
 from minidnn.planner.gpus import H200, K40, analytic_profile, get_gpu
 from minidnn.planner.search import InfeasibleBudgetError, Planner
 from minidnn.planner.simulate import StepModel
+from minidnn.decide import build_executor
 
 MiB = 2**20
 
@@ -134,7 +135,7 @@ def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_
     assert temporaries == 10 * 16 * 16 * 16 * 4     # SGD's one temporary of fc's weight's size
     for policy in ("none", "all"):
         offload = get_policy(policy).decide(model.plan).offload
-        ex = Executor(net, 8, device="cpu", policy=policy, compute=False,
+        ex = build_executor(net, 8, device="cpu", policy=policy, compute=False,
                       static_layout=static_layout)
         dry = ex.simulate_step()["peak_device_bytes"]
         lean = model.evaluate(offload, model.algos("min_workspace"))
@@ -207,7 +208,7 @@ def test_every_planned_decision_fits_its_budget_in_the_dry_run(gpu):
     assert low < high
     for budget in np.linspace(low, high, 5).astype(int):
         policy = DynPolicy(gpu=gpu)
-        ex = Executor(net, batch, device="cpu", policy=policy, memory_budget=int(budget),
+        ex = build_executor(net, batch, device="cpu", policy=policy, memory_budget=int(budget),
                       compute=False)
         stats = ex.simulate_step()      # the counting allocator enforces the budget too
         best = policy.result.best
@@ -216,8 +217,7 @@ def test_every_planned_decision_fits_its_budget_in_the_dry_run(gpu):
         assert best.peak_bytes <= budget and not best.over_budget
         assert set(ex.decision.offload) == set(best.offload)
         assert ex.decision.recompute == best.recompute
-        for name, setting in best.decision.conv_algo.items():
-            assert net.node(name).layer.plan_setting == setting
+        assert ex.decision.conv_algo == best.decision.conv_algo
         assert ex.decision.workspace == best.workspace
         assert ex.layout.workspace_bytes() == sum(best.workspace.values())
         if best.offload:
@@ -261,7 +261,7 @@ def test_a_budget_below_the_minimum_names_the_minimum():
     result = Planner(net, 32, prof, budget=minimum).run()   # exactly the minimum works
     assert result.best.fits
     with pytest.raises(MemoryBudgetError):
-        Executor(net, 32, device="cpu", policy=DynPolicy(gpu="k40"),
+        build_executor(net, 32, device="cpu", policy=DynPolicy(gpu="k40"),
                  memory_budget=minimum // 2, compute=False)
 
 
@@ -269,7 +269,7 @@ def test_dyn_is_registered_and_plans_nothing_without_a_budget():
     policy = get_policy("dyn")
     assert isinstance(policy, DynPolicy)
     net = conv_chain()
-    ex = Executor(net, 4, device="cpu", policy=DynPolicy(gpu="h200"), compute=False)
+    ex = build_executor(net, 4, device="cpu", policy=DynPolicy(gpu="h200"), compute=False)
     assert ex.decision.offload == frozenset()
     assert ex.decision.conv_algo == {"conv1": "fastest", "conv2": "fastest", "conv3": "fastest"}
 
@@ -283,7 +283,7 @@ def test_a_planned_run_trains_within_its_budget_on_the_cpu(tmp_path):
     probe = Planner(net, batch, prof, input_batches=0)
     budget = (probe.minimum_budget() + probe.baseline("none").required_bytes) // 2
     net.init_params(0)
-    with Executor(net, batch, device="cpu", policy=policy, memory_budget=budget) as ex:
+    with build_executor(net, batch, device="cpu", policy=policy, memory_budget=budget) as ex:
         opt = SGD(net.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
         rng = np.random.default_rng(0)
         for _ in range(2):
@@ -305,26 +305,28 @@ def test_the_executor_can_tell_dyn_what_it_runs_with():
 
 
 def test_a_fixed_decision_is_run_as_given():
+    from dataclasses import replace
     from minidnn.memory.policy import MemoryDecision
     from minidnn.planner import FixedDecision
     net = conv_chain()
     model = StepModel(net, 4, flat_profile(net, 4))
     offload = get_policy("all").decide(model.plan).offload
     decision = MemoryDecision(offload=offload, conv_algo={"conv2": "min_workspace"})
-    ex = Executor(net, 4, device="cpu", policy=FixedDecision(decision), compute=False)
-    assert ex.decision is decision
-    assert net.node("conv2").layer.algo == "min_workspace"
-    assert net.node("conv1").layer.algo == "fastest"
+    ex = build_executor(net, 4, device="cpu", policy=FixedDecision(decision), compute=False)
+    # The decision as given, finished with the executor's prefetch lookahead.
+    assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed")
+    assert ex.decision.conv_algo == {"conv2": "min_workspace"}
+    assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"
     stats = ex.simulate_step()
     assert stats["offloaded_bytes"] == model.evaluate(offload).offloaded_bytes > 0
 
 
 def test_a_dyn_decision_carries_its_prefetch_lookahead_to_the_executor():
-    from minidnn import Executor, models
+    from minidnn import models
     from minidnn.planner import DynPolicy
     from minidnn.planner.search import LOOKAHEADS
     net = models.build("tiny_cnn", num_classes=10, image_size=32)
-    probe = Executor(net, 64, device="cpu", policy=DynPolicy(gpu="h200"), compute=False,
+    probe = build_executor(net, 64, device="cpu", policy=DynPolicy(gpu="h200"), compute=False,
                      memory_budget="4GiB")
     assert probe.decision.prefetch_lookahead in LOOKAHEADS
     assert probe.prefetch_lookahead == probe.decision.prefetch_lookahead

@@ -160,8 +160,8 @@ def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path,
         def math_mode():
             return {"math": "tf32", "deterministic": False}
 
-    def fake_get_profile(net, batch, device, refresh=False):
-        return analytic_profile(net, batch, "h200", configured["math"])
+    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset()):
+        return analytic_profile(net, batch, "h200", configured["math"], relu_bits)
     with monkeypatch.context() as m:   # a GPU as far as the plan command can tell
         m.setattr(minidnn.backend, "gpu_available", lambda: True)
         m.setattr(minidnn.backend, "Device", lambda kind: kind)
@@ -197,3 +197,14 @@ def test_dyn_chooses_the_prefetch_lookahead_unless_given():
                       "--prefetch-lookahead", "2")
     assert fixed["prefetch_lookahead"] == 2
     assert not any("chosen" in n for n in fixed["notes"])
+
+
+def test_a_plan_that_fits_carries_no_note_that_the_budget_is_too_small():
+    """At the least budget only lookahead 0 fits; the lookaheads that failed must not leave a
+    note that contradicts the plan that was found."""
+    least = plan_json("--policy", "dyn")["minimum_budget_bytes"]
+    out = plan_json("--policy", "dyn", "--memory-budget", str(least))
+    assert out["plan"]["fits"] and out["prefetch_lookahead"] == 0
+    assert not any("too small" in note for note in out["notes"]), out["notes"]
+    text = run(*BASE, "--policy", "dyn", "--memory-budget", str(least))
+    assert "too small" not in text

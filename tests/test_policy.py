@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD
+from minidnn import Network, SGD
 from minidnn.errors import ConfigError
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, OffloadAll, Policy, get_policy,
                                    offload_candidates, policy_names, register_policy)
+from minidnn.decide import build_executor
 
 
 def chain() -> Network:
@@ -41,7 +42,7 @@ def test_unknown_policy_is_a_config_error_listing_the_names():
     for name in ("none", "all", "conv"):
         assert name in msg
     with pytest.raises(ConfigError):
-        Executor(chain(), 2, device="cpu", policy="bogus")
+        build_executor(chain(), 2, device="cpu", policy="bogus")
 
 
 def test_none_offloads_nothing():
@@ -99,8 +100,9 @@ def test_a_new_policy_plugs_in_by_name_without_touching_layers():
 
     assert "test-largest" in policy_names()
     net = chain()
-    ex = Executor(net, 2, device="cpu", policy="test-largest")
-    assert net.node("conv1").layer.algo == "min_workspace"
+    ex = build_executor(net, 2, device="cpu", policy="test-largest")
+    assert ex.decision.conv_algo == {"conv1": "min_workspace"}
+    assert net.node("conv1").layer.algo == "fastest"   # the executor leaves layers alone
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     y = rng.integers(0, 5, 2)
@@ -119,7 +121,7 @@ def test_decision_offload_bytes():
 
 
 def test_manager_refuses_to_offload_a_gradient():
-    ex = Executor(chain(), 2, device="cpu", compute=False)
+    ex = build_executor(chain(), 2, device="cpu", compute=False)
     grad = next(s.id for s in ex.plan.storages if s.kind == "grad")
     with pytest.raises(ValueError, match="cannot be offloaded"):
         ex.manager.set_offload({grad})

@@ -3,13 +3,14 @@ forward again (memory/policy.py, memory/manager.py, executor.py), on the CPU."""
 import numpy as np
 import pytest
 
-from minidnn import Executor, SGD, models
-from minidnn.memory.layout import record_intervals
+from minidnn import SGD, models
+from minidnn.memory.record import record_intervals
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
                                    recompute_inputs, unchained)
 from minidnn.planner.dyn import FixedDecision
 from test_manager import dag_net as branchy     # conv1 -> relu1 -> {conva, convb} -> join ...
+from minidnn.decide import build_executor
 
 
 def names(plan, sids) -> set:
@@ -20,7 +21,7 @@ def train(decision, steps=2, budget=None, static_layout=None, lookahead=1):
     """(parameters after `steps` SGD steps, memory stats, manager log of the last step)."""
     rng = np.random.default_rng(0)
     net = branchy()
-    with Executor(net, 4, device="cpu", seed=0, policy=FixedDecision(decision),
+    with build_executor(net, 4, device="cpu", seed=0, policy=FixedDecision(decision),
                   memory_budget=budget, static_layout=static_layout,
                   prefetch_lookahead=lookahead) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
@@ -105,7 +106,7 @@ def test_sets_the_manager_cannot_run_are_refused():
            (frozenset(), {sid["conv1"], sid["conva"]}, "itself recomputed")]
     for offload, recompute, message in bad:
         with pytest.raises(ValueError, match=message):
-            Executor(branchy(), 4, device="cpu", compute=False,
+            build_executor(branchy(), 4, device="cpu", compute=False,
                      policy=FixedDecision(MemoryDecision(offload=offload,
                                                          recompute=frozenset(recompute))))
 
@@ -113,12 +114,12 @@ def test_sets_the_manager_cannot_run_are_refused():
 def test_evaluation_steps_recompute_nothing():
     plan = LivenessPlan(branchy(), 4)
     conv1 = plan.storage_of("conv1").id
-    ex = Executor(branchy(), 4, device="cpu", seed=0,
+    ex = build_executor(branchy(), 4, device="cpu", seed=0,
                   policy=FixedDecision(MemoryDecision(recompute=frozenset({conv1}))))
     x = np.random.default_rng(1).standard_normal((4, 3, 8, 8)).astype(np.float32)
     loss, logits = ex.evaluate(x, np.arange(4) % 5)
     assert not [e for e in ex.manager.log if e[1] == "drop"]
-    ref = Executor(branchy(), 4, device="cpu", seed=0)
+    ref = build_executor(branchy(), 4, device="cpu", seed=0)
     ref_loss, ref_logits = ref.evaluate(x, np.arange(4) % 5)
     assert loss == ref_loss and np.array_equal(logits, ref_logits)
 
@@ -136,7 +137,7 @@ def test_vgg16_recomputes_from_the_image_on_the_planners_word():
     none = planner.model.evaluate(frozenset(), None)
     assert with_rc.compute_s > none.compute_s              # conv1_1 and relu1_1 run twice
     assert ("recompute", 0) in with_rc.calls and ("recompute", 1) in with_rc.calls
-    ex = Executor(net, 8, device="cpu", compute=False, memory_budget="4GiB",
+    ex = build_executor(net, 8, device="cpu", compute=False, memory_budget="4GiB",
                   policy=FixedDecision(with_rc.decision))
     stats = ex.simulate_step()
     assert stats["layout_bytes"] == with_rc.region_bytes

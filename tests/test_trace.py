@@ -5,10 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from minidnn import Executor, Network, SGD
+from minidnn import Network, SGD
 from minidnn.backend import Device
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.trace import Tracer
+from minidnn.decide import build_executor
 
 
 def net() -> Network:
@@ -19,7 +20,7 @@ def net() -> Network:
 
 
 def traced(policy="all", steps=2, **kw):
-    ex = Executor(net(), 2, device="cpu", policy=policy, trace=True, **kw)
+    ex = build_executor(net(), 2, device="cpu", policy=policy, trace=True, **kw)
     opt = SGD(ex.parameters(), lr=0.1, allocator=ex.allocator)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -95,16 +96,16 @@ def test_plot_memory_writes_a_png(tmp_path):
 
 
 def test_tracing_is_off_by_default():
-    ex = Executor(net(), 2, device="cpu", policy="all")
-    assert ex.tracer is None and ex.manager.tracer is None and ex.manager.mover.tracer is None
+    ex = build_executor(net(), 2, device="cpu", policy="all")
+    assert ex.tracer is None and ex.manager.observer is None and ex.manager.mover.observer is None
     tracer = ex.enable_trace()
-    assert ex.manager.mover.tracer is tracer
+    assert ex.manager.mover.observer is tracer
     ex.enable_trace(False)
-    assert ex.tracer is None and ex.manager.mover.tracer is None
+    assert ex.tracer is None and ex.manager.mover.observer is None
 
 
 def test_max_steps_keeps_only_the_last_steps():
-    ex = Executor(net(), 2, device="cpu", policy="all")
+    ex = build_executor(net(), 2, device="cpu", policy="all")
     ex.enable_trace(max_steps=1)
     opt = SGD(ex.parameters(), lr=0.1)
     rng = np.random.default_rng(0)
@@ -115,7 +116,7 @@ def test_max_steps_keeps_only_the_last_steps():
 
 
 def test_tracer_on_a_dry_run():
-    ex = Executor(net(), 2, device="cpu", policy="conv", compute=False, trace=True)
+    ex = build_executor(net(), 2, device="cpu", policy="conv", compute=False, trace=True)
     ex.simulate_step()
     trace = ex.tracer.chrome_trace()
     cats = {e.get("cat") for e in trace["traceEvents"] if e["ph"] == "X"}
@@ -125,3 +126,16 @@ def test_tracer_on_a_dry_run():
 def test_empty_tracer_cannot_plot(tmp_path):
     with pytest.raises(ValueError, match="nothing traced"):
         Tracer(Device("cpu")).plot_memory(tmp_path / "x.png")
+
+
+def test_the_memory_plot_knows_the_budget(tmp_path, monkeypatch):
+    ex = traced(memory_budget="4MiB")
+    assert ex.tracer.budget == 4 * 2**20
+    import matplotlib.axes
+    lines = []
+    real = matplotlib.axes.Axes.axhline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
+                        lambda self, y=0, *a, **k: lines.append(y) or real(self, y, *a, **k))
+    ex.tracer.plot_memory(tmp_path / "m.png")
+    assert lines == [4.0] and (tmp_path / "m.png").stat().st_size > 0   # 4 MiB, in MiB
+    assert traced().tracer.budget is None

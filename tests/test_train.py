@@ -10,6 +10,7 @@ from minidnn import Executor
 from minidnn.errors import CheckpointError, ConfigError
 from minidnn.report import REQUIRED_FIELDS, steady_images_per_s
 from minidnn.train import DivergenceError, TrainConfig, train
+from minidnn.decide import build_executor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -146,16 +147,17 @@ def test_outputs_go_into_folders_that_do_not_exist_yet(tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_an_output_that_cannot_be_written_is_a_config_error_and_the_report_survives(tmp_path):
+def test_an_output_that_cannot_be_written_is_a_config_error_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where a folder should be")
     bad = str(blocker / "t.json")
     report = tmp_path / "r.json"
-    with pytest.raises(ConfigError, match=f"--trace: cannot write {re.escape(repr(bad))}"):
-        train(small(steps=2, report=str(report), trace=bad), log=quiet)
-    assert json.loads(report.read_text())["steps"] == 2     # written before the trace
-    with pytest.raises(ConfigError, match=f"--report: cannot write {re.escape(repr(bad))}"):
-        train(small(steps=2, report=bad), log=quiet)
+    started = lambda msg: pytest.fail(f"training started: {msg}")   # noqa: E731
+    for option in ("trace", "report", "checkpoint"):
+        with pytest.raises(ConfigError, match=f"--{option}: cannot write {re.escape(repr(bad))}"
+                                              f".*is a file, not a folder"):
+            train(small(steps=2, **{"report": str(report), option: bad}), log=started)
+    assert not report.exists()
 
 
 def test_plot_without_matplotlib_fails_before_training(monkeypatch):
@@ -183,7 +185,7 @@ def test_evaluating_less_than_one_batch_is_a_data_error():
     from minidnn.errors import DataError
     from minidnn.train import evaluate
     net = models.build("mlp", num_classes=10, image_size=8)
-    ex = Executor(net, 16, device="cpu")
+    ex = build_executor(net, 16, device="cpu")
     try:
         with pytest.raises(DataError, match="held-out set has 8 images, batch 16"):
             evaluate(ex, Shapes(10, 8, n=8), batch=16, max_batches=4)

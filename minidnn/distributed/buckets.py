@@ -2,8 +2,8 @@
 
 Backward runs the layers in reverse order, so the last layers' gradients are final first.
 The parameters are put in buckets in that order (about `bucket_bytes` each, as PyTorch's
-DistributedDataParallel does), and the executor tells `layer_done(i)` after each layer's
-backward. When every parameter of a bucket is final, its all-reduce starts (`reducer.start`:
+DistributedDataParallel does). The buckets watch the executor's step (a StepObserver,
+`Executor.add_observer`): after each layer's backward call, `layer_done(i)`. When every parameter of a bucket is final, its all-reduce starts (`reducer.start`:
 on a communication stream on a GPU, on a worker thread on the CPU) and travels while
 backward computes the earlier layers. `finish()`, called before the optimizer, starts any
 bucket still waiting and waits for all of them.
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..memory.observer import StepObserver
+
 #: Bytes per bucket (PyTorch DDP's default is 25 MiB) and of the first one (1 MiB, as DDP).
 BUCKET_BYTES = 25 * 2**20
 FIRST_BUCKET_BYTES = 1 * 2**20
 
 
-class GradientBuckets:
+class GradientBuckets(StepObserver):
     """Buckets of a network's parameter gradients (see the module docstring).
 
     net: the Network (its parameters must be on the device: `p.grad` set). reducer: has
@@ -29,7 +31,8 @@ class GradientBuckets:
     the 'allreduce' track, or None (the executor's `lambda: ex.tracer`).
 
     After construction: `buckets`, a list of [(parameter name, Parameter)] in the order they
-    are reduced; `layer_done(i)` is the executor's hook after node i's backward.
+    are reduced. Watch a computing executor with it (`ex.add_observer(buckets)`), not a dry
+    run: its backward calls start real all-reduces.
     """
 
     def __init__(self, net, reducer, bucket_bytes: int = BUCKET_BYTES,
@@ -52,11 +55,16 @@ class GradientBuckets:
                 size += nbytes
                 self._of_node.setdefault(i, []).append(len(self.buckets) - 1)
         self._waiting: list[int] = []
-        self.begin_step()
+        self.reset()
 
-    def begin_step(self) -> None:
+    def reset(self) -> None:
         """Every bucket waits for all its gradients again."""
         self._waiting = [len(b) for b in self.buckets]
+
+    def layer(self, phase: str, name: str, index: int, start, end) -> None:
+        """The executor ran a layer call; a backward one may complete buckets."""
+        if phase == "backward":
+            self.layer_done(index)
 
     def layer_done(self, i: int) -> None:
         """Node i's backward has run: its parameters' gradients are final for this step."""
@@ -80,4 +88,4 @@ class GradientBuckets:
         try:
             self.reducer.finish()
         finally:
-            self.begin_step()
+            self.reset()

@@ -104,14 +104,14 @@ class DataParallel:
             self.reducer = CpuReducer(self.group)
 
     def attach(self, ex, optimizer):
-        """Hook the gradient buckets into `ex`'s backward; returns `optimizer` wrapped so that
+        """Let the gradient buckets watch `ex`'s backward; returns `optimizer` wrapped so that
         its step() waits for the all-reduce first. Checks that all ranks start alike."""
         if self.reducer is None:
             self.connect(ex.device)
         self.net = ex.net
         self.buckets = GradientBuckets(ex.net, self.reducer, self.bucket_bytes,
                                        tracer=lambda: ex.tracer)
-        ex.backward_hooks.append(self.buckets.layer_done)
+        ex.add_observer(self.buckets)   # after each backward call: buckets complete
         self.check_parameters("at the start")
         if ex.device.is_gpu:
             self._watchdog = _Watchdog(self.world.rank, self.timeout, self.reducer)

@@ -34,6 +34,9 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      uint8 (relu_mask_bytes(x.size),), element
                                                      i at bit i % 8 of byte i // 8
     relu_backward_bits(mask, gy, gx)                 gx = gy where the bit is set, else 0
+    float_to_bf16(src, dst)                          dst (bfloat16) = src (float32), rounded
+                                                     to nearest even; one shape and layout
+    bf16_to_float(src, dst)                          dst (float32) = src (bfloat16), exact
 """
 from __future__ import annotations
 

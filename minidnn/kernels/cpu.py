@@ -400,3 +400,13 @@ def relu_backward_bits(mask, gy, gx) -> None:
     xp = get_array_module(gy)
     keep = xp.unpackbits(mask, count=gy.size, bitorder="little").reshape(gy.shape)
     xp.multiply(gy, keep, out=gx)
+
+
+def float_to_bf16(src, dst) -> None:
+    """dst (bfloat16, ml_dtypes) = src (float32) rounded to nearest even."""
+    dst[...] = src
+
+
+def bf16_to_float(src, dst) -> None:
+    """dst (float32) = src (bfloat16), exactly."""
+    dst[...] = src

@@ -16,6 +16,9 @@ Convolutions
   and dropped as soon as the plan is enqueued. Either way a layer's workspace exists only while
   its convolution runs, as in vDNN; reuse of the bytes is ordered on the stream.
 * Bias add (forward, cuda_pointwise.py) and bias gradient are CuPy kernels on the same stream.
+* Layouts: a problem's tensors are described to cuDNN by their strides, so NCHW and
+  channels-last (NHWC) maps both run as they are (kernels/mapformat.py); with NHWC maps the
+  tensor-core plans need no transposes around the convolution.
 
 configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
 matrix products (Linear): 'tf32' or 'fp32'. Until it is called, convolutions use TF32 and
@@ -33,17 +36,18 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_pointwise import bias_add, relu_backward, relu_backward_bits, relu_forward, \
-    relu_forward_bits
+from .cuda_pointwise import bf16_to_float, bias_add, channel_sums, float_to_bf16, \
+    relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
+from .mapformat import is_channels_last
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
     check_math, contiguous_layout, split_by_group
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
-           "relu_backward_bits", "configure", "math_mode", "conv_plans",
+           "relu_backward_bits", "float_to_bf16", "bf16_to_float", "configure", "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks"]
 
@@ -275,12 +279,18 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
 
     Called when the chosen plan's workspace does not fit the budget (the feature maps of a
     virtualized step leave little room). The choice sticks for this call key: a step's
-    memory pattern repeats, so the next step would fail the same way. The plans needing no
-    workspace always fit, so this never fails for want of memory.
+    memory pattern repeats, so the next step would fail the same way. Plans not measured
+    (and those that failed to run when measured) come last, leanest first: a plan needing no
+    workspace always fits, so this fails for want of memory only when cuDNN offers none.
     """
     entry, _ = _entry_and_parts(op, x, w, y, spec)
-    for plan in sorted((p for p in entry.table if np.isfinite(p.time_ms)
-                        and p.workspace_bytes < ready.workspace_bytes), key=lambda p: p.time_ms):
+    leaner = [p for p in entry.table if p.workspace_bytes < ready.workspace_bytes]
+    # Measured plans, fastest first; then those not measured (ranked past MEASURED_PLANS),
+    # leanest first, so that a plan needing no workspace is found if cuDNN offers one.
+    measured = sorted((p for p in leaner if np.isfinite(p.time_ms)), key=lambda p: p.time_ms)
+    unmeasured = sorted((p for p in leaner if np.isnan(p.time_ms)),
+                        key=lambda p: p.workspace_bytes)
+    for plan in measured + unmeasured:
         try:
             ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
         except MemoryError:
@@ -299,9 +309,13 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
 
 # ---- bias gradient ------------------------------------------------------------------------------
 def _bias_grad(gy, gb) -> None:
-    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Summing each (n, o) row first reduces
-    contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one thread block per
-    channel, far too few to reach memory speed on large maps."""
+    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Channels last: a column-sum kernel.
+    NCHW: summing each (n, o) row first reduces contiguous memory; reducing over axes
+    (0, 2, 3) at once gives CuPy one thread block per channel, far too few to reach memory
+    speed on large maps."""
+    if not gy.flags.c_contiguous and is_channels_last(gy):
+        channel_sums(gy, gb)
+        return
     n, o = gy.shape[:2]
     rows = gy.reshape(n, o, -1).sum(axis=2)          # (N, O), a small temporary
     rows.sum(axis=0, out=gb)
@@ -340,7 +354,8 @@ def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32) -> list:
     x_shape (N, C, H, W) and w_shape (O, C/groups, KH, KW) are the forward shapes for all three
     ops. A problem not yet seen is measured now on temporary arrays (allocated from CuPy, i.e.
     the arena). When cuDNN cannot run the groups together the table is the per-group graph's,
-    with times multiplied by the number of groups. Plans that could not run have time inf.
+    with times multiplied by the number of groups. Plans that could not run have time inf,
+    plans not measured (ranked past cudnn_conv.MEASURED_PLANS) NaN.
     """
     n, c, h, wd = (int(d) for d in x_shape)
     o, _, kh, kw = (int(d) for d in w_shape)

@@ -17,7 +17,10 @@ packbits order. Forward builds each 32-bit word of the mask from the 32 / VEC th
 hold its values, OR-ing their VEC-bit pieces across lanes with warp shuffles.
 
 The kernels allocate nothing and never synchronize with the host; they run on CuPy's current
-stream. All arrays are C-contiguous (the bias add also takes strided y, through CuPy).
+stream. Feature maps are dense, NCHW or NHWC (kernels/mapformat.py): ReLU runs over the
+values in memory order (so a ReLU mask lists them in that order, which is all its backward
+needs), and the bias add has a channels-last twin in which a value's channel is its index
+modulo C. Any other strides go through CuPy (any layout, slower).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import cupy as cp
 import numpy as np
 
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
+from .mapformat import common_layout, in_memory_order
 
 _SOURCE = DIVIDE_SOURCE + r"""
 // VEC consecutive values of type T, moved by one load or store of VEC * sizeof(T) bytes.
@@ -117,10 +121,69 @@ __global__ void bias_add(T* y, const T* b, unsigned int c0, unsigned int C,
     for (int j = 0; j < VEC; ++j) a.v[j] += bias;
     store<T, VEC>(y, k, a);
 }
+
+// Channels last: y (pixels of C values) += b. The launch starts at a pixel boundary; C is a
+// multiple of VEC, so a vector never straddles pixels and its first value's channel is
+// (k * VEC) mod C.
+template<typename T, int VEC>
+__global__ void bias_add_last(T* y, const T* b, unsigned int C, unsigned int c_mul,
+                              unsigned int c_shift, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    Pack<T, VEC> a = load<T, VEC>(y, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] += b[c + j];
+    store<T, VEC>(y, k, a);
+}
+
+// Channels last: partial[blockIdx.x, c] = sum of g[r, c] over the rows r of this block's
+// share (rows of C values). A block is 32 columns x 8 row lanes; each thread sums every 8th
+// row of its share in order, then the 8 lanes are added in a fixed order: deterministic.
+template<typename T>
+__global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, long long rows,
+                            int C, long long rows_per_block) {
+    __shared__ T lanes[8][32];
+    const int c = blockIdx.y * 32 + threadIdx.x;
+    const long long r0 = blockIdx.x * rows_per_block;
+    const long long r1 = min(r0 + rows_per_block, rows);
+    T acc = 0;
+    if (c < C)
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += g[r * C + c];
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        T sum = 0;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) sum += lanes[j][threadIdx.x];
+        partial[blockIdx.x * (long long)C + c] = sum;
+    }
+}
 """
 
 _KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
-            "bias_add")
+            "bias_add", "bias_add_last")
+
+# bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32):
+# rounding to nearest even adds 0x7fff plus the kept half's lowest bit before truncating;
+# a NaN stays a (quiet) NaN of the same sign.
+_BF16_SOURCE = r"""
+extern "C" __global__ void float_to_bf16(const float* x, unsigned short* y, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    const unsigned int u = __float_as_uint(x[k]);
+    y[k] = (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+extern "C" __global__ void bf16_to_float(const unsigned short* x, float* y, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    y[k] = __uint_as_float((unsigned int)x[k] << 16);
+}
+"""
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _VECTOR_BYTES = 16
 
@@ -130,9 +193,11 @@ def _instances():
         for vec in (1, _VECTOR_BYTES // size):
             for name in _KERNELS:
                 yield f"{name}<{ctype}, {vec}>"
+        yield f"column_sums<{ctype}>"
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
+_bf16_module = cp.RawModule(code=_BF16_SOURCE)
 
 _THREADS = 256          # a multiple of 32: warps never straddle blocks
 #: Values per launch; larger arrays run as several launches of this many (a multiple of every
@@ -181,10 +246,14 @@ def _pieces(n: int):
 
 
 def _flat_pass(name: str, arrays, mask=None) -> None:
-    """Kernel `name` over the values of `arrays` (one shape, contiguous), and the words of a
-    ReLU mask after them when given, in launches of at most _CHUNK values."""
-    ctype = _ctype(name, arrays)
-    flat = [a.reshape(-1) for a in arrays]
+    """Kernel `name` over the values of `arrays` (one shape, dense in one layout) in memory
+    order, and the words of a ReLU mask after them when given, in launches of at most _CHUNK
+    values."""
+    if any(a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"{name}: arrays of shapes {[a.shape for a in arrays]}")
+    common_layout(name, arrays)
+    flat = [in_memory_order(a) for a in arrays]
+    ctype = _ctype(name, flat)
     n = flat[0].size
     words = () if mask is None else (_words(mask, n),)
     vec = _vector(flat, n)
@@ -225,15 +294,15 @@ def relu_backward_bits(mask, gy, gx) -> None:
 
 
 def bias_add(y, b) -> None:
-    """y (N, C, ...) += b (C,) along axis 1, in place. A strided y goes through CuPy's
-    broadcasting (any layout, slower)."""
+    """y (N, C, ...) += b (C,) along axis 1, in place. y is NCHW or NHWC (channels last);
+    any other strides go through CuPy's broadcasting (slower)."""
     if not y.flags.c_contiguous:
-        y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+        if y.ndim == 4 and y.transpose(0, 2, 3, 1).flags.c_contiguous:
+            _bias_add_last(y.transpose(0, 2, 3, 1).reshape(-1, y.shape[1]), b)
+        else:
+            y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
         return
-    ctype = _ctype("bias_add", (y,))
-    if b.dtype != y.dtype or b.shape != (y.shape[1],) or not b.flags.c_contiguous:
-        raise ValueError(f"bias_add: b must be contiguous {y.dtype} of shape ({y.shape[1]},), "
-                         f"got {b.dtype} {b.shape}")
+    ctype = _check_bias(y, b)
     channels = y.shape[1]
     hw = y.size // max(y.shape[0] * channels, 1)
     if not hw:
@@ -248,3 +317,68 @@ def bias_add(y, b) -> None:
         piece = y[p0:p0 + planes_per_launch]
         _run("bias_add", ctype, vec, piece.size,
              (piece, b, np.uint32(p0 % channels), np.uint32(channels), *by_hw, *by_c))
+
+
+def _check_bias(y2, b) -> str:
+    ctype = _ctype("bias_add", (y2,))
+    if b.dtype != y2.dtype or b.shape != (y2.shape[1],) or not b.flags.c_contiguous:
+        raise ValueError(f"bias_add: b must be contiguous {y2.dtype} of shape ({y2.shape[1]},), "
+                         f"got {b.dtype} {b.shape}")
+    return ctype
+
+
+def _bias_add_last(y2, b) -> None:
+    """y2 (pixels, C), contiguous, += b (C,) on every row."""
+    ctype = _check_bias(y2, b)
+    pixels, channels = y2.shape
+    if not y2.size:
+        return
+    rows_per_launch = max(_CHUNK // channels, 1)
+    vec = _vector((y2,), y2.size, unit=channels)
+    by_c = divider(channels)
+    for r0 in range(0, pixels, rows_per_launch):
+        piece = y2[r0:r0 + rows_per_launch]
+        _run("bias_add_last", ctype, vec, piece.size, (piece, b, np.uint32(channels), *by_c))
+
+
+#: Blocks of column_sums per 32 channels: enough to fill the GPU, few enough that their
+#: partial sums are a small temporary.
+_SUM_BLOCKS = 2048
+
+
+def channel_sums(g, out) -> None:
+    """out (C,) = sum of g (N, C, H, W), channels last, over N, H and W (the bias gradient),
+    in a fixed order. Per-block partial sums (a small temporary), then their sum."""
+    g2 = g.transpose(0, 2, 3, 1).reshape(-1, g.shape[1])
+    ctype = _ctype("channel_sums", (g2,))
+    rows, channels = g2.shape
+    per_block = max(-(-rows // _SUM_BLOCKS), 1)
+    blocks = -(-rows // per_block)
+    partial = cp.empty((blocks, channels), dtype=g.dtype)
+    kernel = _module.get_function(f"column_sums<{ctype}>")
+    kernel((blocks, -(-channels // 32)), (32, 8),
+           (g2, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
+    partial.sum(axis=0, out=out)
+
+
+def _convert(name: str, src, dst, src_bits, dst_bits) -> None:
+    """Kernel `name` from src to dst (one shape, one dense layout), as raw words."""
+    if src.shape != dst.shape:
+        raise ValueError(f"{name}: shapes {src.shape} and {dst.shape}")
+    common_layout(name, (src, dst))
+    a = in_memory_order(src).view(src_bits)
+    b = in_memory_order(dst).view(dst_bits)
+    kernel = _bf16_module.get_function(name)
+    for s, e in _pieces(a.size):
+        n = e - s
+        kernel(((n + _THREADS - 1) // _THREADS,), (_THREADS,), (a[s:e], b[s:e], np.uint32(n)))
+
+
+def float_to_bf16(src, dst) -> None:
+    """dst (bfloat16) = src (float32) rounded to nearest even, as ml_dtypes rounds."""
+    _convert("float_to_bf16", src, dst, np.float32, np.uint16)
+
+
+def bf16_to_float(src, dst) -> None:
+    """dst (float32) = src (bfloat16), exactly."""
+    _convert("bf16_to_float", src, dst, np.uint16, np.float32)

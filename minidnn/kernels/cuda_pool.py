@@ -18,7 +18,11 @@ for the launch and run as a multiply-high, an add and a shift with constants fro
 worth of work runs as several launches of whole planes.
 
 The kernels allocate nothing and never synchronize with the host; they run on CuPy's current
-stream. Shapes: x, gx (N, C, H, W); y, gy, argmax (N, C, OH, OW); all C-contiguous.
+stream. Shapes: x, gx (N, C, H, W); y, gy, argmax (N, C, OH, OW); all C-contiguous, or all
+channels last (NHWC, kernels/mapformat.py). The channels-last twins (`*_last`) run one thread
+per value, channel fastest, so that neighbouring threads touch neighbouring bytes; they find a
+value's window range with a division, and sum backward's windows in the same order as the
+NCHW kernels, so both layouts give the same bits.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError, ShapeError
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
+from .mapformat import common_layout
 
 _SOURCE = DIVIDE_SOURCE + r"""
 __device__ __forceinline__ float minus_inf(float) { return __int_as_float((int)0xff800000u); }
@@ -183,9 +188,118 @@ __global__ void avgpool2d_backward(const T* __restrict__ gy, T* __restrict__ gx,
         }
     }
 }
+
+// ---- channels last: x (N, H, W, C), y (N, OH, OW, C) in memory; thread i owns value i ----
+struct Pixel { long long n; int h, w, c; };
+
+__device__ __forceinline__ Pixel pixel_of(long long i, int C, int W, int H) {
+    Pixel p;
+    long long r = i / C;
+    p.c = (int)(i - r * C);
+    const long long q = r / W;
+    p.w = (int)(r - q * W);
+    p.n = q / H;
+    p.h = (int)(q - p.n * H);
+    return p;
+}
+
+// The windows covering input row h (with padding P, kernel K, stride S, out size O):
+// lo <= o <= hi.
+__device__ __forceinline__ void covering(int h, int K, int S, int P, int O, int& lo, int& hi) {
+    const int hp = h + P;
+    hi = min(hp / S, O - 1);
+    lo = hp - K + 1 <= 0 ? 0 : (hp - K + S) / S;
+}
+
+template<typename T>
+__global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y,
+                                       unsigned char* __restrict__ argmax, GEOMETRY, int C,
+                                       long long total) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const Pixel p = pixel_of(i, C, OW, OH);           // (n, oh, ow, c)
+    const int h0 = p.h * SH - PH, w0 = p.w * SW - PW;
+    x += p.n * H * W * C + p.c;
+    const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
+    const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
+    T best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? x[((long long)h0 * W + w0) * C]
+                                                         : minus_inf(T(0));
+    int arg = 0;
+    for (int kh = kh0; kh < kh1; ++kh) {
+        for (int kw = kw0; kw < kw1; ++kw) {
+            if (kh == 0 && kw == 0) continue;
+            const T v = x[((long long)(h0 + kh) * W + (w0 + kw)) * C];
+            if (v > best) { best = v; arg = kh * KW + kw; }
+        }
+    }
+    y[i] = best;
+    argmax[i] = (unsigned char)arg;
+}
+
+template<typename T>
+__global__ void maxpool2d_backward_last(const T* __restrict__ gy,
+                                        const unsigned char* __restrict__ argmax,
+                                        T* __restrict__ gx, GEOMETRY, int C, long long total) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const Pixel p = pixel_of(i, C, W, H);              // (n, h, w, c)
+    int oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(p.h, KH, SH, PH, OH, oh_lo, oh_hi);
+    covering(p.w, KW, SW, PW, OW, ow_lo, ow_hi);
+    const long long base = p.n * OH * OW * C + p.c;
+    T acc = 0;
+    for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+        const int kh = p.h - (oh * SH - PH);
+        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            const long long o = base + ((long long)oh * OW + ow) * C;
+            if (argmax[o] == kh * KW + (p.w - (ow * SW - PW))) acc += gy[o];
+        }
+    }
+    gx[i] = acc;
+}
+
+template<typename T>
+__global__ void avgpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y, GEOMETRY,
+                                       int include_pad, int C, long long total) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const Pixel p = pixel_of(i, C, OW, OH);
+    x += p.n * H * W * C + p.c;
+    const int hs0 = p.h * SH - PH, ws0 = p.w * SW - PW;
+    const int hs = max(hs0, 0), ws = max(ws0, 0);
+    const int he = min(hs0 + KH, H), we = min(ws0 + KW, W);
+    const int count_ = span(hs0, KH, H, PH, include_pad) * span(ws0, KW, W, PW, include_pad);
+    T acc = 0;
+    for (int h = hs; h < he; ++h)
+        for (int w = ws; w < we; ++w) acc += x[((long long)h * W + w) * C];
+    y[i] = count_ > 0 ? acc / (T)count_ : (T)0;
+}
+
+template<typename T>
+__global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict__ gx,
+                                        GEOMETRY, int include_pad, int C, long long total) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const Pixel p = pixel_of(i, C, W, H);
+    int oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(p.h, KH, SH, PH, OH, oh_lo, oh_hi);
+    covering(p.w, KW, SW, PW, OW, ow_lo, ow_hi);
+    const long long base = p.n * OH * OW * C + p.c;
+    T acc = 0;
+    for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+        const int rows_ = span(oh * SH - PH, KH, H, PH, include_pad);
+        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            const int count_ = rows_ * span(ow * SW - PW, KW, W, PW, include_pad);
+            if (count_ > 0) acc += gy[base + ((long long)oh * OW + ow) * C] / (T)count_;
+        }
+    }
+    gx[i] = acc;
+}
 """
 
-_KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward")
+_KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+            "maxpool2d_forward_last", "maxpool2d_backward_last", "avgpool2d_forward_last",
+            "avgpool2d_backward_last")
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _module = cp.RawModule(code=_SOURCE,
                        name_expressions=[f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()])
@@ -194,9 +308,10 @@ _THREADS = 256
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
 
 
-def _check(name: str, arrays, argmax=None) -> str:
-    """The C type of the float arrays (one dtype, float32 or float64); raises on anything the
-    kernels would misread: another dtype, a strided array, an argmax that is not uint8."""
+def _check(name: str, arrays, argmax=None) -> tuple:
+    """(C type of the float arrays, their layout 'nchw' or 'nhwc'); raises on anything the
+    kernels would misread: another dtype (float32 or float64, one for all), other strides or
+    mixed layouts, an argmax that is not uint8."""
     dtype = np.dtype(arrays[0].dtype)
     ctype = _CTYPES.get(dtype)
     if ctype is None or any(np.dtype(a.dtype) != dtype for a in arrays):
@@ -206,11 +321,7 @@ def _check(name: str, arrays, argmax=None) -> str:
         if np.dtype(argmax.dtype) != np.uint8:
             raise TypeError(f"{name}: argmax must be uint8, got {argmax.dtype}")
         arrays = (*arrays, argmax)
-    for a in arrays:
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name}: expected C-contiguous arrays, got strides {a.strides} "
-                             f"for shape {a.shape}")
-    return ctype
+    return ctype, common_layout(name, arrays)
 
 
 def _geometry(x_shape, y_shape, spec) -> tuple:
@@ -254,48 +365,72 @@ def _launch(name: str, ctype: str, planes: int, rows: int, cols: int, args: tupl
                args + (np.int64(plane0), np.uint32(count), *by_plane, *by_col))
 
 
+def _launch_last(name: str, ctype: str, total: int, args: tuple) -> None:
+    """Runs channels-last kernel `name` with one thread per value (total values)."""
+    if total <= 0:
+        return
+    kernel = _module.get_function(f"{name}<{ctype}>")
+    kernel(((total + _THREADS - 1) // _THREADS,), (_THREADS,), args + (np.int64(total),))
+
+
 def maxpool2d_forward(x, y, argmax, spec) -> None:
     """y = window maxima of x; argmax (uint8) = kh * KW + kw of each window's first maximum."""
     kh, kw = spec.kernel
     if kh * kw > 256:
         raise ConfigError(f"max-pool window {kh}x{kw} has more than 256 positions, which a "
                           f"uint8 argmax cannot index")
-    ctype = _check("maxpool2d_forward", (x, y), argmax)
+    ctype, layout = _check("maxpool2d_forward", (x, y), argmax)
     if argmax.shape != y.shape:
         raise ShapeError(f"maxpool2d_forward: argmax {argmax.shape} must have y's shape {y.shape}")
     geometry = _geometry(x.shape, y.shape, spec)
     n, c, oh, ow = y.shape
+    if layout == "nhwc":
+        _launch_last("maxpool2d_forward_last", ctype, y.size,
+                     (x, y, argmax) + geometry + (np.int32(c),))
+        return
     _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry)
 
 
 def maxpool2d_backward(gy, argmax, gx, spec) -> None:
     """gx = gy routed to each window's winner (summed where windows overlap); overwrites gx."""
-    ctype = _check("maxpool2d_backward", (gy, gx), argmax)
+    ctype, layout = _check("maxpool2d_backward", (gy, gx), argmax)
     if argmax.shape != gy.shape:
         raise ShapeError(f"maxpool2d_backward: argmax {argmax.shape} must have gy's shape "
                          f"{gy.shape}")
     geometry = _geometry(gx.shape, gy.shape, spec)
-    rows, cols, cells = _cells(gx.shape, spec)
     n, c = gx.shape[:2]
+    if layout == "nhwc":
+        _launch_last("maxpool2d_backward_last", ctype, gx.size,
+                     (gy, argmax, gx) + geometry + (np.int32(c),))
+        return
+    rows, cols, cells = _cells(gx.shape, spec)
     _launch("maxpool2d_backward", ctype, n * c, rows, cols,
             (gy, argmax, gx) + geometry + cells + (np.int32(rows), np.int32(cols)))
 
 
 def avgpool2d_forward(x, y, spec) -> None:
     """y = window means of x (zero padding; divisor per spec.count_include_pad)."""
-    ctype = _check("avgpool2d_forward", (x, y))
+    ctype, layout = _check("avgpool2d_forward", (x, y))
     geometry = _geometry(x.shape, y.shape, spec)
     n, c, oh, ow = y.shape
-    _launch("avgpool2d_forward", ctype, n * c, oh, ow,
-            (x, y) + geometry + (np.int32(bool(spec.count_include_pad)),))
+    include = np.int32(bool(spec.count_include_pad))
+    if layout == "nhwc":
+        _launch_last("avgpool2d_forward_last", ctype, y.size,
+                     (x, y) + geometry + (include, np.int32(c)))
+        return
+    _launch("avgpool2d_forward", ctype, n * c, oh, ow, (x, y) + geometry + (include,))
 
 
 def avgpool2d_backward(gy, gx, spec) -> None:
     """gx = each gy / divisor spread over its window; overwrites gx."""
-    ctype = _check("avgpool2d_backward", (gy, gx))
+    ctype, layout = _check("avgpool2d_backward", (gy, gx))
     geometry = _geometry(gx.shape, gy.shape, spec)
-    rows, cols, cells = _cells(gx.shape, spec)
     n, c = gx.shape[:2]
+    include = np.int32(bool(spec.count_include_pad))
+    if layout == "nhwc":
+        _launch_last("avgpool2d_backward_last", ctype, gx.size,
+                     (gy, gx) + geometry + (include, np.int32(c)))
+        return
+    rows, cols, cells = _cells(gx.shape, spec)
     _launch("avgpool2d_backward", ctype, n * c, rows, cols,
-            (gy, gx) + geometry + (np.int32(bool(spec.count_include_pad)),) + cells
-            + (np.int32(rows), np.int32(cols)))
+            (gy, gx) + geometry + (include,) + cells + (np.int32(rows), np.int32(cols)))

@@ -12,9 +12,12 @@ manager may switch a layer between them (ConvSpec.algo) without rebuilding anyth
 Math modes follow the engines' numerical notes, the way PyTorch filters cuDNN engine configs:
 'tf32' allows tensor-core (TF32) plans for float32; 'fp32' drops plans noted TENSOR_CORE (and
 those that down-convert inputs or reduce in lower precision), leaving strict FP32 plans.
-deterministic=True also drops plans noted NONDETERMINISTIC and picks by the heuristics' rank
-instead of by measured time, so that the choice itself (and so every bit of the result) does
-not depend on timing noise from one run to the next.
+deterministic=True also drops plans noted NONDETERMINISTIC and runs, whatever the setting
+(fastest, memory-optimal or a workspace limit), the best-ranked of the plans that need the least
+workspace: the choice then depends neither on timing noise nor on the memory budget, so the same
+seed gives the same bits under every policy and every budget that fits. The cost is speed: the
+memory-optimal plans, e.g. VGG-16 conv1_2 at batch 32 in TF32 on an H200, fprop 2.8 ms instead
+of 0.94 ms and wgrad 7.0 ms instead of 1.6 ms (benchmarks/RESULTS.md, the kernel table).
 
 Everything above `CudnnConvGraph` is plain Python (no CuPy, no cuDNN) and runs on the CPU: the
 cache logic is tested there with a fake graph and a fake timer (tests/test_cudnn_cpu.py).
@@ -31,6 +34,16 @@ import numpy as np
 from ..errors import ConfigError
 
 OPS = ("fprop", "dgrad", "wgrad")
+# Plans whose kernels cuDNN compiles at run time (NVRTC) cost seconds to build, per shape; the
+# precompiled engines cover every convolution here, so those plans are not offered.
+EXCLUDE_RUNTIME_COMPILED = True
+# Plans measured per problem: the first this many in the heuristics' rank order (PyTorch's
+# cudnn.benchmark_limit is 10 too). The fallback plans ranked last can be very slow: on the
+# H200, channels-last weight gradients at batch 256 offered zero-workspace plans that ran for
+# 5 to 22 s each (the best plan: 2 to 5 ms), so measuring every candidate cost minutes.
+# The others stay in the table with time NaN (not measured): never chosen by choose_plan;
+# only a convolution whose chosen workspace cannot be had runs one (cuda._leaner_plan).
+MEASURED_PLANS = 10
 # Steady-state calls go straight to the lowered graph's execute (see CudnnConvGraph.runner);
 # False uses the frontend's public execute_plan_at_index, about 40 us slower per call.
 DIRECT_EXECUTE = True
@@ -141,7 +154,8 @@ def split_by_group(x, w, y, groups: int) -> list:
 
 class PlanTiming(NamedTuple):
     """One candidate plan of a problem: its index in the graph's plan list, the workspace it
-    needs, and its measured time (inf when it could not run, e.g. its workspace did not fit)."""
+    needs, and its measured time: inf when it could not run (e.g. its workspace did not fit),
+    NaN when it was not measured (ranked past ConvPlanCache.max_measured)."""
     index: int
     workspace_bytes: int
     time_ms: float
@@ -154,9 +168,9 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
     algo 'fastest': the least measured time among the plans whose workspace is at most
     `workspace_limit` (None: any workspace; when no plan is that lean, the leanest ones).
     'min_workspace': among the plans needing the least workspace, the least time.
-    by_rank=True (deterministic mode) takes the best-ranked plan instead of the fastest, so
-    that the choice does not depend on timing noise. Plans that did not run (time inf) are
-    never chosen.
+    by_rank=True (deterministic mode): the best-ranked plan needing the least workspace, for
+    every algo and limit, so that the choice depends neither on timing noise nor on the
+    budget (see the module doc). Plans that did not run (time inf) are never chosen.
     """
     if algo not in ALGOS:
         raise ConfigError(f"{where or 'convolution'}: algo must be one of {', '.join(ALGOS)}; "
@@ -166,7 +180,8 @@ def choose_plan(table, algo: str, by_rank: bool = False, where: str = "",
         raise ConfigError(f"{where or 'convolution'}: none of the {len(table)} cuDNN plans could "
                           f"run (each one's workspace failed to allocate, or none was offered)")
     least = min(p.workspace_bytes for p in ran)
-    if algo == "min_workspace" or (workspace_limit is not None and workspace_limit < least):
+    if by_rank or algo == "min_workspace" or (workspace_limit is not None and
+                                               workspace_limit < least):
         ran = [p for p in ran if p.workspace_bytes == least]
     elif workspace_limit is not None:
         ran = [p for p in ran if p.workspace_bytes <= workspace_limit]
@@ -254,16 +269,19 @@ class ConvPlanCache:
     raising PlanUnavailable when cuDNN has nothing. time_plan(graph, plan_index,
     workspace_bytes, operands, best_ms) -> milliseconds, or None when the plan could not run;
     best_ms is the best time so far (inf at first), so that a timer may cut short a plan that
-    is clearly slower.
+    is clearly slower. Only the first `max_measured` candidates (None: all) are measured; the
+    rest stay in the table, unmeasured (time NaN).
     """
 
-    def __init__(self, build_graph: Callable, time_plan: Callable):
+    def __init__(self, build_graph: Callable, time_plan: Callable,
+                 max_measured: int | None = MEASURED_PLANS):
         self._build_graph = build_graph
         self._time_plan = time_plan
+        self.max_measured = max_measured
         self._entries: dict = {}
         self._unavailable: dict = {}
-        self.stats = {"graphs_built": 0, "plans_measured": 0, "hits": 0, "build_s": 0.0,
-                      "measure_s": 0.0}
+        self.stats = {"graphs_built": 0, "plans_measured": 0, "plans_skipped": 0, "hits": 0,
+                      "build_s": 0.0, "measure_s": 0.0}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -295,7 +313,11 @@ class ConvPlanCache:
         self.stats["graphs_built"] += 1
         self.stats["build_s"] += t1 - t0
         table, best = [], math.inf
-        for index, workspace, _name in graph.candidates:
+        for rank, (index, workspace, _name) in enumerate(graph.candidates):
+            if self.max_measured is not None and rank >= self.max_measured:
+                self.stats["plans_skipped"] += 1
+                table.append(PlanTiming(int(index), int(workspace), math.nan))
+                continue
             ms = self._time_plan(graph, index, workspace, operands, best)
             self.stats["plans_measured"] += 1
             ms = math.inf if ms is None else float(ms)
@@ -314,10 +336,14 @@ class ConvPlanCache:
 
 # ---- the cuDNN side (needs a GPU, CuPy and the cuDNN frontend) ---------------------------------
 def load_cudnn():
-    """The cuDNN frontend module, or a DeviceError that says how to get it."""
+    """The cuDNN frontend module, or a DeviceError that says how to get it. cuDNN itself comes
+    from the nvidia-cudnn-cu13 package of the 'gpu' extra (nvidia_libraries.preload), not
+    from PyTorch's wheels."""
+    from .nvidia_libraries import preload
     try:
+        preload("cudnn")  # before the frontend looks for it by name
         import cudnn
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:
         from ..errors import DeviceError
         raise DeviceError("GPU convolutions need the cuDNN frontend Python package "
                           "(pip install 'nvidia-cudnn-frontend<1.30', part of the 'gpu' extra); "
@@ -370,6 +396,8 @@ class CudnnConvGraph:
             notes = [getattr(cudnn.numerical_note, n)
                      for n in deselected_notes(problem.math, problem.deterministic, problem.dtype)]
             g.deselect_numeric_notes(notes)
+            if EXCLUDE_RUNTIME_COMPILED:
+                g.deselect_behavior_notes([cudnn.behavior_note.RUNTIME_COMPILATION])
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         except declined_types as exc:
             raise PlanUnavailable(f"cuDNN cannot run {problem.describe()}: {exc}") from exc

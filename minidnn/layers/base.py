@@ -67,6 +67,11 @@ class StepContext:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
+    conv_plans: {convolution node name: plan setting} the step runs (the executor's decision;
+    layers/conv.py); a convolution not named runs its own setting. relu_bits: names of the
+    ReLU nodes that keep one bit per value for backward instead of their output (the
+    decision's; layers/relu.py); a ReLU not named keeps what its own setting says.
+    dropout: False passes dropout layers through in a training step (Executor.forward).
     batch_offset, global_batch: the rows of the whole batch this call computes are
     [batch_offset, batch_offset + N) of global_batch (None: the call's own N), so that a
     batch split into micro-batches draws the same random numbers as the whole batch.
@@ -78,6 +83,9 @@ class StepContext:
     seed: int = 0
     device: Any = None
     workspace: Any = None
+    conv_plans: dict = field(default_factory=dict)
+    relu_bits: frozenset = frozenset()
+    dropout: bool = True
     batch_offset: int = 0
     global_batch: int | None = None
     extras: dict = field(default_factory=dict)

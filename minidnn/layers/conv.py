@@ -134,6 +134,17 @@ class Conv2d(Layer):
                         groups=self.groups, algo=self.algo, key=self.name or "",
                         workspace_limit=self.workspace_limit)
 
+    def spec_for(self, ctx) -> ConvSpec:
+        """The spec of this call: the plan setting the step's decision gives this layer
+        (ctx.conv_plans), or the layer's own."""
+        setting = ctx.conv_plans.get(self.name) if ctx is not None else None
+        if setting is None:
+            return self.spec
+        algo, limit = parse_plan_setting(setting)
+        return ConvSpec(stride=self.stride, padding=self.padding, dilation=self.dilation,
+                        groups=self.groups, algo=algo, key=self.name or "",
+                        workspace_limit=limit)
+
     def infer(self, in_shapes):
         s = in_shapes[0]
         if len(s) != 4:
@@ -160,11 +171,11 @@ class Conv2d(Layer):
     def forward(self, xs, y, aux, ctx):
         """x (N, C, H, W) -> y (N, O, OH, OW)."""
         b = self.params["bias"].data if self.bias else None
-        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec,
+        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec_for(ctx),
                                    workspace=ctx.workspace)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
-        spec = self.spec
+        spec = self.spec_for(ctx)
         w = self.params["weight"]
         # One after the other on one stream, so the two convolutions share one workspace. The
         # weight gradient first: gxs[0] may be x's own buffer (grad_over_input).

@@ -1,5 +1,5 @@
 """Inverted dropout: in training y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p); in
-evaluation (and for p = 0) the identity.
+evaluation (and for p = 0, or a step run with dropout off: StepContext.dropout) the identity.
 
 The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
 by (seed, step, layer index), so a resumed run draws the same masks; a micro-batch takes its
@@ -32,7 +32,7 @@ class Dropout(Layer):
         return {"mask": (self.in_shapes[0], np.bool_)}
 
     def _active(self, ctx) -> bool:
-        return ctx.train and self.p > 0
+        return ctx.train and ctx.dropout and self.p > 0
 
     def forward(self, xs, y, aux, ctx):
         """x, y, aux['mask']: same shape; y may be x itself."""

@@ -1,4 +1,13 @@
-"""Flatten (N, C, H, W) -> (N, C*H*W). In place it is a free reshape of the input's buffer."""
+"""Flatten (N, C, H, W) -> (N, C*H*W), features in PyTorch's (C, H, W) order.
+
+In place on an NCHW map it is a free reshape of the input's buffer. A channels-last map
+(kernels/mapformat.py) holds its values in (H, W, C) order, so Flatten reorders them to
+(C, H, W) order on the way, and backward reorders the gradient back: the map before the
+classifier is small (VGG-16: 100 KB an image in fp32), and the first Linear's weight keeps PyTorch's
+(out, C*H*W) layout as it is, in every state_dict and checkpoint. When Flatten writes over
+its own input (the liveness plan allows it only when no one else reads that input), the
+values go through a temporary.
+"""
 from __future__ import annotations
 
 from ..backend import same_memory
@@ -20,9 +29,17 @@ class Flatten(Layer):
         return (s[0], f)
 
     def forward(self, xs, y, aux, ctx):
-        if not same_memory(xs[0], y):  # given its own buffer: copy
-            y[...] = xs[0].reshape(y.shape)
+        x = xs[0]
+        shared = same_memory(x, y)
+        if shared and x.flags.c_contiguous:
+            return                                  # y is x's buffer, reshaped
+        y.reshape(x.shape)[...] = x.copy() if shared else x
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
-        if gxs[0] is not None and not same_memory(gxs[0], gy):
-            gxs[0][...] = gy.reshape(gxs[0].shape)
+        gx = gxs[0]
+        if gx is None:
+            return
+        shared = same_memory(gx, gy)
+        if shared and gx.flags.c_contiguous:
+            return
+        gx[...] = (gy.copy() if shared else gy).reshape(gx.shape)

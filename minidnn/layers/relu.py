@@ -7,6 +7,11 @@ writes one bit per value (y > 0) as an aux buffer and backward reads only that, 
 bytes; the output is then free after its last forward reader. Worth it where no one else keeps
 the output (a ReLU before a max-pool, which keeps only its argmax). Lossless either way: the
 gradients are bit-identical.
+
+`keep` is the layer's own setting. A step's memory decision may have more ReLUs keep bits
+(MemoryDecision.relu_bits, node names): the liveness plan reads what each one keeps from
+`keep_in(relu_bits)` and the calls receive the same names through StepContext.relu_bits, so
+the layer itself never changes.
 """
 from __future__ import annotations
 
@@ -40,16 +45,22 @@ class ReLU(Layer):
         self._keep = keep
         self.retain_output = keep == "output"
 
+    def keep_in(self, relu_bits=()) -> str:
+        """What this ReLU keeps for backward in a step whose decision has the ReLUs
+        `relu_bits` (node names) keep bit masks: 'bits' if it is one of them, else `keep`."""
+        return "bits" if self.name in relu_bits else self.keep
+
     def infer(self, in_shapes):
         return in_shapes[0]
 
-    def aux_specs(self):
-        if self.keep == "bits":
+    def aux_specs(self, relu_bits=()):
+        if self.keep_in(relu_bits) == "bits":
             return {"mask": ((relu_mask_bytes(int(np.prod(self.in_shapes[0]))),), np.uint8)}
         return {}
 
     def forward(self, xs, y, aux, ctx):
-        if self.keep == "bits" and aux is not None:   # None: recomputed, the mask is kept
+        if self.keep_in(ctx.relu_bits) == "bits" and aux is not None:
+            # aux None: recomputed, the mask is kept
             ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"])
         else:
             ctx.kernels.relu_forward(xs[0], y)
@@ -57,7 +68,7 @@ class ReLU(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         if gxs[0] is None:
             return
-        if self.keep == "bits":  # gxs[0] may be gy itself
+        if self.keep_in(ctx.relu_bits) == "bits":  # gxs[0] may be gy itself
             ctx.kernels.relu_backward_bits(aux["mask"], gy, gxs[0])
         else:
             ctx.kernels.relu_backward(y, gy, gxs[0])
@@ -65,5 +76,5 @@ class ReLU(Layer):
     def flops(self):
         return int(np.prod(self.out_shape))
 
-    def describe(self):
-        return "" if self.keep == "output" else "keep bits"
+    def describe(self, relu_bits=()):
+        return "" if self.keep_in(relu_bits) == "output" else "keep bits"

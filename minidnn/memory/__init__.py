@@ -1,0 +1,47 @@
+"""minidnn's memory manager: GPU memory virtualized the way vDNN does it (Rhu et al. 2016).
+
+Reading order, for a learner:
+
+1. plan.py      the LivenessPlan: every buffer of a step (feature maps, aux, gradients), who
+                writes and reads it and when, and so when it can be freed.
+2. policy.py    what to do with each buffer between forward and backward: the
+                MemoryDecision (offload, recompute, conv plans, ...) and the simple policies
+                none / all / conv (minidnn/decide.py picks one by name; the planner adds dyn).
+3. schedule.py  the step's calls in order, compiled once from the plan and the decision, with
+                vDNN's core in one place: offload after the last forward write, evict after
+                the last forward read, the prefetch window in backward, recompute, free.
+4. manager.py   the MemoryManager walks the schedule at run time: residency and movement
+                (device blocks, pinned host copies, streams and events).
+5. allocator.py, arena.py, blocks.py, host.py
+                where the bytes come from: the allocator contract, the budgeted device arena
+                and its free lists, the pinned host slab.
+6. layout.py, record.py
+                the static layout: every block's address planned before step one, from the
+                intervals a dry walk of the schedule records.
+7. observer.py  StepObserver: how the tracer and the planner's step model watch a step.
+
+Vocabulary, used in this sense throughout the package:
+
+* storage      a buffer of the step (plan.py); in-place layers make several tensors share one.
+* time         the plan's integer clock: forward of node i happens at time i, backward of node
+               i at time 2n-1-i (n nodes), so every event of a step has one increasing number
+               (-1: before the step; graph inputs are written then).
+* release      hand a block back to the allocator it came from (device arena or host slab),
+               `free(buf, after=event)`: with an event, the allocator reuses the block only
+               once the copy still reading it has finished. Evict, drop and free below are
+               releases.
+* offload      copy a storage's device block to the host slab (after its last forward write).
+* evict        release the device block of an offloaded storage after its last forward
+               read; the host copy stays, and a prefetch brings it back for backward.
+* drop         release the device block of a storage to be recomputed after its last
+               forward use; nothing is kept anywhere, and backward rebuilds it by running
+               its writers' forward again (recompute).
+* prefetch     copy an offloaded storage back to the device before the backward call that
+               reads it, on the prefetch stream (the prefetch window, schedule.py); a fetch
+               on demand is one nobody prefetched in time, and compute waits for it.
+* free         a storage is dead: after its last read (liveness, plan.py) its device block
+               and its host copy, wherever they are, are released for good.
+
+Nothing here imports the executor (minidnn/executor.py) or the planner (minidnn/planner/);
+they import this package.
+"""

@@ -21,7 +21,50 @@ def aligned(nbytes: int) -> int:
     return (int(nbytes) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-class SimpleAllocator:
+class Allocator:
+    """The contract of every allocator the memory manager, the executor and the optimizer use
+    (device: SimpleAllocator, CountingAllocator, arena.Arena; host: host.HostSlab).
+
+    alloc(nbytes, where='') -> a flat uint8 buffer (or a receipt in a dry run);
+    free(buf, after=None): give it back, after `after` (an event) has happened when given;
+    empty(shape, dtype, where='') -> (typed array, its buffer) (device allocators);
+    `in_use` and `peak` bytes, reset_peak(); fragmentation() -> 0..1 (0: one piece);
+    stats() -> dict; close(): release what it holds. `current_where` names what is running,
+    for budget errors of allocations that do not say.
+    """
+
+    current_where = ""
+
+    def alloc(self, nbytes: int, where: str = ""):
+        raise NotImplementedError
+
+    def free(self, buf, after=None) -> None:
+        raise NotImplementedError
+
+    def reset_peak(self) -> None:
+        raise NotImplementedError
+
+    def fragmentation(self) -> float:
+        """Share of the free bytes outside the largest free block (0 when not fragmented)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release whatever the allocator holds (nothing to do by default)."""
+
+
+def wait_until_fits(try_take, wait_oldest):
+    """The pressure rule of a budgeted allocator whose frees may wait behind copies in flight:
+    when a request does not fit, wait for the oldest pending free, then try again, until it
+    fits or nothing is pending. try_take() -> the block (None: does not fit); wait_oldest()
+    -> False when nothing is pending. Returns try_take()'s last answer. arena.Arena allocates
+    by it, and the planner's step model (planner/simulate.py) replays the arena by it."""
+    got = try_take()
+    while got is None and wait_oldest():
+        got = try_take()
+    return got
+
+
+class SimpleAllocator(Allocator):
     """Counts and budgets allocations made with the device's array module.
 
     alloc(nbytes) -> flat uint8 array; free(buf, after=None). `in_use` and `peak` are in aligned

@@ -23,7 +23,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import ConfigError, DeviceError, MemoryBudgetError, fmt_bytes
-from .allocator import ALIGNMENT, SimpleAllocator
+from .allocator import ALIGNMENT, Allocator, SimpleAllocator, wait_until_fits
 from .blocks import BlockList, PendingFrees
 
 # Device memory left outside the arena when no budget is given: the CUDA context, cuDNN's and
@@ -70,7 +70,7 @@ class _RoutedBlock:
         self._returned.append(self._offset)   # deque.append is atomic: safe from any thread
 
 
-class Arena:
+class Arena(Allocator):
     """A budget of device memory reserved once and sub-allocated in 256-byte-aligned blocks.
 
     Same interface as SimpleAllocator (alloc, free, empty, in_use, peak, reset_peak), plus
@@ -333,10 +333,9 @@ class Arena:
         self._drain_returned()
         self._pending.reclaim_done(self._release)
         size = self._blocks.round(nbytes)
-        offset = self._blocks.allocate(size)
         # Under pressure, wait for pending frees oldest first: each wait may free enough.
-        while offset is None and self._pending.wait_oldest(self._release):
-            offset = self._blocks.allocate(size)
+        offset = wait_until_fits(lambda: self._blocks.allocate(size),
+                                 lambda: self._pending.wait_oldest(self._release))
         if offset is None and self._routed:
             # CuPy arrays caught in reference cycles hold blocks until the collector runs.
             gc.collect()

@@ -12,17 +12,50 @@ On the CPU the chunks are ordinary NumPy memory, so the offload logic runs uncha
 from __future__ import annotations
 
 import bisect
+import os
 
 import numpy as np
 
 from ..errors import ConfigError, HostMemoryError, fmt_bytes
-from .allocator import ALIGNMENT
+from .allocator import ALIGNMENT, Allocator
 from .blocks import BlockList, PendingFrees
 
 DEFAULT_CHUNK_BYTES = 64 * 1024**2
 
 
-class HostSlab:
+def available_host_bytes() -> int | None:
+    """Bytes of RAM the OS can hand out now without swapping: MemAvailable from /proc/meminfo
+    (Linux), else the free physical pages (os.sysconf); None when neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_host_memory(arena_bytes: int, slab_bytes: int) -> None:
+    """Refuse, before anything is allocated, a CPU run whose device arena (`arena_bytes`: on
+    the CPU the arena is host memory too) and host slab (`slab_bytes`: the feature maps the
+    decision offloads) together exceed the RAM available now. Raises HostMemoryError."""
+    available = available_host_bytes()
+    need = int(arena_bytes) + int(slab_bytes)
+    if available is None or need <= available:
+        return
+    raise HostMemoryError(
+        f"on the CPU the memory budget and the host slab both live in RAM: a "
+        f"{fmt_bytes(arena_bytes)} arena and {fmt_bytes(slab_bytes)} of offloaded feature "
+        f"maps need {fmt_bytes(need)}, but only {fmt_bytes(available)} is available; choose a "
+        f"smaller --memory-budget, batch or model, or run on a GPU (`minidnn plan` and "
+        f"`scripts/bench_memory.py --dry` give the memory figures without allocating)")
+
+
+class HostSlab(Allocator):
     """Pinned host memory in reused chunks, sub-allocated in 256-byte-aligned blocks.
 
     device: a backend.Device (pinned through CuPy on the GPU, plain NumPy on the CPU).

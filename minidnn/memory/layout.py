@@ -8,15 +8,15 @@ step's live bytes can still fail with gigabytes free in pieces. Planning the add
 removes that failure and makes the feature-map peak a number known before step one.
 
 How:
-1. `record_intervals` walks one step through a dry memory manager (receipts, no memory) and
-   notes, in the manager's own order of operations, when each block is taken and given back.
+1. `record_intervals` (memory/record.py) walks one step's schedule through a dry memory
+   manager (receipts, no memory) and notes when each block is taken and released.
    A storage that is offloaded and prefetched, or dropped and recomputed, has two blocks
    (two intervals).
 2. `pack` assigns offsets: largest block first, each at the lowest address where it overlaps no
    already-placed block that is alive at the same time (a greedy solution of the dynamic storage
    allocation problem; near the live-bytes peak on these networks).
 3. At run time `PlannedBlocks` hands out views of one region at those offsets. A block handed
-   to a copy stream may still be in use after the manager gave it back (an offload still reads
+   to a copy stream may still be in use after the manager released it (an offload still reads
    it): the stream that next writes those addresses first waits on the event of each earlier
    occupant released behind a copy. Compute-ordered releases need no wait.
 
@@ -37,7 +37,7 @@ from .allocator import ALIGNMENT, CountingAllocator, aligned
 
 @dataclass
 class Interval:
-    """One device block of one storage in a step: taken at `start`, given back at `end`
+    """One device block of one storage in a step: taken at `start`, released at `end`
     (positions in the manager's sequence of block operations). k: the storage's k-th block.
     sid: the storage id, or ('workspace', node index, phase) for a planned workspace."""
     sid: int | tuple
@@ -105,39 +105,6 @@ class RecordingBlocks(DynamicBlocks):
         super().release(fm, after)
 
 
-def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                     workspace: dict | None = None, recompute=()) -> list[Interval]:
-    """The block intervals of one training step under this offload (and recompute) set, a
-    dry run, with a block for each layer call's workspace in `workspace` ({(node index,
-    phase): bytes}). The calls are the executor's, in its order."""
-    from .manager import MemoryManager
-    blocks = RecordingBlocks()
-    from ..backend import Device
-    mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
-                       offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
-                       blocks=blocks, workspace=workspace, recompute=recompute)
-    mm.begin_step(True, keep)
-    mm.write_input("data", None)
-    mm.write_input("label", None)
-    n = plan.num_nodes
-    for i in range(n):
-        mm.forward_buffers(i)
-        mm.acquire_workspace(i, "forward")
-        mm.release_workspace()
-        mm.after_forward(i)
-    for i in reversed(range(n)):
-        for j in mm.recompute_before(i):
-            mm.recompute_buffers(j)
-            mm.acquire_workspace(j, "recompute")
-            mm.release_workspace()
-        mm.backward_buffers(i)
-        mm.acquire_workspace(i, "backward")
-        mm.release_workspace()
-        mm.after_backward(i)
-    mm.end_step()
-    return blocks.intervals
-
-
 def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     """Give each interval an offset; returns the region size. Fills `offset` and `predecessors`.
 
@@ -173,12 +140,6 @@ class StaticLayout:
     def __init__(self, intervals: list[Interval], alignment: int = ALIGNMENT):
         self.size = pack(intervals, alignment)
         self.intervals = {iv.key: iv for iv in intervals}
-
-    @classmethod
-    def for_step(cls, plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                 workspace: dict | None = None, recompute=()) -> "StaticLayout":
-        return cls(record_intervals(plan, offload, prefetch_lookahead, keep, workspace,
-                                    recompute))
 
     def workspace_bytes(self) -> int:
         """Bytes of the planned workspace blocks (all of them, not at once)."""

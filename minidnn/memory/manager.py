@@ -14,9 +14,9 @@ the same code gives the exact residency pattern):
 
 * offload (forward): after a storage's last forward write, an event recorded on the compute
   stream behind that layer's kernels; the offload stream waits on it and copies device -> host
-  (pinned). When the storage's last forward reader has been issued, its device block is
-  released with `free(buf, after=offload_done)`: the arena hands the block out again only once
-  the copy has finished, and every later compute use is ordered after the reader by the
+  (pinned). When the storage's last forward reader has been issued, it is evicted: its device
+  block is released with `free(buf, after=offload_done)`, and the arena hands the block out
+  again only once the copy has finished, and every later compute use is ordered after the reader by the
   compute stream itself.
 * prefetch (backward): before launching layer i's kernels, the manager copies back the
   offloaded maps of the next `lookahead` layers (stopping at a convolution, as vDNN does) on the
@@ -26,14 +26,13 @@ the same code gives the exact residency pattern):
   maps it reads. A map that was not prefetched is fetched on demand (a stall, counted).
 
 Recomputation, the other way to free a map between forward and backward: a storage in the
-`recompute` set is released after its last forward use, like an offloaded one, but nothing
-is copied. Before the backward of its first reader, the executor runs its writers' forward
+`recompute` set is dropped after its last forward use: its device block is released as an
+evicted one's is, but nothing is copied. Before the backward of its first reader, the executor runs its writers' forward
 again (`recompute_before`, `recompute_buffers`), into a new block, from inputs that are still
 on the books then (the prefetch window brings offloaded ones back as it does for backward).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +40,7 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
-from .policy import chains, recompute_candidates, recompute_inputs
+from .schedule import StepSchedule
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
 _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
@@ -50,7 +49,7 @@ _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
 class FeatureMap:
     """One storage's bytes and where they are (Caffe's SyncedMemory).
 
-    state: 'freed' (nowhere), 'device', 'host' (offloaded, device block released) or 'both'.
+    state: 'freed' (nowhere), 'device', 'host' (offloaded and evicted) or 'both'.
     On the GPU 'both' right after an offload means the copy is issued; `offloaded` says when
     it is done. Events (CUDA events on GPU, always-done stand-ins on CPU):
       offloaded    offload stream, after the device -> host copy
@@ -109,12 +108,12 @@ class Mover:
     bytes but copy nothing (the buffers are receipts from a CountingAllocator).
     """
 
-    def __init__(self, device, blocks, host, dry: bool = False, tracer=None):
+    def __init__(self, device, blocks, host, dry: bool = False, observer=None):
         self.device = device
         self.blocks = blocks
         self.host = host
         self.dry = dry
-        self.tracer = tracer
+        self.observer = observer      # a memory.observer.StepObserver, or None
 
     # ---- the two copies --------------------------------------------------------------------------
     def offload(self, fm: FeatureMap, time: int) -> None:
@@ -146,12 +145,13 @@ class Mover:
 
     def _traced_copy(self, track: str, fm: FeatureMap, dst, src, kind: int, stream):
         """Issue the copy on `stream` (marked in the trace); returns the event recorded after it."""
-        start = self.tracer.mark(stream) if self.tracer else None
+        start = self.observer.begin_copy(stream, track, fm.name, fm.nbytes) \
+            if self.observer else None
         self._copy(dst, src, fm.nbytes, kind, stream)
         done = self.device.event()
         done.record(stream)
-        if self.tracer:
-            self.tracer.copy(track, fm.name, start, self.tracer.mark(stream), fm.nbytes)
+        if self.observer:
+            self.observer.copy(track, fm.name, start, self.observer.mark(stream), fm.nbytes)
         return done
 
     def wait(self, fm: FeatureMap) -> None:
@@ -216,12 +216,11 @@ class StepMemoryStats:
 class MemoryManager:
     """Runtime side of a LivenessPlan and a policy's offload set.
 
-    Call order for one step (the executor does this):
+    One step (the executor does this; the order of the calls is the schedule's,
+    memory/schedule.py):
         begin_step(train) ; write_input(DATA, x) ; write_input(LABEL, y)
-        for i in forward order:   forward_buffers(i) -> compute -> after_forward(i)
-        for i in reverse order:
-            for j in recompute_before(i):  recompute_buffers(j) -> forward of node j again
-            backward_buffers(i) -> compute -> after_backward(i)
+        for call in schedule.walk(manager.schedule, manager, train):
+            buffers(call) -> compute -> after(call)
         end_step()
 
     offload: storage ids to move to host between forward and backward (training steps only).
@@ -234,7 +233,7 @@ class MemoryManager:
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
-                 prefetch_lookahead: int = 1, dry: bool = False, tracer=None, blocks=None,
+                 prefetch_lookahead: int = 1, dry: bool = False, observer=None, blocks=None,
                  workspace: dict | None = None, recompute=()):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
@@ -253,83 +252,37 @@ class MemoryManager:
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
         self._workspace_held = None
-        self.tracer = tracer
+        self.observer = observer
         self.train = True
         self.keep: set[int] = set()
+        # The plan's integer clock (memory/plan.py): forward of node i is time i, backward of
+        # node i is 2n-1-i; -1 before the step. Every log entry and history note carries it.
         self.time = -1
         self.resident_bytes = 0                    # feature maps, aux, grads, inputs on device
         self.stats = StepMemoryStats()
-        self.log: list[tuple[int, str, int]] = []  # (time, 'alloc'|'free'|'offload'|'evict'|'fetch', sid)
-        n = plan.num_nodes
-        # Storages that die at each time of the step, for training and for evaluation.
-        self._frees_train: dict[int, list[int]] = defaultdict(list)
-        self._frees_eval: dict[int, list[int]] = defaultdict(list)
-        for s in plan.storages:
-            self._frees_train[s.free_time].append(s.id)
-            if s.kind != "grad":
-                self._frees_eval[s.last_forward_use].append(s.id)
-        self._last_time = 2 * n - 1
+        # (time, 'alloc'|'free'|'offload'|'evict'|'drop'|'fetch', sid)
+        self.log: list[tuple[int, str, int]] = []
+        self._last_time = 2 * plan.num_nodes - 1
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []
         self._window_at = None
         self.set_offload(offload, recompute)
 
     @property
-    def tracer(self):
-        return self._tracer
+    def observer(self):
+        """The StepObserver told about every copy (memory/observer.py), or None."""
+        return self._observer
 
-    @tracer.setter
-    def tracer(self, tracer) -> None:
-        self._tracer = tracer
-        self.mover.tracer = tracer
+    @observer.setter
+    def observer(self, observer) -> None:
+        self._observer = observer
+        self.mover.observer = observer
 
     def set_offload(self, offload, recompute=()) -> None:
-        """Choose the storages to offload and to recompute (applies from the next step on)."""
-        offload = frozenset(int(s) for s in offload)
-        recompute = frozenset(int(s) for s in recompute)
-        for sid in offload:
-            s = self.plan.storages[sid]
-            if s.kind == "grad" or not s.needed_in_backward:
-                raise ValueError(f"storage {sid} ({s.tensors[0]}) cannot be offloaded: only "
-                                 f"feature maps that backward reads can")
-        self._check_recompute(offload, recompute)
-        self.offload, self.recompute = offload, recompute
-        self._offload_after: dict[int, list[int]] = defaultdict(list)  # last forward write -> sids
-        self._evict_after: dict[int, list[int]] = defaultdict(list)    # last forward use -> sids
-        for sid in sorted(offload):
-            s = self.plan.storages[sid]
-            self._offload_after[s.last_forward_write].append(sid)
-            self._evict_after[s.last_forward_use].append(sid)
-        self._drop_after: dict[int, list[int]] = defaultdict(list)     # last forward use -> sids
-        self._recompute_at: dict[int, list[int]] = defaultdict(list)   # first reader node -> sids
-        self._rebuild: dict[int, tuple] = {}      # sid -> (writer nodes, storages they read)
-        # What the prefetch window brings back for node j: what j's recomputations read, then
-        # what its backward reads.
-        self._window_reads = [[] for _ in self.plan.nodes]
-        for sid in sorted(recompute):
-            s = self.plan.storages[sid]
-            reader = self.plan.node_at(s.first_backward_use)
-            self._drop_after[s.last_forward_use].append(sid)
-            self._recompute_at[reader].append(sid)
-            self._rebuild[sid] = (self.plan.writers(sid), recompute_inputs(self.plan, sid))
-            self._window_reads[reader].extend(self._rebuild[sid][1])
-        for j, reads in enumerate(self.plan.backward_reads):
-            self._window_reads[j].extend(reads)
-
-    def _check_recompute(self, offload: frozenset, recompute: frozenset) -> None:
-        if not recompute:
-            return
-        allowed = {s.id for s in recompute_candidates(self.plan)}
-        for sid in sorted(recompute):
-            name = self.plan.storages[sid].tensors[0]
-            if sid not in allowed:
-                raise ValueError(f"storage {sid} ({name}) cannot be recomputed: see "
-                                 f"memory.policy.recompute_candidates for which can")
-            if sid in offload:
-                raise ValueError(f"storage {sid} ({name}) is both offloaded and recomputed")
-            if chains(self.plan, sid, recompute - {sid}):
-                raise ValueError(f"storage {sid} ({name}) would be recomputed from a storage "
-                                 f"that is itself recomputed, or feed one")
+        """Choose the storages to offload and to recompute (applies from the next step on):
+        the step's schedule is compiled for them (memory/schedule.py, which checks them)."""
+        self.schedule = StepSchedule(self.plan, offload, recompute)
+        self.offload, self.recompute = self.schedule.offload, self.schedule.recompute
 
     # ---- buffers ------------------------------------------------------------------------------
     def _ensure(self, sid: int, where: str):
@@ -364,8 +317,7 @@ class MemoryManager:
         if self.dry:
             return None
         t = self.plan.tensors[tensor]
-        n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-        return fm.device[:n].view(t.dtype).reshape(t.shape)
+        return self.plan.maps.view(fm.device, t.shape, t.dtype)
 
     def view(self, tensor: str, where: str = ""):
         """The tensor as an array of its shape and dtype (allocating its storage if needed)."""
@@ -414,7 +366,7 @@ class MemoryManager:
             return
         self._window_at = i
         for j in range(i - 1, max(i - 1 - self.prefetch_lookahead, -1), -1):
-            for sid in self._window_reads[j]:
+            for sid in self.schedule.window_reads[j]:
                 fm = self.maps[sid]
                 if fm.device is None and fm.host is not None:
                     try:
@@ -446,7 +398,11 @@ class MemoryManager:
         if array is None or self.dry:
             return
         if self.device.is_gpu and isinstance(array, np.ndarray):
-            dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            if dst.flags.c_contiguous:
+                dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
+            else:  # channels last: upload as it is, reorder on the device (a temporary)
+                with self.device.compute:
+                    dst[...] = self.device.xp.asarray(array, dtype=dst.dtype)
         else:
             with self.device.compute:
                 dst[...] = array
@@ -457,31 +413,32 @@ class MemoryManager:
         if i == 0 and self.train:
             # Graph inputs were written before the first layer: start their offloads now, so
             # the copy overlaps the first layer's compute.
-            for sid in self._offload_after.get(-1, ()):
+            for sid in self.schedule.offload_after.get(-1, ()):
                 if self._offloading(sid) and self.maps[sid].device is not None:
                     self._offload(sid)
         node = self.plan.nodes[i]
         where = f"forward of {node.name}"
         xs = [self.view(name, where) for name in node.inputs]
         y = self.view(node.name, where)
-        aux = {a: self.view(f"{node.name}:{a}", where) for a in node.layer.aux_specs()}
+        aux = {a: self.view(f"{node.name}:{a}", where) for a in self.plan.aux_specs(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
         return xs, y, aux
 
     def after_forward(self, i: int) -> None:
         if self.train:
-            for sid in self._offload_after.get(i, ()):
+            for sid in self.schedule.offload_after.get(i, ()):
                 if self._offloading(sid):
                     self._offload(sid)
-        frees = self._frees_train[i] if self.train else self._frees_eval[i]
+        sched = self.schedule
+        frees = sched.frees_train[i] if self.train else sched.frees_eval[i]
         for sid in frees:
             if sid not in self.keep:
                 self._release(sid)
         if self.train:
-            for sid in self._evict_after.get(i, ()):
+            for sid in self.schedule.evict_after.get(i, ()):
                 if self._offloading(sid) and self.maps[sid].host is not None:
                     self._leave_device(sid, "evict")
-            for sid in self._drop_after.get(i, ()):
+            for sid in self.schedule.drop_after.get(i, ()):
                 if self._offloading(sid):
                     self._leave_device(sid, "drop")
 
@@ -492,16 +449,17 @@ class MemoryManager:
         its copies overlap the recomputation."""
         if not self.train:
             return []
-        sids = [sid for sid in self._recompute_at.get(i, ()) if sid not in self.keep]
+        sched = self.schedule
+        sids = [sid for sid in sched.recompute_at.get(i, ()) if sid not in self.keep]
         if not sids:
             return []
         self.time = self.plan.backward_time(i)
         where = f"recompute for backward of {self.plan.nodes[i].name}"
         for sid in sids:
-            for t in self._rebuild[sid][1]:
+            for t in sched.rebuild[sid][1]:
                 self._ensure(t, where)
         self._prefetch_window(i)
-        return sorted({j for sid in sids for j in self._rebuild[sid][0]})
+        return sched.writers_to_rerun(i, skip=self.keep)
 
     def recompute_buffers(self, j: int):
         """(inputs, output) of node j for its forward run again in backward."""
@@ -530,15 +488,15 @@ class MemoryManager:
             self.mover.wait(self.maps[sid])
         xs = [self.view(name) if k in layer.retain_inputs else None
               for k, name in enumerate(node.inputs)]
-        y = self.view(node.name) if layer.retain_output else None
-        aux = {a: self.view(f"{node.name}:{a}") for a in layer.aux_specs()}
+        y = self.view(node.name) if self.plan.retains_output(i) else None
+        aux = {a: self.view(f"{node.name}:{a}") for a in self.plan.aux_specs(i)}
         gy = self.view(f"grad:{node.name}", where)
         if i == self.plan.num_nodes - 1 and not self.dry:
             gy[...] = 1  # d loss / d loss
         gxs = []
         self._pending_sums = []
         for k, name in enumerate(node.inputs):
-            if not self.plan.wants_grad(node, k):
+            if not self.plan.grad_wanted(node, k):
                 gxs.append(None)
                 continue
             gname = f"grad:{name}"
@@ -549,12 +507,31 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 tmp, tmp_buf = self.allocator.empty(t.shape, t.dtype, where)
+                if tmp is not None:  # laid out as the gradient it is added to
+                    tmp = self.plan.maps.view(tmp_buf, t.shape, t.dtype)
                 nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
                 self._pending_sums.append((self.view(gname), tmp, tmp_buf, nbytes))
                 gxs.append(tmp)
         self.stats.samples.append(("backward", i, self.resident_bytes))
         return xs, y, gy, gxs, aux
+
+    def buffers(self, call):
+        """The buffers of a schedule call (memory/schedule.Call): forward_buffers,
+        recompute_buffers or backward_buffers of its node."""
+        if call.phase == "forward":
+            return self.forward_buffers(call.index)
+        if call.phase == "recompute":
+            return self.recompute_buffers(call.index)
+        return self.backward_buffers(call.index)
+
+    def after(self, call) -> None:
+        """What follows a schedule call: after_forward, after_backward (nothing after a
+        recomputation: its output stays for the backward it serves)."""
+        if call.phase == "forward":
+            self.after_forward(call.index)
+        elif call.phase == "backward":
+            self.after_backward(call.index)
 
     def acquire_workspace(self, i: int, phase: str):
         """The planned workspace block of node i's `phase` call (a flat uint8 device array;
@@ -583,7 +560,7 @@ class MemoryManager:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
         self._pending_sums = []
-        for sid in self._frees_train[self.plan.backward_time(i)]:
+        for sid in self.schedule.frees_train[self.plan.backward_time(i)]:
             if sid not in self.keep:
                 self._release(sid)
 

@@ -9,8 +9,10 @@ Vocabulary
 * storage: a buffer. In-place layers make several tensors share one storage (a ReLU writes
   over its input; a Flatten is a view), so storages, not tensors, are allocated and freed.
 
-Times are positions in the step: forward of node i is time i, backward of node i is time
-2*len(nodes) - 1 - i, so that every event of a step has one increasing clock.
+The clock: times are positions in the step, integers. Forward of node i is time i, backward
+of node i is time 2*len(nodes) - 1 - i, so that every event of a step has one increasing
+clock; graph inputs are written at time -1, before node 0. A storage's times (alloc_time,
+last_forward_use, backward_uses, free_time) and the memory manager's `time` are on it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.mapformat import MapFormat
 from ..network import DATA, LABEL, Network
 
 
@@ -66,11 +69,23 @@ class LivenessPlan:
     layer allows it and no other backward reads that buffer)}, inplace {node index: True when
     the node writes its output over input 0's storage}, backward_reads [node index -> sorted
     storage ids its backward reads (retained inputs and output, aux)].
+
+    relu_bits: names of the ReLU nodes that keep one bit per value for backward instead of
+    their output (a decision's MemoryDecision.relu_bits; layers/relu.py): what each layer
+    keeps for backward is read through `retains_output(i)` and `aux_specs(i)`.
+    input_grad: also plan the gradient of the input batch, `grad:data` (the layers reading
+    `data` compute it in backward; it lives until the step ends, so it can be read after).
+    maps: the MapFormat the feature maps are stored in (kernels/mapformat.py); the manager
+    views buffers by it.
     """
 
-    def __init__(self, net: Network, batch: int):
+    def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
+                 input_grad: bool = False, maps: MapFormat | None = None):
         self.net = net
         self.batch = batch
+        self.relu_bits = frozenset(relu_bits)
+        self.input_grad = bool(input_grad)
+        self.maps = maps if maps is not None else MapFormat()
         self._writers = None           # storage id -> writer nodes, built by writers()
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
@@ -93,7 +108,14 @@ class LivenessPlan:
             return s
 
         # ---- forward tensors: graph inputs, node outputs (maybe in place), aux ----------------
-        new_storage(DATA, shapes[DATA], dtype, "input", -1)
+        # Feature maps and their gradients in the format's dtype (bf16 under mixed precision);
+        # the loss and its gradient stay in the network's dtype.
+        map_dtype = self.maps.map_dtype(dtype)
+
+        def dtype_of(node):
+            return dtype if node.layer.kind == "loss" else map_dtype
+
+        new_storage(DATA, shapes[DATA], map_dtype, "input", -1)
         new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
         self.inplace: dict[int, bool] = {}
         for i, node in enumerate(self.nodes):
@@ -102,13 +124,13 @@ class LivenessPlan:
             src = node.inputs[0] if node.inputs else None
             if layer.inplace and src is not None and self._may_overwrite(i, src, consumers, index):
                 s = self.storages[self.tensors[src].storage]
-                self.tensors[node.name] = TensorPlan(node.name, shape, dtype, s.id)
+                self.tensors[node.name] = TensorPlan(node.name, shape, dtype_of(node), s.id)
                 s.tensors.append(node.name)
                 self.inplace[i] = True
             else:
-                new_storage(node.name, shape, dtype, "feature", i)
+                new_storage(node.name, shape, dtype_of(node), "feature", i)
                 self.inplace[i] = False
-            for aux_name, (aux_shape, aux_dtype) in layer.aux_specs().items():
+            for aux_name, (aux_shape, aux_dtype) in self.aux_specs(i).items():
                 new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
 
         # ---- forward and backward uses of every storage -----------------------------------------
@@ -125,10 +147,10 @@ class LivenessPlan:
                 if k in node.layer.retain_inputs:
                     s.backward_uses.append(bt)
                     reads.add(s.id)
-            if node.layer.retain_output:
+            if self.retains_output(i):
                 out.backward_uses.append(bt)
                 reads.add(out.id)
-            for aux_name in node.layer.aux_specs():
+            for aux_name in self.aux_specs(i):
                 s = self.storage_of(f"{node.name}:{aux_name}")
                 # Written by this node's forward; without this an evaluation step, which frees
                 # at the last forward use, would keep every aux buffer until the step ends.
@@ -149,7 +171,7 @@ class LivenessPlan:
                 s = new_storage(f"grad:{node.name}", (), dtype, "grad", i)
                 s.alloc_time = s.free_time = self.backward_time(i)
             for k, inp in enumerate(node.inputs):
-                if not self.wants_grad(node, k):
+                if not self.grad_wanted(node, k):
                     continue
                 gname = f"grad:{inp}"
                 if gname in self.tensors:      # a later consumer wrote it first
@@ -164,10 +186,10 @@ class LivenessPlan:
                     s.gradient_from = self.backward_time(i)
                     self.grad_over_input[i] = True
                 else:
-                    s = new_storage(gname, shapes[inp], dtype, "grad", i)
+                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
                     continue
-                self.tensors[gname] = TensorPlan(gname, shapes[inp], dtype, s.id)
+                self.tensors[gname] = TensorPlan(gname, shapes[inp], map_dtype, s.id)
                 s.tensors.append(gname)
             # The output gradient is last read by this node's backward, unless an input
             # gradient took over its buffer, in which case the input's producer reads it last.
@@ -180,9 +202,23 @@ class LivenessPlan:
             s = self.storages[t.storage]
             producer = name[len("grad:"):]
             end = self.backward_time(index[producer]) if producer in index else s.alloc_time
+            if producer == DATA:
+                end = 2 * n     # after the last backward call: end_step releases it
             s.free_time = max(s.free_time, end)
 
     # ---- helpers ------------------------------------------------------------------------------
+    def retains_output(self, i: int) -> bool:
+        """Does node i's backward read its output? (A ReLU that keeps bits does not.)"""
+        layer = self.nodes[i].layer
+        if layer.kind == "relu":
+            return layer.keep_in(self.relu_bits) == "output"
+        return layer.retain_output
+
+    def aux_specs(self, i: int) -> dict:
+        """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""
+        layer = self.nodes[i].layer
+        return layer.aux_specs(self.relu_bits) if layer.kind == "relu" else layer.aux_specs()
+
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i
 
@@ -211,6 +247,12 @@ class LivenessPlan:
         return node.layer.has_grad_inputs and node.inputs[k] not in (DATA, LABEL) and \
             not (node.layer.kind == "loss" and k == 1)
 
+    def grad_wanted(self, node, k: int) -> bool:
+        """Does node's backward write the gradient of its input k in this plan (wants_grad,
+        and the input batch's too when the plan has input_grad)?"""
+        return self.wants_grad(node, k) or (self.input_grad and node.inputs[k] == DATA and
+                                            node.layer.has_grad_inputs)
+
     def _may_take_input(self, i: int, inp: str) -> bool:
         """May node i's backward write the gradient of its input 0, `inp`, over inp's buffer?
         Only if its layer reads that input before writing its gradient (grad_over_input), the
@@ -235,9 +277,11 @@ class LivenessPlan:
         if src in (DATA, LABEL):
             return False
         node = self.nodes[i]
-        if node.layer.kind == "reshape":
+        if node.layer.kind == "reshape" and not (self.maps.layout == "nhwc"
+                                                 and len(self.tensors[src].shape) == 4):
             # A reshape (Flatten) is a view: its output is input 0's bytes, unchanged, so
-            # sharing the buffer destroys nothing that anyone else reads.
+            # sharing the buffer destroys nothing that anyone else reads. A channels-last map
+            # is reordered to NCHW order on the way (layers/flatten.py): the rules below.
             return True
         if len(consumers[src]) != 1 or 0 in node.layer.retain_inputs:
             return False
@@ -250,7 +294,7 @@ class LivenessPlan:
                    for r in readers for k, name in enumerate(r.inputs) if name == t):
                 return False
             producer = self.nodes[index[t]] if t in index else None
-            if producer is not None and producer.layer.retain_output:
+            if producer is not None and self.retains_output(index[t]):
                 return False
         return True
 

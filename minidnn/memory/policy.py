@@ -11,17 +11,22 @@ optionally, a convolution plan per conv layer. Layers never change for any of it
     conv   vDNN_conv: offload only the inputs of convolution layers (their long compute
            hides the copy)
     dyn    vDNN_dyn: what the planner finds fastest within the budget, convolution plans
-           included (minidnn/planner/dyn.py; registered when first asked for)
+           included (minidnn/planner/dyn.py, which registers itself here on import)
 
-    policy = get_policy("all")             # or a Policy instance
+    policy = OffloadAll()                  # minidnn/decide.py finds policies by name
     decision = policy.decide(plan)
     decision.offload                       # frozenset of storage ids
+
+This module only defines policies and the decision they return; it imports nothing above
+memory/. Turning `--policy NAME` and a budget into the decision an executor runs is the job
+of minidnn/decide.py, above both the executor and the planner.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..kernels.mapformat import MapFormat
 from .plan import LivenessPlan, StoragePlan
 
 # Kinds of storage that hold feature maps (as opposed to gradients, which backward produces).
@@ -34,7 +39,7 @@ CALL_PHASES = ("forward", "backward", "recompute")
 class MemoryDecision:
     """What a policy decided for one (network, batch).
 
-    offload: storage ids to copy to host after their last forward write and release from the
+    offload: storage ids to copy to host after their last forward write and evict from the
     device after their last forward read. conv_algo: {conv node name: plan setting}
     ('fastest', 'min_workspace' or 'fastest<=BYTES', see layers/conv.py) for layers whose
     plans the policy sets.
@@ -42,7 +47,7 @@ class MemoryDecision:
     executor's own setting). workspace: {(conv node name, 'forward' | 'backward' |
     'recompute'): bytes} of the cuDNN workspace each call's plan setting needs, for the static
     layout to plan among the feature maps (empty: the kernels allocate workspaces at run time).
-    recompute: storage ids (from `recompute_candidates`) to release after their last forward
+    recompute: storage ids (from `recompute_candidates`) to drop after their last forward
     use and rebuild before their first backward use by running their writers' forward again;
     no storage is both offloaded and recomputed, and none is rebuilt from another one that
     is. The rebuilt bytes are the forward's bit for bit wherever forward is deterministic (on
@@ -53,9 +58,46 @@ class MemoryDecision:
     prefetch_lookahead: int | None = None
     workspace: dict = field(default_factory=dict)
     recompute: frozenset = frozenset()
+    # Filled in by minidnn/decide.py when the decision is finished for an executor:
+    # relu_bits: names of the ReLU nodes that keep one bit per value for backward instead of
+    # their output (layers/relu.py); policy: the name of the policy that decided (reports).
+    relu_bits: frozenset = frozenset()
+    policy: str = ""
+    # Room for what the executor does not run yet (it refuses other values with a
+    # ConfigError): micro_batches: split each batch into this many parts; chunks: runs of
+    # layers executed chunk by chunk (tuples of node names).
+    micro_batches: int = 1
+    chunks: tuple = ()
+    # How feature maps are stored (kernels/mapformat.py): precision 'fp32' or 'bf16' (mixed:
+    # bf16 maps and map gradients), layout 'nchw' or 'nhwc' (channels last). decide.py fills
+    # in the device's default layout.
+    precision: str = "fp32"
+    layout: str = "nchw"
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)
+
+
+# Keep everything on the device, prefetch one layer ahead: an executor given no decision.
+NO_DECISION = MemoryDecision(prefetch_lookahead=1, policy="none")
+
+
+def check_runnable(decision: MemoryDecision) -> None:
+    """Raise ConfigError unless an executor can run `decision` as it is: a finished decision
+    (minidnn/decide.py fills in its prefetch lookahead) with only the choices it supports."""
+    if not isinstance(decision, MemoryDecision):
+        raise ConfigError(f"an executor runs a memory.policy.MemoryDecision (see "
+                          f"minidnn/decide.py), got {decision!r}")
+    lookahead = decision.prefetch_lookahead
+    if lookahead is None or isinstance(lookahead, bool) or int(lookahead) < 0:
+        raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
+                          f"got {lookahead!r}")
+    for what, value, supported in (("micro_batches", decision.micro_batches, 1),
+                                   ("chunks", tuple(decision.chunks), ())):
+        if value != supported:
+            raise ConfigError(f"the executor does not support {what}={value!r} yet "
+                              f"(only {supported!r})")
+    MapFormat(decision.layout, decision.precision)     # ConfigError for an unknown one
 
 
 def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:
@@ -142,7 +184,7 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     out = []
     for i, node in enumerate(plan.nodes):
         layer = node.layer
-        if layer.kind != "relu" or getattr(layer, "keep", "bits") != "output":
+        if layer.kind != "relu" or not plan.retains_output(i):
             continue
         s = plan.storage_of(node.name)
         others = [t for t in s.backward_uses if t != plan.backward_time(i)]
@@ -157,13 +199,11 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     return out
 
 
-def use_relu_bits(net) -> list[str]:
-    """Switch the ReLUs of `net` that `relus_worth_bits` names to keep='bits'; returns them.
-    Which ones does not depend on the batch, so a plan at batch 1 decides."""
-    names = relus_worth_bits(LivenessPlan(net, 1))
-    for name in names:
-        net.node(name).layer.keep = "bits"
-    return names
+def relu_bits_for(net) -> frozenset:
+    """The ReLUs of `net` that `relus_worth_bits` names, as a decision's `relu_bits` (the
+    plan and the calls read them from there; the layers stay as they are). Which ones does
+    not depend on the batch, so a plan at batch 1 decides."""
+    return frozenset(relus_worth_bits(LivenessPlan(net, 1)))
 
 
 class Policy:
@@ -190,22 +230,17 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def _register_builtin() -> None:
-    """Policies defined outside this file register themselves on import (dyn lives in the
-    planner, which imports this module, so it is imported here only when names are needed)."""
-    from ..planner import dyn  # noqa: F401
-
-
 def policy_names() -> list[str]:
-    _register_builtin()
+    """Names of the policies registered so far (minidnn/decide.py imports the planner's
+    first, so that `dyn` is among them)."""
     return sorted(_REGISTRY)
 
 
 def get_policy(spec: str | Policy) -> Policy:
-    """A Policy instance from a name ('none', 'all', 'conv') or a Policy (returned as is)."""
+    """A Policy instance from a registered name ('none', 'all', 'conv'; 'dyn' once the
+    planner is imported) or a Policy (returned as is)."""
     if isinstance(spec, Policy):
         return spec
-    _register_builtin()
     cls = _REGISTRY.get(str(spec))
     if cls is None:
         raise ConfigError(f"unknown memory policy {spec!r}; known policies: "

@@ -87,15 +87,34 @@ def min_image_size(name: str) -> int:
     return _min_size(spec(name).define)
 
 
-def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = None):
+def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = None,
+          dtype=None):
     """A Network for a built-in model name or a model file, shapes inferred at batch 1.
 
     image_size: height = width of the input images; None means the model's native size.
+    dtype: the float type of parameters and feature maps, float32 or float64 (None: the
+    definition's own, float32 for the built-in models).
     Raises ConfigError for an unknown name, an image too small for the network (with the
-    smallest size that fits) or a model file that cannot be loaded.
+    smallest size that fits), another dtype or a model file that cannot be loaded.
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if dtype is not None:
+        import numpy as np
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in (np.float32, np.float64):
+            raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
+    net = _build(name_or_path, num_classes, image_size)
+    if dtype is not None and dtype != net.dtype:
+        net.dtype = dtype
+        net.infer_shapes(1)   # the layers' buffers are declared in the network's dtype
+    return net
+
+
+def _build(name_or_path: str, num_classes: int, image_size: int | None):
     if is_model_file(name_or_path):
         module = _load_module(str(name_or_path))
         if image_size is None:

@@ -10,7 +10,7 @@ Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models o
 profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
 memory manager's dry run, timed against a Profile), search.py (the planner), dyn.py (the
 `dyn` memory policy, and FixedDecision for a decision made beforehand), command.py
-(`minidnn plan`).
+(`minidnn plan`), timeline.py (its figures: the stream timeline and the bytes per layer).
 """
 from .costs import LayerCost, Profile
 from .dyn import DynPolicy, FixedDecision

@@ -82,7 +82,36 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--refresh-profile", action="store_true",
                    help="measure this GPU again even when a cached profile matches")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_figure_options(p)
     return p
+
+
+def add_figure_options(p) -> None:
+    """--timeline and --bytes-chart: figures of the planned step (planner/timeline.py)."""
+    p.add_argument("--timeline", default=None, metavar="FILE.png",
+                   help="draw the planned step's compute, offload and prefetch streams, with "
+                        "the stalls, from the step-time model")
+    p.add_argument("--bytes-chart", default=None, metavar="FILE.png",
+                   help="draw per layer the feature-map bytes kept, offloaded, recomputed and "
+                        "encoded between forward and backward")
+
+
+def draw_figures(args, planned: dict) -> None:
+    """Write the figures --timeline and --bytes-chart ask for (ConfigError if one cannot be
+    written or matplotlib does not import)."""
+    from .timeline import draw_bytes_chart, draw_timeline
+    for option, path, draw in (("--timeline", getattr(args, "timeline", None),
+                                lambda p: draw_timeline([planned], p)),
+                               ("--bytes-chart", getattr(args, "bytes_chart", None),
+                                lambda p: draw_bytes_chart(planned, p))):
+        if not path:
+            continue
+        try:
+            draw(path)
+        except ImportError as e:
+            raise ConfigError(f"{option} needs matplotlib, which does not import ({e})") from e
+        except OSError as e:
+            raise ConfigError(f"{option}: cannot write {path!r}: {e}") from e
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -130,18 +159,19 @@ def _settings(args, report: dict | None) -> dict:
 
 
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
-             deterministic: bool = False) -> tuple:
+             deterministic: bool = False, relu_bits=frozenset()) -> tuple:
     """(Profile, a line saying where it comes from). deterministic: measure this GPU with
-    deterministic algorithms only (as the run of the --report did)."""
+    deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
+    that keep bit masks in the run planned for."""
     from ..backend import Device, gpu_available
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
         from .profile import load_profile
         prof = load_profile(args.profile)
-        prof.check_matches(net, batch)
+        prof.check_matches(net, batch, relu_bits)
         return prof, f"measured profile {args.profile} ({prof.device_name}, {prof.math})"
     if args.gpu:
-        prof = analytic_profile(net, batch, args.gpu, math_mode)
+        prof = analytic_profile(net, batch, args.gpu, math_mode, relu_bits)
         return prof, f"analytic model of the {prof.device_name} ({prof.math})"
     if gpu_available():
         from .. import kernels
@@ -151,13 +181,14 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
         if hasattr(mod, "configure"):
             mod.configure(math=math_mode,
                           deterministic=deterministic or mod.math_mode()["deterministic"])
-        prof = get_profile(net, batch, device, refresh=args.refresh_profile)
+        prof = get_profile(net, batch, device, refresh=args.refresh_profile,
+                           relu_bits=relu_bits)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
     if report and report.get("device") == "gpu":
         preset = preset_for_device_name(str(report.get("device_name", "")))
     name = preset.name if preset else "h200"
-    prof = analytic_profile(net, batch, name, math_mode)
+    prof = analytic_profile(net, batch, name, math_mode, relu_bits)
     return prof, (f"analytic model of the {name} ({prof.math}; no GPU here, choose another "
                   f"with --gpu)")
 
@@ -197,7 +228,7 @@ def layer_rows(model, ev) -> list[dict]:
         t = plan.tensors[node.name]
         row = storage_row(node.name, type(node.layer).__name__,
                           int(np.prod(t.shape)) * t.dtype.itemsize, t.storage, i)
-        for aux in node.layer.aux_specs():
+        for aux in plan.aux_specs(i):
             sid = plan.tensors[f"{node.name}:{aux}"].storage
             if sid in ev.offload:
                 row["status"] += f" +{aux}"
@@ -264,15 +295,17 @@ def make_plan(args) -> dict:
     """Everything `minidnn plan` shows, as a dict (see run() for the printing)."""
     from .. import models
     from .search import LOOKAHEADS, InfeasibleBudgetError, Planner
+    from .timeline import bytes_by_layer, timeline_data
     report = _load_report(args.report) if args.report else None
     s = _settings(args, report)
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
+    relu_bits = frozenset()
     if args.relu_bits or (report or {}).get("relu_bits"):
-        from ..memory.policy import use_relu_bits
-        use_relu_bits(net)
-    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"])
+        from ..memory.policy import relu_bits_for
+        relu_bits = relu_bits_for(net)
+    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits)
     if args.host_link_gbps:
         prof = prof.with_host_link(args.host_link_gbps)
         source += f"; host link {args.host_link_gbps:g} GB/s each way"
@@ -290,7 +323,8 @@ def make_plan(args) -> dict:
     planner = result = infeasible = lookahead = None
     minimum_budget = None           # the least over the lookaheads tried
     for candidate in lookaheads:
-        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate)
+        trial = Planner(net, batch, prof, budget=int(budget), prefetch_lookahead=candidate,
+                        relu_bits=relu_bits)
         least = trial.minimum_budget()
         minimum_budget = least if minimum_budget is None else min(minimum_budget, least)
         try:
@@ -327,7 +361,9 @@ def make_plan(args) -> dict:
     if result is not None:
         alternatives.append(dict(label="dyn (minidnn planner)",
                                  **_evaluation_json(model, result.best)))
-    if infeasible is not None:
+    if result is None and infeasible is not None:
+        # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
+        # not news about the budget (the plan above fits).
         notes.append(str(infeasible))
     out = {
         "model": s["model"], "network": net.name, "batch": batch,
@@ -339,6 +375,8 @@ def make_plan(args) -> dict:
         "plan": _evaluation_json(model, ev),
         "decision": _decision_line(model, ev),
         "layers": layer_rows(model, ev),
+        "timeline": timeline_data(model, ev),
+        "bytes_by_layer": bytes_by_layer(model.plan, ev),
         "alternatives": alternatives,
         "bandwidth": {"d2h": prof.d2h_bw, "h2d": prof.h2d_bw, "duplex": prof.duplex_bw},
         "evaluations": len(model.cache),
@@ -453,6 +491,7 @@ def format_plan(out: dict) -> str:
 def run(args, out=print) -> int:
     """Run `minidnn plan` with parsed arguments; returns the exit status (0)."""
     planned = make_plan(args)
+    draw_figures(args, planned)
     if args.json:
         out(json.dumps(json_safe(planned), indent=1))
     else:

@@ -148,8 +148,9 @@ class Profile:
                        notes=list(self.notes) + [f"host link limited to {gbps:g} GB/s per "
                                                  f"direction (measured with GPUs sharing it)"])
 
-    def check_matches(self, net, batch: int) -> None:
-        """ConfigError unless this profile was made for `net` at `batch`."""
+    def check_matches(self, net, batch: int, relu_bits=frozenset()) -> None:
+        """ConfigError unless this profile was made for `net` at `batch` with the ReLUs
+        `relu_bits` keeping bit masks."""
         if int(batch) != self.batch:
             raise ConfigError(f"profile ({self.source}, {self.device_name}) is for batch "
                               f"{self.batch}, not {batch}")
@@ -158,7 +159,7 @@ class Profile:
             raise ConfigError(f"profile ({self.source}) does not cover layers "
                               f"{', '.join(missing[:5])} of network {net.name!r}")
         if self.key_fields.get("structure") and \
-                self.key_fields["structure"] != structure_hash(net, batch):
+                self.key_fields["structure"] != structure_hash(net, batch, relu_bits):
             raise ConfigError(f"profile ({self.source}) was made for another structure of "
                               f"network {net.name!r} (layer settings or shapes differ: the "
                               f"image size, the number of classes, or ReLU bit masks, which "
@@ -181,14 +182,16 @@ class Profile:
         return cls(**d)
 
 
-def structure_hash(net, batch: int) -> str:
-    """sha256 of what a layer's cost depends on: every node's type, settings, inputs and
-    shapes at this batch, the dtype and the input shape (not the parameter values)."""
+def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:
+    """sha256 of what a layer's cost depends on: every node's type, settings (a ReLU's as
+    the decision's `relu_bits` make it: layers/relu.py), inputs and shapes at this batch, the
+    dtype and the input shape (not the parameter values)."""
     shapes = net.infer_shapes(batch)
     items = [net.name, list(net.input_shape), str(net.dtype)]
     for node in net.nodes:
         layer = node.layer
-        items.append([node.name, type(layer).__name__, layer.describe(), list(node.inputs),
+        settings = layer.describe(relu_bits) if layer.kind == "relu" else layer.describe()
+        items.append([node.name, type(layer).__name__, settings, list(node.inputs),
                       list(shapes[node.name]), [list(s) for s in layer.in_shapes]])
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 

@@ -1,9 +1,10 @@
 """The planner's memory policies: `dyn` (vDNN_dyn: profile the network, then plan for the
 budget) and FixedDecision (a decision made beforehand).
 
-    ex = Executor(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
-    ex = Executor(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB", compute=False)
-    ex = Executor(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    decide(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
+    decide(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB")
+    decide(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
+    (minidnn/decide.py; build_executor takes the same arguments)
 
 DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
 measured on the device, cached on disk: profile.py), runs the planner (search.py) and returns
@@ -76,8 +77,8 @@ class DynPolicy(Policy):
         self.result = None
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, **_) -> None:
-        """What the executor that asks for the decision will run with (it calls this before
-        `decide`, when it does): the device to profile, its prefetch lookahead and layout."""
+        """What the executor the decision is for will run with (minidnn/decide.py calls this
+        before `decide`): the device to profile, its prefetch lookahead and layout."""
         if device is not None and self.device is None:
             self.device = device
         if prefetch_lookahead is not None:
@@ -85,17 +86,18 @@ class DynPolicy(Policy):
         if static_layout is not None:
             self.static_layout = bool(static_layout)
 
-    def profile_for(self, net, batch: int):
-        """The Profile to plan from (see the class docstring for the order of sources)."""
+    def profile_for(self, net, batch: int, relu_bits=frozenset()):
+        """The Profile to plan from (see the class docstring for the order of sources), for
+        a run whose ReLUs `relu_bits` keep bit masks."""
         if self.profile is not None:
-            self.profile.check_matches(net, batch)
+            self.profile.check_matches(net, batch, relu_bits)
             return self.profile
         if self.gpu is not None:
             from .gpus import analytic_profile
-            return analytic_profile(net, batch, self.gpu, self.math or "tf32")
+            return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
         from .profile import get_profile
         return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
-                           log=self.log or _to_stderr)
+                           log=self.log or _to_stderr, relu_bits=relu_bits)
 
     def decide(self, plan, budget=None):
         from .search import DEFAULT_RESERVE, Planner, plan_lookaheads
@@ -104,10 +106,13 @@ class DynPolicy(Policy):
         if budget is None:
             self.result = None
             return MemoryDecision(conv_algo=convs)
+        # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
-                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve)
-        profile = self.profile_for(net, batch).with_host_link(self.host_link_gbps)
+                       reserve=DEFAULT_RESERVE if self.reserve is None else self.reserve,
+                       relu_bits=plan.relu_bits, maps=plan.maps)
+        profile = self.profile_for(net, batch, plan.relu_bits).with_host_link(
+            self.host_link_gbps)
         if not self.choose_lookahead:
             self.result = Planner(net, batch, profile, budget=int(budget),
                                   prefetch_lookahead=self.prefetch_lookahead, **options).run()

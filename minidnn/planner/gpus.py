@@ -241,8 +241,10 @@ def layer_cost(node, gpu: GpuModel, math: str) -> LayerCost:
                      {"fastest": _memory_bound(gpu, bb, bk)}, host_s=host)
 
 
-def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = "tf32") -> Profile:
-    """The Profile of `net` at `batch` on a named GPU, from its analytic model."""
+def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = "tf32",
+                     relu_bits=frozenset()) -> Profile:
+    """The Profile of `net` at `batch` on a named GPU, from its analytic model, for a run
+    whose decision has the ReLUs `relu_bits` keep bit masks."""
     gpu = get_gpu(gpu)
     used_math = gpu.math_for(math)
     net.infer_shapes(batch)
@@ -261,5 +263,6 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
         duplex_bw=gpu.duplex_bw, layers=layers, optimizer_s=opt_s,
         optimizer_host_s=6 * len(params) * 10e-6,
-        key_fields={"structure": structure_hash(net, batch), "gpu": gpu.name, "math": used_math},
+        key_fields={"structure": structure_hash(net, batch, relu_bits), "gpu": gpu.name,
+                    "math": used_math},
         notes=notes)

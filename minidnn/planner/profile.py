@@ -66,7 +66,8 @@ def library_versions(device: Device) -> dict:
         except Exception:  # a CuPy without these queries: the other versions still key it
             pass
         try:
-            import cudnn
+            from ..kernels.cudnn_conv import load_cudnn
+            cudnn = load_cudnn()   # the cuDNN of the 'gpu' extra, as the kernels load it
             v["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
             v["cudnn"] = int(cudnn.backend_version())
         except Exception:  # no cuDNN to load: convolutions cannot run, the key says so
@@ -74,9 +75,10 @@ def library_versions(device: Device) -> dict:
     return v
 
 
-def profile_key(net, batch: int, device_name: str, versions: dict, settings: dict) -> tuple:
+def profile_key(net, batch: int, device_name: str, versions: dict, settings: dict,
+                relu_bits=frozenset()) -> tuple:
     """(key, fields): a 16-hex-digit hash of everything a profile depends on, and those things."""
-    fields = {"structure": structure_hash(net, batch), "batch": int(batch),
+    fields = {"structure": structure_hash(net, batch, relu_bits), "batch": int(batch),
               "device": device_name, "versions": versions, "settings": settings}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return key, fields
@@ -103,13 +105,16 @@ def load_profile(path) -> Profile:
 
 
 def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = False,
-                directory=None, repeats: int | None = None, log=None) -> Profile:
+                directory=None, repeats: int | None = None, log=None,
+                relu_bits=frozenset()) -> Profile:
     """The measured profile of `net` at `batch` on `device` under the kernels' current math
-    mode: from the cache when its key matches, else measured now and cached."""
+    mode, with the ReLUs `relu_bits` keeping bit masks (a decision's relu_bits): from the
+    cache when its key matches, else measured now and cached."""
     device = device if isinstance(device, Device) else select_device(device)
     kernels = kernel_modules.for_device(device)
     settings = kernel_settings(kernels)
-    key, fields = profile_key(net, batch, device.name, library_versions(device), settings)
+    key, fields = profile_key(net, batch, device.name, library_versions(device), settings,
+                              relu_bits)
     path = profile_path(net, batch, device.name, key, directory)
     if path.exists() and not refresh:
         try:
@@ -122,7 +127,7 @@ def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = 
                 return prof
     if log:
         log(f"profiling {net.name} at batch {batch} on {device.name} (cached in {path})")
-    prof = measure_profile(net, batch, device, repeats=repeats)
+    prof = measure_profile(net, batch, device, repeats=repeats, relu_bits=relu_bits)
     prof.key, prof.key_fields = key, fields
     save_profile(prof, path)
     return prof
@@ -185,7 +190,7 @@ def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
         y = xs[0].reshape(out_shape)
     else:
         y = xp.empty(out_shape, dtype=dtype)
-    aux = {a: xp.zeros(s, dtype=dt) for a, (s, dt) in layer.aux_specs().items()}
+    aux = {a: xp.zeros(s, dtype=dt) for a, (s, dt) in plan.aux_specs(i).items()}
     gy = _random(xp, out_shape, dtype, rng) if out_shape else xp.ones((), dtype=dtype)
     gxs = []
     for k, name in enumerate(node.inputs):
@@ -263,7 +268,7 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
     layer, xp = node.layer, ctx.xp
     xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes)
     bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
-    by = y if layer.retain_output else None
+    by = y if plan.retains_output(i) else None
 
     def run() -> tuple:
         f, hf = clock(lambda: layer.forward(xs, y, aux, ctx), repeats)
@@ -277,20 +282,21 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
 
 
 def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
-                   progress: bool = True) -> dict:
-    """{node name: LayerCost} measured on `device` (see the module docstring). progress: a
-    progress bar on stderr, one tick per layer (a first convolution of each shape also
-    measures every cuDNN plan, which takes seconds)."""
+                   progress: bool = True, relu_bits=frozenset()) -> dict:
+    """{node name: LayerCost} measured on `device` (see the module docstring), the ReLUs
+    `relu_bits` keeping bit masks. progress: a progress bar on stderr, one tick per layer (a
+    first convolution of each shape also measures every cuDNN plan, which takes seconds)."""
     from tqdm import tqdm
     kernels = kernel_modules.for_device(device)
     deterministic = kernel_settings(kernels)["deterministic"]
     repeats = repeats or DEFAULT_REPEATS[device.kind]
-    plan = LivenessPlan(net, batch)
+    plan = LivenessPlan(net, batch, relu_bits=relu_bits)
     shapes = net.infer_shapes(batch)
     xp = device.xp
     rng = np.random.default_rng(0)
     num_classes = shapes[net.output][-1]
-    ctx = StepContext(xp, kernels=kernels, train=True, step=0, seed=0, device=device)
+    ctx = StepContext(xp, kernels=kernels, train=True, step=0, seed=0, device=device,
+                      relu_bits=plan.relu_bits)
     clock = _Clock(device)
     manager_s = _manager_overhead(net, batch)
     saved = [(p, p.data, p.grad) for _, p in net.parameters()]
@@ -407,13 +413,14 @@ def device_memory_bytes(device: Device) -> int:
 
 
 def measure_profile(net, batch: int, device: Device | str = "auto",
-                    repeats: int | None = None) -> Profile:
-    """Measure the Profile of `net` at `batch` on `device` now (no cache; see get_profile)."""
+                    repeats: int | None = None, relu_bits=frozenset()) -> Profile:
+    """Measure the Profile of `net` at `batch` on `device` now, the ReLUs `relu_bits`
+    keeping bit masks (no cache; see get_profile)."""
     device = device if isinstance(device, Device) else select_device(device)
     kernels = kernel_modules.for_device(device)
     settings = kernel_settings(kernels)
     t0 = time.perf_counter()
-    layers = measure_layers(net, batch, device, repeats)
+    layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits)
     opt_s, opt_host_s = measure_optimizer(net, device)
     d2h, h2d, both = measure_bandwidth(device)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s"]
@@ -424,4 +431,5 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s,
                    synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
-                   key_fields={"structure": structure_hash(net, batch)}, notes=notes)
+                   key_fields={"structure": structure_hash(net, batch, relu_bits)},
+                   notes=notes)

@@ -99,13 +99,14 @@ class Planner:
     moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
     evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
     VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
+    relu_bits: the ReLUs that keep bit masks in the run (see StepModel).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True):
+                 recompute: bool = True, relu_bits=frozenset(), maps=None):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -115,7 +116,8 @@ class Planner:
         self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
-                               static_layout=static_layout)
+                               static_layout=static_layout, relu_bits=relu_bits,
+                               maps=maps)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -366,7 +368,8 @@ class Planner:
                               usable=self.usable, prefetch_lookahead=0,
                               momentum=m.momentum_bytes > 0,
                               input_batches=m.input_bytes // max(m.input_batch_bytes, 1),
-                              static_layout=m.static_layout)
+                              static_layout=m.static_layout, relu_bits=m.relu_bits,
+                              maps=m.maps)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -406,6 +409,10 @@ class Planner:
                          "fastest plan")
         else:
             self.greedy()
+            # greedy() prunes only its own answer; the floor's may be faster, and pruning it
+            # can trade its offloads for recomputations on the plans it chose (a map rebuilt
+            # by a convolution on its memory-optimal plan, say).
+            self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
         return PlanResult(model=m, best=best, floor=floor, floor_trail=trail, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,

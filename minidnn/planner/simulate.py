@@ -44,19 +44,21 @@ import numpy as np
 
 from ..backend import Device
 from ..executor import Executor
+from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
-from ..memory.allocator import CountingAllocator
+from ..memory.allocator import CountingAllocator, wait_until_fits
+from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, numel, optimizer_transient_bytes, param_bytes,
                     transient_bytes)
-from .dyn import FixedDecision
 
 
 # ---- the recording device ------------------------------------------------------------------------
 class Mark:
-    """An operation on a stream: a tracer mark, which the log turns into a layer call, a copy,
-    the optimizer step or a step boundary (kind), or a zero-length marker."""
+    """An operation on a stream: a layer call or a copy (kind; the observer's begin_layer /
+    begin_copy says which before the call is issued), the optimizer step or a step boundary,
+    or a zero-length marker (the end of a call or copy)."""
     __slots__ = ("stream", "kind", "label", "nbytes")
 
     def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
@@ -180,8 +182,8 @@ class RecordingAllocator(CountingAllocator):
         self.log.append(Free(self._serial.pop(id(buf)), after))
 
 
-class _Recorder:
-    """The tracer interface (see trace.Tracer) turned into log entries, plus, at the start of
+class _Recorder(StepObserver):
+    """The observer interface (memory/observer.py) turned into log entries, plus, at the start of
     every layer call of the first step, the allocator's bytes in use, the feature-map bytes
     on the device and which storages those are."""
 
@@ -192,16 +194,16 @@ class _Recorder:
         self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
         self.sampling = True
 
-    def mark(self, stream):
-        m = Mark(stream.name)
+    def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
+        m = Mark(stream.name, kind, label, nbytes)
         self.log.append(m)
         return m
 
-    def layer(self, phase, name, index, start, end) -> None:
-        start.kind, start.label = "layer", (phase, index)
+    def begin_layer(self, stream, phase, name, index):
+        return self.mark(stream, "layer", (phase, index))
 
-    def copy(self, track, name, start, end, nbytes) -> None:
-        start.kind, start.label, start.nbytes = "copy", track, int(nbytes)
+    def begin_copy(self, stream, track, name, nbytes):
+        return self.mark(stream, "copy", name, int(nbytes))
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
@@ -209,37 +211,28 @@ class _Recorder:
             self.samples.append((phase, self.index[layer], int(device_bytes),
                                  int(feature_map_bytes), resident))
 
-    def begin_step(self, step) -> None:
-        pass
-
     def optimizer_and_step_end(self) -> None:
         self.log.append(Mark("compute", "optimizer"))
         self.log.append(Mark("compute", "step_end"))
 
 
-class _DryExecutor(Executor):
+def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
+                  offload=frozenset(), static_layout: bool = True, workspace=None,
+                  recompute=frozenset(), relu_bits=frozenset(), maps=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
-    set, exactly as a real run's would be."""
-
-    def __init__(self, net, batch, device: SymbolicDevice, prefetch_lookahead: int,
-                 offload=frozenset(), static_layout: bool = True, workspace=None,
-                 recompute=frozenset()):
-        self._log = device.log
-        # The offload and recompute sets and the workspace blocks: conv plans are the
-        # profile's business (the dry run runs no kernels), and the network's layers are left
-        # as they are.
-        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
-                                  recompute=frozenset(recompute))
-        super().__init__(net, batch, device=device, policy=FixedDecision(decision),
-                         memory_budget=None, prefetch_lookahead=prefetch_lookahead,
-                         compute=False, static_layout=static_layout)
-
-    def _make_allocator(self, budget):
-        return RecordingAllocator(self._log)
-
-    def _make_host(self, limit):
-        return CountingAllocator(limit)
+    set, exactly as a real run's would be. The decision carries the offload and recompute
+    sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
+    profile's business (the dry run runs no kernels). maps: the feature maps' format
+    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer."""
+    maps = maps if maps is not None else MapFormat()
+    decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
+                              recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
+                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
+                              precision=maps.precision, layout=maps.layout)
+    return Executor(net, batch, device=device, decision=decision, memory_budget=None,
+                    compute=False, static_layout=static_layout,
+                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None))
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -259,7 +252,9 @@ class Evaluation:
     storage ids}; peak_point: the call of required_bytes (or 'optimizer' / 'allocation');
     fm_peak_point: the call with the most feature-map bytes. calls: {(phase, node index):
     (start, end, stall)} of the last step, seconds from its start, stall = time the compute
-    stream sat idle right before the call; host_wait_s: host time spent waiting for copies
+    stream sat idle right before the call; copies: [(stream, storage name, start, end)] of
+    the last step's copies on the 'offload' and 'prefetch' streams, seconds from its start
+    (planner/timeline.py draws both); host_wait_s: host time spent waiting for copies
     to free memory.
     """
     offload: frozenset
@@ -281,6 +276,7 @@ class Evaluation:
     peak_point: object = None
     fm_peak_point: object = None
     calls: dict = field(repr=False, default_factory=dict)
+    copies: list = field(repr=False, default_factory=list)
     host_wait_s: float = 0.0
     over_budget: bool = False
     workspace: dict = field(repr=False, default_factory=dict)
@@ -313,21 +309,25 @@ class StepModel:
     parameter; input_batches: input batches the data source keeps on the device (the
     synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
     default: every feature-map block at an address planned before step one). steps:
-    back-to-back steps simulated (>= 2).
+    back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
+    run (MemoryDecision.relu_bits); the profile must have been made with them.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True):
-        profile.check_matches(net, batch)
+                 static_layout: bool = True, relu_bits=frozenset(), maps=None):
+        self.relu_bits = frozenset(relu_bits)
+        self.maps = maps if maps is not None else MapFormat()
+        profile.check_matches(net, batch, self.relu_bits)
         self.net, self.batch, self.profile = net, int(batch), profile
         self.budget = budget
         self.usable = usable if usable is not None else budget
         self.steps = max(2, int(steps))
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
-        probe = _DryExecutor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False)
+        probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
+                              relu_bits=self.relu_bits, maps=self.maps)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
@@ -389,15 +389,15 @@ class StepModel:
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
         device = SymbolicDevice()
         planned = self.workspace_blocks(conv_algo, recompute)
-        ex = _DryExecutor(self.net, self.batch, device, self.lookahead, offload,
-                          self.static_layout, planned, recompute)
+        ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
+                           self.static_layout, planned, recompute, self.relu_bits,
+                           maps=self.maps)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log
         log.clear()     # parameters and the region were taken before the step: `held`
         rec = _Recorder(log, ex.manager, self.index)
-        ex.tracer = rec
-        ex.manager.tracer = rec
+        ex.watch(rec)
         stats = None
         for _ in range(self.steps):
             stats = ex.simulate_step()
@@ -432,7 +432,7 @@ class StepModel:
             region_bytes=int(layout.size) if layout is not None else 0, levels=levels,
             fm_levels=fm_levels, resident=resident, peak_point=peak_point,
             fm_peak_point=max(fm_levels, key=lambda k: fm_levels[k]), calls=t["calls"],
-            host_wait_s=t["host_wait"], over_budget=t["over_budget"])
+            copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
     def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
@@ -448,6 +448,7 @@ class StepModel:
         host_wait = 0.0
         over = False
         copies = {"offload": ([], []), "prefetch": ([], [])}   # (starts, ends) per stream
+        spans: list = []             # (stream, storage name, start, end) of every copy
         rate = {"offload": prof.d2h_bw, "prefetch": prof.h2d_bw}
         total_bw = prof.d2h_bw + prof.h2d_bw
         shared = {k: min(v, prof.duplex_bw * v / total_bw) for k, v in rate.items()}
@@ -456,6 +457,18 @@ class StepModel:
         busy = 0.0
         busy_at_step: list = []
         last_work = 0.0   # end of the latest layer or optimizer step on the compute stream
+
+        def wait_oldest() -> bool:
+            """The host waits for the oldest free behind a copy (False: none pending)."""
+            nonlocal host, in_use, host_wait
+            if not pending:
+                return False
+            key, ev = pending.popleft()
+            if ev.time > host:
+                host_wait += ev.time - host
+                host = ev.time
+            in_use -= sizes.pop(key)
+            return True
 
         def take(n: int) -> None:
             nonlocal host, in_use, peak, host_wait, over
@@ -468,12 +481,8 @@ class StepModel:
                         still.append((key, ev))
                 pending.clear()
                 pending.extend(still)
-            while in_use + n > budget and pending:  # under pressure: wait, oldest first
-                key, ev = pending.popleft()
-                if ev.time > host:
-                    host_wait += ev.time - host
-                    host = ev.time
-                in_use -= sizes.pop(key)
+            # Under pressure the host waits for the oldest pending free: the arena's rule.
+            wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
             in_use += n
             if in_use > budget:
                 over = True
@@ -528,6 +537,7 @@ class StepModel:
                     end = copy_end(s, start, op.nbytes)
                     copies[s][0].append(start)
                     copies[s][1].append(end)
+                    spans.append((s, op.label, start, end))
                     tail[s] = end
                 elif kind == "optimizer":
                     host += prof.optimizer_host_s
@@ -560,7 +570,9 @@ class StepModel:
 
         begin = step_ends[-2]
         last = {k: (a - begin, b - begin, stall) for k, (a, b, stall) in calls.items()}
+        moved = [(s, name, a - begin, b - begin) for s, name, a, b in spans if a >= begin]
         return {"step": step_ends[-1] - step_ends[-2], "peak": peak, "calls": last,
+                "copies": moved,
                 "compute": busy_at_step[-1] - busy_at_step[-2], "host_wait": host_wait,
                 "over_budget": over}
 

@@ -1,0 +1,50 @@
+"""Claims in benchmarks/RESULTS.md and the README that a CPU can check: a row of the dry-run
+table is what `scripts/bench_memory.py --dry` prints at this commit."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_memory():
+    spec = importlib.util.spec_from_file_location(
+        "bench_memory", os.path.join(ROOT, "scripts", "bench_memory.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_vgg16_b256_all_row_of_the_dry_table_is_what_the_command_prints(capsys):
+    bench = bench_memory()
+    bench.dry(bench.parse_configs("vgg16:224:256"), ["all"], lookahead=1, budget=None)
+    printed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| vgg16 | 256 |")]
+    assert len(printed) == 1
+    assert printed[0] == ("| vgg16 | 256 | 224 | 27.86 GiB | 14.98 GiB | all | 9.19 GiB | "
+                          "1.49 GiB | -94.6% | 14.91 GiB | 10.22 GiB | - |")
+    results = open(os.path.join(ROOT, "benchmarks", "RESULTS.md")).read()
+    assert printed[0] in results.splitlines()
+
+
+def test_the_readmes_speedup_over_save_on_cpu_says_it_divides_two_runs():
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    at = readme.index("5.9x")
+    sentence = readme[readme.rindex(". ", 0, at):readme.index(".", at)]
+    assert "Dividing the figures of those two runs" in sentence, sentence
+    assert "another run (commit 219ac91" in readme and "at commit d9cfe81" in readme
+
+
+def test_the_readme_sample_output_is_the_main_jobs_and_says_what_varies():
+    """The sample's first line is what `minidnn train` prints first (parameters, data), and the
+    text after it names the figures that depend on the machine."""
+    from minidnn.train import TrainConfig, train
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    quick = readme.split("## Quickstart", 1)[1].split("## ", 1)[0]
+    sample = quick.split("```")[3].strip().splitlines()
+    lines = []
+    train(TrainConfig(steps=0, eval_every=0, progress=False, device="cpu"), log=lines.append)
+    assert sample[0] == lines[0]
+    assert sample[-1].startswith(tuple("0123456789")) and "images/s" in sample[-1]
+    after = " ".join(quick.split("```")[4].split())
+    assert "Which figures vary: images/s and wall time depend on the machine" in after
+    assert "losses and accuracies" in after

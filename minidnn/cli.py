@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read the loss back from the device every N steps (default "
                         f"{d.log_every})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_ranks_arguments(t, d)
 
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
                        description="Print every layer of a network with its output shape, "
@@ -153,6 +154,39 @@ def build_parser() -> argparse.ArgumentParser:
     from .planner import command as plan_command
     plan_command.add_parser(sub)
     return parser
+
+
+def _add_ranks_arguments(t, d: TrainConfig) -> None:
+    """Data-parallel training (minidnn/distributed): several ranks, one per GPU."""
+    g = t.add_argument_group("several GPUs (data parallel)")
+    g.add_argument("--ranks", type=argtypes.positive_int, default=None, metavar="N",
+                   help="train on N ranks, one process per GPU; --batch stays the global batch, "
+                        "split evenly. Alone: starts N ranks on this host. Under torchrun "
+                        "(WORLD_SIZE set) or with --rank: must equal the number of ranks")
+    g.add_argument("--rank", type=argtypes.count, default=None, metavar="R",
+                   help="this process is rank R of --ranks N started by hand on each host "
+                        "(torchrun sets RANK instead)")
+    g.add_argument("--local-rank", type=argtypes.count, default=None, metavar="L",
+                   help="this rank's GPU on its host (default: the rank; torchrun sets "
+                        "LOCAL_RANK)")
+    g.add_argument("--rendezvous", default=None, metavar="tcp://HOST:PORT|file:PATH",
+                   help="where the ranks meet: rank 0's address and a free port, or a file "
+                        "every host sees (default: MASTER_ADDR and MASTER_PORT)")
+    g.add_argument("--collective-timeout", type=argtypes.positive_float,
+                   default=d.collective_timeout, metavar="S",
+                   help=f"seconds a rank waits for the others before it gives up (default "
+                        f"{d.collective_timeout:g})")
+    g.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
+                   metavar="GB/S", help="--policy dyn plans with pinned copies at most this "
+                   "fast each way: what each GPU gets with all ranks offloading at once "
+                   "(scripts/bench_host_link.py measures it)")
+
+
+def _world(args):
+    """(this process's distributed.World or None, whether to start --ranks processes)."""
+    from .distributed import resolve_world
+    world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
+    return world, world is None and (args.ranks or 1) > 1
 
 
 class _PipeSafeOutput:
@@ -192,11 +226,11 @@ class _PipeSafeOutput:
         return getattr(self.stream, name)
 
 
-def _train(args) -> int:
+def _train(args, argv: list[str]) -> int:
     out = _PipeSafeOutput(sys.stdout)
     sys.stdout = out
     try:
-        code = _run_training(args)
+        code = _run_training(args, argv)
         out.flush()
     finally:
         sys.stdout = out.stream
@@ -208,8 +242,14 @@ def _train(args) -> int:
     return code
 
 
-def _run_training(args) -> int:
+def _run_training(args, argv: list[str]) -> int:
     from .train import summary_lines, train
+    world, start_ranks = _world(args)
+    if start_ranks:
+        from .distributed.data_parallel import split_batch
+        from .distributed.launch import launch
+        split_batch(args.batch, args.ranks)   # before starting any rank
+        return launch(argv, args.ranks)
     cfg = TrainConfig(
         model=args.model, batch=args.batch, image_size=args.image_size, steps=args.steps,
         device=args.device, seed=args.seed, lr=args.lr, momentum=args.momentum,
@@ -222,8 +262,11 @@ def _run_training(args) -> int:
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
-        log_every=args.log_every)
-    report = train(cfg)
+        log_every=args.log_every, collective_timeout=args.collective_timeout,
+        host_link_gbps=args.host_link_gbps)
+    report = train(cfg, world=world)
+    if world is not None and not world.is_main:
+        return 0   # rank 0 speaks for the run
     for line in summary_lines(report):
         print(line)
     for what, path in (("report", cfg.report), ("checkpoint", cfg.checkpoint),
@@ -258,6 +301,13 @@ def _models() -> int:
     return 0
 
 
+def _record_rank_error(error) -> bool:
+    """In a rank started by `--ranks N`: hand the error to the launcher, which prints one
+    error for the whole run (True); elsewhere False."""
+    from .distributed.launch import launched, record_rank_error
+    return launched() and record_rank_error(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 error)."""
     parser = build_parser()
@@ -267,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if args.command == "train":
-            return _train(args)
+            return _train(args, list(sys.argv[1:] if argv is None else argv))
         if args.command == "summary":
             return _summary(args)
         if args.command == "plan":
@@ -278,12 +328,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minidnn: interrupted by {e}", file=sys.stderr)
         return e.status
     except (MinidnnError, UsageError) as e:
-        print(f"minidnn: error: {e}", file=sys.stderr)
+        if not _record_rank_error(e):
+            print(f"minidnn: error: {e}", file=sys.stderr)
         return 2
     except MemoryError as e:  # NumPy could not allocate host memory (not a device budget)
-        print(f"minidnn: error: out of host memory: {e}; try a smaller --batch or "
-              f"--image-size", file=sys.stderr)
+        message = f"out of host memory: {e}; try a smaller --batch or --image-size"
+        if not _record_rank_error(message):
+            print(f"minidnn: error: {message}", file=sys.stderr)
         return 2
+    except Exception as e:   # a bug: its traceback follows; a launcher learns of it too
+        _record_rank_error(e)
+        raise
     except SystemExit as e:  # --help and --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:

@@ -378,11 +378,15 @@ class BatchLoader:
     (stopping after `steps` batches when given, else after one pass over the data without
     shuffle, else never). A thread fills a queue of at most `prefetch` batches; an error in
     the thread is raised in the consumer. Use as a context manager or call `close()`.
+
+    rows: load only these rows of each batch (a slice; one rank's share of a global batch in
+    data-parallel training, so that the ranks together see exactly the batches one process
+    would). Default: the whole batch.
     """
 
     def __init__(self, dataset: Dataset, batch: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, start_step: int = 0, steps: int | None = None,
-                 prefetch: int = 2):
+                 prefetch: int = 2, rows: slice | None = None):
         if int(batch) < 1:
             raise ConfigError(f"batch must be a positive integer, got {batch}")
         n = len(dataset)
@@ -401,6 +405,7 @@ class BatchLoader:
             steps = max(self.batches_per_epoch - self.start_step, 0)
         self.steps = steps
         self.prefetch = max(int(prefetch), 1)
+        self.rows = rows if rows is not None else slice(None)
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -424,8 +429,8 @@ class BatchLoader:
         return order[b * self.batch:(b + 1) * self.batch]
 
     def batch_at(self, step: int):
-        """The batch at `step`, loaded in the calling thread."""
-        return self.dataset.get_batch(self.indices(step))
+        """The batch at `step` (its `rows`), loaded in the calling thread."""
+        return self.dataset.get_batch(self.indices(step)[self.rows])
 
     def _work(self) -> None:
         step = self.start_step

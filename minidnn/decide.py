@@ -103,8 +103,10 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    deterministic: bool | None = None, static_layout: bool | None = None,
                    relu_bits: bool = False, precision: str = "fp32",
                    layout: str | None = None, micro_batches: int | None = None,
-                   split_batch_statistics: bool = False) -> Executor:
-    """`decide(...)`, then an Executor of that decision (the arguments as there)."""
+                   split_batch_statistics: bool = False, batch_offset: int = 0,
+                   global_batch: int | None = None) -> Executor:
+    """`decide(...)`, then an Executor of that decision (the arguments as there; batch is
+    the executor's, one rank's share of `global_batch` in data-parallel training)."""
     device = device if isinstance(device, Device) else select_device(device)
     decision = decide(net, batch, policy, memory_budget, relu_bits=relu_bits,
                       prefetch_lookahead=prefetch_lookahead, device=device,
@@ -113,4 +115,5 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,
-                    split_batch_statistics=split_batch_statistics)
+                    split_batch_statistics=split_batch_statistics,
+                    batch_offset=batch_offset, global_batch=global_batch)

@@ -48,6 +48,18 @@ class HostMemoryError(MinidnnError, MemoryError):
     """Pinned host memory for offloaded feature maps could not be had."""
 
 
+class CollectiveError(MinidnnError, RuntimeError):
+    """Ranks of a data-parallel run could not meet or exchange data (timeout, lost peer)."""
+
+
+class RankFailedError(CollectiveError):
+    """Another rank failed; carries that rank and its message, so every rank reports the cause."""
+
+    def __init__(self, rank: int, message: str):
+        self.rank, self.message = int(rank), str(message)
+        super().__init__(f"rank {rank} failed: {message}")
+
+
 def fmt_bytes(n: int | float | None) -> str:
     """1536 -> '1.50 KiB'. Binary units, as budgets are given (12GiB)."""
     if n is None:

@@ -57,6 +57,7 @@ from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
+from .memory.observer import ObserverGroup
 from .memory.plan import LivenessPlan
 from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable
 from .memory.record import layout_for_step
@@ -120,6 +121,10 @@ class Executor:
     out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
     'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
     layers/precision.py runs layers on them).
+    batch_offset / global_batch: this executor's batch is rows batch_offset .. batch_offset
+    + batch of a larger global batch (one rank's share in data-parallel training); layers that
+    draw per row (dropout) draw for the global batch and use these rows. Default: the batch
+    is the whole batch.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -131,9 +136,15 @@ class Executor:
                  host_limit: int | str | None = None, math: str | None = None,
                  deterministic: bool | None = None, static_layout: bool | None = None,
                  allocator: Allocator | None = None, host: Allocator | None = None,
-                 input_grad: bool = False, split_batch_statistics: bool = False):
+                 input_grad: bool = False, split_batch_statistics: bool = False,
+                 batch_offset: int = 0, global_batch: int | None = None):
         self.net = net
         self.batch = int(batch)
+        self.batch_offset = int(batch_offset)
+        self.global_batch = self.batch if global_batch is None else int(global_batch)
+        if not 0 <= self.batch_offset <= self.global_batch - self.batch:
+            raise ConfigError(f"rows {self.batch_offset}..{self.batch_offset + self.batch} do "
+                              f"not lie in a global batch of {self.global_batch}")
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
@@ -191,7 +202,8 @@ class Executor:
             raise
         self._host_params = []
         self.tracer = None
-        self.observer = None
+        self.observer = None           # what the executor and the manager tell (watch)
+        self._watched, self._standing = None, []
         if trace:
             self.enable_trace()
         self.step = 0                  # steps taken; seeds dropout, so resume replays it
@@ -356,7 +368,22 @@ class Executor:
 
     def watch(self, observer) -> None:
         """Tell `observer` (a memory.observer.StepObserver; None: no one) about every layer
-        call, copy and memory level of the steps from now on."""
+        call, copy and memory level of the steps from now on, instead of the one watching
+        before (observers added by `add_observer` keep watching)."""
+        self._watched = observer
+        self._install_observers()
+
+    def add_observer(self, observer) -> None:
+        """Also tell `observer` about every step, beside the one `watch` sets, for this
+        executor's lifetime. Data parallelism watches this way for the backward calls after
+        which a layer's parameter gradients are final (distributed/buckets.py)."""
+        self._standing.append(observer)
+        self._install_observers()
+
+    def _install_observers(self) -> None:
+        watching = [o for o in [self._watched] + self._standing if o is not None]
+        observer = watching[0] if len(watching) == 1 else \
+            ObserverGroup(watching) if watching else None
         self.observer = observer
         self.manager.observer = observer
 
@@ -393,7 +420,8 @@ class Executor:
                            seed=self.seed, device=self.device,
                            conv_plans=self.decision.conv_algo,
                            relu_bits=self.decision.relu_bits, dropout=self._dropout,
-                           batch_offset=offset, global_batch=self.batch)
+                           batch_offset=self.batch_offset + offset,
+                           global_batch=self.global_batch)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:

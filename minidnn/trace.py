@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .memory.observer import StepObserver
 
-TRACKS = ("compute", "offload", "prefetch")
+TRACKS = ("compute", "offload", "prefetch", "allreduce")
 
 
 @dataclass
@@ -94,7 +94,7 @@ class Tracer(StepObserver):
                        {"layer": name, "index": index}))
 
     def copy(self, track: str, name: str, start, end, nbytes: int) -> None:
-        """A copy on the offload or prefetch track."""
+        """A copy on the offload or prefetch track (or a bucket's all-reduce on its own)."""
         self._add(Span(track, name, track, self.step, start, end, {"bytes": int(nbytes)}))
 
     def memory(self, at, phase: str, layer: str, when: str, device_bytes: int,
@@ -182,12 +182,14 @@ class Tracer(StepObserver):
         pid = 0
         events = [{"name": "process_name", "ph": "M", "pid": pid,
                    "args": {"name": f"minidnn on {getattr(self.device, 'name', self.device.kind)}"}}]
-        for tid, track in enumerate(TRACKS, start=1):
+        # The memory manager's three streams always; the all-reduce when data parallel used it.
+        tracks = [t for t in TRACKS if t in TRACKS[:3] or any(s.track == t for s in spans)]
+        for tid, track in enumerate(tracks, start=1):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                            "args": {"name": f"{track} stream"}})
             events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                            "args": {"sort_index": tid}})
-        tids = {track: tid for tid, track in enumerate(TRACKS, start=1)}
+        tids = {track: tid for tid, track in enumerate(tracks, start=1)}
         for s in spans:
             events.append({"name": s.name, "cat": s.category, "ph": "X", "pid": pid,
                            "tid": tids[s.track], "ts": round(s.start_us, 3),

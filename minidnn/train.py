@@ -94,7 +94,10 @@ class TrainConfig:
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
     the device's default). eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
-    is read back from the device.
+    is read back from the device. collective_timeout: seconds a rank of a data-parallel run
+    waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
+    plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
+    offload at once, scripts/bench_host_link.py).
     """
     model: str = "alexnet"
     batch: int = 32
@@ -128,6 +131,8 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 10
     warmup_steps: int = 2
+    collective_timeout: float = 600.0
+    host_link_gbps: float | None = None
 
 
 def _check_config(cfg: TrainConfig) -> None:
@@ -231,15 +236,21 @@ def resolve_image_size(cfg: TrainConfig) -> int:
     return models.native_image_size(cfg.model)
 
 
-def make_executor(cfg: TrainConfig, net, device=None) -> Executor:
-    """The executor a run trains on (on `device`, a backend.Device, or on cfg.device)."""
-    return build_executor(net, cfg.batch, device=device or cfg.device, seed=cfg.seed,
-                    memory_budget=cfg.memory_budget, policy=cfg.policy,
-                    prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
-                    micro_batches=cfg.micro_batches,
-                    split_batch_statistics=cfg.split_batch_statistics,
-                    precision=cfg.precision, layout=cfg.layout)
+def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
+    """The executor a run trains on (on `device`, a backend.Device, or on cfg.device); with
+    `dp` (a distributed.DataParallel), on this rank's share of the batch."""
+    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
+    policy = cfg.policy
+    if cfg.host_link_gbps and policy == "dyn":
+        from .planner.dyn import DynPolicy
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps)
+    return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
+                          seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
+                          prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
+                          deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                          micro_batches=cfg.micro_batches,
+                          split_batch_statistics=cfg.split_batch_statistics,
+                          precision=cfg.precision, layout=cfg.layout, **share)
 
 
 class StepTimer:
@@ -283,15 +294,17 @@ class StepTimer:
         self._last = self._stamp()
 
 
-def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0) -> dict:
-    """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`."""
+def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0,
+             rows: slice | None = None) -> dict:
+    """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`
+    (over `rows` of each batch only, when given: one rank's share)."""
     steps = min(max_batches, len(dataset) // batch)
     if steps < 1:
         raise DataError(f"evaluation needs at least one full batch: the held-out set has "
                         f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")
     correct = total = 0
     loss_sum = 0.0
-    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps) as loader:
+    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps, rows=rows) as loader:
         for x, y in loader:
             loss, logits = ex.evaluate(x, y)
             correct += int((logits.argmax(axis=1) == y).sum())
@@ -321,19 +334,20 @@ def _check_resumable(ckpt, identity: dict) -> None:
                               f"{', '.join(diffs)}; resume with the same settings")
 
 
-def _batches(sources, cfg: TrainConfig, start: int, pool=None):
+def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None):
     """Iterator of (x, y) for steps start .. cfg.steps - 1, and the loader to close (or None).
 
-    pool: batches already on the device (synthetic data on a GPU), used in turn.
+    pool: batches already on the device (synthetic data on a GPU), used in turn. rows: this
+    rank's rows of each batch (data-parallel), or None.
     """
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
-                         steps=cfg.steps - start)
+                         steps=cfg.steps - start, rows=rows)
     return iter(loader), loader
 
 
-def train(config: TrainConfig | None = None, log=print) -> dict:
+def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
     """Run training as configured; returns the run report (and writes it when config.report).
 
     log: where progress messages go (one string per call); the progress bar goes to stderr
@@ -344,17 +358,50 @@ def train(config: TrainConfig | None = None, log=print) -> dict:
     Interrupted after SIGINT or SIGTERM (in the main thread); both carry the report of the
     steps done in `.report` and have written it to config.report, and an interrupted run has
     written its checkpoint.
+
+    world: a distributed.World when this process is one rank of a data-parallel run of more
+    than one rank; config.batch is then the global batch (see _rank).
     """
     cfg = dataclasses.replace(config) if config is not None else TrainConfig()
     _check_config(cfg)
-    with contextlib.ExitStack() as stack:
-        if cfg.checkpoint:  # one writer per checkpoint; also clears a killed writer's temp files
-            stack.enter_context(CheckpointLock(cfg.checkpoint))
-        stop = stack.enter_context(StopSignals())
-        return _train(cfg, log, stop)
+    cfg, log, dp = _rank(cfg, log, world)
+    try:
+        with contextlib.ExitStack() as stack:
+            # One writer per checkpoint (rank 0 of several); also clears a killed writer's
+            # temp files.
+            if cfg.checkpoint and (dp is None or dp.is_main):
+                stack.enter_context(CheckpointLock(cfg.checkpoint))
+            stop = stack.enter_context(StopSignals())
+            report = _train(cfg, log, stop, dp)
+    except BaseException as e:
+        if dp is not None:
+            dp.abort(e)   # every other rank ends too, with this error
+        raise
+    if dp is not None:
+        dp.close()
+    return report
 
 
-def _train(cfg: TrainConfig, log, stop: "StopSignals") -> dict:
+def _rank(cfg: TrainConfig, log, world):
+    """(cfg, log, distributed.DataParallel or None) of this process. One rank of several
+    connects to the others now; only rank 0 prints, and writes checkpoints, the report, the
+    trace and the plot."""
+    if world is None or world.size == 1:
+        return cfg, log, None
+    from .distributed import DataParallel
+    dp = DataParallel(world, cfg.batch, timeout=cfg.collective_timeout)
+    if not dp.is_main:
+        cfg = dataclasses.replace(cfg, progress=False, report=None, trace=None, plot=None)
+        log = _silent
+    return cfg, log, dp
+
+
+def _silent(*_):
+    pass
+
+
+def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
+    """The run itself (dp: this rank's distributed.DataParallel, or None)."""
     started = time.perf_counter()
     image_size = resolve_image_size(cfg)
     sources = open_data(cfg.data, image_size, cfg.seed, cfg.num_classes)
@@ -371,13 +418,16 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals") -> dict:
                               f"total; give more than {ckpt.step})")
         restore(ckpt, net, model=cfg.model)  # parameters first: the executor then keeps them
         start = ckpt.step
-    device = select_device(cfg.device)
+    _check_world_size(ckpt, dp.size if dp else 1)
+    device = dp.select_device(cfg.device) if dp else select_device(cfg.device)
+    if dp:
+        dp.connect(device)   # NCCL's buffers before the executor's arena
     pool = None
     if isinstance(sources.train, SyntheticImages) and device.is_gpu:
         # Made on the device before the executor exists, so that, like a data loader's
         # buffers, they stay outside its arena and no host copy or RNG work is timed.
-        pool = sources.train.device_batches(cfg.batch, device)
-    ex = make_executor(cfg, net, device)
+        pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
+    ex = make_executor(cfg, net, device, dp)
     try:
         ex.step = start  # dropout draws from (seed, step, layer): a resumed run replays them
         opt = SGD(net.parameters(), lr=cfg.lr, momentum=cfg.momentum,
@@ -385,11 +435,14 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals") -> dict:
                   allocator=ex.allocator)  # momentum counts against the memory budget too
         if ckpt is not None:
             restore_optimizer(ckpt, opt)
+        if dp:
+            opt = dp.attach(ex, opt)   # gradients all-reduced in buckets during backward
         log(f"{cfg.model}: {net.num_params():,} parameters, {image_size}x{image_size} images, "
             f"batch {cfg.batch}, on {ex.device.kind}"
             + (f" ({ex.device.name})" if ex.device.name != ex.device.kind else "")
             + f"; data: {sources.description}"
-            + (f"; resuming at step {start}" if start else ""))
+            + (f"; resuming at step {start}" if start else "")
+            + (f"; {dp.size} ranks of {dp.local_batch} images" if dp else ""))
         if cfg.memory_budget is not None:
             # Say what the number means: '12G' and '12GB' are 10^9 bytes, '12GiB' 2^30.
             log(f"memory budget {fmt_bytes(cfg.memory_budget)} ({cfg.memory_budget:,} bytes)")
@@ -397,7 +450,8 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals") -> dict:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, net, opt, sources, start, pool,
-                    dict(dataclasses.asdict(cfg), identity=identity), log, stop)
+                    dict(dataclasses.asdict(cfg), identity=identity,
+                         world_size=dp.size if dp else 1), log, stop, dp)
 
         def report_now() -> dict:
             return build_report(cfg, ex=ex, net=net, image_size=image_size,
@@ -419,7 +473,11 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals") -> dict:
             if cfg.report:
                 write_output("--report", cfg.report, lambda path: write_report(path, report))
             raise
+        if dp:
+            dp.check_parameters("at the end")
         report = report_now()
+        if dp:
+            report.update(dp.report_fields())
         # The report first: a trace or plot that cannot be written must not lose it.
         if cfg.report:
             write_output("--report", cfg.report, lambda path: write_report(path, report))
@@ -478,6 +536,17 @@ def write_output(option: str, path: str, write) -> None:
                           f"pip install 'minidnn[plot]'") from e
 
 
+def _check_world_size(ckpt, size: int) -> None:
+    """A run resumes with the number of ranks that wrote its checkpoint (the batch order and
+    dropout masks are per rank share)."""
+    if ckpt is None:
+        return
+    saved = ckpt.meta.get("config", {}).get("world_size", 1)
+    if saved != size:
+        raise CheckpointError(f"checkpoint {ckpt.path!r} was written by a run of {saved} "
+                              f"rank(s); resume it with --ranks {saved}, not {size}")
+
+
 class _Loop:
     """The steps of one run: train, read the loss now and then, evaluate, checkpoint.
 
@@ -488,11 +557,12 @@ class _Loop:
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
-                 run_config: dict, log, stop: StopSignals | None = None):
+                 run_config: dict, log, stop: StopSignals | None = None, dp=None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
         self.stop = stop
+        self.dp = dp                     # distributed.DataParallel of a rank, or None
         self.saved_step: int | None = None   # the step of the last checkpoint written
         self.losses: list[float] = []
         self.pending: list = []          # loss values still on the device
@@ -505,7 +575,8 @@ class _Loop:
     def loop(self) -> None:
         cfg, ex = self.cfg, self.ex
         eval_ok = self.sources.eval is not None and len(self.sources.eval) >= cfg.batch
-        batches, loader = _batches(self.sources, cfg, self.start, self.pool)
+        batches, loader = _batches(self.sources, cfg, self.start, self.pool,
+                                   self.dp.rows if self.dp else None)
         self.bar = _progress_bar(cfg, self.start)
         try:
             for step in range(self.start, cfg.steps):
@@ -562,8 +633,10 @@ class _Loop:
         """
         cfg = self.cfg
         self.timer.resolve()
-        for value in self.pending:
-            v = float(value)
+        values = [float(value) for value in self.pending]
+        if self.dp:
+            values = self.dp.mean(values)   # every rank's loss: the global batch's
+        for v in values:
             if not math.isfinite(v):
                 at = self.start + len(self.losses) + 1
                 self.pending.clear()
@@ -579,8 +652,11 @@ class _Loop:
     def evaluate(self, step: int) -> None:
         cfg = self.cfg
         self.read_losses(step)
-        result = dict(step=step, **evaluate(self.ex, self.sources.eval, cfg.batch,
-                                            cfg.eval_batches, cfg.seed))
+        result = evaluate(self.ex, self.sources.eval, cfg.batch, cfg.eval_batches, cfg.seed,
+                          self.dp.rows if self.dp else None)
+        if self.dp:
+            result = self.dp.combine_eval(result)
+        result = dict(step=step, **result)
         self.evals.append(result)
         recent = np.mean(self.losses[-cfg.log_every:]) if self.losses else float("nan")
         _write(self.bar, self.log, f"step {step}/{cfg.steps}: training loss {recent:.4f}, "
@@ -598,6 +674,8 @@ class _Loop:
                                       f"training diverged (try a smaller --lr, now "
                                       f"{self.cfg.lr}); the checkpoint was not overwritten",
                                       step=step)
+        if self.dp and not self.dp.is_main:
+            return   # rank 0 writes it; every rank holds the same parameters
         save_checkpoint(self.cfg.checkpoint, self.net, self.opt, step=step, model=self.cfg.model,
                         seed=self.cfg.seed, config=self.run_config)
         self.saved_step = step

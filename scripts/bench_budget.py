@@ -173,6 +173,9 @@ def minidnn_worker(spec: dict) -> dict:
                           recomputed_storages=len(best.recompute))
         if policy.split is not None:
             result["minimum_budget_bytes"] = policy.split.minimum_budget
+        if getattr(policy, "remeasured", None) is not None:  # planned again at the pass batch
+            result["predicted_from_scaled_profile_s"] = \
+                policy.split.chosen.result.best.step_time_s
         result.update(micro_batches=ex.micro_batches,
                       prefetch_lookahead=ex.prefetch_lookahead)
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,

@@ -42,3 +42,37 @@ class StepObserver:
                feature_map_bytes: int) -> None:
         """Bytes in use at mark `at`, at the 'start' or 'end' of a layer call: everything in
         the device allocator, and the feature maps the manager holds on the device."""
+
+
+class ObserverGroup(StepObserver):
+    """Several observers watching as one: each gets every call, with its own marks (a mark of
+    the group is the tuple of its members' marks)."""
+
+    def __init__(self, observers):
+        self.observers = [o for o in observers if o is not None]
+
+    def mark(self, stream):
+        return tuple(o.mark(stream) for o in self.observers)
+
+    def begin_layer(self, stream, phase: str, name: str, index: int):
+        return tuple(o.begin_layer(stream, phase, name, index) for o in self.observers)
+
+    def begin_copy(self, stream, track: str, name: str, nbytes: int):
+        return tuple(o.begin_copy(stream, track, name, nbytes) for o in self.observers)
+
+    def begin_step(self, step: int) -> None:
+        for o in self.observers:
+            o.begin_step(step)
+
+    def layer(self, phase: str, name: str, index: int, start, end) -> None:
+        for o, s, e in zip(self.observers, start, end):
+            o.layer(phase, name, index, s, e)
+
+    def copy(self, track: str, name: str, start, end, nbytes: int) -> None:
+        for o, s, e in zip(self.observers, start, end):
+            o.copy(track, name, s, e, nbytes)
+
+    def memory(self, at, phase: str, layer: str, when: str, device_bytes: int,
+               feature_map_bytes: int) -> None:
+        for o, a in zip(self.observers, at):
+            o.memory(a, phase, layer, when, device_bytes, feature_map_bytes)

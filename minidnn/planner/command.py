@@ -76,6 +76,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "default: dyn chooses K, the other policies run one pass)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
+    p.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
+                   metavar="GB/S", help="pinned copies get at most this many GB/s each way, "
+                   "e.g. what each GPU measured with several copying at once "
+                   "(scripts/bench_host_link.py)")
     p.add_argument("--report", default=None, metavar="RUN.json",
                    help="a run report: plan for its settings and compare with its measurements")
     p.add_argument("--refresh-profile", action="store_true",
@@ -336,6 +340,9 @@ def make_plan(args) -> dict:
         from ..memory.policy import relu_bits_for
         relu_bits = relu_bits_for(net)
     prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits)
+    if args.host_link_gbps:
+        prof = prof.with_host_link(args.host_link_gbps)
+        source += f"; host link {args.host_link_gbps:g} GB/s each way"
     notes = list(prof.notes)
     budget = s["budget"]
     if budget is None:

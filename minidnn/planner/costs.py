@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -128,6 +128,25 @@ class Profile:
             raise ConfigError(f"profile of {self.network!r} ({self.source}) has no layer "
                               f"{name!r}; it was made for another network (layers: "
                               f"{', '.join(list(self.layers)[:8])}...)") from None
+
+    def with_host_link(self, gbps: float | None) -> "Profile":
+        """This profile with pinned copies limited to `gbps` GB/s each way (None: as it is).
+
+        For a GPU that shares its host link: data-parallel ranks offloading at the same time
+        each get less than one GPU copying alone (scripts/bench_host_link.py measures what
+        each gets). Each direction becomes min(its own, gbps) and the duplex figure shrinks
+        in the same proportion as the faster direction.
+        """
+        if gbps is None:
+            return self
+        if not gbps > 0:
+            raise ConfigError(f"host link bandwidth must be positive GB/s, got {gbps!r}")
+        link = float(gbps) * 1e9
+        d2h, h2d = min(self.d2h_bw, link), min(self.h2d_bw, link)
+        scale = max(d2h, h2d) / max(self.d2h_bw, self.h2d_bw)
+        return replace(self, d2h_bw=d2h, h2d_bw=h2d, duplex_bw=self.duplex_bw * scale,
+                       notes=list(self.notes) + [f"host link limited to {gbps:g} GB/s per "
+                                                 f"direction (measured with GPUs sharing it)"])
 
     def check_matches(self, net, batch: int, relu_bits=frozenset()) -> None:
         """ConfigError unless this profile was made for `net` at `batch` with the ReLUs

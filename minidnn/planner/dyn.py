@@ -50,6 +50,8 @@ class DynPolicy(Policy):
     micro_batches: the count a step runs (None: the planner chooses it, split.py).
     batch: images per step (None: the batch of the plan `decide` is given); an executor
     binds both.
+    host_link_gbps: plan with pinned copies limited to this many GB/s each way (the share of
+    the host link each GPU gets when several offload at once: Profile.with_host_link).
     """
     name = "dyn"
     description = ("vDNN_dyn: profile the network, then choose per layer what to offload or "
@@ -60,7 +62,8 @@ class DynPolicy(Policy):
                  prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
                  log=None, choose_lookahead: bool = True, recompute: bool = True,
-                 micro_batches: int | None = None, batch: int | None = None):
+                 micro_batches: int | None = None, batch: int | None = None,
+                 host_link_gbps: float | None = None):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -76,8 +79,10 @@ class DynPolicy(Policy):
         self.recompute = bool(recompute)
         self.micro_batches = micro_batches
         self.batch = batch
+        self.host_link_gbps = host_link_gbps
         self.result = None
         self.split = None
+        self.remeasured = None   # the chosen count planned again from its own measured profile
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
              micro_batches=None, **_) -> None:
@@ -112,10 +117,12 @@ class DynPolicy(Policy):
         """The Profile of one pass of `pass_batch` images of a step of `batch`: the analytic
         model's at that batch, else the step's profile scaled (split.py)."""
         if self.gpu is not None and self.profile is None:
-            return self.profile_for(net, pass_batch, relu_bits)
-        from .split import scale_profile
-        return scale_profile(self.profile_for(net, batch, relu_bits), net, pass_batch,
-                             relu_bits)
+            profile = self.profile_for(net, pass_batch, relu_bits)
+        else:
+            from .split import scale_profile
+            profile = scale_profile(self.profile_for(net, batch, relu_bits), net, pass_batch,
+                                    relu_bits)
+        return profile.with_host_link(self.host_link_gbps)
 
     def decide(self, plan, budget=None):
         from .search import DEFAULT_RESERVE, LOOKAHEADS
@@ -139,6 +146,18 @@ class DynPolicy(Policy):
         chosen = self.split.chosen
         if chosen is None:
             raise self.split.infeasible_error()
+        if chosen.micro_batches > 1 and self.gpu is None and self.profile is None:
+            # A profile measured at the step's batch was scaled to the pass's batch by a rule
+            # (split.py); the plans cuDNN offers at the pass's batch, and their workspaces, can
+            # differ. So the count chosen is planned again from a profile measured at its own
+            # pass batch, which is what its steps will run.
+            measured = plan_split(
+                net, batch, lambda b: self.profile_for(net, b, plan.relu_bits).with_host_link(
+                    self.host_link_gbps),
+                int(budget), lookaheads, counts=[chosen.micro_batches], **options)
+            if measured.chosen is not None:
+                self.remeasured = measured
+                chosen = measured.chosen
         self.result = chosen.result
         return replace(self.result.decision, micro_batches=chosen.micro_batches,
                        prefetch_lookahead=chosen.lookahead if self.choose_lookahead else None)

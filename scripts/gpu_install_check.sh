@@ -83,7 +83,9 @@ for path in loaded:
     print(f"loaded: {path}")
 if not any("libcudnn.so" in p for p in loaded):
     fail("no libcudnn was loaded")
-if any("libcudnn.so" in p and "/torch/" in p for p in loaded):
+# PyTorch's own copy would sit in its package folder (site-packages/torch/lib); the
+# nvidia-cudnn-cu13 package's is site-packages/nvidia/cudnn/lib, whatever the environment's name.
+if any("libcudnn.so" in p and "/site-packages/torch/" in p for p in loaded):
     fail("the cuDNN loaded is PyTorch's")
 print("gpu_install_check: OK")
 PYTHON

@@ -272,7 +272,8 @@ def test_every_rank_names_the_rank_where_the_failure_started(tmp_path):
 
 # ---- the command line ------------------------------------------------------------------------
 def minidnn(*args, timeout=90):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    path = os.environ.get("PYTHONPATH")   # what the machine needs on it (its GPU packages)
+    env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + path if path else ""))
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     return subprocess.run([sys.executable, "-m", "minidnn", *args], capture_output=True,

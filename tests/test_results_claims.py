@@ -26,12 +26,16 @@ def test_the_vgg16_b256_all_row_of_the_dry_table_is_what_the_command_prints(caps
     assert printed[0] in results.splitlines()
 
 
-def test_the_readmes_speedup_over_save_on_cpu_says_it_divides_two_runs():
+def test_the_readmes_gpu_ratios_come_from_one_call_with_its_commit():
+    """The README's GPU table divides figures of one device call, and names it; the old ratio
+    over save_on_cpu, which divided figures of two runs, is gone."""
     readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
-    at = readme.index("5.9x")
-    sentence = readme[readme.rindex(". ", 0, at):readme.index(".", at)]
-    assert "Dividing the figures of those two runs" in sentence, sentence
-    assert "another run (commit 219ac91" in readme and "at commit d9cfe81" in readme
+    assert "5.9x" not in readme
+    at = readme.index("| VGG-16 b256, TF32 | minidnn | PyTorch's best of the same call |")
+    intro = readme[readme.rindex("On an H200", 0, at):at]
+    assert "at commit 09d19ae" in intro and "one call" in intro, intro
+    assert "### Call 2: main at 09d19ae" in open(os.path.join(ROOT, "benchmarks",
+                                                              "RESULTS.md")).read()
 
 
 def test_the_readme_sample_output_is_the_main_jobs_and_says_what_varies():

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from minidnn.checkpoint import CheckpointLock, load_checkpoint
-from minidnn.cli import main
 from minidnn.errors import CheckpointError, ConfigError, DataError
 from minidnn.train import DivergenceError, Interrupted, TrainConfig, train
 
@@ -35,17 +34,7 @@ def quiet(*args):
     pass
 
 
-def cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("minidnn: error: ") and "Traceback" not in err
-    return lines[0]
+from test_cli import one_error_line, run as cli  # noqa: E402  (the CLI tests' helpers)
 
 
 # ---- 1. every output path before the first step ----------------------------------------------------

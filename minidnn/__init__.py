@@ -37,5 +37,5 @@ from .executor import Executor  # noqa: E402
 from .network import Network  # noqa: E402
 from .optim import SGD  # noqa: E402
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["layers", "models", "Device", "select_device", "MinidnnError", "Executor", "Network", "SGD"]

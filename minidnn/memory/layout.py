@@ -210,6 +210,7 @@ class PlannedBlocks(DynamicBlocks):
         n = len(layout.intervals)
         self._event: list = [None] * n
         self._has_event = np.zeros(n, dtype=bool)
+        self._any_event = False                   # any block released behind a copy yet
         self._waited: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
@@ -222,6 +223,7 @@ class PlannedBlocks(DynamicBlocks):
         self._count.clear()
         self._event = [None] * len(self._event)
         self._has_event[:] = False
+        self._any_event = False
         self._waited.clear()
 
     def acquire(self, fm, where, stream):
@@ -232,7 +234,8 @@ class PlannedBlocks(DynamicBlocks):
             self.unplanned += 1
             return super().acquire(fm, where, stream)
         preds = iv.predecessor_index
-        if preds is not None and preds.size:
+        # Until a block is released behind a copy there is nothing to wait on: skip the sift.
+        if self._any_event and preds is not None and preds.size:
             waited = self._waited.get(id(stream))
             if waited is None:
                 waited = self._waited[id(stream)] = np.zeros(len(self._event), dtype=bool)
@@ -250,4 +253,5 @@ class PlannedBlocks(DynamicBlocks):
         elif after is not None:
             self._event[iv.index] = after
             self._has_event[iv.index] = True
+            self._any_event = True
 

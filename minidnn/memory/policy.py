@@ -23,6 +23,7 @@ of minidnn/decide.py, above both the executor and the planner.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -119,15 +120,35 @@ def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePl
     return out
 
 
+# plan -> (inputs, readers): for every storage id, what rebuilding it reads (recompute_inputs,
+# in order) and the storages whose rebuilding reads it. A plan does not change once made, and
+# the planner asks these for every decision it evaluates (chains() over whole recompute sets),
+# so they are worked out once per plan.
+_REBUILD_READS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _rebuild_reads(plan: LivenessPlan) -> tuple[list, list]:
+    tables = _REBUILD_READS.get(plan)
+    if tables is None:
+        inputs, readers = [], [set() for _ in plan.storages]
+        for s in plan.storages:
+            out = []
+            for j in plan.writers(s.id):
+                for name in plan.nodes[j].inputs:
+                    t = plan.tensors[name].storage
+                    if t != s.id and t not in out:
+                        out.append(t)
+            inputs.append(tuple(out))
+            for t in out:
+                readers[t].add(s.id)
+        tables = _REBUILD_READS[plan] = (inputs, readers)
+    return tables
+
+
 def recompute_inputs(plan: LivenessPlan, sid: int) -> list[int]:
     """Storages that rebuilding storage `sid` reads: its writers' inputs other than itself."""
-    out = []
-    for j in plan.writers(sid):
-        for name in plan.nodes[j].inputs:
-            t = plan.tensors[name].storage
-            if t != sid and t not in out:
-                out.append(t)
-    return out
+    inputs = _rebuild_reads(plan)[0]
+    return list(inputs[sid]) if 0 <= sid < len(inputs) else []
 
 
 def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:
@@ -159,8 +180,11 @@ def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[Storage
 def chains(plan: LivenessPlan, sid: int, recompute) -> bool:
     """Would recomputing storage `sid` next to the storages `recompute` rebuild one of them
     from another (sid from one of them, or one of them from sid)? The manager refuses that."""
-    return bool(set(recompute_inputs(plan, sid)) & set(recompute)) or \
-        any(sid in recompute_inputs(plan, r) for r in recompute)
+    inputs, readers = _rebuild_reads(plan)
+    if not 0 <= sid < len(inputs):
+        return False
+    recompute = recompute if isinstance(recompute, (set, frozenset)) else set(recompute)
+    return not recompute.isdisjoint(inputs[sid]) or not recompute.isdisjoint(readers[sid])
 
 
 def unchained(plan: LivenessPlan, sids) -> frozenset:

@@ -193,6 +193,7 @@ class _Recorder(StepObserver):
         self.index = index
         self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
         self.sampling = True
+        self._log, self._seen, self._now = None, 0, set()   # see _resident
 
     def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
         m = Mark(stream.name, kind, label, nbytes)
@@ -207,9 +208,30 @@ class _Recorder(StepObserver):
 
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
-            resident = frozenset(fm.sid for fm in self.manager.maps if fm.device is not None)
             self.samples.append((phase, self.index[layer], int(device_bytes),
-                                 int(feature_map_bytes), resident))
+                                 int(feature_map_bytes), self._resident()))
+
+    # What the manager's log of a step says about a map's device block: it took one (alloc,
+    # fetch) or gave it up (free, evict, drop); an offload copies and keeps it.
+    _TAKES = {"alloc": True, "fetch": True, "free": False, "evict": False, "drop": False}
+
+    def _resident(self) -> frozenset:
+        """The storage ids with a device block now. Scanning every map at every call costs
+        calls x maps on a deep network, so after one scan of a step the set is kept up to
+        date from the manager's log of the step (every block a map takes or gives up)."""
+        log = self.manager.log
+        if log is not self._log:
+            self._log, self._seen = log, len(log)
+            self._now = {fm.plan.id for fm in self.manager.maps if fm.device is not None}
+        else:
+            for _, what, sid in log[self._seen:]:
+                takes = self._TAKES.get(what)
+                if takes:
+                    self._now.add(sid)
+                elif takes is not None:
+                    self._now.discard(sid)
+            self._seen = len(log)
+        return frozenset(self._now)
 
     def optimizer_and_step_end(self) -> None:
         self.log.append(Mark("compute", "optimizer"))

@@ -115,20 +115,19 @@ class NetBuilder:
 
     def maxpool(self, name: str, kernel: int, stride: int | None = None, padding: int = 0,
                 ceil_mode: bool = False, src: str | None = None) -> str:
-        src = self._src(src)
-        stride = kernel if stride is None else stride
-        size = self._window(name, src, kernel, stride, padding, 1, ceil_mode)
-        return self._add(name, lambda: MaxPool2d(kernel, stride=stride, padding=padding,
-                                                 ceil_mode=ceil_mode),
-                         [src], self._geometry[src][0], size)
+        return self._pool(MaxPool2d, name, kernel, stride, padding, ceil_mode, src)
 
     def avgpool(self, name: str, kernel: int, stride: int | None = None, padding: int = 0,
                 ceil_mode: bool = False, src: str | None = None) -> str:
+        return self._pool(AvgPool2d, name, kernel, stride, padding, ceil_mode, src)
+
+    def _pool(self, cls, name, kernel, stride, padding, ceil_mode, src) -> str:
+        """A pooling layer of class `cls` (stride defaults to the kernel, as PyTorch's)."""
         src = self._src(src)
         stride = kernel if stride is None else stride
         size = self._window(name, src, kernel, stride, padding, 1, ceil_mode)
-        return self._add(name, lambda: AvgPool2d(kernel, stride=stride, padding=padding,
-                                                 ceil_mode=ceil_mode),
+        return self._add(name, lambda: cls(kernel, stride=stride, padding=padding,
+                                           ceil_mode=ceil_mode),
                          [src], self._geometry[src][0], size)
 
     def global_avgpool(self, name: str, src: str | None = None) -> str:

@@ -683,7 +683,8 @@ class Executor:
     def gradients(self) -> dict[str, np.ndarray]:
         """{'conv1.weight': NumPy array, ...} from the last backward: copies on every device,
         which later steps do not change (the live buffers are `parameters()`' `.grad`)."""
-        return {name: np.array(to_numpy(p.grad), order="C", copy=True) for name, p in self.net.parameters()}
+        return {name: np.array(to_numpy(p.grad), order="C", copy=True)
+                for name, p in self.net.parameters()}
 
     def input_gradient(self) -> np.ndarray:
         """d loss / d input batch (batch, C, H, W) from the last backward, as NumPy (needs an
@@ -692,7 +693,8 @@ class Executor:
             raise ConfigError("input_gradient() needs Executor(..., input_grad=True)")
         if self._input_grad is None:
             raise RuntimeError("no input gradient yet: call backward() first")
-        return np.ascontiguousarray(to_numpy(self._input_grad)).astype(self.net.dtype, copy=False)
+        grad = np.ascontiguousarray(to_numpy(self._input_grad))   # NCHW whatever the layout
+        return grad.astype(self.net.dtype, copy=False)
 
     def parameters(self):
         """[(name, Parameter)] with data and grad on this device."""

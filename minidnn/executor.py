@@ -125,6 +125,10 @@ class Executor:
     + batch of a larger global batch (one rank's share in data-parallel training); layers that
     draw per row (dropout) draw for the global batch and use these rows. Default: the batch
     is the whole batch.
+    plan: the LivenessPlan to run by, instead of making one: it must be this network's at the
+    pass batch, with the decision's ReLU bit masks and map format and this `input_grad`
+    (ConfigError otherwise). The plan never changes once made, so the planner's step model
+    shares one among the thousands of dry runs it makes.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -137,7 +141,8 @@ class Executor:
                  deterministic: bool | None = None, static_layout: bool | None = None,
                  allocator: Allocator | None = None, host: Allocator | None = None,
                  input_grad: bool = False, split_batch_statistics: bool = False,
-                 batch_offset: int = 0, global_batch: int | None = None):
+                 batch_offset: int = 0, global_batch: int | None = None,
+                 plan: LivenessPlan | None = None):
         self.net = net
         self.batch = int(batch)
         self.batch_offset = int(batch_offset)
@@ -173,8 +178,11 @@ class Executor:
         try:  # from here on, a failure must give the parameters, device memory and CuPy back
             self._check_relu_bits()
             self.maps = MapFormat(decision.layout, decision.precision)
-            self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
-                                     input_grad=input_grad, maps=self.maps)
+            if plan is None:
+                plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
+                                    input_grad=input_grad, maps=self.maps)
+            self._check_plan(plan, input_grad)
+            self.plan = plan
             self._check_conv_plans()
             if static_layout is None:
                 static_layout = memory_budget is not None
@@ -290,6 +298,15 @@ class Executor:
             else:
                 data[...] = values
             b.data = data
+
+    def _check_plan(self, plan: LivenessPlan, input_grad: bool) -> None:
+        """A plan given to the executor is the one it would have made itself."""
+        if plan.net is not self.net or plan.batch != self.micro_batch or \
+                plan.relu_bits != frozenset(self.decision.relu_bits) or \
+                plan.input_grad != bool(input_grad) or plan.maps != self.maps:
+            raise ConfigError(f"the liveness plan given is not that of network "
+                              f"{self.net.name!r} at batch {self.micro_batch} with this "
+                              f"decision's ReLU bit masks and map format")
 
     def _check_conv_plans(self) -> None:
         """Every plan setting of the decision names a convolution of this network and reads

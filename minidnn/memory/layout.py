@@ -49,13 +49,21 @@ class Interval:
     start: int
     end: int = -1
     offset: int = -1
-    predecessors: list = field(default_factory=list)   # keys of earlier blocks at overlapping addresses
     index: int = -1                                      # position in the packed list
     predecessor_index: Any = None                        # the predecessors' positions (array)
+    keys: list = field(default=None, repr=False)         # every packed interval's key, by position
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.sid, self.k)
+
+    @property
+    def predecessors(self) -> list:
+        """Keys of the earlier blocks at overlapping addresses (read when asked: a very deep
+        network's blocks have hundreds each, and the run only needs their positions)."""
+        if self.predecessor_index is None:
+            return []
+        return [self.keys[j] for j in self.predecessor_index.tolist()]
 
 
 class WorkspaceBlock:
@@ -111,13 +119,15 @@ class RecordingBlocks(DynamicBlocks):
 
 
 def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
-    """Give each interval an offset; returns the region size. Fills `offset` and `predecessors`.
+    """Give each interval an offset; returns the region size. Fills `offset`, `index` and
+    `predecessor_index` (`predecessors` reads it).
 
     Greedy: largest first (ties: earliest start), each at the lowest aligned address where it
     overlaps no placed interval alive at the same time. Then, for every interval, the earlier
     intervals that share any of its addresses (the blocks whose release it may have to wait for).
-    The overlap tests run as array operations over all intervals at once (a step of a very
-    deep network has thousands of blocks).
+    The placed intervals are kept sorted by address, so each placement is one sweep over them
+    in array operations (a step of a very deep network has thousands of blocks, and a planner
+    packs a layout for every decision it weighs).
     """
     n = len(intervals)
     if n == 0:
@@ -125,42 +135,73 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     need = np.array([aligned(iv.nbytes) for iv in intervals], dtype=np.int64)
     start = np.array([iv.start for iv in intervals], dtype=np.int64)
     end = np.array([iv.end for iv in intervals], dtype=np.int64)
-    offset = np.full(n, -1, dtype=np.int64)
-    placed = np.zeros(n, dtype=bool)
-    size = 0
-    for i in sorted(range(n), key=lambda i: (-need[i], start[i])):
-        offset[i] = _first_fit(offset, need, placed & (start < end[i]) & (start[i] < end),
-                               int(need[i]), alignment)
-        placed[i] = True
-        size = max(size, int(offset[i] + need[i]))
+    offset = _place(need, start, end, alignment)
     top = offset + need
+    size = int(top.max())
     keys = [iv.key for iv in intervals]
+    # Earlier blocks at overlapping addresses, for every interval at once: blocks sorted by
+    # their release, so "released before i starts" is a prefix of that order.
+    by_end = np.argsort(end, kind="stable")
+    released = np.searchsorted(end[by_end], start, side="right")
+    off_by_end, top_by_end = offset[by_end], top[by_end]
     for i, iv in enumerate(intervals):
-        iv.offset, iv.index = int(offset[i]), i
-        earlier = np.flatnonzero((end <= start[i]) & (offset < top[i]) & (offset[i] < top))
-        iv.predecessor_index = earlier
-        iv.predecessors = [keys[j] for j in earlier.tolist()]
+        iv.offset, iv.index, iv.keys = int(offset[i]), i, keys
+        r = released[i]
+        hit = (off_by_end[:r] < top[i]) & (top_by_end[:r] > offset[i])
+        iv.predecessor_index = np.sort(by_end[:r][hit])
     return size
 
 
-def _first_fit(offset, need, alive, size: int, alignment: int) -> int:
-    """The lowest aligned address where `size` bytes overlap none of the `alive` blocks.
+def _place(need, start, end, alignment: int):
+    """The offsets of the greedy packing (see pack): intervals largest first, each at the
+    lowest aligned address free of the placed intervals alive at the same time.
 
-    Walking the alive blocks by address, the candidate address is the aligned end of the
-    highest block seen so far (0 before the first), and the walk stops at the first block
-    that starts at or after candidate + size: so the answer is that running maximum at the
-    first such block (or after the last one).
+    The placed intervals are kept in address order (lo, and the aligned end) with their
+    lifetimes. For the next interval, the ones alive with it are walked by address: the
+    candidate address is the aligned end of the highest block seen so far (0 before the
+    first), and the walk stops at the first block that starts at or after candidate + size;
+    so the answer is that running maximum at the first such block (or after the last one).
     """
-    idx = np.flatnonzero(alive)
-    if idx.size == 0:
-        return 0
-    lo, hi = offset[idx], offset[idx] + need[idx]
-    order = np.lexsort((hi, lo))
-    lo, hi = lo[order], hi[order]
-    ends = (hi + alignment - 1) // alignment * alignment
-    candidate = np.concatenate(([0], np.maximum.accumulate(ends)))   # before block j: [j]
-    fits = np.flatnonzero(candidate[:-1] + size <= lo)
-    return int(candidate[fits[0]] if fits.size else candidate[-1])
+    n = len(need)
+    order = sorted(range(n), key=lambda i: (-need[i], start[i]))
+    offset = np.full(n, -1, dtype=np.int64)
+    lo = np.empty(n, dtype=np.int64)          # placed intervals, in address order
+    hi = np.empty(n, dtype=np.int64)          # their aligned ends
+    born = np.empty(n, dtype=np.int64)
+    dies = np.empty(n, dtype=np.int64)
+    zero = np.zeros(1, dtype=np.int64)
+    starts, ends, needs = start.tolist(), end.tolist(), need.tolist()
+    for p, i in enumerate(order):
+        size, s, e = needs[i], starts[i], ends[i]
+        alive = (born[:p] < e) & (dies[:p] > s)
+        a_lo = lo[:p][alive]
+        if a_lo.size == 0:
+            at = 0
+        else:
+            reach = np.maximum.accumulate(hi[:p][alive])
+            candidate = np.concatenate((zero, reach))          # before block j: [j]
+            fits = np.flatnonzero(candidate[:-1] + size <= a_lo)
+            at = int(candidate[fits[0]] if fits.size else candidate[-1])
+        offset[i] = at
+        top = at + size
+        k = int(np.searchsorted(lo[:p], at, side="right"))
+        for arr, value in ((lo, at), (hi, (top + alignment - 1) // alignment * alignment),
+                           (born, s), (dies, e)):
+            arr[k + 1:p + 1] = arr[k:p]
+            arr[k] = value
+    return offset
+
+
+def live_peak(intervals) -> int:
+    """The most aligned bytes of `intervals` alive at once: no packing of them is smaller
+    (the blocks alive at that moment all need their own addresses)."""
+    events = sorted([(iv.start, aligned(iv.nbytes)) for iv in intervals] +
+                    [(iv.end, -aligned(iv.nbytes)) for iv in intervals])
+    cur = peak = 0
+    for _, delta in events:
+        cur += delta
+        peak = max(peak, cur)
+    return peak
 
 
 class StaticLayout:
@@ -169,6 +210,7 @@ class StaticLayout:
     def __init__(self, intervals: list[Interval], alignment: int = ALIGNMENT):
         self.size = pack(intervals, alignment)
         self.intervals = {iv.key: iv for iv in intervals}
+        self._live_peak = None
 
     def workspace_bytes(self) -> int:
         """Bytes of the planned workspace blocks (all of them, not at once)."""
@@ -176,14 +218,14 @@ class StaticLayout:
                    if isinstance(iv.sid, tuple) and iv.sid[0] == "workspace")
 
     def live_peak(self) -> int:
-        """The most aligned bytes alive at once (what no layout can beat)."""
-        events = sorted([(iv.start, aligned(iv.nbytes)) for iv in self.intervals.values()] +
-                        [(iv.end, -aligned(iv.nbytes)) for iv in self.intervals.values()])
-        cur = peak = 0
-        for _, delta in events:
-            cur += delta
-            peak = max(peak, cur)
-        return peak
+        """The most aligned bytes alive at once (what no layout can beat). Worked out once:
+        every step's memory_stats() reports it."""
+        if self._live_peak is None:
+            self._live_peak = self._count_live_peak()
+        return self._live_peak
+
+    def _count_live_peak(self) -> int:
+        return live_peak(self.intervals.values())
 
 
 class PlannedBlocks(DynamicBlocks):

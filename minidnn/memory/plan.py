@@ -87,6 +87,7 @@ class LivenessPlan:
         self.input_grad = bool(input_grad)
         self.maps = maps if maps is not None else MapFormat()
         self._writers = None           # storage id -> writer nodes, built by writers()
+        self._liveness_peaks: dict = {}  # kinds -> liveness_peak_bytes
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
         n = len(self.nodes)
@@ -304,7 +305,15 @@ class LivenessPlan:
         return sum(s.nbytes for s in self.storages if s.kind in kinds)
 
     def liveness_peak_bytes(self, kinds=("input", "feature", "aux", "grad")) -> int:
-        """Peak bytes when each buffer lives exactly from its first write to its last read."""
+        """Peak bytes when each buffer lives exactly from its first write to its last read.
+        Worked out once per `kinds`: every step's memory_stats() reports it, and the plan does
+        not change once made."""
+        key = tuple(kinds)
+        if key not in self._liveness_peaks:
+            self._liveness_peaks[key] = self._liveness_peak(key)
+        return self._liveness_peaks[key]
+
+    def _liveness_peak(self, kinds) -> int:
         events = []
         for s in self.storages:
             if s.kind in kinds:

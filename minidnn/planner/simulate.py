@@ -46,9 +46,11 @@ from ..backend import Device
 from ..executor import Executor
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
-from ..memory.allocator import CountingAllocator, wait_until_fits
+from ..memory.allocator import CountingAllocator, aligned, wait_until_fits
+from ..memory.layout import live_peak
 from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
+from ..memory.record import record_intervals
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes)
@@ -240,13 +242,15 @@ class _Recorder(StepObserver):
 
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
-                  recompute=frozenset(), relu_bits=frozenset(), maps=None) -> Executor:
+                  recompute=frozenset(), relu_bits=frozenset(), maps=None,
+                  plan=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
     sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
     profile's business (the dry run runs no kernels). maps: the feature maps' format
-    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer."""
+    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. plan: the
+    LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor makes one)."""
     maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
@@ -254,7 +258,8 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                               precision=maps.precision, layout=maps.layout)
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
-                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None))
+                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
+                    plan=plan)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -320,6 +325,17 @@ class Evaluation:
 
     def level_at(self, point) -> int:
         return self.levels.get(point, 0)
+
+
+@dataclass
+class Unfit:
+    """A decision shown not to fit the budget by a lower bound on what it needs
+    (StepModel.least_required) before its full evaluation: `least` bytes at least."""
+    offload: frozenset
+    conv_algo: dict
+    recompute: frozenset
+    least: int
+    fits: bool = False
 
 
 # ---- the model -----------------------------------------------------------------------------------
@@ -396,10 +412,53 @@ class StepModel:
         conv_algo = {n: (conv_algo or {}).get(n, "fastest") for n in self.conv_names}
         key = self.key(offload, conv_algo, recompute)
         hit = self.cache.get(key)
-        if hit is None:
+        if hit is None or isinstance(hit, Unfit):
             hit = self.cache[key] = self._evaluate(frozenset(offload), conv_algo,
                                                    frozenset(recompute))
         return hit
+
+    def evaluate_if_fits(self, offload, conv_algo: dict | None = None,
+                         recompute=frozenset()) -> Evaluation | None:
+        """evaluate(), for a caller that only wants a decision that fits: None when it does
+        not. A decision whose least possible need (`least_required`) is over the budget is
+        not walked further: the cache keeps it as Unfit (it counts as evaluated, as it would
+        have been), and evaluate() finishes it when asked.
+
+        Args:
+            offload, conv_algo, recompute: as evaluate().
+        Returns:
+            The Evaluation when the decision fits the usable budget, else None.
+        """
+        conv_algo = {n: (conv_algo or {}).get(n, "fastest") for n in self.conv_names}
+        key = self.key(offload, conv_algo, recompute)
+        hit = self.cache.get(key)
+        if hit is None:
+            offload, recompute = frozenset(offload), frozenset(recompute)
+            least = self.least_required(offload, conv_algo, recompute)
+            if self.usable is not None and least is not None and least > self.usable:
+                hit = self.cache[key] = Unfit(offload, conv_algo, recompute, least)
+            else:
+                hit = self.cache[key] = self._evaluate(offload, conv_algo, recompute)
+        return hit if hit.fits else None
+
+    def least_required(self, offload: frozenset, conv_algo: dict,
+                       recompute: frozenset) -> int | None:
+        """A lower bound on the decision's required_bytes from its static layout's intervals
+        alone (one dry walk of the memory manager, no packing, no timed steps): the step
+        holds the parameters, their gradients and the feature-map region, and the region is
+        at least the most bytes its blocks have alive at once; the optimizer's update adds
+        its temporaries, the momentum and the input batches. None without a static layout."""
+        if not self.static_layout:
+            return None
+        workspace = {(self.index[name], phase): nbytes
+                     for (name, phase), nbytes in self.workspace_blocks(conv_algo,
+                                                                        recompute).items()}
+        keep = (self.net.loss_node.name, self.net.output)   # as the executor keeps them
+        intervals = record_intervals(self.plan, offload, self.lookahead, keep, workspace,
+                                     recompute)
+        region = live_peak(intervals)
+        return self.param_grad_bytes + aligned(max(region, 1)) + \
+            self.optimizer_transient + self.extra_bytes
 
     def workspace_blocks(self, conv_algo: dict, recompute=frozenset()) -> dict:
         """{(conv name, phase): bytes} the static layout plans for these plan settings (none
@@ -424,7 +483,7 @@ class StepModel:
         planned = self.workspace_blocks(conv_algo, recompute)
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
                            self.static_layout, planned, recompute, self.relu_bits,
-                           maps=self.maps)
+                           maps=self.maps, plan=self.plan)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log

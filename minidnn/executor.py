@@ -43,6 +43,8 @@ temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import kernels
@@ -249,8 +251,7 @@ class Executor:
             for name, p in params:
                 for what in ("parameter", "gradient of"):
                     self._held_bufs.append(self.allocator.alloc(
-                        int(np.prod(p.shape, dtype=np.int64)) * self.net.dtype.itemsize,
-                        f"{what} {name}"))
+                        math.prod(p.shape) * self.net.dtype.itemsize, f"{what} {name}"))
             return
         if any(p.data is None for _, p in params):
             # Initialize what is missing; values already loaded (a partial state dict) stay.

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .allocator import ALIGNMENT, CountingAllocator, aligned
+from .allocator import ALIGNMENT, aligned
 
 
 @dataclass
@@ -93,29 +93,30 @@ class DynamicBlocks:
 
 
 class RecordingBlocks(DynamicBlocks):
-    """Dynamic blocks from receipts that note every block's interval (for `record_intervals`)."""
+    """Blocks that only note their intervals (for `record_intervals`): each block handed out
+    is its Interval, standing in for the bytes a dry run never touches."""
     plans_workspace = True
 
     def __init__(self):
-        super().__init__(CountingAllocator(None))
+        super().__init__(None)
         self.clock = 0
         self.intervals: list[Interval] = []
         self._open: dict[int, Interval] = {}
         self._count: dict[int, int] = {}
 
     def acquire(self, fm, where, stream):
-        k = self._count.get(fm.sid, 0)
-        self._count[fm.sid] = k + 1
-        iv = Interval(fm.sid, k, fm.nbytes, self.clock)
+        sid = fm.sid
+        k = self._count.get(sid, 0)
+        self._count[sid] = k + 1
+        iv = Interval(sid, k, fm.nbytes, self.clock)
         self.clock += 1
         self.intervals.append(iv)
-        self._open[fm.sid] = iv
-        return super().acquire(fm, where, stream)
+        self._open[sid] = iv
+        return iv
 
     def release(self, fm, after) -> None:
         self._open.pop(fm.sid).end = self.clock
         self.clock += 1
-        super().release(fm, after)
 
 
 def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
@@ -195,13 +196,15 @@ def _place(need, start, end, alignment: int):
 def live_peak(intervals) -> int:
     """The most aligned bytes of `intervals` alive at once: no packing of them is smaller
     (the blocks alive at that moment all need their own addresses)."""
-    events = sorted([(iv.start, aligned(iv.nbytes)) for iv in intervals] +
-                    [(iv.end, -aligned(iv.nbytes)) for iv in intervals])
-    cur = peak = 0
-    for _, delta in events:
-        cur += delta
-        peak = max(peak, cur)
-    return peak
+    intervals = list(intervals)
+    if not intervals:
+        return 0
+    need = np.array([aligned(iv.nbytes) for iv in intervals], dtype=np.int64)
+    times = np.array([iv.start for iv in intervals] + [iv.end for iv in intervals],
+                     dtype=np.int64)
+    deltas = np.concatenate((need, -need))
+    order = np.lexsort((deltas, times))      # by time; at one time, releases first
+    return max(int(np.cumsum(deltas[order]).max()), 0)
 
 
 class StaticLayout:
@@ -244,8 +247,8 @@ class PlannedBlocks(DynamicBlocks):
         self._count: dict[int, int] = {}
         self._current: dict[int, Interval] = {}   # sid -> its planned block now held
         # By interval position: the event a block was released behind (None: none needed),
-        # and whether there is one. Events each stream has been made to wait on this step
-        # (by id of the stream, as a mask over positions): an event is recorded once, so a
+        # and whether there is one. Per stream (by id), the positions whose event it has not
+        # been made to wait on yet this step (a mask): an event is recorded once, so a
         # second wait on it orders nothing more. A block of a very deep network has hundreds
         # of predecessors, most of them released without a copy or waited on already, so
         # they are sifted with array operations.
@@ -253,7 +256,7 @@ class PlannedBlocks(DynamicBlocks):
         self._event: list = [None] * n
         self._has_event = np.zeros(n, dtype=bool)
         self._any_event = False                   # any block released behind a copy yet
-        self._waited: dict[int, np.ndarray] = {}
+        self._due: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
@@ -266,7 +269,7 @@ class PlannedBlocks(DynamicBlocks):
         self._event = [None] * len(self._event)
         self._has_event[:] = False
         self._any_event = False
-        self._waited.clear()
+        self._due.clear()
 
     def acquire(self, fm, where, stream):
         k = self._count.get(fm.sid, 0)
@@ -278,13 +281,14 @@ class PlannedBlocks(DynamicBlocks):
         preds = iv.predecessor_index
         # Until a block is released behind a copy there is nothing to wait on: skip the sift.
         if self._any_event and preds is not None and preds.size:
-            waited = self._waited.get(id(stream))
-            if waited is None:
-                waited = self._waited[id(stream)] = np.zeros(len(self._event), dtype=bool)
-            due = preds[self._has_event[preds] & ~waited[preds]]
-            for j in due.tolist():
-                stream.wait_event(self._event[j])
-            waited[due] = True
+            pending = self._due.get(id(stream))
+            if pending is None:
+                pending = self._due[id(stream)] = self._has_event.copy()
+            due = preds[pending[preds]]
+            if due.size:
+                for j in due.tolist():
+                    stream.wait_event(self._event[j])
+                pending[due] = False
         self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
@@ -295,5 +299,7 @@ class PlannedBlocks(DynamicBlocks):
         elif after is not None:
             self._event[iv.index] = after
             self._has_event[iv.index] = True
+            for pending in self._due.values():
+                pending[iv.index] = True
             self._any_event = True
 

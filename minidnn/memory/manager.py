@@ -435,7 +435,7 @@ class MemoryManager:
                 if self._offloading(sid):
                     self._offload(sid)
         sched = self.schedule
-        frees = sched.frees_train[i] if self.train else sched.frees_eval[i]
+        frees = (sched.frees_train if self.train else sched.frees_eval).get(i, ())
         for sid in frees:
             if sid not in self.keep:
                 self._release(sid)
@@ -565,7 +565,7 @@ class MemoryManager:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
         self._pending_sums = []
-        for sid in self.schedule.frees_train[self.plan.backward_time(i)]:
+        for sid in self.schedule.frees_train.get(self.plan.backward_time(i), ()):
             if sid not in self.keep:
                 self._release(sid)
 

@@ -151,6 +151,11 @@ def recompute_inputs(plan: LivenessPlan, sid: int) -> list[int]:
     return list(inputs[sid]) if 0 <= sid < len(inputs) else []
 
 
+# plan -> {min_bytes: recompute_candidates}: every schedule with a recompute set checks it
+# against them, and the planner compiles one for every decision it weighs.
+_RECOMPUTE_CANDIDATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePlan]:
     """Offload candidates (see above) that can instead be rebuilt right before their first
     backward reader by running their writers' forward again.
@@ -161,6 +166,13 @@ def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[Storage
     writer read in forward (nothing wrote it after that writer ran, no gradient took its
     buffer before).
     """
+    known = _RECOMPUTE_CANDIDATES.setdefault(plan, {})
+    if min_bytes not in known:
+        known[min_bytes] = tuple(_recompute_candidates(plan, min_bytes))
+    return list(known[min_bytes])
+
+
+def _recompute_candidates(plan: LivenessPlan, min_bytes: int) -> list[StoragePlan]:
     def intact(t: StoragePlan, writer: int, when: int) -> bool:
         """Does storage t still hold, at backward time `when`, what `writer` read in forward?"""
         return t.free_time >= when and t.last_forward_write < writer and \

@@ -31,6 +31,7 @@ step runs. The manager keeps residency and movement only.
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -63,14 +64,9 @@ class StepSchedule:
         self.offload = frozenset(int(s) for s in offload)
         self.recompute = frozenset(int(s) for s in recompute)
         self._check()
-        n = plan.num_nodes
-        # Storages freed at each time of the step, for training and for evaluation.
-        self.frees_train: dict[int, list[int]] = defaultdict(list)
-        self.frees_eval: dict[int, list[int]] = defaultdict(list)
-        for s in plan.storages:
-            self.frees_train[s.free_time].append(s.id)
-            if s.kind != "grad":
-                self.frees_eval[s.last_forward_use].append(s.id)
+        # Storages freed at each time of the step, for training and for evaluation
+        # ({time: storage ids}), and the calls when nothing is recomputed: the plan's alone.
+        self.frees_train, self.frees_eval, self.forward, plain_backward = _plan_tables(plan)
         # vDNN: offload after the last forward write, evict after the last forward read.
         self.offload_after: dict[int, list[int]] = defaultdict(list)
         self.evict_after: dict[int, list[int]] = defaultdict(list)
@@ -95,13 +91,15 @@ class StepSchedule:
             self.window_reads[reader].extend(self.rebuild[sid][1])
         for j, reads in enumerate(plan.backward_reads):
             self.window_reads[j].extend(reads)
-        # The calls, in order.
-        self.forward = tuple(Call("forward", i) for i in range(n))
-        backward = []
-        for i in reversed(range(n)):
-            backward += [Call("recompute", j, i) for j in self.writers_to_rerun(i)]
-            backward.append(Call("backward", i))
-        self.backward = tuple(backward)
+        # The calls, in order (forward ones above).
+        if not self.recompute:
+            self.backward = plain_backward
+        else:
+            backward = []
+            for i in reversed(range(plan.num_nodes)):
+                backward += [Call("recompute", j, i) for j in self.writers_to_rerun(i)]
+                backward.append(Call("backward", i))
+            self.backward = tuple(backward)
 
     def _check(self) -> None:
         plan = self.plan
@@ -133,6 +131,30 @@ class StepSchedule:
     def calls(self, train: bool = True) -> tuple:
         """Every call of a training step (train) or of an evaluation step (forward only)."""
         return self.forward + self.backward if train else self.forward
+
+
+# plan -> (frees_train, frees_eval, forward calls, backward calls without recomputation): facts
+# of the plan alone, which every schedule of it shares (the planner compiles a schedule for
+# every decision it weighs, and a plan does not change once made).
+_PLAN_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plan_tables(plan: LivenessPlan) -> tuple:
+    tables = _PLAN_TABLES.get(plan)
+    if tables is None:
+        frees_train: dict = defaultdict(list)
+        frees_eval: dict = defaultdict(list)
+        for s in plan.storages:
+            frees_train[s.free_time].append(s.id)
+            if s.kind != "grad":
+                frees_eval[s.last_forward_use].append(s.id)
+        n = plan.num_nodes
+        tables = _PLAN_TABLES[plan] = (
+            {t: tuple(sids) for t, sids in frees_train.items()},
+            {t: tuple(sids) for t, sids in frees_eval.items()},
+            tuple(Call("forward", i) for i in range(n)),
+            tuple(Call("backward", i) for i in reversed(range(n))))
+    return tables
 
 
 def walk(schedule: StepSchedule, manager, part: str = "step"):

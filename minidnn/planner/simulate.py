@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,15 +188,16 @@ class RecordingAllocator(CountingAllocator):
 class _Recorder(StepObserver):
     """The observer interface (memory/observer.py) turned into log entries, plus, at the start of
     every layer call of the first step, the allocator's bytes in use, the feature-map bytes
-    on the device and which storages those are."""
+    on the device and where the manager's log of the step stands (which storages are on the
+    device then: `residency()`)."""
 
     def __init__(self, log: list, manager, index: dict):
         self.log = log
         self.manager = manager
         self.index = index
-        self.samples: list = []      # (phase, node index, device bytes, resident storage ids)
+        self.samples: list = []      # (phase, node index, device bytes, fm bytes, log position)
         self.sampling = True
-        self._log, self._seen, self._now = None, 0, set()   # see _resident
+        self._log, self._base, self._start = None, 0, frozenset()   # see _position
 
     def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
         m = Mark(stream.name, kind, label, nbytes)
@@ -211,29 +213,23 @@ class _Recorder(StepObserver):
     def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
         if self.sampling and when == "start":
             self.samples.append((phase, self.index[layer], int(device_bytes),
-                                 int(feature_map_bytes), self._resident()))
+                                 int(feature_map_bytes), self._position()))
 
-    # What the manager's log of a step says about a map's device block: it took one (alloc,
-    # fetch) or gave it up (free, evict, drop); an offload copies and keeps it.
-    _TAKES = {"alloc": True, "fetch": True, "free": False, "evict": False, "drop": False}
-
-    def _resident(self) -> frozenset:
-        """The storage ids with a device block now. Scanning every map at every call costs
-        calls x maps on a deep network, so after one scan of a step the set is kept up to
-        date from the manager's log of the step (every block a map takes or gives up)."""
+    def _position(self) -> int:
+        """Where the manager's log of the step stands now; at the step's first sample, also
+        which storages have a device block (one scan of every map)."""
         log = self.manager.log
         if log is not self._log:
-            self._log, self._seen = log, len(log)
-            self._now = {fm.plan.id for fm in self.manager.maps if fm.device is not None}
-        else:
-            for _, what, sid in log[self._seen:]:
-                takes = self._TAKES.get(what)
-                if takes:
-                    self._now.add(sid)
-                elif takes is not None:
-                    self._now.discard(sid)
-            self._seen = len(log)
-        return frozenset(self._now)
+            self._log, self._base = log, len(log)
+            self._start = frozenset(fm.plan.id for fm in self.manager.maps
+                                    if fm.device is not None)
+        return len(log)
+
+    def residency(self) -> "Residency":
+        """{(phase, node index): storage ids on the device at the start of that call} of the
+        sampled step."""
+        return Residency(self._start, self._log or [], self._base,
+                         {(phase, i): pos for phase, i, _, _, pos in self.samples})
 
     def optimizer_and_step_end(self) -> None:
         self.log.append(Mark("compute", "optimizer"))
@@ -263,6 +259,43 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
 
 
 # ---- results -------------------------------------------------------------------------------------
+class Residency(Mapping):
+    """{(phase, node index): frozenset of the storage ids with a device block at the start of
+    that call}, read off the manager's log of the step when asked: the planner asks at one
+    or two calls of a decision, and a set per call of a deep network costs calls x maps.
+
+    start: the storages on the device at the step's first sample, `base` entries into `log`;
+    at: {call: the log's length at its sample}.
+    """
+
+    # What the manager's log of a step says about a map's device block: it took one (alloc,
+    # fetch) or gave it up (free, evict, drop); an offload copies and keeps it.
+    _TAKES = {"alloc": True, "fetch": True, "free": False, "evict": False, "drop": False}
+
+    def __init__(self, start: frozenset, log: list, base: int, at: dict):
+        self._start, self._log, self._base, self._at = start, log, base, at
+        self._sets: dict = {}
+
+    def __getitem__(self, point) -> frozenset:
+        got = self._sets.get(point)
+        if got is None:
+            now = set(self._start)
+            for _, what, sid in self._log[self._base:self._at[point]]:
+                takes = self._TAKES.get(what)
+                if takes:
+                    now.add(sid)
+                elif takes is not None:
+                    now.discard(sid)
+            got = self._sets[point] = frozenset(now)
+        return got
+
+    def __iter__(self):
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
 @dataclass
 class Evaluation:
     """The model's prediction for one decision (offload set, recompute set, conv plan per
@@ -299,7 +332,7 @@ class Evaluation:
     region_bytes: int = 0
     levels: dict = field(repr=False, default_factory=dict)
     fm_levels: dict = field(repr=False, default_factory=dict)
-    resident: dict = field(repr=False, default_factory=dict)
+    resident: Mapping = field(repr=False, default_factory=dict)
     peak_point: object = None
     fm_peak_point: object = None
     calls: dict = field(repr=False, default_factory=dict)
@@ -497,14 +530,14 @@ class StepModel:
             rec.optimizer_and_step_end()
         dry_peak = int(ex.allocator.peak)
 
-        levels, fm_levels, resident = {}, {}, {}
-        for phase, i, in_use, fm_bytes, sids in rec.samples:
+        levels, fm_levels = {}, {}
+        for phase, i, in_use, fm_bytes, _ in rec.samples:
             node = self.nodes[i]
             ws = 0 if (node.name, phase) in planned else self.profile.layer(node.name).workspace(
                 phase, conv_algo.get(node.name, "fastest"))      # planned: inside the region
             levels[(phase, i)] = in_use + ws + self._transient[(phase, i)] + self.extra_bytes
             fm_levels[(phase, i)] = fm_bytes
-            resident[(phase, i)] = sids
+        resident = rec.residency()
         candidates = dict(levels)
         candidates["optimizer"] = held + self.optimizer_transient + self.extra_bytes
         candidates["allocation"] = dry_peak + self.extra_bytes

@@ -30,6 +30,7 @@ region. The executor hands the block to the layer (StepContext.workspace).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,39 +158,35 @@ def _place(need, start, end, alignment: int):
     """The offsets of the greedy packing (see pack): intervals largest first, each at the
     lowest aligned address free of the placed intervals alive at the same time.
 
-    The placed intervals are kept in address order (lo, and the aligned end) with their
-    lifetimes. For the next interval, the ones alive with it are walked by address: the
+    The placed intervals are kept in address order, one row each (offset, aligned end,
+    start, end). For the next interval, the ones alive with it are walked by address: the
     candidate address is the aligned end of the highest block seen so far (0 before the
     first), and the walk stops at the first block that starts at or after candidate + size;
     so the answer is that running maximum at the first such block (or after the last one).
     """
     n = len(need)
-    order = sorted(range(n), key=lambda i: (-need[i], start[i]))
-    offset = np.full(n, -1, dtype=np.int64)
-    lo = np.empty(n, dtype=np.int64)          # placed intervals, in address order
-    hi = np.empty(n, dtype=np.int64)          # their aligned ends
-    born = np.empty(n, dtype=np.int64)
-    dies = np.empty(n, dtype=np.int64)
-    zero = np.zeros(1, dtype=np.int64)
     starts, ends, needs = start.tolist(), end.tolist(), need.tolist()
+    order = sorted(range(n), key=lambda i: (-needs[i], starts[i]))
+    offset = np.full(n, -1, dtype=np.int64)
+    rows = np.empty((n, 4), dtype=np.int64)
+    lo, hi, born, dies = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+    los: list = []                            # lo of the placed rows, for bisect
     for p, i in enumerate(order):
         size, s, e = needs[i], starts[i], ends[i]
         alive = (born[:p] < e) & (dies[:p] > s)
         a_lo = lo[:p][alive]
-        if a_lo.size == 0:
+        if a_lo.size == 0 or size <= a_lo[0]:
             at = 0
         else:
             reach = np.maximum.accumulate(hi[:p][alive])
-            candidate = np.concatenate((zero, reach))          # before block j: [j]
-            fits = np.flatnonzero(candidate[:-1] + size <= a_lo)
-            at = int(candidate[fits[0]] if fits.size else candidate[-1])
+            fits = reach[:-1] + size <= a_lo[1:]     # between alive block j and j + 1
+            j = int(fits.argmax()) if fits.size else 0
+            at = int(reach[j] if fits.size and fits[j] else reach[-1])
         offset[i] = at
-        top = at + size
-        k = int(np.searchsorted(lo[:p], at, side="right"))
-        for arr, value in ((lo, at), (hi, (top + alignment - 1) // alignment * alignment),
-                           (born, s), (dies, e)):
-            arr[k + 1:p + 1] = arr[k:p]
-            arr[k] = value
+        k = bisect.bisect_right(los, at)
+        los.insert(k, at)
+        rows[k + 1:p + 1] = rows[k:p]
+        rows[k] = (at, (at + size + alignment - 1) // alignment * alignment, s, e)
     return offset
 
 

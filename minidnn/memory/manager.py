@@ -321,10 +321,13 @@ class MemoryManager:
         return self.plan.maps.view(fm.device, t.shape, t.dtype)
 
     def view(self, tensor: str, where: str = ""):
-        """The tensor as an array of its shape and dtype (allocating its storage if needed)."""
+        """The tensor as an array of its shape and dtype (allocating its storage if needed;
+        None in a dry run)."""
         sid = self.plan.tensors[tensor].storage
-        self._ensure(sid, where or tensor)
-        return self._view(self.maps[sid], tensor)
+        fm = self.maps[sid]
+        if fm.device is None:
+            self._ensure(sid, where or tensor)
+        return None if self.dry else self._view(fm, tensor)
 
     # ---- moving -----------------------------------------------------------------------------
     def _offload(self, sid: int) -> None:
@@ -425,7 +428,7 @@ class MemoryManager:
         where = f"forward of {node.name}"
         xs = [self.view(name, where) for name in node.inputs]
         y = self.view(node.name, where)
-        aux = {a: self.view(f"{node.name}:{a}", where) for a in self.plan.aux_specs(i)}
+        aux = {a: self.view(t, where) for a, t in self.plan.aux_tensors(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
         return xs, y, aux
 
@@ -494,7 +497,7 @@ class MemoryManager:
         xs = [self.view(name) if k in layer.retain_inputs else None
               for k, name in enumerate(node.inputs)]
         y = self.view(node.name) if self.plan.retains_output(i) else None
-        aux = {a: self.view(f"{node.name}:{a}") for a in self.plan.aux_specs(i)}
+        aux = {a: self.view(t) for a, t in self.plan.aux_tensors(i)}
         gy = self.view(f"grad:{node.name}", where)
         if i == self.plan.num_nodes - 1 and not self.dry:
             gy[...] = self.loss_gradient  # d loss / d loss

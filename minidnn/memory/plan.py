@@ -88,6 +88,7 @@ class LivenessPlan:
         self.maps = maps if maps is not None else MapFormat()
         self._writers = None           # storage id -> writer nodes, built by writers()
         self._liveness_peaks: dict = {}  # kinds -> liveness_peak_bytes
+        self._aux_tensors = None         # node index -> aux_tensors(i), built on first use
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
         n = len(self.nodes)
@@ -219,6 +220,14 @@ class LivenessPlan:
         """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""
         layer = self.nodes[i].layer
         return layer.aux_specs(self.relu_bits) if layer.kind == "relu" else layer.aux_specs()
+
+    def aux_tensors(self, i: int) -> tuple:
+        """((aux name, its tensor name), ...) of node i, in aux_specs order. Kept once
+        worked out: the memory manager asks at every call of every step."""
+        if self._aux_tensors is None:
+            self._aux_tensors = [tuple((a, f"{node.name}:{a}") for a in self.aux_specs(j))
+                                 for j, node in enumerate(self.nodes)]
+        return self._aux_tensors[i]
 
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i

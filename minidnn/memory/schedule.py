@@ -96,9 +96,11 @@ class StepSchedule:
             self.backward = plain_backward
         else:
             backward = []
-            for i in reversed(range(plan.num_nodes)):
-                backward += [Call("recompute", j, i) for j in self.writers_to_rerun(i)]
-                backward.append(Call("backward", i))
+            for call in plain_backward:
+                if call.index in self.recompute_at:     # writers to run again first
+                    backward += [Call("recompute", j, call.index)
+                                 for j in self.writers_to_rerun(call.index)]
+                backward.append(call)
             self.backward = tuple(backward)
 
     def _check(self) -> None:

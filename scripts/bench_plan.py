@@ -4,19 +4,24 @@
 Each case runs `python3 -m minidnn plan ...` in its own process (imports included, as a user
 waits for it), `--repeat` times, and prints the wall-clock seconds of each run, the best of
 them, and the number of decisions the plan says it evaluated. No GPU is needed: the costs come
-from the analytic model of --gpu, or from a profile file with --profile.
+from the analytic model of --gpu, or from a profile file with --profile. With --as-measured
+each case plans from a file holding the analytic profile marked as measured, which takes the
+path of a measured profile (scaled to each micro-batch, not modelled again).
 
     python3 scripts/bench_plan.py                                   # the default cases
     python3 scripts/bench_plan.py --case vgg416:32:12GiB --case vgg16:256:4GiB
+    python3 scripts/bench_plan.py --case vgg416:32:12GiB --as-measured
     python3 scripts/bench_plan.py --case vgg16:256:4GiB --profile benchmarks/profiles/vgg16-b256-h200.json
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +33,20 @@ def plan_command(model: str, batch: str, budget: str, gpu: str, profile: str | N
     cmd = [sys.executable, "-m", "minidnn", "plan", "--model", model, "--batch", batch,
            "--memory-budget", budget]
     return cmd + (["--profile", profile] if profile else ["--gpu", gpu])
+
+
+def measured_copy(model: str, batch: int, gpu: str, folder: str) -> str:
+    """Write the analytic profile of `model` at `batch` on `gpu`, marked as measured, into
+    `folder`; returns the file's path."""
+    sys.path.insert(0, REPO)
+    from minidnn import models
+    from minidnn.planner import analytic_profile
+    from minidnn.planner.profile import save_profile
+    net = models.build(model)
+    prof = dataclasses.replace(analytic_profile(net, batch, gpu), source="measured")
+    path = os.path.join(folder, f"{model}-b{batch}-{gpu}.json")
+    save_profile(prof, path)
+    return path
 
 
 def time_plan(cmd: list) -> tuple[float, str]:
@@ -51,23 +70,34 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="h200", help="analytic model of this GPU (default h200)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="plan from this profile instead of --gpu")
+    ap.add_argument("--as-measured", action="store_true",
+                    help="plan from the analytic profile of --gpu saved as a measured one")
     ap.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per case")
     args = ap.parse_args(argv)
-    print(f"minidnn plan, wall-clock seconds per run ({os.cpu_count()} CPUs; "
-          f"{'profile ' + args.profile if args.profile else 'gpu ' + args.gpu})")
+    source = f"profile {args.profile}" if args.profile else f"gpu {args.gpu}" + \
+        (", its profile as if measured" if args.as_measured else "")
+    print(f"minidnn plan, wall-clock seconds per run ({os.cpu_count()} CPUs; {source})")
     print(f"{'case':<22}{'best s':>9}{'decisions':>11}  runs (s)")
-    for case in args.case or DEFAULT_CASES:
-        model, batch, budget = case.split(":")
-        cmd = plan_command(model, batch, budget, args.gpu, args.profile)
-        runs, out = [], ""
-        for _ in range(max(args.repeat, 1)):
-            seconds, out = time_plan(cmd)
-            runs.append(seconds)
-        found = re.search(r"\((\d+) decisions evaluated\)", out)
-        decisions = found.group(1) if found else "-"
-        print(f"{case:<22}{min(runs):>9.2f}{decisions:>11}  "
-              f"{' '.join(f'{s:.2f}' for s in runs)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
+        for case in args.case or DEFAULT_CASES:
+            run_case(case, args, folder)
     return 0
+
+
+def run_case(case: str, args, folder: str) -> None:
+    """Time one MODEL:BATCH:BUDGET case `args.repeat` times and print its row."""
+    model, batch, budget = case.split(":")
+    profile = measured_copy(model, int(batch), args.gpu, folder) if args.as_measured \
+        else args.profile
+    cmd = plan_command(model, batch, budget, args.gpu, profile)
+    runs, out = [], ""
+    for _ in range(max(args.repeat, 1)):
+        seconds, out = time_plan(cmd)
+        runs.append(seconds)
+    found = re.search(r"\((\d+) decisions evaluated\)", out)
+    decisions = found.group(1) if found else "-"
+    print(f"{case:<22}{min(runs):>9.2f}{decisions:>11}  "
+          f"{' '.join(f'{s:.2f}' for s in runs)}", flush=True)
 
 
 if __name__ == "__main__":

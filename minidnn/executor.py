@@ -38,8 +38,9 @@ shape); so split and unsplit steps agree to rounding, and a split step repeats b
 
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
-far larger than this machine come out in seconds (parameters and gradients are counted;
-temporaries inside layers and optimizer state are not).
+far larger than this machine come out in seconds (parameters, gradients and the scratch
+blocks of random draws are counted; other temporaries inside layers and optimizer state are
+not).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from .kernels.mapformat import MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
+from .layers.draws import scratch_bytes
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
@@ -182,16 +184,18 @@ class Executor:
                 self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
-            # Workspaces are planned blocks only inside a static layout.
+            # Workspaces are planned blocks only inside a static layout; scratch blocks for
+            # random draws are the manager's always, planned or not.
             workspace = self._workspace_blocks() if static_layout else {}
-            blocks = self._plan_layout(self.prefetch_lookahead, workspace) if static_layout \
-                else None
+            scratch = self._scratch_blocks()
+            blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch) \
+                if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
                                          dry=not self.compute, blocks=blocks,
                                          workspace=workspace,
-                                         recompute=self.decision.recompute)
+                                         recompute=self.decision.recompute, scratch=scratch)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data = values
@@ -320,13 +324,25 @@ class Executor:
                 blocks[(index[name], phase)] = int(nbytes)
         return blocks
 
-    def _plan_layout(self, lookahead: int, workspace: dict):
-        """Record one step's blocks (and planned workspaces), pack them (memory/layout.py), and
-        take the region for them from the allocator now, so that a budget too small fails
-        before step one."""
+    def _scratch_blocks(self) -> dict:
+        """{(node index, phase): bytes} of the scratch blocks of the calls that draw random
+        numbers (layers/draws.py): the whole batch's draws and this device's generator."""
+        blocks = {}
+        for i, node in enumerate(self.plan.nodes):
+            for phase in ("forward", "backward"):
+                shape = node.layer.random_draws(phase)
+                if shape is not None:
+                    blocks[(i, phase)] = scratch_bytes(shape, self.global_batch,
+                                                       self.device.generator_bytes)
+        return blocks
+
+    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):
+        """Record one step's blocks (and planned workspaces and scratch blocks), pack them
+        (memory/layout.py), and take the region for them from the allocator now, so that a
+        budget too small fails before step one."""
         keep = (self.net.loss_node.name, self.net.output)
         self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
-                                      workspace, self.decision.recompute)
+                                      workspace, self.decision.recompute, scratch)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
@@ -457,8 +473,9 @@ class Executor:
             t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
+        scratch = self.manager.acquire_scratch(i, phase)
         if ctx is not None:
-            ctx.workspace = workspace
+            ctx.workspace, ctx.scratch = workspace, scratch
             try:
                 # layers/precision.py: the layer itself, in float32 around bf16 maps
                 if phase == "forward":
@@ -470,7 +487,8 @@ class Executor:
                 else:
                     self._layer_backward(node, buffers, ctx)
             finally:
-                ctx.workspace = None
+                ctx.workspace = ctx.scratch = None
+        self.manager.release_scratch()
         self.manager.release_workspace()
         self.manager.after(call)
         if observer:

@@ -3,8 +3,10 @@ evaluation (and for p = 0, or a step run with dropout off: StepContext.dropout) 
 
 The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
 by (seed, step, layer index), so a resumed run draws the same masks; a micro-batch takes its
-rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them. Backward reads only the
-mask, so the layer runs in place.
+rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them.
+The draws and the generator making them lie in the call's scratch block, which the memory
+manager plans and counts (layers/draws.py). Backward reads only the mask, so the layer runs
+in place.
 """
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ class Dropout(Layer):
 
     def aux_specs(self):
         return {"mask": (self.in_shapes[0], np.bool_)}
+
+    def random_draws(self, phase: str):
+        """Forward draws one number per value (in a scratch block the manager hands it)."""
+        return self.in_shapes[0] if phase == "forward" and self.p > 0 else None
 
     def _active(self, ctx) -> bool:
         return ctx.train and ctx.dropout and self.p > 0

@@ -436,5 +436,6 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s,
                    synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
+                   generator_bytes=device.generator_bytes,
                    key_fields={"structure": structure_hash(net, batch, relu_bits)},
                    notes=notes)

@@ -6,8 +6,8 @@ Two kinds of pass, each at memory speed for both layouts:
   backward), in double, in two stages with no atomics, so the same input gives the same bits
   every time (which is what lets the memory manager recompute a batch-norm output in backward
   exactly). Stage one: a grid of blocks, each adding one contiguous part of the rows of some
-  channels and writing its partial sums; stage two: one thread per channel adds its parts in
-  order. How a block reads depends on the layout, so that neighbouring threads read
+  channels and writing its partial sums; stage two: one block per channel adds its parts in
+  a fixed order. How a block reads depends on the layout, so that neighbouring threads read
   neighbouring values:
     NCHW  a block takes one channel; its threads stride over the channel's H * W runs.
     NHWC  the map is a (pixels, C) matrix; a block takes 32 channels x 8 row lanes, a warp
@@ -36,6 +36,7 @@ _MAX_PARTS = 1024
 _TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GPU
 _CHUNK = 2**30              # NHWC affine maps: values per launch (32-bit indices)
 _VECTOR_BYTES = 16
+_PART_THREADS = 128         # threads adding one channel's parts (a power of two)
 
 # mode 0: (x, x^2); mode 1: (gy, gy * (x - center)).
 _SOURCE = DIVIDE_SOURCE + r"""
@@ -116,6 +117,32 @@ __global__ void bn_column_partial_sums(const T* __restrict__ x, const T* __restr
     }
 }
 
+// Stage two: block c adds channel c's parts (partial[c, p, 0..1]) in a fixed order: its
+// threads take every blockDim.x-th part, then a fixed tree in shared memory.
+__global__ void bn_sum_parts(const double* partial, double* sum_a, double* sum_b, int parts) {
+    const int c = blockIdx.x;
+    double a = 0, b = 0;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        a += partial[2 * ((long long)c * parts + p)];
+        b += partial[2 * ((long long)c * parts + p) + 1];
+    }
+    __shared__ double sa[%(part_threads)d], sb[%(part_threads)d];
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            sa[threadIdx.x] += sa[threadIdx.x + s];
+            sb[threadIdx.x] += sb[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        sum_a[c] = sa[0];
+        sum_b[c] = sb[0];
+    }
+}
+
 template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
 
 // Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c]. The launch starts at a
@@ -150,10 +177,11 @@ __global__ void bn_grad_last(const T* x, const T* gy, T* gx, const T* mean, cons
         g.v[j] = g.v[j] * ca[c + j] + (xv.v[j] - mean[c + j]) * cb[c + j] + cd[c + j];
     reinterpret_cast<Pack<T, VEC>*>(gx)[k] = g;
 }
-""" % {"threads": _THREADS}
+""" % {"threads": _THREADS, "part_threads": _PART_THREADS}
 
 
 def _instances():
+    yield "bn_sum_parts"
     for t, size in (("float", 4), ("double", 8)):
         yield f"bn_partial_sums<{t}>"
         yield f"bn_column_partial_sums<{t}>"
@@ -164,15 +192,6 @@ def _instances():
 
 _module = cp.RawModule(code=_SOURCE, options=("--std=c++14",),
                        name_expressions=list(_instances()))
-
-# One thread per channel adds its parts in order: (sum a, sum b) per channel, in double.
-_add_parts = cp.ElementwiseKernel(
-    "raw float64 partial, int32 parts", "float64 sum_a, float64 sum_b",
-    "double a = 0, b = 0; "
-    "for (int p = 0; p < parts; ++p) { a += partial[2 * (i * parts + p)]; "
-    "b += partial[2 * (i * parts + p) + 1]; } "
-    "sum_a = a; sum_b = b;",
-    "minidnn_bn_add_parts")
 
 _ctype = {cp.dtype(cp.float32): "float", cp.dtype(cp.float64): "double"}
 
@@ -241,7 +260,8 @@ def _channel_sums(mode: int, x, gy, center):
             (x, g, m, partial, np.int32(mode), np.int64(hw), np.int64(count),
              np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp)))
     sum_a, sum_b = cp.empty(c, cp.float64), cp.empty(c, cp.float64)
-    _add_parts(partial, np.int32(parts), sum_a, sum_b)
+    _module.get_function("bn_sum_parts")((c,), (_PART_THREADS,),
+                                         (partial, sum_a, sum_b, np.int32(parts)))
     return sum_a, sum_b
 
 

@@ -117,11 +117,14 @@ __global__ void bn_column_partial_sums(const T* __restrict__ x, const T* __restr
     }
 }
 
-// Stage two: block c adds channel c's parts (partial[c, p, 0..1]) in a fixed order: its
-// threads take every blockDim.x-th part, then a fixed tree in shared memory.
-__global__ void bn_sum_parts(const double* partial, double* sum_a, double* sum_b, int parts) {
+// Stage two: block c adds channel c's parts (partial[c, p, 0..1]) in a fixed order (its
+// threads take every blockDim.x-th part, then a fixed tree in shared memory); thread 0 then
+// turns the sums into the per-channel results, so that a batch-norm call is three launches.
+__device__ __forceinline__ void sum_parts(const double* partial, int parts, double& a,
+                                          double& b) {
     const int c = blockIdx.x;
-    double a = 0, b = 0;
+    a = 0;
+    b = 0;
     for (int p = threadIdx.x; p < parts; p += blockDim.x) {
         a += partial[2 * ((long long)c * parts + p)];
         b += partial[2 * ((long long)c * parts + p) + 1];
@@ -137,10 +140,55 @@ __global__ void bn_sum_parts(const double* partial, double* sum_a, double* sum_b
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        sum_a[c] = sa[0];
-        sum_b[c] = sb[0];
+    a = sa[0];
+    b = sb[0];
+}
+
+// Forward: from (sum x, sum x^2): mean, var (biased), invstd = 1 / sqrt(var + eps), and the
+// affine pass's scale = invstd * weight, shift = bias - mean * scale; with update != 0 the
+// running estimates move: r = (1 - momentum) * r + momentum * batch value (var unbiased).
+template<typename T>
+__global__ void bn_finish_forward(const double* partial, int parts, double count, T eps,
+                                  T momentum, int update, const T* weight, const T* bias,
+                                  T* mean, T* var, T* invstd, T* scale, T* shift,
+                                  T* running_mean, T* running_var) {
+    double total, squares;
+    sum_parts(partial, parts, total, squares);
+    if (threadIdx.x != 0) return;
+    const int c = blockIdx.x;
+    const double m = total / count;
+    const T mt = (T)m, vt = (T)fmax(squares / count - m * m, 0.0);
+    const T inv = (T)1 / sqrt(vt + eps);
+    mean[c] = mt;
+    var[c] = vt;
+    invstd[c] = inv;
+    const T sc = inv * weight[c];
+    scale[c] = sc;
+    shift[c] = bias[c] - mt * sc;
+    if (update) {
+        const T keep = (T)1 - momentum;
+        running_mean[c] = running_mean[c] * keep + momentum * mt;
+        running_var[c] = running_var[c] * keep + (momentum * (T)(count / (count - 1))) * vt;
     }
+}
+
+// Backward: from (sum gy, sum gy * (x - mean)): gbias, gweight, and the per-value pass's
+// coefficients gx = gy * a + (x - mean) * b + d (cpu_batchnorm.batchnorm_backward).
+template<typename T>
+__global__ void bn_finish_backward(const double* partial, int parts, double count,
+                                   const T* weight, const T* invstd, T* gweight, T* gbias,
+                                   T* ca, T* cb, T* cd) {
+    double sum_gy, sum_gy_centred;
+    sum_parts(partial, parts, sum_gy, sum_gy_centred);
+    if (threadIdx.x != 0) return;
+    const int c = blockIdx.x;
+    const double istd = (double)invstd[c];
+    const double a = (double)weight[c] * istd;
+    gbias[c] = (T)sum_gy;
+    gweight[c] = (T)(sum_gy_centred * istd);
+    ca[c] = (T)a;
+    cb[c] = (T)(-a * istd * istd * sum_gy_centred / count);
+    cd[c] = (T)(-a * sum_gy / count);
 }
 
 template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
@@ -181,9 +229,10 @@ __global__ void bn_grad_last(const T* x, const T* gy, T* gx, const T* mean, cons
 
 
 def _instances():
-    yield "bn_sum_parts"
     for t, size in (("float", 4), ("double", 8)):
         yield f"bn_partial_sums<{t}>"
+        yield f"bn_finish_forward<{t}>"
+        yield f"bn_finish_backward<{t}>"
         yield f"bn_column_partial_sums<{t}>"
         for vec in (1, _VECTOR_BYTES // size):
             yield f"bn_affine_last<{t}, {vec}>"
@@ -234,8 +283,9 @@ def _rows(a):
     return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
 
 
-def _channel_sums(mode: int, x, gy, center):
-    """(sum a, sum b) per channel, float64 (C,) each, for the kernel's `mode`."""
+def _channel_partials(mode: int, x, gy, center):
+    """(partial, parts): stage one of the per-channel sums of the kernel's `mode`, float64
+    (C, parts, 2), for a bn_finish_* kernel to add."""
     maps = (x,) if gy is None else (x, gy)
     n, c, hw, sn, sc, sp = _geometry(*maps)
     ctype = _ctype_of(x)
@@ -259,10 +309,7 @@ def _channel_sums(mode: int, x, gy, center):
             (c, parts), (_THREADS,),
             (x, g, m, partial, np.int32(mode), np.int64(hw), np.int64(count),
              np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp)))
-    sum_a, sum_b = cp.empty(c, cp.float64), cp.empty(c, cp.float64)
-    _module.get_function("bn_sum_parts")((c,), (_PART_THREADS,),
-                                         (partial, sum_a, sum_b, np.int32(parts)))
-    return sum_a, sum_b
+    return partial, parts
 
 
 def _per_value_last(name: str, maps, channel_arrays) -> None:
@@ -287,41 +334,67 @@ def _per_value_last(name: str, maps, channel_arrays) -> None:
                (*pieces, *channel_arrays, np.uint32(c), *by_c, np.uint32(size)))
 
 
+def _statistics(x, weight, bias, mean, var, invstd, eps: float, running) -> tuple:
+    """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
+    when running = (running_mean, running_var, momentum) is given; returns the affine pass's
+    (scale, shift). Two launches."""
+    n, c, hw, *_ = _geometry(x)
+    partial, parts = _channel_partials(0, x, None, None)
+    scale, shift = cp.empty(c, x.dtype), cp.empty(c, x.dtype)
+    dt = x.dtype.type
+    rm, rv, momentum = running if running is not None else (mean, var, 0.0)
+    _module.get_function(f"bn_finish_forward<{_ctype_of(x)}>")(
+        (c,), (_PART_THREADS,),
+        (partial, np.int32(parts), np.float64(n * hw), dt(eps), dt(momentum),
+         np.int32(running is not None), weight, bias, mean, var, invstd, scale, shift, rm, rv))
+    return scale, shift
+
+
 def batchnorm_stats(x, mean, var) -> None:
     """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
-    count = x.size // x.shape[1]
-    total, squares = _channel_sums(0, x, None, None)
-    m = total / count
-    mean[...] = m
-    var[...] = cp.maximum(squares / count - m * m, 0.0)
+    c = x.shape[1]
+    ones, zeros = cp.ones(c, x.dtype), cp.zeros(c, x.dtype)
+    _statistics(x, ones, zeros, mean, var, cp.empty(c, x.dtype), 1.0, None)
 
 
-def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
-    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
+def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
+                               running=None) -> None:
+    """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
+    per-channel results, the affine pass)."""
+    _geometry(x, y)
+    var = cp.empty(x.shape[1], x.dtype)
+    scale, shift = _statistics(x, weight, bias, mean, var, invstd, eps, running)
+    _affine(x, y, scale, shift)
+
+
+def _affine(x, y, scale, shift) -> None:
+    """y = x * scale + shift per channel."""
     n, c, hw, *_ = _geometry(x, y)
-    scale = invstd * weight
-    shift = bias - mean * scale
     if is_channels_last(x):
         _per_value_last("bn_affine_last", (x, y), (scale, shift))
     else:
         _scale_shift(x, scale, shift, c, hw, y)
 
 
+def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
+    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
+    scale = invstd * weight
+    _affine(x, y, scale, bias - mean * scale)
+
+
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
-    """Training-mode gradients, as cpu_batchnorm.batchnorm_backward."""
+    """Training-mode gradients, as cpu_batchnorm.batchnorm_backward: three launches (partial
+    sums, the per-channel results, the per-value pass)."""
     n, c, hw, *_ = _geometry(x, gy)
-    sum_gy, sum_gy_centred = _channel_sums(1, x, gy, mean)
-    istd = invstd.astype(cp.float64)
-    gbias[...] = sum_gy
-    gweight[...] = sum_gy_centred * istd
+    ctype = _ctype_of(x)
+    partial, parts = _channel_partials(1, x, gy, mean)
+    a, b, d = (cp.empty(c, x.dtype) for _ in range(3))
+    _module.get_function(f"bn_finish_backward<{ctype}>")(
+        (c,), (_PART_THREADS,),
+        (partial, np.int32(parts), np.float64(n * hw), weight, invstd, gweight, gbias, a, b, d))
     if gx is None:
         return
     _geometry(x, gx)
-    count = n * hw
-    a = weight.astype(cp.float64) * istd
-    b = (-a * istd * istd * sum_gy_centred / count).astype(x.dtype)
-    d = (-a * sum_gy / count).astype(x.dtype)
-    a = a.astype(x.dtype)
     if is_channels_last(x):
         _per_value_last("bn_grad_last", (x, gy, gx), (mean, a, b, d))
     else:

@@ -267,6 +267,26 @@ __global__ void maxpool2d_backward_last(const T* __restrict__ gy,
     gx[i] = acc;
 }
 
+// Windows that tile the input exactly (stride = kernel, no padding, KH * OH = H, KW * OW = W):
+// each input value lies in one window, so a thread per window writes its KH x KW gradients
+// (gy at the winner, 0 elsewhere), reading gy and argmax once. 0 + g, not g: the gather above
+// adds into +0, which turns a -0 gradient into +0; this gives the same bits.
+template<typename T>
+__global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
+                                              const unsigned char* __restrict__ argmax,
+                                              T* __restrict__ gx, GEOMETRY, int C,
+                                              LAST_LAUNCH) {
+    Pixel p;              // (n, oh, ow, c)
+    if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const T zero = 0;
+    const T g = zero + gy[p.index];
+    const int arg = argmax[p.index];
+    T* out = gx + ((p.n * H + (long long)p.h * KH) * W + (long long)p.w * KW) * C + p.c;
+    for (int kh = 0; kh < KH; ++kh)
+        for (int kw = 0; kw < KW; ++kw)
+            out[((long long)kh * W + kw) * C] = kh * KW + kw == arg ? g : zero;
+}
+
 template<typename T>
 __global__ void avgpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y, GEOMETRY,
                                        int include_pad, int C, LAST_LAUNCH) {
@@ -307,8 +327,8 @@ __global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict_
 """
 
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
-            "maxpool2d_forward_last", "maxpool2d_backward_last", "avgpool2d_forward_last",
-            "avgpool2d_backward_last")
+            "maxpool2d_forward_last", "maxpool2d_backward_last", "maxpool2d_backward_tiles_last",
+            "avgpool2d_forward_last", "avgpool2d_backward_last")
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _module = cp.RawModule(code=_SOURCE,
                        name_expressions=[f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()])
@@ -423,8 +443,15 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
     geometry = _geometry(gx.shape, gy.shape, spec)
     n, c = gx.shape[:2]
     if layout == "nhwc":
-        _launch_last("maxpool2d_backward_last", ctype, gx.shape, (gy, argmax, gx),
-                     geometry + (np.int32(c),))
+        (h, w), (oh, ow) = gx.shape[2:], gy.shape[2:]
+        tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
+                 and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
+        if tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
+            _launch_last("maxpool2d_backward_tiles_last", ctype, gy.shape, (gy, argmax, gx),
+                         geometry + (np.int32(c),))
+        else:       # one thread per input value, gathering its windows
+            _launch_last("maxpool2d_backward_last", ctype, gx.shape, (gy, argmax, gx),
+                         geometry + (np.int32(c),))
         return
     rows, cols, cells = _cells(gx.shape, spec)
     _launch("maxpool2d_backward", ctype, n * c, rows, cols,

@@ -49,7 +49,7 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
-from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .kernels.mapformat import MapFormat, arrange, in_memory_order, pointwise_views
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
@@ -513,6 +513,7 @@ class Executor:
                 p.grad = tmp
             mixed.backward(node.layer, *buffers, ctx)
             for p, grad, tmp, _ in held:
+                grad, tmp = pointwise_views(grad, tmp)
                 grad += tmp
         finally:
             for p, grad, _, buf in held:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..backend import same_memory
 from ..errors import ConfigError
+from ..kernels.mapformat import pointwise_views
 from .base import Layer
 
 
@@ -53,6 +54,7 @@ class Dropout(Layer):
         # the rows of the whole batch's draws, so a micro-batch has its rows of the same mask.
         draws = ctx.uniform_rows(self, mask.shape)
         xp.greater_equal(draws, np.float32(self.p), out=mask)
+        x, mask, y = pointwise_views(x, mask, y)
         xp.multiply(x, mask, out=y)
         y *= y.dtype.type(1.0 / (1.0 - self.p))
 
@@ -64,7 +66,8 @@ class Dropout(Layer):
             if not same_memory(gx, gy):
                 gx[...] = gy
             return
-        ctx.xp.multiply(gy, aux["mask"], out=gx)
+        gy, mask, gx = pointwise_views(gy, aux["mask"], gx)
+        ctx.xp.multiply(gy, mask, out=gx)
         gx *= gx.dtype.type(1.0 / (1.0 - self.p))
 
     def flops(self):

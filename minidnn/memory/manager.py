@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from ..kernels.mapformat import pointwise_views
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
 from .schedule import StepSchedule
@@ -585,6 +586,7 @@ class MemoryManager:
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             if not self.dry:
+                acc, tmp = pointwise_views(acc, tmp)
                 acc += tmp
             self.allocator.free(tmp_buf)
             self._count(-nbytes)

@@ -49,6 +49,7 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
+from .fusion import bias_relu_pairs
 from .kernels.mapformat import MapFormat, arrange, in_memory_order, pointwise_views
 from .layers import precision as mixed
 from .layers.base import StepContext
@@ -178,6 +179,7 @@ class Executor:
             self.plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
                                      input_grad=input_grad, maps=self.maps)
             self._check_conv_plans()
+            self._bias_deferred, self._relu_bias = self._bias_relu()
             if static_layout is None:
                 static_layout = memory_budget is not None
             self.allocator = allocator if allocator is not None else \
@@ -431,13 +433,27 @@ class Executor:
                 raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
                                 f"{k} classes (labels 0..{k - 1})")
 
+    def _bias_relu(self) -> tuple:
+        """(convolutions whose bias the ReLU after them adds, [(ReLU name, that bias
+        Parameter)]) from the decision's bias_relu, checked against this step's plan."""
+        allowed = bias_relu_pairs(self.plan)
+        wrong = {r: c for r, c in self.decision.bias_relu.items() if allowed.get(r) != c}
+        if wrong:
+            raise ConfigError(f"the decision moves convolution biases into ReLUs where that "
+                              f"would change results: {wrong} (minidnn/fusion.py)")
+        pairs = sorted(self.decision.bias_relu.items())
+        return (frozenset(c for _, c in pairs),
+                [(r, self.net.node(c).layer.params["bias"]) for r, c in pairs])
+
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
                            conv_plans=self.decision.conv_algo,
                            relu_bits=self.decision.relu_bits, dropout=self._dropout,
                            batch_offset=self.batch_offset + offset,
-                           global_batch=self.global_batch)
+                           global_batch=self.global_batch,
+                           bias_deferred=self._bias_deferred,
+                           relu_bias={relu: p.data for relu, p in self._relu_bias})
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:

@@ -101,6 +101,9 @@ class StepContext:
     batch split into micro-batches draws the same random numbers as the whole batch.
     scratch: during a call that draws random numbers, the block the memory manager planned
     for them (layers/draws.py; a flat uint8 device array), or None.
+    bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
+    relu_bias: {ReLU node name: the bias array (C,) it adds} (the decision's bias_relu;
+    minidnn/fusion.py).
     """
     xp: Any
     kernels: Any = None
@@ -115,6 +118,8 @@ class StepContext:
     batch_offset: int = 0
     global_batch: int | None = None
     scratch: Any = None
+    bias_deferred: frozenset = frozenset()
+    relu_bias: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

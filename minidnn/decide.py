@@ -24,6 +24,7 @@ from .backend import Device, select_device
 from .errors import ConfigError, parse_bytes
 from .executor import Executor, check_micro_batches
 from .kernels.mapformat import MapFormat, map_layout
+from .fusion import bias_relu_pairs
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -44,7 +45,7 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
            relu_bits: bool = False, prefetch_lookahead: int = 1, device=None,
            static_layout: bool | None = None, precision: str = "fp32",
            layout: str | None = None, micro_batches: int | None = None,
-           split_batch_statistics: bool = False) -> MemoryDecision:
+           split_batch_statistics: bool = False, fuse: bool = True) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
     memory_budget: bytes (or '12GiB') the step must fit, for the policies that plan (dyn).
@@ -58,7 +59,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     (kernels/mapformat.py); the policy plans with their bytes. micro_batches: run each step
     as this many passes of batch / micro_batches images (None: one, or what a planning
     policy chooses: dyn weighs the counts with a budget); split_batch_statistics: allow a
-    split of a network with BatchNorm (see Executor).
+    split of a network with BatchNorm (see Executor). fuse: ReLUs add the bias of the
+    convolution before them where that gives the same bits (minidnn/fusion.py).
 
     Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
     filled in.
@@ -85,15 +87,16 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     # A policy that does not plan splits decides for one pass of the count asked for.
     count = 1 if planning or micro_batches is None else int(micro_batches)
     # The policy plans with the ReLUs as the executor will run them, and the maps' format.
-    decision = chosen.decide(LivenessPlan(net, int(batch) // count, relu_bits=relus,
-                                          maps=maps), memory_budget)
+    plan = LivenessPlan(net, int(batch) // count, relu_bits=relus, maps=maps)
+    decision = chosen.decide(plan, memory_budget)
     if not planning and micro_batches is not None:
         decision = replace(decision, micro_batches=int(micro_batches))
     check_micro_batches(net, int(batch), decision.micro_batches, split_batch_statistics)
     lookahead = decision.prefetch_lookahead
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
-                   precision=maps.precision, layout=maps.layout)
+                   precision=maps.precision, layout=maps.layout,
+                   bias_relu=bias_relu_pairs(plan) if fuse else {})
 
 
 def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0,
@@ -104,14 +107,15 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    relu_bits: bool = False, precision: str = "fp32",
                    layout: str | None = None, micro_batches: int | None = None,
                    split_batch_statistics: bool = False, batch_offset: int = 0,
-                   global_batch: int | None = None) -> Executor:
+                   global_batch: int | None = None, fuse: bool = True) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there; batch is
     the executor's, one rank's share of `global_batch` in data-parallel training)."""
     device = device if isinstance(device, Device) else select_device(device)
     decision = decide(net, batch, policy, memory_budget, relu_bits=relu_bits,
                       prefetch_lookahead=prefetch_lookahead, device=device,
                       static_layout=static_layout, precision=precision, layout=layout,
-                      micro_batches=micro_batches, split_batch_statistics=split_batch_statistics)
+                      micro_batches=micro_batches, split_batch_statistics=split_batch_statistics,
+                      fuse=fuse)
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,

@@ -38,8 +38,9 @@ shape); so split and unsplit steps agree to rounding, and a split step repeats b
 
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
-far larger than this machine come out in seconds (parameters and gradients are counted;
-temporaries inside layers and optimizer state are not).
+far larger than this machine come out in seconds (parameters, gradients and the scratch
+blocks of random draws are counted; other temporaries inside layers and optimizer state are
+not).
 """
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
-from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .fusion import bias_relu_pairs
+from .kernels.mapformat import MapFormat, arrange, in_memory_order, pointwise_views
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
+from .layers.draws import scratch_bytes
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
@@ -186,22 +189,25 @@ class Executor:
             self._check_plan(plan, input_grad)
             self.plan = plan
             self._check_conv_plans()
+            self._bias_deferred, self._relu_bias = self._bias_relu()
             if static_layout is None:
                 static_layout = memory_budget is not None
             self.allocator = allocator if allocator is not None else \
                 self._make_allocator(memory_budget)
             self._place_parameters()
             self.layout = None
-            # Workspaces are planned blocks only inside a static layout.
+            # Workspaces are planned blocks only inside a static layout; scratch blocks for
+            # random draws are the manager's always, planned or not.
             workspace = self._workspace_blocks() if static_layout else {}
-            blocks = self._plan_layout(self.prefetch_lookahead, workspace) if static_layout \
-                else None
+            scratch = self._scratch_blocks()
+            blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch) \
+                if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
                                          dry=not self.compute, blocks=blocks,
                                          workspace=workspace,
-                                         recompute=self.decision.recompute)
+                                         recompute=self.decision.recompute, scratch=scratch)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data = values
@@ -338,13 +344,25 @@ class Executor:
                 blocks[(index[name], phase)] = int(nbytes)
         return blocks
 
-    def _plan_layout(self, lookahead: int, workspace: dict):
-        """Record one step's blocks (and planned workspaces), pack them (memory/layout.py), and
-        take the region for them from the allocator now, so that a budget too small fails
-        before step one."""
+    def _scratch_blocks(self) -> dict:
+        """{(node index, phase): bytes} of the scratch blocks of the calls that draw random
+        numbers (layers/draws.py): the whole batch's draws and this device's generator."""
+        blocks = {}
+        for i, node in enumerate(self.plan.nodes):
+            for phase in ("forward", "backward"):
+                shape = node.layer.random_draws(phase)
+                if shape is not None:
+                    blocks[(i, phase)] = scratch_bytes(shape, self.global_batch,
+                                                       self.device.generator_bytes)
+        return blocks
+
+    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):
+        """Record one step's blocks (and planned workspaces and scratch blocks), pack them
+        (memory/layout.py), and take the region for them from the allocator now, so that a
+        budget too small fails before step one."""
         keep = (self.net.loss_node.name, self.net.output)
         self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
-                                      workspace, self.decision.recompute)
+                                      workspace, self.decision.recompute, scratch)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
@@ -433,13 +451,27 @@ class Executor:
                 raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
                                 f"{k} classes (labels 0..{k - 1})")
 
+    def _bias_relu(self) -> tuple:
+        """(convolutions whose bias the ReLU after them adds, [(ReLU name, that bias
+        Parameter)]) from the decision's bias_relu, checked against this step's plan."""
+        allowed = bias_relu_pairs(self.plan)
+        wrong = {r: c for r, c in self.decision.bias_relu.items() if allowed.get(r) != c}
+        if wrong:
+            raise ConfigError(f"the decision moves convolution biases into ReLUs where that "
+                              f"would change results: {wrong} (minidnn/fusion.py)")
+        pairs = sorted(self.decision.bias_relu.items())
+        return (frozenset(c for _, c in pairs),
+                [(r, self.net.node(c).layer.params["bias"]) for r, c in pairs])
+
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
                            conv_plans=self.decision.conv_algo,
                            relu_bits=self.decision.relu_bits, dropout=self._dropout,
                            batch_offset=self.batch_offset + offset,
-                           global_batch=self.global_batch)
+                           global_batch=self.global_batch,
+                           bias_deferred=self._bias_deferred,
+                           relu_bias={relu: p.data for relu, p in self._relu_bias})
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -475,8 +507,9 @@ class Executor:
             t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
+        scratch = self.manager.acquire_scratch(i, phase)
         if ctx is not None:
-            ctx.workspace = workspace
+            ctx.workspace, ctx.scratch = workspace, scratch
             try:
                 # layers/precision.py: the layer itself, in float32 around bf16 maps
                 if phase == "forward":
@@ -488,7 +521,8 @@ class Executor:
                 else:
                     self._layer_backward(node, buffers, ctx)
             finally:
-                ctx.workspace = None
+                ctx.workspace = ctx.scratch = None
+        self.manager.release_scratch()
         self.manager.release_workspace()
         self.manager.after(call)
         if observer:
@@ -513,6 +547,7 @@ class Executor:
                 p.grad = tmp
             mixed.backward(node.layer, *buffers, ctx)
             for p, grad, tmp, _ in held:
+                grad, tmp = pointwise_views(grad, tmp)
                 grad += tmp
         finally:
             for p, grad, _, buf in held:

@@ -162,7 +162,10 @@ def test_training_moves_the_running_statistics_and_checkpoints_carry_them(tmp_pa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(16, 5, 13, 11), (40, 5, 37, 29)])   # 1 and 3 parts a channel
+# 1 and 3 parts a channel (NCHW); channel counts off and on the 4-value vectors and 32-channel
+# blocks of the channels-last kernels
+@pytest.mark.parametrize("shape", [(16, 5, 13, 11), (40, 5, 37, 29), (8, 64, 7, 9),
+                                   (4, 130, 5, 3)])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
     import cupy as cp
@@ -176,13 +179,14 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
     rng = np.random.default_rng(4)
     x = (3 + 2 * rng.standard_normal(shape)).astype(dtype)
     gy = rng.standard_normal(shape).astype(dtype)
-    w = (1 + 0.1 * rng.standard_normal(5)).astype(dtype)
-    b = rng.standard_normal(5).astype(dtype)
+    c = shape[1]
+    w = (1 + 0.1 * rng.standard_normal(c)).astype(dtype)
+    b = rng.standard_normal(c).astype(dtype)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
 
-    m, v = np.empty(5, dtype), np.empty(5, dtype)
+    m, v = np.empty(c, dtype), np.empty(c, dtype)
     cpu_batchnorm.batchnorm_stats(x, m, v)
-    gm, gv = cp.empty(5, dtype), cp.empty(5, dtype)
+    gm, gv = cp.empty(c, dtype), cp.empty(c, dtype)
     gpu.batchnorm_stats(device(x), gm, gv)
     np.testing.assert_allclose(gm.get(), m, **tol)
     np.testing.assert_allclose(gv.get(), v, **tol)
@@ -193,9 +197,9 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
     gpu.batchnorm_forward(device(x), cp.asarray(m), cp.asarray(invstd), cp.asarray(w),
                           cp.asarray(b), gy_dev)
     np.testing.assert_allclose(gy_dev.get(), y, **tol)
-    gx, gw, gb = np.empty_like(x), np.empty(5, dtype), np.empty(5, dtype)
+    gx, gw, gb = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
     cpu_batchnorm.batchnorm_backward(x, gy, m, invstd, w, gx, gw, gb)
-    dgx, dgw, dgb = device(np.empty(shape, dtype)), cp.empty(5, dtype), cp.empty(5, dtype)
+    dgx, dgw, dgb = device(np.empty(shape, dtype)), cp.empty(c, dtype), cp.empty(c, dtype)
     gpu.batchnorm_backward(device(x), device(gy), cp.asarray(m), cp.asarray(invstd),
                            cp.asarray(w), dgx, dgw, dgb)
     np.testing.assert_allclose(dgx.get(), gx, **tol)
@@ -204,9 +208,26 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
     np.testing.assert_allclose(dgb.get(), gb, rtol=tol["rtol"], atol=1e-3 if dtype == np.float32
                                else 1e-9)
     # The statistics reduce in a fixed order: the same bits again.
-    gm2, gv2 = cp.empty(5, dtype), cp.empty(5, dtype)
+    gm2, gv2 = cp.empty(c, dtype), cp.empty(c, dtype)
     gpu.batchnorm_stats(device(x), gm2, gv2)
     assert cp.array_equal(gm2, gm) and cp.array_equal(gv2, gv)
+    # A training step's forward: statistics, y and the running estimates in one call.
+    rm, rv = rng.standard_normal(c).astype(dtype), (1 + rng.random(c)).astype(dtype)
+    y2, m2, inv2 = np.empty_like(x), np.empty(c, dtype), np.empty(c, dtype)
+    crm, crv = rm.copy(), rv.copy()
+    cpu_batchnorm.batchnorm_training_forward(x, w, b, y2, m2, inv2, 1e-5, (crm, crv, 0.1))
+    dy2, dm2, dinv2 = device(np.empty(shape, dtype)), cp.empty(c, dtype), cp.empty(c, dtype)
+    drm, drv = cp.asarray(rm), cp.asarray(rv)
+    gpu.batchnorm_training_forward(device(x), cp.asarray(w), cp.asarray(b), dy2, dm2, dinv2,
+                                   1e-5, (drm, drv, 0.1))
+    for got, want in ((dy2, y2), (dm2, m2), (dinv2, inv2), (drm, crm), (drv, crv)):
+        np.testing.assert_allclose(got.get(), want, **tol)
+    moved = drm.copy(), drv.copy()
+    again = device(np.empty(shape, dtype))
+    gpu.batchnorm_training_forward(device(x), cp.asarray(w), cp.asarray(b), again, dm2, dinv2,
+                                   1e-5, None)   # a recomputation: the same bits, no update
+    assert cp.array_equal(again, dy2)
+    assert cp.array_equal(drm, moved[0]) and cp.array_equal(drv, moved[1])
 
 
 def test_channels_last_maps_give_the_numbers_of_nchw_ones():

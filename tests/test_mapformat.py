@@ -153,3 +153,19 @@ def test_flatten_in_place_reorders_a_channels_last_map_on_the_cpu_arrays():
     gx = mapformat.shaped(flat, values.shape, np.float32, "nhwc")
     layer.backward([None], None, y, [gx], {}, ctx)
     np.testing.assert_array_equal(gx, values)
+
+
+def test_pointwise_views_are_flat_in_memory_order_only_where_that_is_the_same_operation():
+    from minidnn.kernels.mapformat import arrange, pointwise_views
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    na, nb = (arrange(v, "nhwc").transpose(0, 3, 1, 2) for v in (a, b))
+    fa, fb = pointwise_views(na, nb)
+    assert fa.ndim == 1 and np.shares_memory(fa, na) and np.shares_memory(fb, nb)
+    fa += fb                                   # through the views: the arrays themselves
+    np.testing.assert_array_equal(na, a + b)
+    mixed = pointwise_views(na, b)             # NHWC beside NCHW: left as they are
+    assert mixed[0] is na and mixed[1] is b
+    strided = a[:, :, ::2]
+    assert pointwise_views(strided, strided)[0] is strided
+    assert pointwise_views(a, b)[0] is a       # NCHW: already in memory order

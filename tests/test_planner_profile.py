@@ -129,3 +129,40 @@ def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
     assert profiling.cache_dir().parts[-3:] == (".cache", "minidnn", "profiles")
     assert isinstance(Profile.from_json(analytic_profile(
         models.build("mlp", num_classes=10), 2, "k40").to_json()), Profile)
+
+
+def test_a_profile_is_measured_in_the_format_the_run_stores_its_maps_in(net, cache, monkeypatch):
+    """Channels-last or bf16 maps run other kernels than NCHW float32 ones (on the H200, VGG-16's
+    NHWC convolutions are faster): the profile is measured in the run's format, and the
+    format is part of its cache key."""
+    pytest.importorskip("ml_dtypes")
+    from minidnn.kernels.mapformat import MapFormat, is_channels_last, is_bfloat16
+    from minidnn.layers.conv import Conv2d
+    seen = []
+    real = Conv2d.forward
+
+    def spy(self, xs, y, aux, ctx):
+        seen.append((is_channels_last(xs[0]) and not xs[0].flags.c_contiguous,
+                     str(xs[0].dtype)))
+        return real(self, xs, y, aux, ctx)
+    monkeypatch.setattr(Conv2d, "forward", spy)
+    nhwc = profiling.get_profile(net, 4, Device("cpu"), repeats=1, maps=MapFormat("nhwc"))
+    assert seen and all(last and dtype == "float32" for last, dtype in seen)
+    seen.clear()
+    from minidnn.kernels import cpu
+    widened = []
+    real_widen = cpu.bf16_to_float
+
+    def count_widening(src, dst):
+        widened.append(is_bfloat16(src.dtype))
+        return real_widen(src, dst)
+    monkeypatch.setattr(cpu, "bf16_to_float", count_widening)
+    bf16 = profiling.get_profile(net, 4, Device("cpu"), repeats=1,
+                                 maps=MapFormat("nchw", "bf16"))
+    # bf16 maps reach the layers through the mixed-precision boundary, widened to float32.
+    assert widened and all(widened)
+    assert seen and all(not last and dtype == "float32" for last, dtype in seen)
+    plain = profiling.get_profile(net, 4, Device("cpu"), repeats=1)
+    assert len({nhwc.key, bf16.key, plain.key}) == 3
+    assert len(list(cache.glob("*.json"))) == 3
+    assert any("NHWC" in note for note in nhwc.notes)

@@ -165,3 +165,41 @@ def test_bad_input_is_refused():
         pw.relu_backward_bits(cp.zeros(1, np.uint32), x, x)
     with pytest.raises(ValueError):
         pw.bias_add(x, cp.zeros(3, np.float32))
+
+
+def _last(a):
+    """a's values in a channels-last device array of the same logical shape."""
+    return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 64, 5, 7), (3, 5, 4, 3), (1, 12, 9, 11)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("bits", [False, True])
+def test_relu_with_a_bias_gives_the_bits_of_the_bias_add_then_the_relu(dtype, shape, layout,
+                                                                      bits, monkeypatch):
+    """The fused pass (minidnn/fusion.py) against the two passes it replaces, in place and
+    not, over one launch and several (with whole mask words per launch)."""
+    rng = np.random.default_rng(5)
+    x = signed_values(int(np.prod(shape)), dtype, seed=6).reshape(shape)
+    b = cp.asarray(rng.standard_normal(shape[1]).astype(dtype))
+    lay = _last if layout == "nhwc" else (lambda a: cp.asarray(a).copy())
+    nbytes = (x.size + 31) // 32 * 4
+    want, want_mask = lay(x), cp.zeros(nbytes, cp.uint8)
+    pw.bias_add(want, b)
+    (pw.relu_forward_bits(want, want, want_mask) if bits else pw.relu_forward(want, want))
+    for per_launch in (None, 64 * shape[1]):
+        if per_launch:
+            monkeypatch.setattr(pw, "_CHUNK", per_launch)
+        for in_place in (False, True):
+            src = lay(x)
+            out = src if in_place else lay(np.full(shape, np.nan, dtype))
+            mask = cp.full(nbytes, 0xAB, cp.uint8)
+            if bits:
+                pw.relu_forward_bits(src, out, mask, b)
+                assert cp.array_equal(mask, want_mask)
+            else:
+                pw.relu_forward(src, out, b)
+            assert same_bits(out, cp.asnumpy(cp.ascontiguousarray(want)))
+            if not in_place:
+                assert same_bits(src, x)

@@ -363,3 +363,38 @@ def test_rejects_what_the_kernels_would_misread():
         cuda_pool.maxpool2d_forward(x, y, arg.astype(np.int32), spec)
     with pytest.raises(ValueError):
         cuda_pool.avgpool2d_forward(cp.zeros((1, 1, 4, 8), np.float32)[..., ::2], y, spec)
+
+
+def _channels_last(a):
+    """a's values in a channels-last array of the same logical shape."""
+    return cp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_channels_last_kernels_give_the_bits_of_the_nchw_ones(spec, dtype):
+    """Every channels-last kernel (the one-thread-per-window max-pool backward where windows
+    tile the input, the gathering one elsewhere) against the NCHW kernels, signed zeros, NaN
+    and infinities included."""
+    rng = np.random.default_rng(15)
+    for shape in SHAPES + [(3, 64, 8, 12), (2, 5, 6, 6)]:
+        y_shape = out_shape(shape, spec)
+        if min(y_shape[2:]) < 1:
+            continue
+        for kind in ("ties", "special"):
+            x = cp.asarray(make_data(rng, shape, dtype, kind))
+            gy = cp.asarray(make_data(rng, y_shape, dtype, "special"))
+            want = run_both(x, gy, spec)
+            y, arg = _channels_last(cp.empty(y_shape, dtype)), _channels_last(
+                cp.empty(y_shape, np.uint8))
+            cuda_pool.maxpool2d_forward(_channels_last(x), y, arg, spec)
+            gx = _channels_last(cp.full(shape, np.nan, dtype))
+            cuda_pool.maxpool2d_backward(_channels_last(gy), arg, gx, spec)
+            ya, gxa = _channels_last(cp.empty(y_shape, dtype)), _channels_last(
+                cp.full(shape, np.nan, dtype))
+            cuda_pool.avgpool2d_forward(_channels_last(x), ya, spec)
+            cuda_pool.avgpool2d_backward(_channels_last(gy), gxa, spec)
+            got = {"max y": y, "argmax": arg, "max gx": gx, "avg y": ya, "avg gx": gxa}
+            bad = [k for k, v in got.items() if not same_bits(cp.ascontiguousarray(v),
+                                                              want[k][0])]
+            assert not bad, f"{spec} {shape} {dtype} {kind}: NHWC bits differ in {bad}"

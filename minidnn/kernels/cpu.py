@@ -374,9 +374,18 @@ def lrn_backward(x, y, scale, gy, gx, spec) -> None:
 
 
 # ---- ReLU -------------------------------------------------------------------------------------
-def relu_forward(x, y) -> None:
-    """y = max(x, 0); y may be x itself (in place)."""
-    get_array_module(x).maximum(x, 0, out=y)
+def _with_bias(x, y, bias):
+    """x + bias (C,) along axis 1, into y (the map the ReLU then runs over); x without one."""
+    if bias is None:
+        return x
+    get_array_module(x).add(x, bias.reshape((1, -1) + (1,) * (x.ndim - 2)), out=y)
+    return y
+
+
+def relu_forward(x, y, bias=None) -> None:
+    """y = max(x + bias, 0), bias (C,) along axis 1 when given (a convolution's bias moved
+    here: minidnn/fusion.py); y may be x itself (in place)."""
+    get_array_module(x).maximum(_with_bias(x, y, bias), 0, out=y)
 
 
 def relu_backward(y, gy, gx) -> None:
@@ -385,11 +394,12 @@ def relu_backward(y, gy, gx) -> None:
     xp.multiply(gy, y > 0, out=gx)
 
 
-def relu_forward_bits(x, y, mask) -> None:
-    """y = max(x, 0), and mask (uint8, relu_mask_bytes(x.size)) = the bits of y > 0, element i
-    at bit i % 8 of byte i // 8 (little-endian bit order, so 32-bit words read the same)."""
+def relu_forward_bits(x, y, mask, bias=None) -> None:
+    """y = max(x + bias, 0) as relu_forward, and mask (uint8, relu_mask_bytes(x.size)) = the
+    bits of y > 0, element i at bit i % 8 of byte i // 8 (little-endian bit order, so 32-bit
+    words read the same)."""
     xp = get_array_module(x)
-    xp.maximum(x, 0, out=y)
+    xp.maximum(_with_bias(x, y, bias), 0, out=y)
     bits = xp.packbits((y > 0).ravel(), bitorder="little")
     mask[:bits.size] = bits
     mask[bits.size:] = 0

@@ -4,6 +4,10 @@
 With M = N * H * W values per channel, mean and biased variance over them:
 
     batchnorm_stats(x, mean, var)                       mean, var: (C,), overwritten
+    batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps, running=None)
+        a training step's forward: the batch's mean and invstd = 1 / sqrt(var + eps) into
+        mean, invstd (C,), then y as batchnorm_forward; running = (running_mean, running_var,
+        momentum) moves the running estimates (below), None leaves them (a recomputation)
     batchnorm_forward(x, mean, invstd, weight, bias, y) y = (x - mean) * invstd * weight + bias,
                                                         computed as x * scale + shift
     batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias)
@@ -32,6 +36,29 @@ def batchnorm_stats(x, mean, var) -> None:
     centred = x - _per_channel(m).astype(x.dtype)
     var[...] = xp.square(centred, out=centred).mean(axis=axes, dtype=xp.float64)
     mean[...] = m
+
+
+def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
+                               running=None) -> None:
+    """The batch's statistics, y, and (when running is given) the running estimates moved
+    as PyTorch moves them: r = (1 - momentum) * r + momentum * v, with the unbiased variance
+    var * M / (M - 1) for running_var. Arrays in x's dtype; eps, momentum: floats."""
+    xp = get_array_module(x)
+    dt = x.dtype.type
+    var = xp.empty_like(mean)
+    batchnorm_stats(x, mean, var)
+    xp.add(var, dt(eps), out=invstd)
+    xp.sqrt(invstd, out=invstd)
+    xp.reciprocal(invstd, out=invstd)
+    batchnorm_forward(x, mean, invstd, weight, bias, y)
+    if running is not None:
+        running_mean, running_var, momentum = running
+        count = x.size // x.shape[1]
+        keep, m = dt(1.0 - momentum), dt(momentum)
+        running_mean *= keep
+        running_mean += m * mean
+        running_var *= keep
+        running_var += (m * dt(count / (count - 1))) * var
 
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:

@@ -1,29 +1,59 @@
 """Batch normalization on the GPU: CuPy raw kernels with the signatures of cpu_batchnorm.py.
 
-The per-channel sums (sum x, then sum (x - mean)^2 in forward; sum gy and sum gy * (x - mean)
-in backward) run in two stages so that every channel uses the whole GPU, however few
-channels there are: a grid of (channels, parts) blocks, each adding one contiguous part of
-a channel's N * H * W values in double (threads in a fixed stride, then a fixed tree in
-shared memory), writes its partial sums; then one thread per channel adds its parts in
-order. No atomics anywhere, so the same input gives the same bits every time, which is what
-lets the memory manager recompute a batch-norm output in backward exactly. The elementwise
-parts (y = x * scale + shift, and gx = a * gy + b * (x - mean) + c) are one thread per value
-with per-channel coefficients computed once.
+Two kinds of pass, each at memory speed for both layouts:
+
+* **Per-channel sums** (sum x and sum x^2 in forward; sum gy and sum gy * (x - mean) in
+  backward), in double, in two stages with no atomics, so the same input gives the same bits
+  every time (which is what lets the memory manager recompute a batch-norm output in backward
+  exactly). Stage one: a grid of blocks, each adding one contiguous part of the rows of some
+  channels and writing its partial sums; stage two: one block per channel adds its parts in
+  a fixed order. How a block reads depends on the layout, so that neighbouring threads read
+  neighbouring values:
+    NCHW  a block takes one channel; its threads stride over the channel's H * W runs.
+    NHWC  the map is a (pixels, C) matrix; a block takes 32 channels x 8 row lanes, a warp
+          reads 32 neighbouring channels of one pixel (128 contiguous bytes of float32).
+  The forward statistics take one pass: var = E[x^2] - mean^2 in double, which loses nothing
+  a float32 map can hold unless |mean| exceeds the standard deviation ~10^4-fold.
+* **Per-value affine maps** y = x * scale[c] + shift[c] and gx = gy * a[c] + (x - mean[c]) *
+  b[c] + d[c], one thread per 16-byte vector in channels last (a value's channel is its
+  memory index modulo C, cuda_divide.py's division by a launch constant), CuPy elementwise
+  kernels over logical indices in NCHW.
 
 Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32 or float64; per-channel
-arrays (C,) of the same dtype. The sums read a map through its strides; the elementwise
-kernels index it logically, as CuPy does for any layout.
+arrays (C,) of the same dtype.
 """
 from __future__ import annotations
 
 import cupy as cp
+import numpy as np
+
+from .cuda_divide import DIVIDE_SOURCE, divider
+from .mapformat import is_channels_last
 
 _THREADS = 256
-_PER_BLOCK = 16384          # values of one channel a block adds (the last part: fewer)
+_PER_BLOCK = 16384          # NCHW: values of one channel a block adds (the last part: fewer)
 _MAX_PARTS = 1024
+_TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GPU
+_CHUNK = 2**30              # NHWC affine maps: values per launch (32-bit indices)
+_VECTOR_BYTES = 16
+_PART_THREADS = 128         # threads adding one channel's parts (a power of two)
 
-# mode 0: (x, 0); mode 1: ((x - center)^2, 0); mode 2: (gy, gy * (x - center)).
-_SOURCE = r"""
+# mode 0: (x, x^2); mode 1: (gy, gy * (x - center)).
+_SOURCE = DIVIDE_SOURCE + r"""
+template<typename T>
+__device__ __forceinline__ void accumulate(int mode, T x, T g, T m, double& a, double& b) {
+    if (mode == 0) {
+        const double v = (double)x;
+        a += v;
+        b += v * v;
+    } else {
+        const double gd = (double)g;
+        a += gd;
+        b += gd * (double)(x - m);
+    }
+}
+
+// NCHW (or any map whose pixels are one run): block (c, part) adds part `part` of channel c.
 template<typename T>
 __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double* partial,
                                 int mode, long long HW, long long count, long long per_block,
@@ -36,16 +66,7 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
     for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const long long n = k / HW, hw = k - n * HW;
         const long long o = n * stride_n + c * stride_c + hw * stride_p;
-        if (mode == 0) {
-            a += (double)x[o];
-        } else if (mode == 1) {
-            const double d = (double)(x[o] - m);
-            a += d * d;
-        } else {
-            const double g = (double)gy[o];
-            a += g;
-            b += g * (double)(x[o] - m);
-        }
+        accumulate<T>(mode, x[o], mode == 0 ? (T)0 : gy[o], m, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
     sa[threadIdx.x] = a;
@@ -63,19 +84,163 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
         partial[2 * ((long long)c * parts + part) + 1] = sb[0];
     }
 }
-""" % {"threads": _THREADS}
 
-_module = cp.RawModule(code=_SOURCE, options=("--std=c++14",), name_expressions=[
-    f"bn_partial_sums<{t}>" for t in ("float", "double")])
+// NHWC: x is (rows, C). Block (part, j) adds rows [part * per_part, ...) of channels
+// 32j ... 32j + 31; thread (tx, ty) takes channel 32j + tx and every 8th row from ty; the 8
+// row lanes are then added in a fixed order.
+template<typename T>
+__global__ void bn_column_partial_sums(const T* __restrict__ x, const T* __restrict__ gy,
+                                       const T* __restrict__ center, double* partial, int mode,
+                                       long long rows, int C, long long per_part) {
+    const int c = blockIdx.y * 32 + threadIdx.x, part = blockIdx.x, parts = gridDim.x;
+    const long long r0 = (long long)part * per_part;
+    const long long r1 = min(rows, r0 + per_part);
+    double a = 0, b = 0;
+    if (c < C) {
+        const T m = mode == 0 ? (T)0 : center[c];
+        #pragma unroll 4
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+            const long long o = r * C + c;
+            accumulate<T>(mode, x[o], mode == 0 ? (T)0 : gy[o], m, a, b);
+        }
+    }
+    __shared__ double sa[8][32], sb[8][32];
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        double ta = 0, tb = 0;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) { ta += sa[j][threadIdx.x]; tb += sb[j][threadIdx.x]; }
+        partial[2 * ((long long)c * parts + part)] = ta;
+        partial[2 * ((long long)c * parts + part) + 1] = tb;
+    }
+}
 
-# One thread per channel adds its parts in order: (sum a, sum b) per channel, in double.
-_add_parts = cp.ElementwiseKernel(
-    "raw float64 partial, int32 parts", "float64 sum_a, float64 sum_b",
-    "double a = 0, b = 0; "
-    "for (int p = 0; p < parts; ++p) { a += partial[2 * (i * parts + p)]; "
-    "b += partial[2 * (i * parts + p) + 1]; } "
-    "sum_a = a; sum_b = b;",
-    "minidnn_bn_add_parts")
+// Stage two: block c adds channel c's parts (partial[c, p, 0..1]) in a fixed order (its
+// threads take every blockDim.x-th part, then a fixed tree in shared memory); thread 0 then
+// turns the sums into the per-channel results, so that a batch-norm call is three launches.
+__device__ __forceinline__ void sum_parts(const double* partial, int parts, double& a,
+                                          double& b) {
+    const int c = blockIdx.x;
+    a = 0;
+    b = 0;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        a += partial[2 * ((long long)c * parts + p)];
+        b += partial[2 * ((long long)c * parts + p) + 1];
+    }
+    __shared__ double sa[%(part_threads)d], sb[%(part_threads)d];
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            sa[threadIdx.x] += sa[threadIdx.x + s];
+            sb[threadIdx.x] += sb[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    a = sa[0];
+    b = sb[0];
+}
+
+// Forward: from (sum x, sum x^2): mean, var (biased), invstd = 1 / sqrt(var + eps), and the
+// affine pass's scale = invstd * weight, shift = bias - mean * scale; with update != 0 the
+// running estimates move: r = (1 - momentum) * r + momentum * batch value (var unbiased).
+template<typename T>
+__global__ void bn_finish_forward(const double* partial, int parts, double count, T eps,
+                                  T momentum, int update, const T* weight, const T* bias,
+                                  T* mean, T* var, T* invstd, T* scale, T* shift,
+                                  T* running_mean, T* running_var) {
+    double total, squares;
+    sum_parts(partial, parts, total, squares);
+    if (threadIdx.x != 0) return;
+    const int c = blockIdx.x;
+    const double m = total / count;
+    const T mt = (T)m, vt = (T)fmax(squares / count - m * m, 0.0);
+    const T inv = (T)1 / sqrt(vt + eps);
+    mean[c] = mt;
+    var[c] = vt;
+    invstd[c] = inv;
+    const T sc = inv * weight[c];
+    scale[c] = sc;
+    shift[c] = bias[c] - mt * sc;
+    if (update) {
+        const T keep = (T)1 - momentum;
+        running_mean[c] = running_mean[c] * keep + momentum * mt;
+        running_var[c] = running_var[c] * keep + (momentum * (T)(count / (count - 1))) * vt;
+    }
+}
+
+// Backward: from (sum gy, sum gy * (x - mean)): gbias, gweight, and the per-value pass's
+// coefficients gx = gy * a + (x - mean) * b + d (cpu_batchnorm.batchnorm_backward).
+template<typename T>
+__global__ void bn_finish_backward(const double* partial, int parts, double count,
+                                   const T* weight, const T* invstd, T* gweight, T* gbias,
+                                   T* ca, T* cb, T* cd) {
+    double sum_gy, sum_gy_centred;
+    sum_parts(partial, parts, sum_gy, sum_gy_centred);
+    if (threadIdx.x != 0) return;
+    const int c = blockIdx.x;
+    const double istd = (double)invstd[c];
+    const double a = (double)weight[c] * istd;
+    gbias[c] = (T)sum_gy;
+    gweight[c] = (T)(sum_gy_centred * istd);
+    ca[c] = (T)a;
+    cb[c] = (T)(-a * istd * istd * sum_gy_centred / count);
+    cd[c] = (T)(-a * sum_gy / count);
+}
+
+template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+// Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c]. The launch starts at a
+// pixel boundary and C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1.
+template<typename T, int VEC>
+__global__ void bn_affine_last(const T* x, T* y, const T* scale, const T* shift,
+                               unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                               unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    Pack<T, VEC> a = reinterpret_cast<const Pack<T, VEC>*>(x)[k];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] = a.v[j] * scale[c + j] + shift[c + j];
+    reinterpret_cast<Pack<T, VEC>*>(y)[k] = a;
+}
+
+// Channels last: gx = gy * a[c] + (x - mean[c]) * b[c] + d[c].
+template<typename T, int VEC>
+__global__ void bn_grad_last(const T* x, const T* gy, T* gx, const T* mean, const T* ca,
+                             const T* cb, const T* cd, unsigned int C, unsigned int c_mul,
+                             unsigned int c_shift, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    const Pack<T, VEC> xv = reinterpret_cast<const Pack<T, VEC>*>(x)[k];
+    Pack<T, VEC> g = reinterpret_cast<const Pack<T, VEC>*>(gy)[k];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j)
+        g.v[j] = g.v[j] * ca[c + j] + (xv.v[j] - mean[c + j]) * cb[c + j] + cd[c + j];
+    reinterpret_cast<Pack<T, VEC>*>(gx)[k] = g;
+}
+""" % {"threads": _THREADS, "part_threads": _PART_THREADS}
+
+
+def _instances():
+    for t, size in (("float", 4), ("double", 8)):
+        yield f"bn_partial_sums<{t}>"
+        yield f"bn_finish_forward<{t}>"
+        yield f"bn_finish_backward<{t}>"
+        yield f"bn_column_partial_sums<{t}>"
+        for vec in (1, _VECTOR_BYTES // size):
+            yield f"bn_affine_last<{t}, {vec}>"
+            yield f"bn_grad_last<{t}, {vec}>"
+
+
+_module = cp.RawModule(code=_SOURCE, options=("--std=c++14",),
+                       name_expressions=list(_instances()))
 
 _ctype = {cp.dtype(cp.float32): "float", cp.dtype(cp.float64): "double"}
 
@@ -91,69 +256,146 @@ _grad_input = cp.ElementwiseKernel(
     "minidnn_bn_grad_input")
 
 
-def _geometry(x, gy=None) -> tuple:
+def _ctype_of(x) -> str:
+    try:
+        return _ctype[cp.dtype(x.dtype)]
+    except KeyError:
+        raise TypeError(f"batch norm kernels take float32 or float64, got {x.dtype}") from None
+
+
+def _geometry(x, *others) -> tuple:
     """(N, C, H * W, strides of n, c and a pixel in elements) of a map whose pixels are one
-    run (NCHW, NHWC); gy, when given, must be laid out as x."""
+    run (NCHW, NHWC); the `others` must be laid out as x."""
     if x.ndim != 4:
         raise ValueError(f"batch norm kernels take (N, C, H, W) maps, got shape {tuple(x.shape)}")
     n, c, h, w = x.shape
     sn, sc, sh, sw = (s // x.itemsize for s in x.strides)
-    if (h > 1 and sh != w * sw) or (gy is not None and gy.strides != x.strides):
-        raise ValueError(f"batch norm kernels take NCHW or NHWC maps (and gradients laid out "
-                         f"as the input), got strides {x.strides}"
-                         f"{'' if gy is None else f' and {gy.strides}'}")
+    if (h > 1 and sh != w * sw) or any(o.strides != x.strides or o.shape != x.shape
+                                       for o in others):
+        raise ValueError(f"batch norm kernels take NCHW or NHWC maps (and the other maps laid "
+                         f"out as the input), got strides {x.strides}"
+                         f"{''.join(f' and {o.strides}' for o in others)}")
     return n, c, h * w, sn, sc, sw
 
 
-def _channel_sums(mode: int, x, gy, center):
-    """(sum a, sum b) per channel, float64 (C,) each, for the kernel's `mode`."""
-    n, c, hw, sn, sc, sp = _geometry(x, gy)
-    try:
-        kernel = _module.get_function(f"bn_partial_sums<{_ctype[cp.dtype(x.dtype)]}>")
-    except KeyError:
-        raise TypeError(f"batch norm kernels take float32 or float64, got {x.dtype}") from None
-    count = n * hw
-    parts = max(1, min(_MAX_PARTS, -(-count // _PER_BLOCK)))
-    per_block = -(-count // parts)
-    partial = cp.empty((c, parts, 2), cp.float64)
+def _rows(a):
+    """A channels-last map (N, C, H, W) as its (N * H * W, C) matrix in memory order."""
+    return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
+
+
+def _channel_partials(mode: int, x, gy, center):
+    """(partial, parts): stage one of the per-channel sums of the kernel's `mode`, float64
+    (C, parts, 2), for a bn_finish_* kernel to add."""
+    maps = (x,) if gy is None else (x, gy)
+    n, c, hw, sn, sc, sp = _geometry(*maps)
+    ctype = _ctype_of(x)
     unused = x   # the pointer a mode that does not read gy or center is given
-    kernel((c, parts), (_THREADS,),
-           (x, gy if gy is not None else unused, center if center is not None else unused,
-            partial, cp.int32(mode), cp.int64(hw), cp.int64(count), cp.int64(per_block),
-            cp.int64(sn), cp.int64(sc), cp.int64(sp)))
-    sum_a, sum_b = cp.empty(c, cp.float64), cp.empty(c, cp.float64)
-    _add_parts(partial, cp.int32(parts), sum_a, sum_b)
-    return sum_a, sum_b
+    g, m = (gy if gy is not None else unused), (center if center is not None else unused)
+    count = n * hw
+    if is_channels_last(x) and c > 1:
+        blocks_c = -(-c // 32)
+        parts = max(1, min(_MAX_PARTS, -(-_TARGET_BLOCKS // blocks_c), -(-count // 64)))
+        per_part = -(-count // parts)
+        parts = -(-count // per_part)
+        partial = cp.empty((c, parts, 2), cp.float64)
+        _module.get_function(f"bn_column_partial_sums<{ctype}>")(
+            (parts, blocks_c), (32, 8),
+            (x, g, m, partial, np.int32(mode), np.int64(count), np.int32(c), np.int64(per_part)))
+    else:
+        parts = max(1, min(_MAX_PARTS, -(-count // _PER_BLOCK)))
+        per_block = -(-count // parts)
+        partial = cp.empty((c, parts, 2), cp.float64)
+        _module.get_function(f"bn_partial_sums<{ctype}>")(
+            (c, parts), (_THREADS,),
+            (x, g, m, partial, np.int32(mode), np.int64(hw), np.int64(count),
+             np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp)))
+    return partial, parts
+
+
+def _per_value_last(name: str, maps, channel_arrays) -> None:
+    """Kernel `name` over channels-last maps (one shape) viewed as (pixels, C) matrices, with
+    per-channel arrays (C,), in launches of at most _CHUNK values that start at pixels."""
+    rows = [_rows(a) for a in maps]
+    pixels, c = rows[0].shape
+    if not rows[0].size:
+        return
+    ctype = _ctype_of(maps[0])
+    vec = _VECTOR_BYTES // maps[0].dtype.itemsize
+    aligned = all(r.data.ptr % _VECTOR_BYTES == 0 for r in rows)
+    vec = vec if aligned and c % vec == 0 else 1
+    kernel = _module.get_function(f"{name}<{ctype}, {vec}>")
+    by_c = divider(c)
+    per_launch = max(_CHUNK // c, 1)
+    for r0 in range(0, pixels, per_launch):
+        pieces = [r[r0:r0 + per_launch] for r in rows]
+        size = pieces[0].size
+        threads = size // vec
+        kernel(((threads + _THREADS - 1) // _THREADS,), (_THREADS,),
+               (*pieces, *channel_arrays, np.uint32(c), *by_c, np.uint32(size)))
+
+
+def _statistics(x, weight, bias, mean, var, invstd, eps: float, running) -> tuple:
+    """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
+    when running = (running_mean, running_var, momentum) is given; returns the affine pass's
+    (scale, shift). Two launches."""
+    n, c, hw, *_ = _geometry(x)
+    partial, parts = _channel_partials(0, x, None, None)
+    scale, shift = cp.empty((2, c), x.dtype)    # one allocation: each costs host time
+    dt = x.dtype.type
+    rm, rv, momentum = running if running is not None else (mean, var, 0.0)
+    _module.get_function(f"bn_finish_forward<{_ctype_of(x)}>")(
+        (c,), (_PART_THREADS,),
+        (partial, np.int32(parts), np.float64(n * hw), dt(eps), dt(momentum),
+         np.int32(running is not None), weight, bias, mean, var, invstd, scale, shift, rm, rv))
+    return scale, shift
 
 
 def batchnorm_stats(x, mean, var) -> None:
     """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
-    count = x.size // x.shape[1]
-    total, _ = _channel_sums(0, x, None, None)
-    mean[...] = total / count
-    squares, _ = _channel_sums(1, x, None, mean)
-    var[...] = squares / count
+    c = x.shape[1]
+    ones, zeros = cp.ones(c, x.dtype), cp.zeros(c, x.dtype)
+    _statistics(x, ones, zeros, mean, var, cp.empty(c, x.dtype), 1.0, None)
+
+
+def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
+                               running=None) -> None:
+    """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
+    per-channel results, the affine pass)."""
+    _geometry(x, y)
+    var = cp.empty(x.shape[1], x.dtype)
+    scale, shift = _statistics(x, weight, bias, mean, var, invstd, eps, running)
+    _affine(x, y, scale, shift)
+
+
+def _affine(x, y, scale, shift) -> None:
+    """y = x * scale + shift per channel."""
+    n, c, hw, *_ = _geometry(x, y)
+    if is_channels_last(x):
+        _per_value_last("bn_affine_last", (x, y), (scale, shift))
+    else:
+        _scale_shift(x, scale, shift, c, hw, y)
 
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
-    n, c, hw, *_ = _geometry(x)
     scale = invstd * weight
-    shift = bias - mean * scale
-    _scale_shift(x, scale, shift, c, hw, y)
+    _affine(x, y, scale, bias - mean * scale)
 
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
-    """Training-mode gradients, as cpu_batchnorm.batchnorm_backward."""
+    """Training-mode gradients, as cpu_batchnorm.batchnorm_backward: three launches (partial
+    sums, the per-channel results, the per-value pass)."""
     n, c, hw, *_ = _geometry(x, gy)
-    sum_gy, sum_gy_centred = _channel_sums(2, x, gy, mean)
-    istd = invstd.astype(cp.float64)
-    gbias[...] = sum_gy
-    gweight[...] = sum_gy_centred * istd
+    ctype = _ctype_of(x)
+    partial, parts = _channel_partials(1, x, gy, mean)
+    a, b, d = cp.empty((3, c), x.dtype)         # one allocation: each costs host time
+    _module.get_function(f"bn_finish_backward<{ctype}>")(
+        (c,), (_PART_THREADS,),
+        (partial, np.int32(parts), np.float64(n * hw), weight, invstd, gweight, gbias, a, b, d))
     if gx is None:
         return
-    count = n * hw
-    a = weight.astype(cp.float64) * istd
-    b = -a * istd * istd * sum_gy_centred / count
-    cc = -a * sum_gy / count
-    _grad_input(x, gy, mean, a.astype(x.dtype), b.astype(x.dtype), cc.astype(x.dtype), c, hw, gx)
+    _geometry(x, gx)
+    if is_channels_last(x):
+        _per_value_last("bn_grad_last", (x, gy, gx), (mean, a, b, d))
+    else:
+        _grad_input(x, gy, mean, a, b, d, c, hw, gx)

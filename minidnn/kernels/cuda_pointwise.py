@@ -138,6 +138,54 @@ __global__ void bias_add_last(T* y, const T* b, unsigned int C, unsigned int c_m
     store<T, VEC>(y, k, a);
 }
 
+// Channels last, with a convolution's bias added first (minidnn/fusion.py): y = max(x + b, 0)
+// over (pixels, C) in memory; the launch starts at a pixel boundary and C is a multiple of
+// VEC. The same two float operations as bias_add_last then relu_forward: the same bits.
+template<typename T, int VEC>
+__global__ void relu_bias_last(const T* x, T* y, const T* b, unsigned int C,
+                               unsigned int c_mul, unsigned int c_shift, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    Pack<T, VEC> a = load<T, VEC>(x, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const T v = a.v[j] + b[c + j];
+        a.v[j] = v > (T)0 ? v : (T)0;
+    }
+    store<T, VEC>(y, k, a);
+}
+
+// The same with relu_forward_bits' mask (the launch starts at a multiple of 32 values).
+template<typename T, int VEC>
+__global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const T* b,
+                                    unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                                    unsigned int n) {
+    const int LANES = 32 / VEC;
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool active = k < n / VEC;
+    unsigned int bits = 0;
+    if (active) {
+        const unsigned int first = k * VEC;
+        const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+        Pack<T, VEC> a = load<T, VEC>(x, k);
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const T v = a.v[j] + b[c + j];
+            const bool positive = v > (T)0;
+            bits |= (unsigned int)positive << j;
+            a.v[j] = positive ? v : (T)0;
+        }
+        store<T, VEC>(y, k, a);
+    }
+    bits <<= VEC * (k % LANES);
+    #pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset /= 2)
+        bits |= __shfl_xor_sync(0xffffffffu, bits, offset);
+    if (active && k % LANES == 0) mask[k / LANES] = bits;
+}
+
 // Channels last: partial[blockIdx.x, c] = sum of g[r, c] over the rows r of this block's
 // share (rows of C values). A block is 32 columns x 8 row lanes; each thread sums every 8th
 // row of its share in order, then the 8 lanes are added in a fixed order: deterministic.
@@ -163,7 +211,7 @@ __global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, lo
 """
 
 _KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
-            "bias_add", "bias_add_last")
+            "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last")
 
 # bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32):
 # rounding to nearest even adds 0x7fff plus the kept half's lowest bit before truncating;
@@ -262,9 +310,13 @@ def _flat_pass(name: str, arrays, mask=None) -> None:
              tuple(a[s:e] for a in flat) + tuple(w[s // 32:] for w in words))
 
 
-def relu_forward(x, y) -> None:
-    """y = max(x, 0). x, y: same shape and dtype, contiguous; y may be x."""
-    _flat_pass("relu_forward", (x, y))
+def relu_forward(x, y, bias=None) -> None:
+    """y = max(x + bias, 0) (bias (C,) along axis 1 when given: a convolution's, moved here by
+    minidnn/fusion.py). x, y: same shape and dtype, contiguous; y may be x."""
+    if bias is None:
+        _flat_pass("relu_forward", (x, y))
+    else:
+        _relu_bias(x, y, bias, None)
 
 
 def relu_backward(y, gy, gx) -> None:
@@ -283,9 +335,44 @@ def _words(mask, n: int):
     return mask[:need].view(np.uint32)
 
 
-def relu_forward_bits(x, y, mask) -> None:
-    """y = max(x, 0) and mask (uint8, relu_mask_bytes(x.size), 4-byte aligned) = bits of y > 0."""
-    _flat_pass("relu_forward_bits", (x, y), mask)
+def relu_forward_bits(x, y, mask, bias=None) -> None:
+    """y = max(x + bias, 0) as relu_forward, and mask (uint8, relu_mask_bytes(x.size),
+    4-byte aligned) = bits of y > 0."""
+    if bias is None:
+        _flat_pass("relu_forward_bits", (x, y), mask)
+    else:
+        _relu_bias(x, y, bias, mask)
+
+
+def _relu_bias(x, y, bias, mask) -> None:
+    """The bias add and the ReLU in one pass over channels-last maps; elsewhere (NCHW) the
+    two passes, which give the same bits."""
+    if x.shape != y.shape:
+        raise ValueError(f"relu_forward: arrays of shapes {x.shape} and {y.shape}")
+    if x.ndim != 4 or common_layout("relu_forward", (x, y)) != "nhwc":
+        if x.data.ptr != y.data.ptr:
+            y[...] = x
+        bias_add(y, bias)
+        if mask is None:
+            _flat_pass("relu_forward", (y, y))
+        else:
+            _flat_pass("relu_forward_bits", (y, y), mask)
+        return
+    channels = x.shape[1]
+    x2, y2 = (a.transpose(0, 2, 3, 1).reshape(-1, channels) for a in (x, y))
+    ctype = _ctype("relu_forward", (x2, y2))
+    _check_bias(x2, bias)
+    words = () if mask is None else (_words(mask, x2.size),)
+    vec = _vector((x2, y2), x2.size, unit=channels)
+    by_c = divider(channels)
+    # Launches start at pixels and at multiples of 32 values (whole mask words).
+    rows_per_launch = max(_CHUNK // channels // 32 * 32, 32)
+    name = "relu_bias_last" if mask is None else "relu_bias_bits_last"
+    for r0 in range(0, x2.shape[0], rows_per_launch):
+        xs, ys = x2[r0:r0 + rows_per_launch], y2[r0:r0 + rows_per_launch]
+        _run(name, ctype, vec, xs.size,
+             (xs, ys) + tuple(w[r0 * channels // 32:] for w in words)
+             + (bias, np.uint32(channels), *by_c))
 
 
 def relu_backward_bits(mask, gy, gx) -> None:

@@ -168,6 +168,27 @@ def in_memory_order(a):
     raise ValueError(f"array of shape {a.shape} with strides {a.strides} is not dense")
 
 
+def pointwise_views(*arrays) -> tuple:
+    """Views to run a value-by-value operation on (an add, a copy, a product with a mask) at
+    memory speed: arrays of one shape and one dense layout as flat views in memory order,
+    where neighbouring values are neighbours in memory; otherwise the arrays themselves.
+
+    Why: CuPy indexes a channels-last array (a transposed view) through its strides, and on
+    the H200 its add of two NHWC maps ran at about a tenth of memory speed (ResNet-50 b256:
+    92 ms of a 225 ms step in its residual adds and gradient sums); on the flat views the
+    same operation reads each array once, in order.
+    """
+    first = arrays[0]
+    if first.ndim != 4 or first.flags.c_contiguous or any(a.shape != first.shape
+                                                          for a in arrays):
+        return arrays
+    try:
+        common_layout("pointwise", arrays)
+        return tuple(in_memory_order(a) for a in arrays)
+    except ValueError:   # not dense, or the layouts differ: the strided operation is right
+        return arrays
+
+
 def common_layout(name: str, arrays) -> str:
     """The one layout of several 4-D arrays (see layout_of); ValueError naming `name` when they
     differ. Arrays where both orders coincide take the layout of the others."""

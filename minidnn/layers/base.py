@@ -10,6 +10,8 @@ layer says, before any compute, what it needs:
   retain_inputs); the manager keeps, offloads or drops exactly those;
 * `aux_specs()` names the small side buffers forward leaves for backward (a dropout mask,
   a pooling argmax, a softmax), which the manager owns like feature maps;
+* `random_draws(phase)` gives the shape of the random numbers a call draws, for which the
+  manager hands it a scratch block (layers/draws.py);
 * `inplace` says the output may share input 0's buffer (and the input gradient the output
   gradient's), which the liveness plan (memory/plan.py) grants only when no one else needs
   the input;
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError
+from . import draws
 
 
 @dataclass(eq=False)
@@ -96,6 +99,11 @@ class StepContext:
     batch_offset, global_batch: the rows of the whole batch this call computes are
     [batch_offset, batch_offset + N) of global_batch (None: the call's own N), so that a
     batch split into micro-batches draws the same random numbers as the whole batch.
+    scratch: during a call that draws random numbers, the block the memory manager planned
+    for them (layers/draws.py; a flat uint8 device array), or None.
+    bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
+    relu_bias: {ReLU node name: the bias array (C,) it adds} (the decision's bias_relu;
+    minidnn/fusion.py).
     """
     xp: Any
     kernels: Any = None
@@ -109,6 +117,9 @@ class StepContext:
     dropout: bool = True
     batch_offset: int = 0
     global_batch: int | None = None
+    scratch: Any = None
+    bias_deferred: frozenset = frozenset()
+    relu_bias: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):
@@ -124,13 +135,14 @@ class StepContext:
         """float32 draws in [0, 1) of `shape` (N, ...): rows [batch_offset, batch_offset + N)
         of the draws of the whole batch (global_batch, ...), so a split batch sees the same
         numbers row for row. The whole batch's draws are made and sliced: a cost of
-        global_batch / N times the draws, small for the layers that draw (dropout)."""
+        global_batch / N times the draws, small for the layers that draw (dropout). They
+        are made in `scratch` when the call has one (layers/draws.py)."""
         shape = tuple(shape)
-        total = shape[0] if self.global_batch is None else int(self.global_batch)
-        draws = self.rng(layer).random((total,) + shape[1:], dtype=np.float32)
-        if total == shape[0]:
-            return draws
-        return draws[self.batch_offset:self.batch_offset + shape[0]]
+        full = draws.draw_shape(shape, self.global_batch)
+        drawn = draws.uniform_into(lambda: self.rng(layer), full, self.scratch, self.device)
+        if full[0] == shape[0]:
+            return drawn
+        return drawn[self.batch_offset:self.batch_offset + shape[0]]
 
 
 class Layer:
@@ -209,6 +221,12 @@ class Layer:
     def aux_specs(self) -> dict[str, tuple[tuple, Any]]:
         """Side buffers that forward fills for backward: {name: (shape, dtype)}."""
         return {}
+
+    def random_draws(self, phase: str) -> tuple | None:
+        """The shape (N, ...) of the uniform draws (StepContext.uniform_rows) a call of
+        `phase` ('forward', 'backward') makes, or None: the memory manager hands such a call
+        a scratch block for them (layers/draws.py)."""
+        return None
 
     # ---- compute --------------------------------------------------------------------------
     def forward(self, xs: list, y, aux: dict, ctx: StepContext) -> None:

@@ -87,24 +87,12 @@ class BatchNorm2d(Layer):
         c = x.shape[1]
         mean = aux["mean"] if aux is not None else xp.empty(c, x.dtype)
         invstd = aux["invstd"] if aux is not None else xp.empty(c, x.dtype)
-        var = xp.empty(c, x.dtype)
-        k.batchnorm_stats(x, mean, var)
-        xp.add(var, x.dtype.type(self.eps), out=invstd)
-        xp.sqrt(invstd, out=invstd)
-        xp.reciprocal(invstd, out=invstd)
-        k.batchnorm_forward(x, mean, invstd, w, b, y)
-        if aux is not None:
-            self._update_running(mean, var, count)
-
-    def _update_running(self, mean, var, count: int) -> None:
-        m = mean.dtype.type(self.momentum)
-        keep = mean.dtype.type(1.0 - self.momentum)
-        rm, rv = self.buffers["running_mean"].data, self.buffers["running_var"].data
-        rm *= keep
-        rm += m * mean
-        rv *= keep
-        rv += (m * mean.dtype.type(count / (count - 1))) * var
-        self.buffers["num_batches_tracked"].data += 1
+        running = None
+        if aux is not None:   # the step's own forward; a recomputation leaves them alone
+            running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,
+                       self.momentum)
+            self.buffers["num_batches_tracked"].data += 1
+        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]

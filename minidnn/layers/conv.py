@@ -169,8 +169,10 @@ class Conv2d(Layer):
         return (n, self.out_channels, oh, ow)
 
     def forward(self, xs, y, aux, ctx):
-        """x (N, C, H, W) -> y (N, O, OH, OW)."""
-        b = self.params["bias"].data if self.bias else None
+        """x (N, C, H, W) -> y (N, O, OH, OW); without the bias when the ReLU after this
+        layer adds it (ctx.bias_deferred; minidnn/fusion.py)."""
+        b = self.params["bias"].data if self.bias and self.name not in ctx.bias_deferred \
+            else None
         ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec_for(ctx),
                                    workspace=ctx.workspace)
 

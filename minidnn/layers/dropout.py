@@ -3,8 +3,10 @@ evaluation (and for p = 0, or a step run with dropout off: StepContext.dropout) 
 
 The mask (1 byte per value) is the aux buffer 'mask' and is drawn from `ctx.rng(self)`, seeded
 by (seed, step, layer index), so a resumed run draws the same masks; a micro-batch takes its
-rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them. Backward reads only the
-mask, so the layer runs in place.
+rows of the whole batch's mask (StepContext.uniform_rows), so splitting a batch keeps them.
+The draws and the generator making them lie in the call's scratch block, which the memory
+manager plans and counts (layers/draws.py). Backward reads only the mask, so the layer runs
+in place.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from ..backend import same_memory
 from ..errors import ConfigError
+from ..kernels.mapformat import pointwise_views
 from .base import Layer
 
 
@@ -31,6 +34,10 @@ class Dropout(Layer):
     def aux_specs(self):
         return {"mask": (self.in_shapes[0], np.bool_)}
 
+    def random_draws(self, phase: str):
+        """Forward draws one number per value (in a scratch block the manager hands it)."""
+        return self.in_shapes[0] if phase == "forward" and self.p > 0 else None
+
     def _active(self, ctx) -> bool:
         return ctx.train and ctx.dropout and self.p > 0
 
@@ -47,6 +54,7 @@ class Dropout(Layer):
         # the rows of the whole batch's draws, so a micro-batch has its rows of the same mask.
         draws = ctx.uniform_rows(self, mask.shape)
         xp.greater_equal(draws, np.float32(self.p), out=mask)
+        x, mask, y = pointwise_views(x, mask, y)
         xp.multiply(x, mask, out=y)
         y *= y.dtype.type(1.0 / (1.0 - self.p))
 
@@ -58,7 +66,8 @@ class Dropout(Layer):
             if not same_memory(gx, gy):
                 gx[...] = gy
             return
-        ctx.xp.multiply(gy, aux["mask"], out=gx)
+        gy, mask, gx = pointwise_views(gy, aux["mask"], gx)
+        ctx.xp.multiply(gy, mask, out=gx)
         gx *= gx.dtype.type(1.0 / (1.0 - self.p))
 
     def flops(self):

@@ -6,6 +6,7 @@ gradient, that of a sum is the output gradient itself.
 from __future__ import annotations
 
 from ..errors import ConfigError, ShapeError
+from ..kernels.mapformat import pointwise_views
 from .base import Layer
 
 
@@ -81,6 +82,7 @@ class Add(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """y = xs[0] + xs[1] + ...; all the same shape."""
+        *xs, y = pointwise_views(*xs, y)
         ctx.xp.add(xs[0], xs[1], out=y)
         for x in xs[2:]:
             y += x
@@ -88,7 +90,8 @@ class Add(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         for gx in gxs:
             if gx is not None:
-                gx[...] = gy
+                gx, g = pointwise_views(gx, gy)
+                gx[...] = g
 
     def flops(self):
         n = 1

@@ -59,11 +59,14 @@ class ReLU(Layer):
         return {}
 
     def forward(self, xs, y, aux, ctx):
+        """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
+        before it (ctx.relu_bias; minidnn/fusion.py)."""
+        bias = ctx.relu_bias.get(self.name)
         if self.keep_in(ctx.relu_bits) == "bits" and aux is not None:
             # aux None: recomputed, the mask is kept
-            ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"])
+            ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"], bias)
         else:
-            ctx.kernels.relu_forward(xs[0], y)
+            ctx.kernels.relu_forward(xs[0], y, bias)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         if gxs[0] is None:

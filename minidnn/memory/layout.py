@@ -26,7 +26,8 @@ dynamic allocator, so a layout can make a step slower but never wrong.
 cuDNN workspaces can be planned too (`workspace={(node index, phase): bytes}`): each layer
 call's workspace is one more block, alive only during that call, so it packs over the
 addresses of feature maps that are dead by then instead of needing room beside the whole
-region. The executor hands the block to the layer (StepContext.workspace).
+region. The executor hands the block to the layer (StepContext.workspace). A call that
+draws random numbers gets its scratch block (layers/draws.py) the same way, planned or not.
 """
 from __future__ import annotations
 
@@ -68,10 +69,11 @@ class Interval:
 
 
 class WorkspaceBlock:
-    """A layer call's cuDNN workspace as a block: what the blocks classes need of a storage."""
+    """A block that lives for one layer call, as the blocks classes need a storage: its cuDNN
+    workspace (kind 'workspace') or its scratch block for random draws ('scratch')."""
 
-    def __init__(self, i: int, phase: str, nbytes: int):
-        self.sid = ("workspace", i, phase)
+    def __init__(self, i: int, phase: str, nbytes: int, kind: str = "workspace"):
+        self.sid = (kind, i, phase)
         self.nbytes = int(nbytes)
         self.device = None
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MemoryBudgetError
+from ..kernels.mapformat import pointwise_views
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
 from .schedule import StepSchedule
@@ -230,11 +231,14 @@ class MemoryManager:
     copied and views are None (for simulate_step). workspace: {(node index, phase): bytes}
     of cuDNN workspace blocks that the static layout plans (acquire_workspace around the
     call); without a static layout the kernels allocate their workspaces themselves.
+    scratch: {(node index, phase): bytes} of the scratch blocks of calls that draw random
+    numbers (layers/draws.py; acquire_scratch around the call): planned in a static layout,
+    from the allocator otherwise, so that they are always counted.
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
                  prefetch_lookahead: int = 1, dry: bool = False, observer=None, blocks=None,
-                 workspace: dict | None = None, recompute=()):
+                 workspace: dict | None = None, recompute=(), scratch: dict | None = None):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
@@ -252,6 +256,8 @@ class MemoryManager:
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
         self._workspace_held = None
+        self.scratch = dict(scratch or {})
+        self._scratch_held = None
         self.observer = observer
         self.train = True
         self.loss_gradient = 1.0
@@ -561,9 +567,29 @@ class MemoryManager:
             self.blocks.release(self._workspace_held, after=None)
             self._workspace_held = None
 
+    def acquire_scratch(self, i: int, phase: str):
+        """The scratch block of node i's `phase` call (a flat uint8 device array; None when the
+        call draws nothing, or in a dry run, which still counts it). Held until
+        release_scratch(); like a workspace, its users all run on the compute stream."""
+        nbytes = self.scratch.get((i, phase), 0)
+        if not nbytes:
+            return None
+        block = WorkspaceBlock(i, phase, nbytes, kind="scratch")
+        where = f"random draws of {self.plan.nodes[i].name} ({phase})"
+        block.device = self.blocks.acquire(block, where, self.device.compute)
+        self._scratch_held = block
+        return None if self.dry else block.device[:nbytes]
+
+    def release_scratch(self) -> None:
+        """Give the held scratch block back (no event needed: see release_workspace)."""
+        if self._scratch_held is not None:
+            self.blocks.release(self._scratch_held, after=None)
+            self._scratch_held = None
+
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             if not self.dry:
+                acc, tmp = pointwise_views(acc, tmp)
                 acc += tmp
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
@@ -575,6 +601,8 @@ class MemoryManager:
     def end_step(self) -> None:
         """Free whatever is still held (kept outputs; everything, after an interrupted step)."""
         self.time = self._last_time + 1
+        self.release_scratch()     # held still only after a call that raised
+        self.release_workspace()
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)

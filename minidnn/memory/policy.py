@@ -75,6 +75,9 @@ class MemoryDecision:
     # in the device's default layout.
     precision: str = "fp32"
     layout: str = "nchw"
+    # bias_relu: {ReLU node name: convolution node name}: the ReLU adds that convolution's
+    # bias in its own pass (minidnn/fusion.py); the same bits, one pass fewer.
+    bias_relu: dict = field(default_factory=dict)
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)

@@ -14,20 +14,24 @@ from .schedule import walk
 
 
 def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                     workspace: dict | None = None, recompute=()) -> list:
+                     workspace: dict | None = None, recompute=(),
+                     scratch: dict | None = None) -> list:
     """The block intervals (layout.Interval) of one training step under this offload (and
     recompute) set, from a dry walk of its schedule, with a block for each layer call's
-    workspace in `workspace` ({(node index, phase): bytes})."""
+    workspace in `workspace` and scratch block in `scratch` ({(node index, phase): bytes})."""
     blocks = RecordingBlocks()
     mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
                        offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
-                       blocks=blocks, workspace=workspace, recompute=recompute)
+                       blocks=blocks, workspace=workspace, recompute=recompute,
+                       scratch=scratch)
     mm.begin_step(True, keep)
     mm.write_input("data", None)
     mm.write_input("label", None)
     for call in walk(mm.schedule, mm):
         mm.buffers(call)
         mm.acquire_workspace(call.index, call.phase)
+        mm.acquire_scratch(call.index, call.phase)
+        mm.release_scratch()
         mm.release_workspace()
         mm.after(call)
     mm.end_step()
@@ -35,7 +39,8 @@ def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
 
 
 def layout_for_step(plan, offload, prefetch_lookahead: int, keep: tuple = (),
-                    workspace: dict | None = None, recompute=()) -> StaticLayout:
+                    workspace: dict | None = None, recompute=(),
+                    scratch: dict | None = None) -> StaticLayout:
     """The packed StaticLayout of one training step (arguments as record_intervals)."""
     return StaticLayout(record_intervals(plan, offload, prefetch_lookahead, keep, workspace,
-                                         recompute))
+                                         recompute, scratch))

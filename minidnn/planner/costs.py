@@ -12,9 +12,11 @@ the same either way:
   laptop for a K40 of 2016 or an H200 of today.
 
 The planner (search.py) and the step-time model (simulate.py) read only this file's types.
-Besides the workspace, a few layers allocate temporaries inside a call (dropout draws float32
-randoms, the optimizer's weight decay and update make a parameter-sized temporary);
-`transient_bytes` bounds them from the layer shapes.
+Besides the workspace, a few layers allocate temporaries inside a call (the loss works on
+vectors, the optimizer's weight decay and update make a parameter-sized temporary);
+`transient_bytes` bounds them from the layer shapes. Random draws (dropout) are not among
+them: they are scratch blocks of the memory manager (layers/draws.py), which the dry run
+counts, sized with the profile's `generator_bytes`.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..errors import ConfigError
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
 FORWARD_LIKE = ("forward", "recompute")   # a recomputation is a forward call run again
-FORMAT_VERSION = 2   # 2: conv plan settings with workspace limits
+FORMAT_VERSION = 3   # 2: conv plan settings with workspace limits; 3: generator_bytes
 
 
 @dataclass
@@ -100,8 +102,10 @@ class Profile:
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
-    arena; NumPy's temporaries on the CPU are not). key: the cache key (profile.py);
-    key_fields: what it was made from.
+    arena; NumPy's temporaries on the CPU are not). generator_bytes: device memory one
+    random generator's state takes (backend.Device.generator_bytes: CuPy's cuRAND state,
+    12.4 MiB on an H200; 0 on the CPU), part of each random draw's scratch block. key: the
+    cache key (profile.py); key_fields: what it was made from.
     """
     source: str
     device_name: str
@@ -117,6 +121,7 @@ class Profile:
     optimizer_host_s: float = 0.0
     synchronous: bool = False
     temporaries_in_arena: bool = True
+    generator_bytes: int = 0
     key: str = ""
     key_fields: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -200,17 +205,15 @@ def numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def transient_bytes(layer, phase: str, micro_batches: int = 1) -> int:
+def transient_bytes(layer, phase: str) -> int:
     """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace.
 
-    From the layers' and the GPU kernels' code: dropout's forward draws float32 randoms of
-    the mask's shape (of the whole batch's, `micro_batches` times the pass's); the loss works
-    on (N,) vectors. Everything else (ReLU and the conv bias run as fused kernels on the GPU)
-    writes into the buffers it is given.
+    From the layers' and the GPU kernels' code: the loss works on (N,) vectors. Everything
+    else (ReLU and the conv bias run as fused kernels on the GPU) writes into the buffers it
+    is given; dropout's draws lie in a scratch block of the memory manager, which the dry
+    run counts (layers/draws.py).
     """
     kind = layer.kind
-    if kind == "dropout" and phase == "forward" and getattr(layer, "p", 0) > 0:
-        return 4 * numel(layer.out_shape) * micro_batches
     if kind == "loss":
         n = layer.in_shapes[0][0]
         return 4 * 8 * n  # max, sum, arange, picked, log ... of (N,) vectors

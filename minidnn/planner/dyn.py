@@ -100,9 +100,10 @@ class DynPolicy(Policy):
         if static_layout is not None:
             self.static_layout = bool(static_layout)
 
-    def profile_for(self, net, batch: int, relu_bits=frozenset()):
+    def profile_for(self, net, batch: int, relu_bits=frozenset(), maps=None):
         """The Profile to plan from (see the class docstring for the order of sources), for
-        a run whose ReLUs `relu_bits` keep bit masks."""
+        a run whose ReLUs `relu_bits` keep bit masks and whose feature maps are stored as
+        `maps` (a MapFormat; a measured profile is measured in it)."""
         if self.profile is not None:
             self.profile.check_matches(net, batch, relu_bits)
             return self.profile
@@ -111,17 +112,17 @@ class DynPolicy(Policy):
             return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
         from .profile import get_profile
         return get_profile(net, batch, self.device or "auto", directory=self.cache_dir,
-                           log=self.log or _to_stderr, relu_bits=relu_bits)
+                           log=self.log or _to_stderr, relu_bits=relu_bits, maps=maps)
 
-    def profile_at(self, net, batch: int, pass_batch: int, relu_bits=frozenset()):
+    def profile_at(self, net, batch: int, pass_batch: int, relu_bits=frozenset(), maps=None):
         """The Profile of one pass of `pass_batch` images of a step of `batch`: the analytic
         model's at that batch, else the step's profile scaled (split.py)."""
         if self.gpu is not None and self.profile is None:
-            profile = self.profile_for(net, pass_batch, relu_bits)
+            profile = self.profile_for(net, pass_batch, relu_bits, maps)
         else:
             from .split import scale_profile
-            profile = scale_profile(self.profile_for(net, batch, relu_bits), net, pass_batch,
-                                    relu_bits)
+            profile = scale_profile(self.profile_for(net, batch, relu_bits, maps), net,
+                                    pass_batch, relu_bits)
         return profile.with_host_link(self.host_link_gbps)
 
     def decide(self, plan, budget=None):
@@ -141,7 +142,7 @@ class DynPolicy(Policy):
         lookaheads = LOOKAHEADS if self.choose_lookahead else (self.prefetch_lookahead,)
         counts = None if self.micro_batches is None else [self.micro_batches]
         self.split = plan_split(net, batch,
-                                lambda b: self.profile_at(net, batch, b, plan.relu_bits),
+                                lambda b: self.profile_at(net, batch, b, plan.relu_bits, plan.maps),
                                 int(budget), lookaheads, counts=counts, **options)
         chosen = self.split.chosen
         if chosen is None:
@@ -152,7 +153,7 @@ class DynPolicy(Policy):
             # differ. So the count chosen is planned again from a profile measured at its own
             # pass batch, which is what its steps will run.
             measured = plan_split(
-                net, batch, lambda b: self.profile_for(net, b, plan.relu_bits).with_host_link(
+                net, batch, lambda b: self.profile_for(net, b, plan.relu_bits, plan.maps).with_host_link(
                     self.host_link_gbps),
                 int(budget), lookaheads, counts=[chosen.micro_batches], **options)
             if measured.chosen is not None:

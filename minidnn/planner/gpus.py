@@ -48,7 +48,8 @@ class GpuModel:
     memory-bound layers achieve (read + written). d2h_bw / h2d_bw: pinned copies alone;
     duplex_bw: both directions at once, in total. kernel_s: the least time any kernel takes.
     host_s_per_call: the host's time to issue one layer call (Python, memory manager,
-    launches). sources: {field: where the number comes from}.
+    launches). multiprocessors: the GPU's SMs, which size a random generator's state
+    (generator_bytes). sources: {field: where the number comes from}.
     """
     name: str
     description: str
@@ -62,7 +63,15 @@ class GpuModel:
     duplex_bw: float
     kernel_s: float = 5e-6
     host_s_per_call: float = 60e-6
+    multiprocessors: int = 0
     sources: dict = field(default_factory=dict)
+
+    @property
+    def generator_bytes(self) -> int:
+        """Device bytes of a CuPy random generator's state (backend.Device.generator_bytes):
+        cuRAND XORWOW states for 8 x 256 threads per SM, 48 bytes each (measured on the
+        H200, 132 SMs, with CuPy 14.2: 12,976,128 bytes)."""
+        return self.multiprocessors * 8 * 256 * 48
 
     def math_for(self, math: str) -> str:
         """The math mode the model uses for `math` (a GPU without TF32 computes in FP32)."""
@@ -83,7 +92,9 @@ K40 = GpuModel(
     d2h_bw=12 * GB,
     h2d_bw=12 * GB,
     duplex_bw=20 * GB,
+    multiprocessors=15,
     sources={
+        "multiprocessors": "datasheet: 15 SMX units",
         "memory_bytes": "datasheet: 12 GB GDDR5",
         "conv_flops": "datasheet peak 4.29 TFLOP/s FP32 (2880 cores x 2 x 745 MHz); assumed "
                       "75% effective for the fastest cuDNN v4 plans (FFT / precomputed GEMM "
@@ -111,7 +122,9 @@ TITANX = GpuModel(
     d2h_bw=12 * GB,
     h2d_bw=12 * GB,
     duplex_bw=20 * GB,
+    multiprocessors=24,
     sources={
+        "multiprocessors": "datasheet: 24 SMs",
         "memory_bytes": "datasheet: 12 GB GDDR5",
         "conv_flops": "datasheet peak 6.6 TFLOP/s FP32; assumed 75% / 45% effective as for "
                       "the K40 (same cuDNN generation)",
@@ -135,7 +148,9 @@ H200 = GpuModel(
     d2h_bw=55 * GB,
     h2d_bw=55 * GB,
     duplex_bw=100 * GB,
+    multiprocessors=132,
     sources={
+        "multiprocessors": "measured: the driver reports 132 SMs",
         "memory_bytes": "datasheet 141 GB; the driver reports about 140 GiB",
         "conv_flops": "measured: cuDNN conv 64->128 3x3 56x56 batch 32 (14.8 GFLOP) takes "
                       "0.10 ms with TF32 plans (148 TFLOP/s) and 0.36 ms with strict FP32 "
@@ -262,7 +277,7 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
         duplex_bw=gpu.duplex_bw, layers=layers, optimizer_s=opt_s,
-        optimizer_host_s=6 * len(params) * 10e-6,
+        optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,
         key_fields={"structure": structure_hash(net, batch, relu_bits), "gpu": gpu.name,
                     "math": used_math},
         notes=notes)

@@ -35,6 +35,9 @@ import numpy as np
 from .. import __version__, kernels as kernel_modules
 from ..backend import Device, select_device
 from ..errors import ConfigError
+from ..kernels import mapformat
+from ..kernels.mapformat import MapFormat
+from ..layers import precision as mixed
 from ..layers.base import Parameter, StepContext
 from ..layers.conv import parse_plan_setting, plan_setting
 from ..memory.plan import LivenessPlan
@@ -106,13 +109,15 @@ def load_profile(path) -> Profile:
 
 def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = False,
                 directory=None, repeats: int | None = None, log=None,
-                relu_bits=frozenset()) -> Profile:
+                relu_bits=frozenset(), maps: MapFormat | None = None) -> Profile:
     """The measured profile of `net` at `batch` on `device` under the kernels' current math
-    mode, with the ReLUs `relu_bits` keeping bit masks (a decision's relu_bits): from the
-    cache when its key matches, else measured now and cached."""
+    mode, with the ReLUs `relu_bits` keeping bit masks (a decision's relu_bits) and feature
+    maps stored as `maps` says (layout and precision; None: NCHW float32): from the cache
+    when its key matches, else measured now and cached."""
     device = device if isinstance(device, Device) else select_device(device)
     kernels = kernel_modules.for_device(device)
-    settings = kernel_settings(kernels)
+    maps = maps or MapFormat()
+    settings = dict(kernel_settings(kernels), layout=maps.layout, precision=maps.precision)
     key, fields = profile_key(net, batch, device.name, library_versions(device), settings,
                               relu_bits)
     path = profile_path(net, batch, device.name, key, directory)
@@ -127,7 +132,7 @@ def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = 
                 return prof
     if log:
         log(f"profiling {net.name} at batch {batch} on {device.name} (cached in {path})")
-    prof = measure_profile(net, batch, device, repeats=repeats, relu_bits=relu_bits)
+    prof = measure_profile(net, batch, device, repeats=repeats, relu_bits=relu_bits, maps=maps)
     prof.key, prof.key_fields = key, fields
     save_profile(prof, path)
     return prof
@@ -175,23 +180,41 @@ def _random(xp, shape, dtype, rng):
     return xp.random.default_rng(int(rng.integers(2**31))).standard_normal(shape, dtype=dtype)
 
 
-def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
-    """(xs, y, aux, gy, gxs) of node i on the device, shared the way the executor shares them."""
-    layer = node.layer
-    dtype = plan.net.dtype
+def _random_map(xp, shape, dtype, rng, maps: MapFormat, kernels):
+    """Standard normal values of `shape` stored as the executor stores a feature map: in
+    `maps`' layout and dtype (bf16 rounded from float32 by the kernels)."""
+    values = mapformat.arrange(_random(xp, shape, dtype, rng), maps.layout)
+    if len(shape) == 4 and maps.layout == "nhwc":
+        values = values.transpose(0, 3, 1, 2)
+    if maps.precision == "fp32":
+        return values
+    out = mapformat.empty(xp, shape, maps.map_dtype(dtype), maps.layout)
+    kernels.float_to_bf16(values, out)
+    return out
+
+
+def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes, kernels):
+    """(xs, y, aux, gy, gxs) of node i on the device, shared the way the executor shares them
+    and stored in its format (plan.maps: layout and precision)."""
+    maps, dtype = plan.maps, plan.net.dtype
+    map_dtype = maps.map_dtype(dtype)
     xs = []
     for name in node.inputs:
         if name == LABEL:
             xs.append(xp.asarray(rng.integers(0, num_classes, shapes[LABEL]).astype(np.int64)))
         else:
-            xs.append(_random(xp, shapes[name], dtype, rng))
+            xs.append(_random_map(xp, shapes[name], dtype, rng, maps, kernels))
     out_shape = shapes[node.name]
     if plan.inplace.get(i):
         y = xs[0].reshape(out_shape)
     else:
-        y = xp.empty(out_shape, dtype=dtype)
-    aux = {a: xp.zeros(s, dtype=dt) for a, (s, dt) in plan.aux_specs(i).items()}
-    gy = _random(xp, out_shape, dtype, rng) if out_shape else xp.ones((), dtype=dtype)
+        y = mapformat.empty(xp, out_shape, map_dtype, maps.layout)
+    aux = {}
+    for a, (s, dt) in plan.aux_specs(i).items():
+        aux[a] = mapformat.empty(xp, s, dt, maps.layout)
+        aux[a][...] = 0
+    gy = (_random_map(xp, out_shape, dtype, rng, maps, kernels) if out_shape
+          else xp.ones((), dtype=dtype))
     gxs = []
     for k, name in enumerate(node.inputs):
         if not plan.wants_grad(node, k):
@@ -199,7 +222,7 @@ def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes):
         elif k == 0 and plan.grad_alias.get(i):
             gxs.append(gy.reshape(shapes[name]))
         else:
-            gxs.append(xp.empty(shapes[name], dtype=dtype))
+            gxs.append(mapformat.empty(xp, shapes[name], map_dtype, maps.layout))
     return xs, y, aux, gy, gxs
 
 
@@ -266,13 +289,14 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
     """(forward_s, backward_s, workspace_forward, workspace_backward, host issue time per
     call) of node i, on buffers that live only inside this call."""
     layer, xp = node.layer, ctx.xp
-    xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes)
+    xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes,
+                                         ctx.kernels)
     bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
     by = y if plan.retains_output(i) else None
 
-    def run() -> tuple:
-        f, hf = clock(lambda: layer.forward(xs, y, aux, ctx), repeats)
-        b, hb = clock(lambda: layer.backward(bxs, by, gy, gxs, aux, ctx), repeats)
+    def run() -> tuple:   # through the mixed-precision boundary, as the executor calls layers
+        f, hf = clock(lambda: mixed.forward(layer, xs, y, aux, ctx), repeats)
+        b, hb = clock(lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx), repeats)
         return f, b, (hf, hb)
 
     if layer.kind == "conv":
@@ -282,15 +306,17 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
 
 
 def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
-                   progress: bool = True, relu_bits=frozenset()) -> dict:
+                   progress: bool = True, relu_bits=frozenset(),
+                   maps: MapFormat | None = None) -> dict:
     """{node name: LayerCost} measured on `device` (see the module docstring), the ReLUs
-    `relu_bits` keeping bit masks. progress: a progress bar on stderr, one tick per layer (a
-    first convolution of each shape also measures every cuDNN plan, which takes seconds)."""
+    `relu_bits` keeping bit masks, feature maps stored as `maps` says (None: NCHW float32).
+    progress: a progress bar on stderr, one tick per layer (a first convolution of each
+    shape also measures every cuDNN plan, which takes seconds)."""
     from tqdm import tqdm
     kernels = kernel_modules.for_device(device)
     deterministic = kernel_settings(kernels)["deterministic"]
     repeats = repeats or DEFAULT_REPEATS[device.kind]
-    plan = LivenessPlan(net, batch, relu_bits=relu_bits)
+    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps)
     shapes = net.infer_shapes(batch)
     xp = device.xp
     rng = np.random.default_rng(0)
@@ -418,17 +444,20 @@ def device_memory_bytes(device: Device) -> int:
 
 
 def measure_profile(net, batch: int, device: Device | str = "auto",
-                    repeats: int | None = None, relu_bits=frozenset()) -> Profile:
+                    repeats: int | None = None, relu_bits=frozenset(),
+                    maps: MapFormat | None = None) -> Profile:
     """Measure the Profile of `net` at `batch` on `device` now, the ReLUs `relu_bits`
-    keeping bit masks (no cache; see get_profile)."""
+    keeping bit masks, the feature maps stored as `maps` says (no cache; see get_profile)."""
     device = device if isinstance(device, Device) else select_device(device)
     kernels = kernel_modules.for_device(device)
     settings = kernel_settings(kernels)
+    maps = maps or MapFormat()
     t0 = time.perf_counter()
-    layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits)
+    layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits, maps=maps)
     opt_s, opt_host_s = measure_optimizer(net, device)
     d2h, h2d, both = measure_bandwidth(device)
-    notes = [f"measured in {time.perf_counter() - t0:.1f} s"]
+    notes = [f"measured in {time.perf_counter() - t0:.1f} s",
+             f"feature maps {maps.layout.upper()}, {maps.precision}"]
     if not device.is_gpu:
         notes.append("CPU: layer times are wall-clock; copies are memcpy")
     return Profile(source="measured", device_name=device.name, math=settings["math"],
@@ -436,5 +465,6 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s,
                    synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
+                   generator_bytes=device.generator_bytes,
                    key_fields={"structure": structure_hash(net, batch, relu_bits)},
                    notes=notes)

@@ -143,9 +143,12 @@ class SymbolicStream:
 
 class SymbolicDevice(Device):
     """A Device whose streams and events log, for the dry run. Its arrays are NumPy's (the dry
-    run makes none) and it is not a GPU, so the executor picks the CPU kernels (never run)."""
+    run makes none) and it is not a GPU, so the executor picks the CPU kernels (never run).
+    generator_bytes: the planned device's (Profile.generator_bytes), which sizes the scratch
+    blocks of random draws."""
 
-    def __init__(self):  # no Device.__init__: there is nothing to open
+    def __init__(self, generator_bytes: int = 0):  # no Device.__init__: nothing to open
+        self._generator_bytes = int(generator_bytes)
         self.kind = "cpu"
         self.xp = np
         self.name = "symbolic"
@@ -239,14 +242,16 @@ class _Recorder(StepObserver):
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
                   recompute=frozenset(), relu_bits=frozenset(), maps=None,
-                  plan=None) -> Executor:
+                  global_batch: int | None = None, plan=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
     sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
     profile's business (the dry run runs no kernels). maps: the feature maps' format
-    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. plan: the
-    LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor makes one)."""
+    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. global_batch: the
+    step's images when `batch` is one micro-batch of it (random draws are the step's).
+    plan: the LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor
+    makes one)."""
     maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
@@ -255,7 +260,7 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
-                    plan=plan)
+                    global_batch=global_batch, plan=plan)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -385,9 +390,9 @@ class StepModel:
     micro_batches: `batch` is one pass of a step that runs this many (planner/split.py):
     the input batches are the whole step's, a layer with parameters takes a gradient-sized
     temporary in backward (to add into the accumulated gradient), a dropout draws the whole
-    batch's random numbers; an Evaluation's step time, compute time and bytes moved are the
-    whole step's (k passes, one optimizer update), its memory that of one pass (every pass
-    is alike).
+    step's random numbers (in its scratch block); an Evaluation's step time, compute time
+    and bytes moved are the whole step's (k passes, one optimizer update), its memory that
+    of one pass (every pass is alike).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
@@ -406,9 +411,11 @@ class StepModel:
         self.steps = max(2, int(steps))
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
-        probe = _dry_executor(net, batch, SymbolicDevice(), self.lookahead, static_layout=False,
-                              relu_bits=self.relu_bits, maps=self.maps)
+        probe = _dry_executor(net, batch, self._device(), self.lookahead, static_layout=False,
+                              relu_bits=self.relu_bits, maps=self.maps,
+                              global_batch=self.step_batch)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
+        self.scratch = dict(probe.manager.scratch)   # random draws' blocks: every decision's
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
         self.conv_names = [n.name for n in self.nodes if n.layer.kind == "conv"]
@@ -422,10 +429,14 @@ class StepModel:
         counted = 1 if profile.temporaries_in_arena else 0
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
-        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase, k)
+        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + accumulation_bytes(node.layer, phase, k)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
+
+    def _device(self) -> SymbolicDevice:
+        """A recording device for one dry run, with the profile's generator size."""
+        return SymbolicDevice(self.profile.generator_bytes)
 
     # ---- decisions ---------------------------------------------------------------------------
     def key(self, offload, conv_algo, recompute=frozenset()) -> tuple:
@@ -488,7 +499,7 @@ class StepModel:
                                                                         recompute).items()}
         keep = (self.net.loss_node.name, self.net.output)   # as the executor keeps them
         intervals = record_intervals(self.plan, offload, self.lookahead, keep, workspace,
-                                     recompute)
+                                     recompute, self.scratch)
         region = live_peak(intervals)
         return self.param_grad_bytes + aligned(max(region, 1)) + \
             self.optimizer_transient + self.extra_bytes
@@ -512,11 +523,11 @@ class StepModel:
         return blocks
 
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
-        device = SymbolicDevice()
+        device = self._device()
         planned = self.workspace_blocks(conv_algo, recompute)
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
                            self.static_layout, planned, recompute, self.relu_bits,
-                           maps=self.maps, plan=self.plan)
+                           maps=self.maps, global_batch=self.step_batch, plan=self.plan)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         log = device.log

@@ -1,0 +1,92 @@
+"""A convolution's bias added by the ReLU after it (minidnn/fusion.py): which pairs qualify,
+and that a fused step gives the bits of the unfused one, under memory decisions too."""
+import numpy as np
+import pytest
+
+from minidnn import SGD, models
+from minidnn.builder import NetBuilder
+from minidnn.decide import build_executor, decide
+from minidnn.errors import ConfigError
+from minidnn.executor import Executor
+from minidnn.fusion import bias_relu_pairs
+from minidnn.kernels import cpu, relu_mask_bytes
+from minidnn.kernels.mapformat import MapFormat
+from minidnn.memory.plan import LivenessPlan
+
+
+def test_every_conv_relu_pair_of_vgg16_fuses_and_nothing_else():
+    net = models.build("vgg16")
+    pairs = bias_relu_pairs(LivenessPlan(net, 2))
+    assert len(pairs) == 13
+    assert all(net.node(c).layer.kind == "conv" and net.node(r).inputs == [c]
+               for r, c in pairs.items())
+    assert "relu6" not in pairs                  # after a linear layer: nothing to move
+    assert bias_relu_pairs(LivenessPlan(net, 2, maps=MapFormat("nchw", "bf16"))) == {}
+
+
+def test_a_conv_output_with_a_second_reader_keeps_its_bias():
+    """The ReLU may not add the bias when another layer reads the convolution's output (it
+    would see the map without it), nor when the ReLU cannot run in place."""
+    b = NetBuilder("fork", image_size=8, num_classes=3)
+    b.conv("conv1", 4, 3, padding=1)
+    b.relu("relu1", src="conv1")
+    b.conv("conv2", 4, 3, padding=1, src="conv1")
+    b.add("sum", ["relu1", "conv2"])
+    b.relu("relu2")
+    b.flatten("flat")
+    b.linear("fc", 3)
+    pairs = bias_relu_pairs(LivenessPlan(b.finish(), 2))
+    assert "relu1" not in pairs and "relu2" not in pairs
+
+
+def _train(net, decision_kwargs, steps=3, fuse=True, dtype=np.float32):
+    net.init_params(0)
+    ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **decision_kwargs)
+    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((4, 3, 16, 16)).astype(dtype)
+        y = rng.integers(0, 10, 4)
+        losses.append(float(ex.train_step(x, y, opt)))
+    fused = dict(ex.decision.bias_relu)
+    ex.close()
+    state = {k: np.array(v) for k, v in net.state_dict().items()}
+    return losses, state, fused
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"relu_bits": True},
+                                    {"policy": "all", "memory_budget": "2MiB"},
+                                    {"layout": "nhwc"}, {"micro_batches": 2}], ids=str)
+def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs):
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    losses, state, fused = _train(net, kwargs)
+    assert fused, "tiny_cnn's conv -> relu pairs should fuse"
+    plain_losses, plain_state, none = _train(net, kwargs, fuse=False)
+    assert none == {}
+    assert losses == plain_losses
+    assert all(np.array_equal(state[k], plain_state[k]) for k in state)
+
+
+def test_a_decision_that_would_change_results_is_refused():
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    bad = decide(net, 4, fuse=False)
+    from dataclasses import replace
+    relu = next(n.name for n in net.nodes if n.layer.kind == "relu")
+    with pytest.raises(ConfigError, match="would change results"):
+        Executor(net, 4, device="cpu", decision=replace(bad, bias_relu={relu: "fc3"}))
+
+
+def test_the_cpu_kernels_add_the_bias_before_the_relu():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 3, 4)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    y = np.empty_like(x)
+    cpu.relu_forward(x, y, b)
+    np.testing.assert_array_equal(y, np.maximum(x + b.reshape(1, 5, 1, 1), 0))
+    mask = np.zeros(relu_mask_bytes(x.size), np.uint8)
+    y2 = x.copy()
+    cpu.relu_forward_bits(y2, y2, mask, b)      # in place
+    np.testing.assert_array_equal(y2, y)
+    assert np.array_equal(np.unpackbits(mask, count=x.size, bitorder="little"),
+                          (y > 0).ravel().astype(np.uint8))

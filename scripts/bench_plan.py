@@ -73,6 +73,9 @@ def main(argv=None) -> int:
     ap.add_argument("--as-measured", action="store_true",
                     help="plan from the analytic profile of --gpu saved as a measured one")
     ap.add_argument("--repeat", type=int, default=1, metavar="N", help="runs per case")
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="also write each case's printed plan to DIR/MODEL-bBATCH-BUDGET.txt "
+                         "(to compare the plans of two commits)")
     args = ap.parse_args(argv)
     source = f"profile {args.profile}" if args.profile else f"gpu {args.gpu}" + \
         (", its profile as if measured" if args.as_measured else "")
@@ -94,6 +97,11 @@ def run_case(case: str, args, folder: str) -> None:
     for _ in range(max(args.repeat, 1)):
         seconds, out = time_plan(cmd)
         runs.append(seconds)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        suffix = "-measured" if args.as_measured else ""
+        with open(os.path.join(args.out, f"{model}-b{batch}-{budget}{suffix}.txt"), "w") as f:
+            f.write(out)
     found = re.search(r"\((\d+) decisions evaluated\)", out)
     decisions = found.group(1) if found else "-"
     print(f"{case:<22}{min(runs):>9.2f}{decisions:>11}  "

@@ -181,3 +181,39 @@ def test_a_workspace_for_an_unknown_call_is_named():
     from minidnn.errors import ConfigError
     with pytest.raises(ConfigError, match="workspace for 'conv9'"):
         _train_with_workspace({("conv9", "forward"): 1024}, steps=0)
+
+
+def _pack_by_hand(rows, alignment=256):
+    """The packing rule written out plainly: largest first (ties: earliest start), each at
+    the lowest of 0 and the aligned ends of the placed blocks alive with it where it fits;
+    predecessors: the blocks released before it starts that share an address with it."""
+    need = [aligned(n) for _, _, n, _, _ in rows]
+    offset = [None] * len(rows)
+    for i in sorted(range(len(rows)), key=lambda i: (-need[i], rows[i][3])):
+        alive = [j for j in range(len(rows)) if offset[j] is not None
+                 and rows[j][3] < rows[i][4] and rows[i][3] < rows[j][4]]
+        ends = [(offset[j] + need[j] + alignment - 1) // alignment * alignment for j in alive]
+        offset[i] = min(a for a in [0] + ends
+                        if all(a + need[i] <= offset[j] or offset[j] + need[j] <= a
+                               for j in alive))
+    preds = [[j for j in range(len(rows)) if rows[j][4] <= rows[i][3]
+              and offset[j] < offset[i] + need[i] and offset[i] < offset[j] + need[j]]
+             for i in range(len(rows))]
+    return offset, preds
+
+
+def test_packing_is_the_plain_rule_exactly():
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        rows = []
+        for sid in range(int(rng.integers(1, 50))):
+            start = int(rng.integers(0, 80))
+            rows.append((sid, 0, int(rng.choice([rng.integers(1, 5000), 1024, 4096])), start,
+                         start + int(rng.integers(1, 25))))
+        ivs = [Interval(*r) for r in rows]
+        size = pack(ivs)
+        offset, preds = _pack_by_hand(rows)
+        assert [iv.offset for iv in ivs] == offset
+        assert size == max(o + aligned(r[2]) for o, r in zip(offset, rows))
+        assert [iv.predecessor_index.tolist() for iv in ivs] == preds
+        assert [iv.predecessors for iv in ivs] == [[(j, 0) for j in p] for p in preds]

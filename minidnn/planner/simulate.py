@@ -433,6 +433,7 @@ class StepModel:
                            + accumulation_bytes(node.layer, phase, k)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
+        self._workspace_cache: dict = {}    # see workspace_blocks
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -510,17 +511,21 @@ class StepModel:
         convolution run again to rebuild a recomputed map gets its forward's workspace."""
         if not self.static_layout:
             return {}
-        rerun = {self.nodes[j].name for sid in recompute for j in self.plan.writers(sid)}
-        blocks = {}
-        for name in self.conv_names:
-            cost = self.profile.layer(name)
-            for phase in CALL_PHASES:
-                if phase == "recompute" and name not in rerun:
-                    continue
-                nbytes = cost.workspace(phase, conv_algo.get(name, "fastest"))
-                if nbytes:
-                    blocks[(name, phase)] = int(nbytes)
-        return blocks
+        rerun = frozenset(self.nodes[j].name for sid in recompute
+                          for j in self.plan.writers(sid))
+        key = (tuple(conv_algo.get(name, "fastest") for name in self.conv_names), rerun)
+        blocks = self._workspace_cache.get(key)
+        if blocks is None:      # the bound and the full evaluation of a decision both ask
+            blocks = self._workspace_cache[key] = {}
+            for name in self.conv_names:
+                cost = self.profile.layer(name)
+                for phase in CALL_PHASES:
+                    if phase == "recompute" and name not in rerun:
+                        continue
+                    nbytes = cost.workspace(phase, conv_algo.get(name, "fastest"))
+                    if nbytes:
+                        blocks[(name, phase)] = int(nbytes)
+        return dict(blocks)
 
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
         device = self._device()

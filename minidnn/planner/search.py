@@ -121,8 +121,10 @@ class Planner:
     reserve: the fraction of the budget left for fragmentation. momentum, input_batches,
     prefetch_lookahead, static_layout: as the run will use them (see StepModel). shortlist:
     moves evaluated exactly per greedy round; max_evaluations: the search stops there (each
-    evaluation is one timed dry run: milliseconds for VGG-16, a fifth of a second for
-    VGG-116) and keeps the best so far. recompute=False: only offload (vDNN's own means).
+    evaluation is one timed dry run, a third of a second for VGG-416 on one CPU core; a
+    decision pruning tries and a lower bound shows cannot fit costs one untimed walk
+    instead, see StepModel.evaluate_if_fits) and keeps the best so far. recompute=False:
+    only offload (vDNN's own means).
     micro_batches: `batch` is one pass of a step of that many (planner/split.py; the
     profile is at `batch`). relu_bits: the ReLUs that keep bit masks in the run (see
     StepModel).

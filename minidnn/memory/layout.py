@@ -143,8 +143,8 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     top = offset + need
     size = int(top.max())
     keys = [iv.key for iv in intervals]
-    # Earlier blocks at overlapping addresses, for every interval at once: blocks sorted by
-    # their release, so "released before i starts" is a prefix of that order.
+    # Earlier blocks at overlapping addresses: with the blocks sorted by their release, the
+    # ones released before interval i starts are a prefix of that order.
     by_end = np.argsort(end, kind="stable")
     released = np.searchsorted(end[by_end], start, side="right")
     off_by_end, top_by_end = offset[by_end], top[by_end]

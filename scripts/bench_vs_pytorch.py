@@ -26,6 +26,8 @@ Configurations (--frameworks), each run in a process of its own:
   minidnn          minidnn as it runs by default (kernels/mapformat.py: GPU_DEFAULT_LAYOUT)
   minidnn-nchw     minidnn with NCHW feature maps (layout='nchw')
   minidnn-nhwc     minidnn with channels-last feature maps (layout='nhwc')
+  minidnn-unfused  minidnn as it runs by default, but every convolution adds its own bias
+                   (decide(..., fuse=False); minidnn/fusion.py): the step before that fusion
   pytorch          PyTorch as it runs by default (NCHW)
   pytorch-cl       PyTorch with the model and the batch in channels_last
   pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
@@ -137,12 +139,12 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "pytorch", "pytorch-cl",
-              "pytorch-cl-bf16")
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "minidnn-unfused", "pytorch",
+              "pytorch-cl", "pytorch-cl-bf16")
 DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
 
 
-def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
+def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fuse=True):
     import cupy as cp
     from minidnn import SGD, models
     from minidnn.decide import build_executor
@@ -151,7 +153,8 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None):
     # 'bf16': mixed precision (bf16 feature maps), TF32 where float32 computes.
     ex = build_executor(net, batch, device="gpu", seed=0,
                         math="tf32" if math == "bf16" else math, deterministic=False,
-                        layout=layout, precision="bf16" if math == "bf16" else "fp32")
+                        layout=layout, precision="bf16" if math == "bf16" else "fp32",
+                        fuse=fuse)
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -270,8 +273,10 @@ def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=Fal
 def child(args) -> None:
     fw, name, batch, math = args.one[0], args.one[1], int(args.one[2]), args.one[3]
     if fw.startswith("minidnn"):
+        variant = fw.split("-")[1] if "-" in fw else None
         res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
-                          layout=fw.split("-")[1] if "-" in fw else None)
+                          layout=variant if variant in ("nchw", "nhwc") else None,
+                          fuse=variant != "unfused")
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
                         channels_last=fw != "pytorch",

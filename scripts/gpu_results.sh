@@ -11,7 +11,10 @@
 # 4. with two GPUs: data parallel, minidnn --ranks 2 against DistributedDataParallel;
 # 5. ResNet-50 b256 against PyTorch channels_last;
 # 6. the GPU install without PyTorch on the import path;
-# 7. VGG-16 b256 split into 8 micro-batches without a budget (what a split step costs).
+# 7. VGG-16 b256 split into 8 micro-batches without a budget (what a split step costs);
+# 8. AlexNet, OverFeat and ResNet-50 b256 against PyTorch's best in TF32 and bf16, and VGG-16
+#    with and without the bias in the ReLU (minidnn/fusion.py);
+# 9. the GPU soak: 2000 steps of VGG-16 b64 under dyn in 4 GiB (scripts/soak.py).
 # Each part has its own time limit (seconds: T_TESTS, T_STEPS, T_BUDGET, T_DDP); everything is
 # logged under $OUT. Exits with the GPU tests' status.
 set -uo pipefail
@@ -65,4 +68,17 @@ timeout 40 bash scripts/gpu_install_check.sh 2>&1 | tail -n 6 | tee -a "$OUT/run
 log "VGG-16 b256 as 8 micro-batches, no budget"
 timeout 45 python3 -m minidnn train --model vgg16 --data synthetic --batch 256 --micro-batches 8 \
     --steps 6 --eval-every 0 --no-progress --report "$OUT/split8.json" 2>&1 | tail -n 3 | tee -a "$OUT/run.log"
+log "whole steps against PyTorch: AlexNet, OverFeat, ResNet-50; the fused bias"
+timeout "${T_MORE:-300}" python3 scripts/bench_vs_pytorch.py --runs alexnet:256:tf32 \
+    overfeat:256:tf32 alexnet:256:bf16 overfeat:256:bf16 --frameworks minidnn pytorch-cl \
+    pytorch-cl-bf16 --steps 5 --warmup 2 --timeout 60 --out "$OUT/steps_more.json" 2>&1 \
+    | tail -n 16 | tee -a "$OUT/run.log"
+timeout "${T_STEPS:-90}" python3 scripts/bench_vs_pytorch.py --runs vgg16:256:tf32 \
+    --frameworks minidnn minidnn-unfused --steps 5 --warmup 2 --timeout 40 \
+    --out "$OUT/steps_fusion.json" 2>&1 | tail -n 4 | tee -a "$OUT/run.log"
+
+log "soak: 2000 steps of VGG-16 b64, dyn, 4 GiB"
+timeout "${T_SOAK:-420}" python3 scripts/soak.py --device gpu --model vgg16 --image-size 224 \
+    --batch 64 --policy dyn --memory-budget 4GiB --steps 2000 --every 250 --data synthetic \
+    2>&1 | tee "$OUT/soak_gpu.log" | tail -n 12 | tee -a "$OUT/run.log"
 exit "$status"

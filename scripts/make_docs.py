@@ -11,7 +11,8 @@ analytic GPU models (`--gpu k40|h200`) and on the shipped profile measured on an
 (benchmarks/profiles/vgg16-b256-h200.json), and from that profile's plan tables. Each is
 written into docs/numbers.json as the text the tutorial quotes; tests/test_docs.py checks that
 the tutorial quotes each one and that the fast ones still come out the same. Numbers measured
-on a GPU (benchmarks/RESULTS.md) are not made here.
+on a GPU (benchmarks/RESULTS.md) are not made here; one figure of the splitting chapter is drawn
+from a measured run's committed JSON (budget_figure).
 """
 from __future__ import annotations
 
@@ -278,6 +279,47 @@ def memory_figure(path: Path, stamp: str) -> None:
     plt.close(fig)
 
 
+BUDGET_RUN = ROOT / "benchmarks" / "runs" / "09d19ae" / "bench_budget.json"
+
+
+def budget_figure(path: Path, run: Path = BUDGET_RUN) -> None:
+    """Images/s of VGG-16 b256 under each cap, minidnn's dyn plan beside PyTorch's
+    configurations, from a measured run's JSON (scripts/bench_budget.py --out; a GPU
+    measurement committed under benchmarks/runs/, drawn here, not measured here)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    data = json.loads(run.read_text())
+    caps = list(data["caps"])
+    fig, axes = plt.subplots(1, len(caps), figsize=(5.2 * len(caps), 2.8), sharex=True)
+    for ax, cap in zip(np.atleast_1d(axes), caps):
+        labels, rates, colours = [], [], []
+        for r in data["caps"][cap]:
+            if r["framework"] == "minidnn":
+                labels.append(f"minidnn dyn: {r['micro_batches']} micro-batches")
+                colours.append("tab:blue")
+            else:
+                labels.append(f"PyTorch {r['layout']}, accumulation {r['accumulate']} x "
+                              f"{data['batch'] // r['accumulate']}")
+                colours.append("tab:orange")
+            rates.append(r.get("images_per_s") or 0.0)
+        ys = range(len(labels))
+        ax.barh(ys, rates, color=colours)
+        for y, rate in zip(ys, rates):
+            ax.text(rate + 20, y, f"{rate:.0f}" if rate else "out of memory", va="center",
+                    fontsize=8)
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"cap {cap}", fontsize=9)
+        ax.set_xlabel("images/s")
+    fig.suptitle(f"{data['model']} b{data['batch']} {data['math']} on the {data['device_name']},"
+                 f" measured ({run.relative_to(ROOT)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 CAPTION = re.compile(r"(`python3 scripts/make_docs.py` at commit )([0-9a-f]+\+?)")
 
 
@@ -294,6 +336,7 @@ def main(argv=None) -> int:
     numbers = fast_numbers()
     numbers.update(plan_numbers(stamp))
     memory_figure(DOCS / "figures" / "memory_vgg16_b256.png", stamp)
+    budget_figure(DOCS / "figures" / "split_vgg16_b256_caps_h200.png")
     out = {"commit": stamp, "command": COMMAND,
            "numbers": {k: {"text": t, "what": w} for k, (t, w) in sorted(numbers.items())}}
     (DOCS / "numbers.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -27,15 +27,25 @@ def test_the_vgg16_b256_all_row_of_the_dry_table_is_what_the_command_prints(caps
 
 
 def test_the_readmes_gpu_ratios_come_from_one_call_with_its_commit():
-    """The README's GPU table divides figures of one device call, and names it; the old ratio
-    over save_on_cpu, which divided figures of two runs, is gone."""
-    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    """The README's GPU table names its commit and the section of RESULTS.md its figures come
+    from, every ratio is the quotient of its row's two figures, and the old ratio over
+    save_on_cpu, which divided figures of two runs, is gone."""
+    import re
+    text = open(os.path.join(ROOT, "README.md")).read()
+    readme = " ".join(text.split())
     assert "5.9x" not in readme
-    at = readme.index("| VGG-16 b256, TF32 | minidnn | PyTorch's best of the same call |")
-    intro = readme[readme.rindex("On an H200", 0, at):at]
-    assert "at commit 09d19ae" in intro and "one call" in intro, intro
-    assert "### Call 2: main at 09d19ae" in open(os.path.join(ROOT, "benchmarks",
-                                                              "RESULTS.md")).read()
+    at = readme.index("| b256, TF32 | minidnn | PyTorch's best of the same call | ratio |")
+    intro = readme[readme.rindex("On H200s", 0, at):at]
+    assert "at commit 7e76e46" in intro and "each ratio from one call" in intro, intro
+    results = open(os.path.join(ROOT, "benchmarks", "RESULTS.md")).read()
+    assert "### Call at 7e76e46, two H200s" in results
+    table = text[text.index("| b256, TF32 |"):].split("\n\n", 1)[0].splitlines()[2:]
+    assert len(table) >= 4
+    for row in table:
+        ours, theirs, ratio = (c.strip() for c in row.strip("|").split("|")[1:])
+        a, b = (float(re.findall(r"([0-9]+) img/s", c)[-1]) for c in (ours, theirs))
+        assert abs(a / b - float(ratio.rstrip("x"))) < 0.006, row
+        assert re.search(rf"\b{int(a)}\b", results) and re.search(rf"\b{int(b)}\b", results), row
 
 
 def test_the_readme_sample_output_is_the_main_jobs_and_says_what_varies():

@@ -33,6 +33,7 @@ layouts. The CPU uses 'nchw' unless told otherwise.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,9 +55,16 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_IS_BFLOAT16: dict = {}   # dtype -> answer: the question is asked of every map of every call
+
+
 def is_bfloat16(dtype) -> bool:
     """True for ml_dtypes' bfloat16 (without importing ml_dtypes)."""
-    return np.dtype(dtype).name == "bfloat16"
+    try:
+        return _IS_BFLOAT16[dtype]
+    except KeyError:
+        answer = _IS_BFLOAT16[dtype] = np.dtype(dtype).name == "bfloat16"
+        return answer
 
 
 @dataclass(frozen=True)
@@ -123,10 +131,10 @@ def arrange(a, layout: str):
 def shaped(flat, shape, dtype, layout: str = "nchw"):
     """A view of the first bytes of `flat` (a 1-D uint8 array, NumPy or CuPy) as an array of
     logical `shape` and `dtype`, laid out as `layout` says when it has 4 dimensions."""
+    # Called for every map of every layer call: plain Python arithmetic, no NumPy reductions.
     shape = tuple(int(d) for d in shape)
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    values = flat[:n].view(dtype)
+    dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    values = flat[:math.prod(shape) * dtype.itemsize].view(dtype)
     if layout == "nhwc" and len(shape) == 4:
         n_, c, h, w = shape
         return values.reshape(n_, h, w, c).transpose(0, 3, 1, 2)

@@ -71,4 +71,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from minidnn.errors import MinidnnError
+    try:
+        sys.exit(main())
+    except MinidnnError as e:   # an unknown model, an image too small: one line
+        print(f"layer_times: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minidnn import SGD, models  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
 from minidnn.data import BatchLoader, Shapes, SyntheticImages  # noqa: E402
-from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+from minidnn.errors import MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
 
 
 def rss_bytes() -> int:
@@ -116,4 +116,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except MinidnnError as e:   # a budget too small, a bad model name: one line, not a traceback
+        print(f"soak: error: {e}", file=sys.stderr)
+        raise SystemExit(2)

@@ -452,16 +452,18 @@ class Executor:
                                 f"{k} classes (labels 0..{k - 1})")
 
     def _bias_relu(self) -> tuple:
-        """(convolutions whose bias the ReLU after them adds, [(ReLU name, that bias
-        Parameter)]) from the decision's bias_relu, checked against this step's plan."""
+        """(convolutions whose bias the ReLU after them adds, {ReLU name: that bias
+        Parameter}) from the decision's bias_relu, checked against this step's plan."""
+        pairs = self.decision.bias_relu
+        if not pairs:              # nothing fused, nothing to check
+            return frozenset(), {}
         allowed = bias_relu_pairs(self.plan)
-        wrong = {r: c for r, c in self.decision.bias_relu.items() if allowed.get(r) != c}
+        wrong = {r: c for r, c in pairs.items() if allowed.get(r) != c}
         if wrong:
             raise ConfigError(f"the decision moves convolution biases into ReLUs where that "
                               f"would change results: {wrong} (minidnn/fusion.py)")
-        pairs = sorted(self.decision.bias_relu.items())
-        return (frozenset(c for _, c in pairs),
-                [(r, self.net.node(c).layer.params["bias"]) for r, c in pairs])
+        return (frozenset(pairs.values()),
+                {r: self.net.node(c).layer.params["bias"] for r, c in pairs.items()})
 
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
@@ -471,7 +473,7 @@ class Executor:
                            batch_offset=self.batch_offset + offset,
                            global_batch=self.global_batch,
                            bias_deferred=self._bias_deferred,
-                           relu_bias={relu: p.data for relu, p in self._relu_bias})
+                           relu_bias=self._relu_bias)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -522,8 +524,7 @@ class Executor:
                     self._layer_backward(node, buffers, ctx)
             finally:
                 ctx.workspace = ctx.scratch = None
-        self.manager.release_scratch()
-        self.manager.release_workspace()
+        self.manager.release_call_blocks()
         self.manager.after(call)
         if observer:
             t1 = observer.mark(self.device.compute)

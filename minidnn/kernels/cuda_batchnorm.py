@@ -15,9 +15,9 @@ Two kinds of pass, each at memory speed for both layouts:
   The forward statistics take one pass: var = E[x^2] - mean^2 in double, which loses nothing
   a float32 map can hold unless |mean| exceeds the standard deviation ~10^4-fold.
 * **Per-value affine maps** y = x * scale[c] + shift[c] and gx = gy * a[c] + (x - mean[c]) *
-  b[c] + d[c], one thread per 16-byte vector in channels last (a value's channel is its
-  memory index modulo C, cuda_divide.py's division by a launch constant), CuPy elementwise
-  kernels over logical indices in NCHW.
+  b[c] + d[c], one thread per 16-byte vector in channels last (launched by cuda_pointwise's
+  run_per_pixel: a value's channel is its memory index modulo C), CuPy elementwise kernels
+  over logical indices in NCHW.
 
 Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32 or float64; per-channel
 arrays (C,) of the same dtype.
@@ -27,19 +27,35 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from .cuda_divide import DIVIDE_SOURCE, divider
+from .cuda_divide import DIVIDE_SOURCE
+from .cuda_pointwise import VECTOR_SOURCE, run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256
 _PER_BLOCK = 16384          # NCHW: values of one channel a block adds (the last part: fewer)
 _MAX_PARTS = 1024
 _TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GPU
-_CHUNK = 2**30              # NHWC affine maps: values per launch (32-bit indices)
-_VECTOR_BYTES = 16
 _PART_THREADS = 128         # threads adding one channel's parts (a power of two)
 
 # mode 0: (x, x^2); mode 1: (gy, gy * (x - center)).
-_SOURCE = DIVIDE_SOURCE + r"""
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + r"""
+// (a, b) summed over the block's threads (blockDim.x of them, a power of two, at most the
+// length of the shared arrays sa, sb) in a fixed tree; every thread gets the totals.
+__device__ __forceinline__ void block_sums(double* sa, double* sb, double& a, double& b) {
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            sa[threadIdx.x] += sa[threadIdx.x + s];
+            sb[threadIdx.x] += sb[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+    a = sa[0];
+    b = sb[0];
+}
+
 template<typename T>
 __device__ __forceinline__ void accumulate(int mode, T x, T g, T m, double& a, double& b) {
     if (mode == 0) {
@@ -69,19 +85,10 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
         accumulate<T>(mode, x[o], mode == 0 ? (T)0 : gy[o], m, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
-    sa[threadIdx.x] = a;
-    sb[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            sa[threadIdx.x] += sa[threadIdx.x + s];
-            sb[threadIdx.x] += sb[threadIdx.x + s];
-        }
-        __syncthreads();
-    }
+    block_sums(sa, sb, a, b);
     if (threadIdx.x == 0) {
-        partial[2 * ((long long)c * parts + part)] = sa[0];
-        partial[2 * ((long long)c * parts + part) + 1] = sb[0];
+        partial[2 * ((long long)c * parts + part)] = a;
+        partial[2 * ((long long)c * parts + part) + 1] = b;
     }
 }
 
@@ -130,18 +137,7 @@ __device__ __forceinline__ void sum_parts(const double* partial, int parts, doub
         b += partial[2 * ((long long)c * parts + p) + 1];
     }
     __shared__ double sa[%(part_threads)d], sb[%(part_threads)d];
-    sa[threadIdx.x] = a;
-    sb[threadIdx.x] = b;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            sa[threadIdx.x] += sa[threadIdx.x + s];
-            sb[threadIdx.x] += sb[threadIdx.x + s];
-        }
-        __syncthreads();
-    }
-    a = sa[0];
-    b = sb[0];
+    block_sums(sa, sb, a, b);
 }
 
 // Forward: from (sum x, sum x^2): mean, var (biased), invstd = 1 / sqrt(var + eps), and the
@@ -191,8 +187,6 @@ __global__ void bn_finish_backward(const double* partial, int parts, double coun
     cd[c] = (T)(-a * sum_gy / count);
 }
 
-template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
-
 // Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c]. The launch starts at a
 // pixel boundary and C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1.
 template<typename T, int VEC>
@@ -203,10 +197,10 @@ __global__ void bn_affine_last(const T* x, T* y, const T* scale, const T* shift,
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
-    Pack<T, VEC> a = reinterpret_cast<const Pack<T, VEC>*>(x)[k];
+    Pack<T, VEC> a = load<T, VEC>(x, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j) a.v[j] = a.v[j] * scale[c + j] + shift[c + j];
-    reinterpret_cast<Pack<T, VEC>*>(y)[k] = a;
+    store<T, VEC>(y, k, a);
 }
 
 // Channels last: gx = gy * a[c] + (x - mean[c]) * b[c] + d[c].
@@ -218,12 +212,12 @@ __global__ void bn_grad_last(const T* x, const T* gy, T* gx, const T* mean, cons
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
-    const Pack<T, VEC> xv = reinterpret_cast<const Pack<T, VEC>*>(x)[k];
-    Pack<T, VEC> g = reinterpret_cast<const Pack<T, VEC>*>(gy)[k];
+    const Pack<T, VEC> xv = load<T, VEC>(x, k);
+    Pack<T, VEC> g = load<T, VEC>(gy, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j)
         g.v[j] = g.v[j] * ca[c + j] + (xv.v[j] - mean[c + j]) * cb[c + j] + cd[c + j];
-    reinterpret_cast<Pack<T, VEC>*>(gx)[k] = g;
+    store<T, VEC>(gx, k, g);
 }
 """ % {"threads": _THREADS, "part_threads": _PART_THREADS}
 
@@ -234,7 +228,7 @@ def _instances():
         yield f"bn_finish_forward<{t}>"
         yield f"bn_finish_backward<{t}>"
         yield f"bn_column_partial_sums<{t}>"
-        for vec in (1, _VECTOR_BYTES // size):
+        for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
             yield f"bn_affine_last<{t}, {vec}>"
             yield f"bn_grad_last<{t}, {vec}>"
 
@@ -278,16 +272,10 @@ def _geometry(x, *others) -> tuple:
     return n, c, h * w, sn, sc, sw
 
 
-def _rows(a):
-    """A channels-last map (N, C, H, W) as its (N * H * W, C) matrix in memory order."""
-    return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
-
-
-def _channel_partials(mode: int, x, gy, center):
+def _channel_partials(mode: int, geometry: tuple, x, gy, center):
     """(partial, parts): stage one of the per-channel sums of the kernel's `mode`, float64
-    (C, parts, 2), for a bn_finish_* kernel to add."""
-    maps = (x,) if gy is None else (x, gy)
-    n, c, hw, sn, sc, sp = _geometry(*maps)
+    (C, parts, 2), for a bn_finish_* kernel to add. geometry: _geometry(x)."""
+    n, c, hw, sn, sc, sp = geometry
     ctype = _ctype_of(x)
     unused = x   # the pointer a mode that does not read gy or center is given
     g, m = (gy if gy is not None else unused), (center if center is not None else unused)
@@ -312,34 +300,13 @@ def _channel_partials(mode: int, x, gy, center):
     return partial, parts
 
 
-def _per_value_last(name: str, maps, channel_arrays) -> None:
-    """Kernel `name` over channels-last maps (one shape) viewed as (pixels, C) matrices, with
-    per-channel arrays (C,), in launches of at most _CHUNK values that start at pixels."""
-    rows = [_rows(a) for a in maps]
-    pixels, c = rows[0].shape
-    if not rows[0].size:
-        return
-    ctype = _ctype_of(maps[0])
-    vec = _VECTOR_BYTES // maps[0].dtype.itemsize
-    aligned = all(r.data.ptr % _VECTOR_BYTES == 0 for r in rows)
-    vec = vec if aligned and c % vec == 0 else 1
-    kernel = _module.get_function(f"{name}<{ctype}, {vec}>")
-    by_c = divider(c)
-    per_launch = max(_CHUNK // c, 1)
-    for r0 in range(0, pixels, per_launch):
-        pieces = [r[r0:r0 + per_launch] for r in rows]
-        size = pieces[0].size
-        threads = size // vec
-        kernel(((threads + _THREADS - 1) // _THREADS,), (_THREADS,),
-               (*pieces, *channel_arrays, np.uint32(c), *by_c, np.uint32(size)))
-
-
-def _statistics(x, weight, bias, mean, var, invstd, eps: float, running) -> tuple:
+def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
+                running) -> tuple:
     """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
     when running = (running_mean, running_var, momentum) is given; returns the affine pass's
     (scale, shift). Two launches."""
-    n, c, hw, *_ = _geometry(x)
-    partial, parts = _channel_partials(0, x, None, None)
+    n, c, hw, *_ = geometry
+    partial, parts = _channel_partials(0, geometry, x, None, None)
     scale, shift = cp.empty((2, c), x.dtype)    # one allocation: each costs host time
     dt = x.dtype.type
     rm, rv, momentum = running if running is not None else (mean, var, 0.0)
@@ -350,52 +317,51 @@ def _statistics(x, weight, bias, mean, var, invstd, eps: float, running) -> tupl
     return scale, shift
 
 
+def _affine(geometry: tuple, x, y, scale, shift) -> None:
+    """y = x * scale + shift per channel (x, y laid out alike)."""
+    n, c, hw, *_ = geometry
+    if is_channels_last(x):
+        run_per_pixel("bn_affine_last", (x, y), (scale, shift), module=_module)
+    else:
+        _scale_shift(x, scale, shift, c, hw, y)
+
+
 def batchnorm_stats(x, mean, var) -> None:
     """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
     c = x.shape[1]
     ones, zeros = cp.ones(c, x.dtype), cp.zeros(c, x.dtype)
-    _statistics(x, ones, zeros, mean, var, cp.empty(c, x.dtype), 1.0, None)
+    _statistics(_geometry(x), x, ones, zeros, mean, var, cp.empty(c, x.dtype), 1.0, None)
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
                                running=None) -> None:
     """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
     per-channel results, the affine pass)."""
-    _geometry(x, y)
+    geometry = _geometry(x, y)
     var = cp.empty(x.shape[1], x.dtype)
-    scale, shift = _statistics(x, weight, bias, mean, var, invstd, eps, running)
-    _affine(x, y, scale, shift)
-
-
-def _affine(x, y, scale, shift) -> None:
-    """y = x * scale + shift per channel."""
-    n, c, hw, *_ = _geometry(x, y)
-    if is_channels_last(x):
-        _per_value_last("bn_affine_last", (x, y), (scale, shift))
-    else:
-        _scale_shift(x, scale, shift, c, hw, y)
+    scale, shift = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
+    _affine(geometry, x, y, scale, shift)
 
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
     scale = invstd * weight
-    _affine(x, y, scale, bias - mean * scale)
+    _affine(_geometry(x, y), x, y, scale, bias - mean * scale)
 
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
     """Training-mode gradients, as cpu_batchnorm.batchnorm_backward: three launches (partial
     sums, the per-channel results, the per-value pass)."""
-    n, c, hw, *_ = _geometry(x, gy)
-    ctype = _ctype_of(x)
-    partial, parts = _channel_partials(1, x, gy, mean)
+    geometry = _geometry(x, gy) if gx is None else _geometry(x, gy, gx)
+    n, c, hw, *_ = geometry
+    partial, parts = _channel_partials(1, geometry, x, gy, mean)
     a, b, d = cp.empty((3, c), x.dtype)         # one allocation: each costs host time
-    _module.get_function(f"bn_finish_backward<{ctype}>")(
+    _module.get_function(f"bn_finish_backward<{_ctype_of(x)}>")(
         (c,), (_PART_THREADS,),
         (partial, np.int32(parts), np.float64(n * hw), weight, invstd, gweight, gbias, a, b, d))
     if gx is None:
         return
-    _geometry(x, gx)
     if is_channels_last(x):
-        _per_value_last("bn_grad_last", (x, gy, gx), (mean, a, b, d))
+        run_per_pixel("bn_grad_last", (x, gy, gx), (mean, a, b, d), module=_module)
     else:
         _grad_input(x, gy, mean, a, b, d, c, hw, gx)

@@ -28,9 +28,11 @@ import cupy as cp
 import numpy as np
 
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
-from .mapformat import common_layout, in_memory_order
+from .mapformat import common_layout, in_memory_order, is_channels_last, pixel_rows
 
-_SOURCE = DIVIDE_SOURCE + r"""
+#: CUDA source of the 16-byte vectors the per-value kernels move (here and in
+#: cuda_batchnorm.py); paste it into a kernel module's source.
+VECTOR_SOURCE = r"""
 // VEC consecutive values of type T, moved by one load or store of VEC * sizeof(T) bytes.
 template<typename T, int VEC> struct __align__(sizeof(T) * VEC) Pack { T v[VEC]; };
 
@@ -43,7 +45,9 @@ template<typename T, int VEC>
 __device__ __forceinline__ void store(T* p, unsigned int k, const Pack<T, VEC>& a) {
     reinterpret_cast<Pack<T, VEC>*>(p)[k] = a;
 }
+"""
 
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + r"""
 // Thread k of a launch owns values k * VEC ... k * VEC + VEC - 1; n is a multiple of VEC.
 
 template<typename T, int VEC>
@@ -280,12 +284,35 @@ def _vector(arrays, n: int, unit: int | None = None) -> int:
     return vec if aligned and whole else 1
 
 
-def _run(name: str, ctype: str, vec: int, n: int, args: tuple) -> None:
-    """One launch of kernel `name` over n (< 2**31) values, `vec` per thread."""
+def _run(name: str, ctype: str, vec: int, n: int, args: tuple, module=None) -> None:
+    """One launch of kernel `name` (of `module`, default this file's) over n (< 2**31) values,
+    `vec` per thread."""
     if n:
         threads = n // vec
-        kernel = _module.get_function(f"{name}<{ctype}, {vec}>")
+        kernel = (module or _module).get_function(f"{name}<{ctype}, {vec}>")
         kernel(((threads + _THREADS - 1) // _THREADS,), (_THREADS,), args + (np.uint32(n),))
+
+
+def run_per_pixel(name: str, maps, per_channel, mask=None, module=None) -> None:
+    """Kernel `name<T, VEC>` (of `module`, default this file's) over channels-last maps of one
+    shape (N, C, H, W), seen as (pixels, C) matrices, one thread per VEC values; a value's
+    channel is its index modulo C. The kernel takes (the maps, the words of a ReLU `mask`
+    when given, the per-channel arrays (C,), C, C's divider, the launch's values). Launches
+    hold at most _CHUNK values and start at pixels and at whole mask words."""
+    rows = [pixel_rows(a) for a in maps]
+    pixels, channels = rows[0].shape
+    if not rows[0].size:
+        return
+    ctype = _ctype(name, rows)
+    words = () if mask is None else (_words(mask, rows[0].size),)
+    vec = _vector(rows, rows[0].size, unit=channels)
+    by_c = divider(channels)
+    per_launch = max(_CHUNK // channels // 32 * 32, 32)
+    for r0 in range(0, pixels, per_launch):
+        pieces = tuple(r[r0:r0 + per_launch] for r in rows)
+        _run(name, ctype, vec, pieces[0].size,
+             pieces + tuple(w[r0 * channels // 32:] for w in words)
+             + tuple(per_channel) + (np.uint32(channels), *by_c), module)
 
 
 def _pieces(n: int):
@@ -358,21 +385,9 @@ def _relu_bias(x, y, bias, mask) -> None:
         else:
             _flat_pass("relu_forward_bits", (y, y), mask)
         return
-    channels = x.shape[1]
-    x2, y2 = (a.transpose(0, 2, 3, 1).reshape(-1, channels) for a in (x, y))
-    ctype = _ctype("relu_forward", (x2, y2))
-    _check_bias(x2, bias)
-    words = () if mask is None else (_words(mask, x2.size),)
-    vec = _vector((x2, y2), x2.size, unit=channels)
-    by_c = divider(channels)
-    # Launches start at pixels and at multiples of 32 values (whole mask words).
-    rows_per_launch = max(_CHUNK // channels // 32 * 32, 32)
-    name = "relu_bias_last" if mask is None else "relu_bias_bits_last"
-    for r0 in range(0, x2.shape[0], rows_per_launch):
-        xs, ys = x2[r0:r0 + rows_per_launch], y2[r0:r0 + rows_per_launch]
-        _run(name, ctype, vec, xs.size,
-             (xs, ys) + tuple(w[r0 * channels // 32:] for w in words)
-             + (bias, np.uint32(channels), *by_c))
+    _check_bias(pixel_rows(x), bias)
+    run_per_pixel("relu_bias_last" if mask is None else "relu_bias_bits_last", (x, y), (bias,),
+                  mask)
 
 
 def relu_backward_bits(mask, gy, gx) -> None:
@@ -384,8 +399,9 @@ def bias_add(y, b) -> None:
     """y (N, C, ...) += b (C,) along axis 1, in place. y is NCHW or NHWC (channels last);
     any other strides go through CuPy's broadcasting (slower)."""
     if not y.flags.c_contiguous:
-        if y.ndim == 4 and y.transpose(0, 2, 3, 1).flags.c_contiguous:
-            _bias_add_last(y.transpose(0, 2, 3, 1).reshape(-1, y.shape[1]), b)
+        if is_channels_last(y):
+            _check_bias(pixel_rows(y), b)
+            run_per_pixel("bias_add_last", (y,), (b,))
         else:
             y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
         return
@@ -414,20 +430,6 @@ def _check_bias(y2, b) -> str:
     return ctype
 
 
-def _bias_add_last(y2, b) -> None:
-    """y2 (pixels, C), contiguous, += b (C,) on every row."""
-    ctype = _check_bias(y2, b)
-    pixels, channels = y2.shape
-    if not y2.size:
-        return
-    rows_per_launch = max(_CHUNK // channels, 1)
-    vec = _vector((y2,), y2.size, unit=channels)
-    by_c = divider(channels)
-    for r0 in range(0, pixels, rows_per_launch):
-        piece = y2[r0:r0 + rows_per_launch]
-        _run("bias_add_last", ctype, vec, piece.size, (piece, b, np.uint32(channels), *by_c))
-
-
 #: Blocks of column_sums per 32 channels: enough to fill the GPU, few enough that their
 #: partial sums are a small temporary.
 _SUM_BLOCKS = 2048
@@ -436,7 +438,7 @@ _SUM_BLOCKS = 2048
 def channel_sums(g, out) -> None:
     """out (C,) = sum of g (N, C, H, W), channels last, over N, H and W (the bias gradient),
     in a fixed order. Per-block partial sums (a small temporary), then their sum."""
-    g2 = g.transpose(0, 2, 3, 1).reshape(-1, g.shape[1])
+    g2 = pixel_rows(g)
     ctype = _ctype("channel_sums", (g2,))
     rows, channels = g2.shape
     per_block = max(-(-rows // _SUM_BLOCKS), 1)

@@ -155,6 +155,12 @@ def is_channels_last(a) -> bool:
     return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
+def pixel_rows(a):
+    """A channels-last map (N, C, H, W) as its (N * H * W, C) matrix in memory order (a view):
+    one row per pixel, the channels along it."""
+    return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
+
+
 def layout_of(a) -> str:
     """'nchw' for a C-contiguous array, 'nhwc' for a channels-last 4-D one (C-contiguous wins
     where both hold: C == 1 or H == W == 1, when the two orders are the same); ValueError

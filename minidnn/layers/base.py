@@ -102,7 +102,7 @@ class StepContext:
     scratch: during a call that draws random numbers, the block the memory manager planned
     for them (layers/draws.py; a flat uint8 device array), or None.
     bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
-    relu_bias: {ReLU node name: the bias array (C,) it adds} (the decision's bias_relu;
+    relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
     minidnn/fusion.py).
     """
     xp: Any

@@ -130,9 +130,7 @@ class Conv2d(Layer):
     def spec(self) -> ConvSpec:
         """The kernels' description of this convolution (follows later changes of `algo` and
         `workspace_limit`)."""
-        return ConvSpec(stride=self.stride, padding=self.padding, dilation=self.dilation,
-                        groups=self.groups, algo=self.algo, key=self.name or "",
-                        workspace_limit=self.workspace_limit)
+        return self._spec(self.algo, self.workspace_limit)
 
     def spec_for(self, ctx) -> ConvSpec:
         """The spec of this call: the plan setting the step's decision gives this layer
@@ -140,10 +138,12 @@ class Conv2d(Layer):
         setting = ctx.conv_plans.get(self.name) if ctx is not None else None
         if setting is None:
             return self.spec
-        algo, limit = parse_plan_setting(setting)
+        return self._spec(*parse_plan_setting(setting))
+
+    def _spec(self, algo: str, workspace_limit: int | None) -> ConvSpec:
         return ConvSpec(stride=self.stride, padding=self.padding, dilation=self.dilation,
                         groups=self.groups, algo=algo, key=self.name or "",
-                        workspace_limit=limit)
+                        workspace_limit=workspace_limit)
 
     def infer(self, in_shapes):
         s = in_shapes[0]

@@ -62,6 +62,7 @@ class ReLU(Layer):
         """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
         before it (ctx.relu_bias; minidnn/fusion.py)."""
         bias = ctx.relu_bias.get(self.name)
+        bias = None if bias is None else bias.data
         if self.keep_in(ctx.relu_bits) == "bits" and aux is not None:
             # aux None: recomputed, the mask is kept
             ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"], bias)

@@ -223,11 +223,8 @@ class StaticLayout:
         """The most aligned bytes alive at once (what no layout can beat). Worked out once:
         every step's memory_stats() reports it."""
         if self._live_peak is None:
-            self._live_peak = self._count_live_peak()
+            self._live_peak = live_peak(self.intervals.values())
         return self._live_peak
-
-    def _count_live_peak(self) -> int:
-        return live_peak(self.intervals.values())
 
 
 class PlannedBlocks(DynamicBlocks):

@@ -229,10 +229,11 @@ class MemoryManager:
     prefetch_lookahead: how many layers ahead backward brings offloaded maps back (0: only on
     demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
     copied and views are None (for simulate_step). workspace: {(node index, phase): bytes}
-    of cuDNN workspace blocks that the static layout plans (acquire_workspace around the
-    call); without a static layout the kernels allocate their workspaces themselves.
+    of cuDNN workspace blocks that the static layout plans (acquire_workspace before the
+    call, release_call_blocks after it); without a static layout the kernels allocate their
+    workspaces themselves.
     scratch: {(node index, phase): bytes} of the scratch blocks of calls that draw random
-    numbers (layers/draws.py; acquire_scratch around the call): planned in a static layout,
+    numbers (layers/draws.py; acquire_scratch, the same way): planned in a static layout,
     from the allocator otherwise, so that they are always counted.
     """
 
@@ -255,9 +256,8 @@ class MemoryManager:
         self.blocks = blocks if blocks is not None else DynamicBlocks(allocator)
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
-        self._workspace_held = None
         self.scratch = dict(scratch or {})
-        self._scratch_held = None
+        self._call_blocks: list = []   # workspace and scratch blocks held during a call
         self.observer = observer
         self.train = True
         self.loss_gradient = 1.0
@@ -549,42 +549,35 @@ class MemoryManager:
 
     def acquire_workspace(self, i: int, phase: str):
         """The planned workspace block of node i's `phase` call (a flat uint8 device array;
-        None when none is planned, or in a dry run). Held until release_workspace()."""
-        nbytes = self.workspace.get((i, phase), 0)
-        if not nbytes or not self.blocks.plans_workspace:
+        None when none is planned, or in a dry run). Held until release_call_blocks()."""
+        if not self.blocks.plans_workspace:
             return None
-        block = WorkspaceBlock(i, phase, nbytes)
-        where = f"workspace of {self.plan.nodes[i].name} ({phase})"
-        block.device = self.blocks.acquire(block, where, self.device.compute)
-        self._workspace_held = block
-        return None if self.dry else block.device[:nbytes]
-
-    def release_workspace(self) -> None:
-        """Give the held workspace block back. Its users all ran on the compute stream, so later
-        occupants need no event: compute work is ordered, and a prefetch into those addresses
-        first waits for everything compute was given before it (Mover.fetch)."""
-        if self._workspace_held is not None:
-            self.blocks.release(self._workspace_held, after=None)
-            self._workspace_held = None
+        return self._acquire_call_block(self.workspace, i, phase, "workspace", "workspace")
 
     def acquire_scratch(self, i: int, phase: str):
         """The scratch block of node i's `phase` call (a flat uint8 device array; None when the
         call draws nothing, or in a dry run, which still counts it). Held until
-        release_scratch(); like a workspace, its users all run on the compute stream."""
-        nbytes = self.scratch.get((i, phase), 0)
+        release_call_blocks()."""
+        return self._acquire_call_block(self.scratch, i, phase, "scratch", "random draws")
+
+    def _acquire_call_block(self, sizes: dict, i: int, phase: str, kind: str, what: str):
+        """A block of `sizes[(i, phase)]` bytes that lives for node i's `phase` call."""
+        nbytes = sizes.get((i, phase), 0)
         if not nbytes:
             return None
-        block = WorkspaceBlock(i, phase, nbytes, kind="scratch")
-        where = f"random draws of {self.plan.nodes[i].name} ({phase})"
+        block = WorkspaceBlock(i, phase, nbytes, kind=kind)
+        where = f"{what} of {self.plan.nodes[i].name} ({phase})"
         block.device = self.blocks.acquire(block, where, self.device.compute)
-        self._scratch_held = block
+        self._call_blocks.append(block)
         return None if self.dry else block.device[:nbytes]
 
-    def release_scratch(self) -> None:
-        """Give the held scratch block back (no event needed: see release_workspace)."""
-        if self._scratch_held is not None:
-            self.blocks.release(self._scratch_held, after=None)
-            self._scratch_held = None
+    def release_call_blocks(self) -> None:
+        """Give the blocks held for a call (its workspace and scratch) back, the last taken
+        first. Their users all ran on the compute stream, so later occupants need no event:
+        compute work is ordered, and a prefetch into those addresses first waits for
+        everything compute was given before it (Mover.fetch)."""
+        while self._call_blocks:
+            self.blocks.release(self._call_blocks.pop(), after=None)
 
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
@@ -601,8 +594,7 @@ class MemoryManager:
     def end_step(self) -> None:
         """Free whatever is still held (kept outputs; everything, after an interrupted step)."""
         self.time = self._last_time + 1
-        self.release_scratch()     # held still only after a call that raised
-        self.release_workspace()
+        self.release_call_blocks()     # held still only after a call that raised
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)

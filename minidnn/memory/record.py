@@ -31,8 +31,7 @@ def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
         mm.buffers(call)
         mm.acquire_workspace(call.index, call.phase)
         mm.acquire_scratch(call.index, call.phase)
-        mm.release_scratch()
-        mm.release_workspace()
+        mm.release_call_blocks()
         mm.after(call)
     mm.end_step()
     return blocks.intervals

@@ -141,9 +141,9 @@ class DynPolicy(Policy):
                        relu_bits=plan.relu_bits, maps=plan.maps)
         lookaheads = LOOKAHEADS if self.choose_lookahead else (self.prefetch_lookahead,)
         counts = None if self.micro_batches is None else [self.micro_batches]
-        self.split = plan_split(net, batch,
-                                lambda b: self.profile_at(net, batch, b, plan.relu_bits, plan.maps),
-                                int(budget), lookaheads, counts=counts, **options)
+        self.split = plan_split(
+            net, batch, lambda b: self.profile_at(net, batch, b, plan.relu_bits, plan.maps),
+            int(budget), lookaheads, counts=counts, **options)
         chosen = self.split.chosen
         if chosen is None:
             raise self.split.infeasible_error()
@@ -153,8 +153,8 @@ class DynPolicy(Policy):
             # differ. So the count chosen is planned again from a profile measured at its own
             # pass batch, which is what its steps will run.
             measured = plan_split(
-                net, batch, lambda b: self.profile_for(net, b, plan.relu_bits, plan.maps).with_host_link(
-                    self.host_link_gbps),
+                net, batch, lambda b: self.profile_for(
+                    net, b, plan.relu_bits, plan.maps).with_host_link(self.host_link_gbps),
                 int(budget), lookaheads, counts=[chosen.micro_batches], **options)
             if measured.chosen is not None:
                 self.remeasured = measured

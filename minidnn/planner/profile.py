@@ -183,9 +183,8 @@ def _random(xp, shape, dtype, rng):
 def _random_map(xp, shape, dtype, rng, maps: MapFormat, kernels):
     """Standard normal values of `shape` stored as the executor stores a feature map: in
     `maps`' layout and dtype (bf16 rounded from float32 by the kernels)."""
-    values = mapformat.arrange(_random(xp, shape, dtype, rng), maps.layout)
-    if len(shape) == 4 and maps.layout == "nhwc":
-        values = values.transpose(0, 3, 1, 2)
+    values = mapformat.empty(xp, shape, dtype, maps.layout)
+    values[...] = _random(xp, shape, dtype, rng)
     if maps.precision == "fp32":
         return values
     out = mapformat.empty(xp, shape, maps.map_dtype(dtype), maps.layout)

@@ -1,31 +1,43 @@
 #!/usr/bin/env bash
 # The GPU install without PyTorch, in one command on a machine with a CUDA GPU (repository root):
 #
-#     scripts/gpu_install_check.sh
+#     scripts/gpu_install_check.sh              # PyTorch hidden from the import path
+#     scripts/gpu_install_check.sh --isolated   # an environment that never had PyTorch
 #
-# Installs the wheels found in .whl/ (or $WHEELS_DIR; machines without a package index; they must include the
-# 'gpu' extra's nvidia-cudnn-cu13 and nvidia-nccl-cu13) into /tmp/site_notorch, or else uses
-# what is installed; hides PyTorch from the import path (a `torch` package that fails to import
-# comes first on PYTHONPATH); then trains two steps of a small convolutional network on the GPU
-# in strict FP32 and compares its gradients with the CPU's, and prints which libcudnn and
-# libnccl files the process loaded. Fails (non-zero) when torch still imports, when no GPU is
-# seen, when cuDNN or NCCL cannot be loaded, when the loaded cuDNN lies inside a PyTorch
-# install, or when the gradients differ.
+# Default: installs the wheels found in .whl/ (or $WHEELS_DIR; machines without a package
+# index) into /tmp/site_notorch, or else uses what is installed, and hides PyTorch from the
+# import path (a `torch` package that fails to import comes first on PYTHONPATH).
+# --isolated: `pip install --no-index` of the gpu extra into a new environment made of only the
+# distributions the 'gpu' extra needs, taken from this machine's (scripts/gpu_extra_env.py),
+# and the check below runs there, outside the repository.
+# Then: trains two steps of a small convolutional network on the GPU in strict FP32 and
+# compares its gradients with the CPU's, and prints which libcudnn and libnccl files the
+# process loaded. Fails (non-zero) when torch imports, when no GPU is seen, when cuDNN or
+# NCCL cannot be loaded, when the loaded cuDNN lies inside a PyTorch install, or when the
+# gradients differ.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MINIDNN_REQUIRE_GPU=1
 HIDE=$(mktemp -d)
 trap 'rm -rf "$HIDE"' EXIT
-mkdir -p "$HIDE/torch"
-echo 'raise ImportError("PyTorch is hidden by scripts/gpu_install_check.sh")' > "$HIDE/torch/__init__.py"
-SITE=""
 WHEELS=${WHEELS_DIR:-.whl}
-if compgen -G "$WHEELS/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site_notorch "$WHEELS"/*.whl || exit 1
-    SITE=":/tmp/site_notorch"
+PY=python3
+if [ "${1:-}" = "--isolated" ]; then
+    python3 scripts/gpu_extra_env.py "$HIDE/env" --wheels "$WHEELS" || exit 1
+    PY="$HIDE/env/bin/python"
+    unset PYTHONPATH
+    cd "$HIDE"   # minidnn comes from the environment, not from the checkout
+else
+    mkdir -p "$HIDE/torch"
+    echo 'raise ImportError("PyTorch is hidden by scripts/gpu_install_check.sh")' > "$HIDE/torch/__init__.py"
+    SITE=""
+    if compgen -G "$WHEELS/*.whl" > /dev/null; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site_notorch "$WHEELS"/*.whl || exit 1
+        SITE=":/tmp/site_notorch"
+    fi
+    export PYTHONPATH="$HIDE:$PWD$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$HIDE:$PWD$SITE${PYTHONPATH:+:$PYTHONPATH}"
-python3 - <<'PYTHON'
+"$PY" - <<'PYTHON'
 import sys
 
 import numpy as np
@@ -39,13 +51,15 @@ def fail(message):
 try:
     import torch
 except ImportError as e:
-    print(f"torch: hidden ({e})")
+    print(f"torch: does not import ({e})")
 else:
     fail(f"torch still imports, from {torch.__file__}")
 
 from minidnn import Executor, models
 from minidnn.backend import gpu_available, gpu_unavailable_reason
 from minidnn.kernels import nvidia_libraries
+import minidnn
+print(f"minidnn: {minidnn.__file__}")
 
 if not gpu_available():
     fail(f"CuPy sees no CUDA device ({gpu_unavailable_reason()})")

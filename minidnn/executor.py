@@ -532,9 +532,9 @@ class Executor:
             self._sample(t1, phase, node.name, "end")
 
     def _layer_backward(self, node, buffers, ctx) -> None:
-        """node's backward; in a micro-batch after the first, its parameter gradients go to
-        temporaries (a layer overwrites p.grad) that are then added into p.grad."""
-        params = list(node.layer.params.values()) if self._accumulate else []
+        """node's backward; in a micro-batch after the first, the parameter gradients it
+        writes go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
+        params = self._gradients_written(node) if self._accumulate else []
         if not params:
             mixed.backward(node.layer, *buffers, ctx)
             return
@@ -554,6 +554,14 @@ class Executor:
             for p, grad, _, buf in held:
                 p.grad = grad
                 self.allocator.free(buf)
+
+    def _gradients_written(self, node) -> list:
+        """The Parameters whose gradient node's backward writes: its own, except a bias that
+        the ReLU after it adds, whose gradient that ReLU writes (minidnn/fusion.py)."""
+        own = [p for key, p in node.layer.params.items()
+               if not (key == "bias" and node.name in self._bias_deferred)]
+        fused = self._relu_bias.get(node.name)
+        return own + ([fused] if fused is not None else [])
 
     def _start_step_peak(self) -> None:
         """From here on the allocator's peak is this step's; the overall peak is kept aside."""

@@ -90,3 +90,19 @@ def test_the_cpu_kernels_add_the_bias_before_the_relu():
     np.testing.assert_array_equal(y2, y)
     assert np.array_equal(np.unpackbits(mask, count=x.size, bitorder="little"),
                           (y > 0).ravel().astype(np.uint8))
+
+
+@pytest.mark.parametrize("bits", [False, True])
+def test_the_cpu_relu_backward_also_gives_the_gradient_of_the_bias_it_added(bits):
+    rng = np.random.default_rng(4)
+    y = np.maximum(rng.standard_normal((3, 6, 4, 5)), 0).astype(np.float32)
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    gx, gb = np.empty_like(gy), np.full(6, np.nan, np.float32)
+    if bits:
+        mask = np.packbits((y > 0).ravel(), bitorder="little")
+        cpu.relu_backward_bits(mask, gy, gx, gb)
+    else:
+        cpu.relu_backward(y, gy, gx, gb)
+    want = gy * (y > 0)
+    np.testing.assert_array_equal(gx, want)
+    np.testing.assert_array_equal(gb, want.sum(axis=(0, 2, 3)))

@@ -203,3 +203,39 @@ def test_relu_with_a_bias_gives_the_bits_of_the_bias_add_then_the_relu(dtype, sh
             assert same_bits(out, cp.asnumpy(cp.ascontiguousarray(want)))
             if not in_place:
                 assert same_bits(src, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 64, 5, 7), (3, 5, 4, 3), (1, 40, 9, 11), (4, 96, 33, 17)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("bits", [False, True])
+def test_relu_backward_with_a_bias_gradient_gives_the_bits_of_the_two_passes(dtype, shape,
+                                                                            layout, bits):
+    """The ReLU's backward that also sums the gradient of the bias it added (one pass on
+    channels-last maps) against relu_backward then bias_grad, in place and not, and the bias
+    gradient against NumPy within rounding."""
+    rng = np.random.default_rng(8)
+    y = np.maximum(signed_values(int(np.prod(shape)), dtype, seed=9), 0).reshape(shape)
+    gy = rng.standard_normal(shape).astype(dtype)
+    lay = _last if layout == "nhwc" else (lambda a: cp.asarray(a).copy())
+    mask = cp.asarray(packbits((y > 0).ravel() if layout == "nchw"
+                               else (y.transpose(0, 2, 3, 1) > 0).ravel()))
+    want_gx, want_gb = lay(gy), cp.empty(shape[1], dtype)
+    if bits:
+        pw.relu_backward_bits(mask, want_gx, want_gx)
+    else:
+        pw.relu_backward(lay(y), want_gx, want_gx)
+    pw.bias_grad(want_gx, want_gb)
+    for in_place in (False, True):
+        g = lay(gy)
+        gx = g if in_place else lay(np.full(shape, np.nan, dtype))
+        gb = cp.full(shape[1], np.nan, dtype)
+        if bits:
+            pw.relu_backward_bits(mask, g, gx, gb)
+        else:
+            pw.relu_backward(lay(y), g, gx, gb)
+        assert same_bits(gx, cp.asnumpy(cp.ascontiguousarray(want_gx)))
+        assert same_bits(gb, cp.asnumpy(want_gb))
+    exact = (gy * (y > 0)).sum(axis=(0, 2, 3), dtype=np.float64)
+    np.testing.assert_allclose(cp.asnumpy(want_gb), exact, rtol=1e-5 if dtype == np.float32
+                               else 1e-12, atol=1e-4 if dtype == np.float32 else 1e-10)

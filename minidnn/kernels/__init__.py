@@ -28,12 +28,16 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
-    relu_forward(x, y)                               y = max(x, 0); y may be x (in place)
-    relu_backward(y, gy, gx)                         gx = gy * (y > 0); gx may be gy
-    relu_forward_bits(x, y, mask)                    the same, and the bits of y > 0 into mask:
+    bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
+    relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in
+                                                     place); bias (C,): a convolution's
+                                                     (minidnn/fusion.py)
+    relu_backward(y, gy, gx, gb=None)                gx = gy * (y > 0); gx may be gy; gb (C,):
+                                                     also bias_grad(gx, gb), that bias's
+    relu_forward_bits(x, y, mask, bias=None)         the same, and the bits of y > 0 into mask:
                                                      uint8 (relu_mask_bytes(x.size),), element
                                                      i at bit i % 8 of byte i // 8
-    relu_backward_bits(mask, gy, gx)                 gx = gy where the bit is set, else 0
+    relu_backward_bits(mask, gy, gx, gb=None)        gx = gy where the bit is set, else 0
     float_to_bf16(src, dst)                          dst (bfloat16) = src (float32), rounded
                                                      to nearest even; one shape and layout
     bf16_to_float(src, dst)                          dst (float32) = src (bfloat16), exact

@@ -172,7 +172,12 @@ def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
     if gw3 is None:
         gw[...] = acc.reshape(gw.shape)
     if gb is not None:
-        gy.sum(axis=(0, 2, 3), out=gb)
+        bias_grad(gy, gb)
+
+
+def bias_grad(gy, gb) -> None:
+    """gb (C,) = sum of gy (N, C, H, W) over N, H and W: a convolution's bias gradient."""
+    gy.sum(axis=(0, 2, 3), out=gb)
 
 
 # ---- pooling ------------------------------------------------------------------------------------
@@ -388,10 +393,14 @@ def relu_forward(x, y, bias=None) -> None:
     get_array_module(x).maximum(_with_bias(x, y, bias), 0, out=y)
 
 
-def relu_backward(y, gy, gx) -> None:
-    """gx = gy where y > 0, else 0; gx may be gy itself. Reads only the output (y > 0 <=> x > 0)."""
+def relu_backward(y, gy, gx, gb=None) -> None:
+    """gx = gy where y > 0, else 0; gx may be gy itself. Reads only the output (y > 0 <=> x > 0).
+    gb (C,), when given: also the gradient of the bias this ReLU added (minidnn/fusion.py),
+    bias_grad(gx, gb), which the convolution would otherwise compute."""
     xp = get_array_module(y)
     xp.multiply(gy, y > 0, out=gx)
+    if gb is not None:
+        bias_grad(gx, gb)
 
 
 def relu_forward_bits(x, y, mask, bias=None) -> None:
@@ -405,11 +414,13 @@ def relu_forward_bits(x, y, mask, bias=None) -> None:
     mask[bits.size:] = 0
 
 
-def relu_backward_bits(mask, gy, gx) -> None:
-    """gx = gy where the mask's bit is set, else 0; gx may be gy itself."""
+def relu_backward_bits(mask, gy, gx, gb=None) -> None:
+    """gx = gy where the mask's bit is set, else 0; gx may be gy itself. gb: as relu_backward."""
     xp = get_array_module(gy)
     keep = xp.unpackbits(mask, count=gy.size, bitorder="little").reshape(gy.shape)
     xp.multiply(gy, keep, out=gx)
+    if gb is not None:
+        bias_grad(gx, gb)
 
 
 def float_to_bf16(src, dst) -> None:

@@ -36,15 +36,14 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_pointwise import bf16_to_float, bias_add, channel_sums, float_to_bf16, \
+from .cuda_pointwise import bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
-from .mapformat import is_channels_last
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
     check_math, contiguous_layout, split_by_group
 
-__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
            "relu_backward_bits", "float_to_bf16", "bf16_to_float", "configure", "math_mode", "conv_plans",
@@ -307,20 +306,6 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
                       f"without workspace, and the budget holds no workspace now")
 
 
-# ---- bias gradient ------------------------------------------------------------------------------
-def _bias_grad(gy, gb) -> None:
-    """gb (O,) = sum of gy (N, O, OH, OW) over N, OH, OW. Channels last: a column-sum kernel.
-    NCHW: summing each (n, o) row first reduces contiguous memory; reducing over axes
-    (0, 2, 3) at once gives CuPy one thread block per channel, far too few to reach memory
-    speed on large maps."""
-    if not gy.flags.c_contiguous and is_channels_last(gy):
-        channel_sums(gy, gb)
-        return
-    n, o = gy.shape[:2]
-    rows = gy.reshape(n, o, -1).sum(axis=2)          # (N, O), a small temporary
-    rows.sum(axis=0, out=gb)
-
-
 # ---- convolution ops ----------------------------------------------------------------------------
 def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
     """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
@@ -339,7 +324,7 @@ def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
     """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x and gy; both overwritten."""
     _conv("wgrad", x, gw, gy, spec, workspace=workspace)
     if gb is not None:
-        _bias_grad(gy, gb)
+        bias_grad(gy, gb)
 
 
 def run_conv_plan(op: str, x, w, y, spec, plan_index: int) -> None:

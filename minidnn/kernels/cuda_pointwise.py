@@ -194,15 +194,8 @@ __global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const 
 // share (rows of C values). A block is 32 columns x 8 row lanes; each thread sums every 8th
 // row of its share in order, then the 8 lanes are added in a fixed order: deterministic.
 template<typename T>
-__global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, long long rows,
-                            int C, long long rows_per_block) {
+__device__ __forceinline__ void store_column_partial(T acc, T* partial, int c, int C) {
     __shared__ T lanes[8][32];
-    const int c = blockIdx.y * 32 + threadIdx.x;
-    const long long r0 = blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, rows);
-    T acc = 0;
-    if (c < C)
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += g[r * C + c];
     lanes[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
@@ -212,10 +205,68 @@ __global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, lo
         partial[blockIdx.x * (long long)C + c] = sum;
     }
 }
+
+template<typename T>
+__global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, long long rows,
+                            int C, long long rows_per_block) {
+    const int c = blockIdx.y * 32 + threadIdx.x;
+    const long long r0 = blockIdx.x * rows_per_block;
+    const long long r1 = min(r0 + rows_per_block, rows);
+    T acc = 0;
+    if (c < C)
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += g[r * C + c];
+    store_column_partial(acc, partial, c, C);
+}
+
+// relu_backward and then column_sums of its result in one pass (the gradient of the bias
+// this ReLU added: minidnn/fusion.py): each value is written as relu_backward writes it and
+// added in column_sums' order, so both results have the same bits as the two passes. gx may
+// be gy (each value is read, then written, by one thread).
+template<typename T>
+__global__ void relu_backward_sums(const T* y, const T* gy, T* gx, T* __restrict__ partial,
+                                   long long rows, int C, long long rows_per_block) {
+    const int c = blockIdx.y * 32 + threadIdx.x;
+    const long long r0 = blockIdx.x * rows_per_block;
+    const long long r1 = min(r0 + rows_per_block, rows);
+    T acc = 0;
+    if (c < C) {
+        #pragma unroll 4
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+            const long long i = r * C + c;
+            const T g = y[i] > (T)0 ? gy[i] : (T)0;
+            gx[i] = g;
+            acc += g;
+        }
+    }
+    store_column_partial(acc, partial, c, C);
+}
+
+// The same with relu_forward_bits' mask in place of the output (value i: bit i % 32 of
+// word i / 32).
+template<typename T>
+__global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* mask,
+                                        T* __restrict__ partial, long long rows, int C,
+                                        long long rows_per_block) {
+    const int c = blockIdx.y * 32 + threadIdx.x;
+    const long long r0 = blockIdx.x * rows_per_block;
+    const long long r1 = min(r0 + rows_per_block, rows);
+    T acc = 0;
+    if (c < C) {
+        #pragma unroll 4
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+            const long long i = r * C + c;
+            const T g = (mask[i >> 5] >> (i & 31)) & 1u ? gy[i] : (T)0;
+            gx[i] = g;
+            acc += g;
+        }
+    }
+    store_column_partial(acc, partial, c, C);
+}
 """
 
 _KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last")
+_COLUMN_KERNELS = ("column_sums", "relu_backward_sums", "relu_backward_bits_sums")
 
 # bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32):
 # rounding to nearest even adds 0x7fff plus the kept half's lowest bit before truncating;
@@ -245,7 +296,8 @@ def _instances():
         for vec in (1, _VECTOR_BYTES // size):
             for name in _KERNELS:
                 yield f"{name}<{ctype}, {vec}>"
-        yield f"column_sums<{ctype}>"
+        for name in _COLUMN_KERNELS:
+            yield f"{name}<{ctype}>"
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
@@ -346,9 +398,15 @@ def relu_forward(x, y, bias=None) -> None:
         _relu_bias(x, y, bias, None)
 
 
-def relu_backward(y, gy, gx) -> None:
-    """gx = gy where y > 0, else 0; gx may be gy."""
+def relu_backward(y, gy, gx, gb=None) -> None:
+    """gx = gy where y > 0, else 0; gx may be gy. gb (C,), when given: also the gradient of
+    the bias this ReLU added (minidnn/fusion.py), bias_grad(gx, gb), in the same pass on
+    channels-last maps."""
+    if gb is not None and _column_pass("relu_backward_sums", (y, gy, gx), gb):
+        return
     _flat_pass("relu_backward", (y, gy, gx))
+    if gb is not None:
+        bias_grad(gx, gb)
 
 
 def _words(mask, n: int):
@@ -390,9 +448,13 @@ def _relu_bias(x, y, bias, mask) -> None:
                   mask)
 
 
-def relu_backward_bits(mask, gy, gx) -> None:
-    """gx = gy where the mask's bit is set, else 0; gx may be gy itself."""
+def relu_backward_bits(mask, gy, gx, gb=None) -> None:
+    """gx = gy where the mask's bit is set, else 0; gx may be gy itself. gb: as relu_backward."""
+    if gb is not None and _column_pass("relu_backward_bits_sums", (gy, gx), gb, mask):
+        return
     _flat_pass("relu_backward_bits", (gy, gx), mask)
+    if gb is not None:
+        bias_grad(gx, gb)
 
 
 def bias_add(y, b) -> None:
@@ -435,19 +497,44 @@ def _check_bias(y2, b) -> str:
 _SUM_BLOCKS = 2048
 
 
+def bias_grad(gy, gb) -> None:
+    """gb (C,) = sum of gy (N, C, H, W) over N, H and W (a convolution's bias gradient).
+    Channels last: column sums in a fixed order (channel_sums). NCHW: summing each (n, c) row
+    first reduces contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one
+    thread block per channel, far too few to reach memory speed on large maps."""
+    if not gy.flags.c_contiguous and is_channels_last(gy):
+        channel_sums(gy, gb)
+        return
+    n, c = gy.shape[:2]
+    rows = gy.reshape(n, c, -1).sum(axis=2)          # (N, C), a small temporary
+    rows.sum(axis=0, out=gb)
+
+
 def channel_sums(g, out) -> None:
     """out (C,) = sum of g (N, C, H, W), channels last, over N, H and W (the bias gradient),
     in a fixed order. Per-block partial sums (a small temporary), then their sum."""
-    g2 = pixel_rows(g)
-    ctype = _ctype("channel_sums", (g2,))
-    rows, channels = g2.shape
+    if not _column_pass("column_sums", (g,), out):
+        raise ValueError(f"channel_sums: takes a channels-last map, got strides {g.strides}")
+
+
+def _column_pass(name: str, maps, out, mask=None) -> bool:
+    """Kernel `name` of the column_sums family over channels-last maps (N, C, H, W) seen as
+    (pixels, C) matrices, then out (C,) = the sum of its per-block partial sums. False (and
+    nothing done) where the maps are not channels last."""
+    if any(m.flags.c_contiguous or not is_channels_last(m) for m in maps):
+        return False
+    rows2 = [pixel_rows(m) for m in maps]
+    ctype = _ctype(name, rows2)
+    rows, channels = rows2[0].shape
+    words = () if mask is None else (_words(mask, rows2[0].size),)
     per_block = max(-(-rows // _SUM_BLOCKS), 1)
-    blocks = -(-rows // per_block)
-    partial = cp.empty((blocks, channels), dtype=g.dtype)
-    kernel = _module.get_function(f"column_sums<{ctype}>")
+    blocks = max(-(-rows // per_block), 1)
+    partial = cp.empty((blocks, channels), dtype=rows2[0].dtype)
+    kernel = _module.get_function(f"{name}<{ctype}>")
     kernel((blocks, -(-channels // 32)), (32, 8),
-           (g2, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
+           (*rows2, *words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
     partial.sum(axis=0, out=out)
+    return True
 
 
 def _convert(name: str, src, dst, src_bits, dst_bits) -> None:

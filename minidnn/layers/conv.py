@@ -181,7 +181,9 @@ class Conv2d(Layer):
         w = self.params["weight"]
         # One after the other on one stream, so the two convolutions share one workspace. The
         # weight gradient first: gxs[0] may be x's own buffer (grad_over_input).
-        gb = self.params["bias"].grad if self.bias else None
+        # The bias gradient comes from the ReLU that added the bias, when one did.
+        gb = self.params["bias"].grad if self.bias and self.name not in ctx.bias_deferred \
+            else None
         ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec, workspace=ctx.workspace)
         if gxs[0] is not None:
             ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)

@@ -70,12 +70,18 @@ class ReLU(Layer):
             ctx.kernels.relu_forward(xs[0], y, bias)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
+        """gx = gy where y > 0; and, when this ReLU added a convolution's bias, that bias's
+        gradient (the sum of gx over all but the channel axis) in the same pass."""
+        bias = ctx.relu_bias.get(self.name)
+        gb = None if bias is None else bias.grad
         if gxs[0] is None:
+            if gb is not None:
+                raise ValueError(f"ReLU {self.name!r} adds a bias but gets no input gradient")
             return
         if self.keep_in(ctx.relu_bits) == "bits":  # gxs[0] may be gy itself
-            ctx.kernels.relu_backward_bits(aux["mask"], gy, gxs[0])
+            ctx.kernels.relu_backward_bits(aux["mask"], gy, gxs[0], gb)
         else:
-            ctx.kernels.relu_backward(y, gy, gxs[0])
+            ctx.kernels.relu_backward(y, gy, gxs[0], gb)
 
     def flops(self):
         return int(np.prod(self.out_shape))

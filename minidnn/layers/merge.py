@@ -5,6 +5,7 @@ gradient, that of a sum is the output gradient itself.
 """
 from __future__ import annotations
 
+from ..backend import same_memory
 from ..errors import ConfigError, ShapeError
 from ..kernels.mapformat import pointwise_views
 from .base import Layer
@@ -64,8 +65,11 @@ class Concat(Layer):
 
 
 class Add(Layer):
+    """y = xs[0] + xs[1] + ...; backward hands gy to every input. In place: y may be input 0's
+    buffer, and input 0's gradient the output gradient's buffer (then it costs no copy)."""
     kind = "add"
     recomputable = True
+    inplace = True
     num_inputs = None
 
     def infer(self, in_shapes):
@@ -89,7 +93,7 @@ class Add(Layer):
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         for gx in gxs:
-            if gx is not None:
+            if gx is not None and not same_memory(gx, gy):
                 gx, g = pointwise_views(gx, gy)
                 gx[...] = g
 

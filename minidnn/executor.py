@@ -52,7 +52,7 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .fusion import bias_relu_pairs
-from .kernels.mapformat import MapFormat, arrange, in_memory_order, pointwise_views
+from .kernels.mapformat import MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
@@ -207,7 +207,8 @@ class Executor:
                                          prefetch_lookahead=self.prefetch_lookahead,
                                          dry=not self.compute, blocks=blocks,
                                          workspace=workspace,
-                                         recompute=self.decision.recompute, scratch=scratch)
+                                         recompute=self.decision.recompute, scratch=scratch,
+                                         add=self.kernels.add)
         except BaseException:
             for p, values in self._host_params:  # not views into memory about to go away
                 p.data = values
@@ -548,8 +549,7 @@ class Executor:
                 p.grad = tmp
             mixed.backward(node.layer, *buffers, ctx)
             for p, grad, tmp, _ in held:
-                grad, tmp = pointwise_views(grad, tmp)
-                grad += tmp
+                self.kernels.add(grad, tmp, grad)
         finally:
             for p, grad, _, buf in held:
                 p.grad = grad

@@ -239,3 +239,34 @@ def test_relu_backward_with_a_bias_gradient_gives_the_bits_of_the_two_passes(dty
     exact = (gy * (y > 0)).sum(axis=(0, 2, 3), dtype=np.float64)
     np.testing.assert_allclose(cp.asnumpy(want_gb), exact, rtol=1e-5 if dtype == np.float32
                                else 1e-12, atol=1e-4 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 64, 5, 7), (3, 5, 4, 3), (1001,), (7, 130)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_the_add_kernel_gives_the_bits_of_cupys_add(dtype, shape, layout, monkeypatch):
+    """The vectorized add (residual adds, gradient sums at forks) against CuPy's, into a third
+    array and in place over either operand, misaligned and over several launches."""
+    if layout == "nhwc" and len(shape) != 4:
+        pytest.skip("channels last is for 4-D maps")
+    n = int(np.prod(shape))
+    a_host = signed_values(n, dtype, seed=10).reshape(shape)
+    b_host = signed_values(n, dtype, seed=11).reshape(shape)
+    lay = _last if layout == "nhwc" else (lambda h: on_device(h))
+    want = cp.asnumpy(cp.asarray(a_host) + cp.asarray(b_host))
+    for per_launch in (None, 64):
+        if per_launch:
+            monkeypatch.setattr(pw, "_CHUNK", per_launch)
+        a, b = lay(a_host), lay(b_host)
+        out = lay(np.full(shape, np.nan, dtype))
+        pw.add(a, b, out)
+        assert same_bits(out, want)
+        pw.add(a, b, a)
+        assert same_bits(a, want)
+        a = lay(a_host)
+        pw.add(a, b, b)
+        assert same_bits(b, want)
+    if layout == "nchw":
+        a, b, out = (on_device(h, offset=1) for h in (a_host, b_host, np.zeros(shape, dtype)))
+        pw.add(a, b, out)                     # misaligned: one value per thread
+        assert same_bits(out, want)

@@ -29,6 +29,7 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
+    add(a, b, out)                                   out = a + b (one shape); out may be a or b
     relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in
                                                      place); bias (C,): a convolution's
                                                      (minidnn/fusion.py)

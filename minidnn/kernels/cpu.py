@@ -378,6 +378,13 @@ def lrn_backward(x, y, scale, gy, gx, spec) -> None:
         gxc -= total
 
 
+# ---- sums ---------------------------------------------------------------------------------------
+def add(a, b, out) -> None:
+    """out = a + b, value by value (a residual add, a gradient sum at a fork); out may be a
+    or b. One shape; any layout."""
+    get_array_module(a).add(a, b, out=out)
+
+
 # ---- ReLU -------------------------------------------------------------------------------------
 def _with_bias(x, y, bias):
     """x + bias (C,) along axis 1, into y (the map the ReLU then runs over); x without one."""

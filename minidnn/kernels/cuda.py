@@ -36,14 +36,15 @@ from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
 from .cuda_lrn import lrn_backward, lrn_forward
-from .cuda_pointwise import bf16_to_float, bias_add, bias_grad, float_to_bf16, \
+from .cuda_pointwise import add, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
+from .cuda_sgd import sgd_update
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
     check_math, contiguous_layout, split_by_group
 
-__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad",
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
            "relu_backward_bits", "float_to_bf16", "bf16_to_float", "configure", "math_mode", "conv_plans",

@@ -71,6 +71,17 @@ __global__ void relu_backward(const T* y, const T* gy, T* gx, unsigned int n) {
     store<T, VEC>(gx, k, g);
 }
 
+template<typename T, int VEC>
+__global__ void add(const T* a, const T* b, T* out, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    Pack<T, VEC> x = load<T, VEC>(a, k);
+    const Pack<T, VEC> y = load<T, VEC>(b, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) x.v[j] += y.v[j];
+    store<T, VEC>(out, k, x);
+}
+
 // mask: the launch's words (value k * VEC lies in word k * VEC / 32). Every lane of a warp
 // takes part in the shuffles (the block size is a multiple of 32); lanes past the end add no
 // bits, so the last word's unused bits are 0.
@@ -264,7 +275,7 @@ __global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* 
 }
 """
 
-_KERNELS = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
+_KERNELS = ("add", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last")
 _COLUMN_KERNELS = ("column_sums", "relu_backward_sums", "relu_backward_bits_sums")
 
@@ -387,6 +398,17 @@ def _flat_pass(name: str, arrays, mask=None) -> None:
     for s, e in _pieces(n):
         _run(name, ctype, vec, e - s,
              tuple(a[s:e] for a in flat) + tuple(w[s // 32:] for w in words))
+
+
+def add(a, b, out) -> None:
+    """out = a + b, value by value; out may be a or b. Arrays of one shape, dense in one
+    layout (NCHW or channels last), float32 or float64: one vectorized pass in memory order
+    (CuPy's own add reached about 70% of memory speed on ResNet-50's maps). Anything else
+    goes to CuPy's add."""
+    try:
+        _flat_pass("add", (a, b, out))
+    except (TypeError, ValueError):
+        cp.add(a, b, out=out)
 
 
 def relu_forward(x, y, bias=None) -> None:

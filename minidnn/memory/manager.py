@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import get_array_module
 from ..errors import MemoryBudgetError
 from ..kernels.mapformat import pointwise_views
 from .layout import DynamicBlocks, WorkspaceBlock
@@ -234,17 +235,21 @@ class MemoryManager:
     workspaces themselves.
     scratch: {(node index, phase): bytes} of the scratch blocks of calls that draw random
     numbers (layers/draws.py; acquire_scratch, the same way): planned in a static layout,
-    from the allocator otherwise, so that they are always counted.
+    from the allocator otherwise, so that they are always counted. add: the kernels' add
+    (out = a + b), which sums a branch's gradient into the one already written.
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
                  prefetch_lookahead: int = 1, dry: bool = False, observer=None, blocks=None,
-                 workspace: dict | None = None, recompute=(), scratch: dict | None = None):
+                 workspace: dict | None = None, recompute=(), scratch: dict | None = None,
+                 add=None):
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
         self.device = device
         self.xp = device.xp
+        # add(a, b, out): sums a second reader's gradient into the first's (the kernels' add)
+        self.add = add if add is not None else _add_views
         self.allocator = allocator
         if host is None:
             from .allocator import SimpleAllocator
@@ -582,8 +587,7 @@ class MemoryManager:
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             if not self.dry:
-                acc, tmp = pointwise_views(acc, tmp)
-                acc += tmp
+                self.add(acc, tmp, acc)
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
         self._pending_sums = []
@@ -611,3 +615,9 @@ class MemoryManager:
     def resident(self) -> list[FeatureMap]:
         """The storages whose bytes are on the device now."""
         return [fm for fm in self.maps if fm.device is not None]
+
+
+def _add_views(a, b, out) -> None:
+    """out = a + b over memory-order views (for managers not given the kernels' add)."""
+    a, b, out = pointwise_views(a, b, out)
+    get_array_module(a).add(a, b, out=out)

@@ -10,7 +10,15 @@ they come out of it, so the memory budget and `peak_device_bytes` count them on 
 the GPU every CuPy allocation is routed into the arena anyway). They are then taken when the
 optimizer is made, side by side, rather than at the first step: taken there, between the
 step's short-lived temporaries, they would leave holes in the arena that every later step's
-large cuDNN workspaces could not use.
+large cuDNN workspaces could not use. Each buffer is laid out in memory as its parameter is
+(NCHW or channels-last: kernels/mapformat.py), so the three arrays of a parameter can be
+walked in one order.
+
+The update itself is a kernel op, `sgd_update` (kernels/cpu.py: the NumPy reference, one
+array operation at a time; kernels/cuda_sgd.py: all parameters of a dtype in one fused launch,
+the same bits). The optimizer takes the kernel module of its device (`kernels=ex.kernels`;
+by default the one of the parameters' array module). The first step
+with momentum, which has no buffer yet (v = g), runs here, one operation at a time.
 """
 from __future__ import annotations
 
@@ -18,68 +26,95 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .errors import CheckpointError, ConfigError
+from .kernels.mapformat import layout_of, shaped
 
 
 class SGD:
     def __init__(self, params, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
-                 allocator=None):
+                 allocator=None, kernels=None):
         """params: [(name, Parameter)] as `Network.parameters()` returns them; allocator: where
         momentum buffers come from (anything with `empty(shape, dtype, where) -> (array, buf)`,
-        e.g. `Executor.allocator`); None: the parameters' array module."""
+        e.g. `Executor.allocator`); None: the parameters' array module. kernels: the kernel
+        module whose `sgd_update` makes the steps (e.g. `Executor.kernels`); None: kernels/cpu.py
+        for NumPy parameters, kernels/cuda.py for CuPy ones."""
         if lr <= 0 or not 0 <= momentum < 1 or weight_decay < 0:
             raise ConfigError(f"SGD needs lr > 0, 0 <= momentum < 1, weight_decay >= 0; got "
                               f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}")
         self.params = list(params)
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.allocator = allocator
+        self.kernels = kernels
         self.velocity: dict[str, object] = {}
         self._buffers: dict[str, object] = {}   # allocator buffers behind `velocity`
         self._slots: dict[str, object] = {}     # name -> momentum array, taken up front
+        self._launches: dict = {}               # sgd_update's cache (the GPU's launch table)
         if allocator is not None and self.momentum:
             for name, p in self.params:
                 if p.data is not None:
-                    self._slots[name], self._buffers[name] = allocator.empty(
-                        p.data.shape, p.data.dtype, f"momentum of {name}")
+                    self._slots[name], self._buffers[name] = self._take_slot(name, p.data)
+
+    def _take_slot(self, name: str, like):
+        """(array, buffer): a momentum buffer from the allocator, shaped and laid out in
+        memory like `like` (the array is None from a counting allocator)."""
+        v, buf = self.allocator.empty(like.shape, like.dtype, f"momentum of {name}")
+        if v is not None and _layout(like) == "nhwc":
+            v = shaped(buf, like.shape, like.dtype, "nhwc")
+        return v, buf
 
     def _new_velocity(self, name: str, like, values):
         """A momentum buffer shaped like `like`, holding `values`."""
         if self.allocator is None:
-            xp = get_array_module(like)
-            return xp.array(values, copy=True)
+            v = get_array_module(like).empty_like(like)   # like's layout too
+            v[...] = values
+            return v
         v = self._slots.get(name)
-        if v is None or v.shape != like.shape or v.dtype != like.dtype:
+        if v is None or v.shape != like.shape or v.dtype != like.dtype or \
+                _layout(v) != _layout(like):
             if name in self._buffers:
                 self.allocator.free(self._buffers[name])
-            v, self._buffers[name] = self.allocator.empty(like.shape, like.dtype,
-                                                          f"momentum of {name}")
+            v, self._buffers[name] = self._take_slot(name, like)
             self._slots[name] = v
         v[...] = values
         return v
 
+    def _sgd_update(self, array):
+        """The `sgd_update` of the kernels given, or else of `array`'s array module's."""
+        return (self.kernels or _default_kernels(array)).sgd_update
+
     def step(self) -> None:
-        # One temporary the size of the parameter, alive at a time (the largest counts against
-        # the memory budget: planner/costs.py): it holds grad + wd * w, then lr * v. The
-        # operations, and so the bits, are those of the formulas in the module docstring.
+        """Update every parameter in place: one `sgd_update` call for all that have their
+        momentum buffer (all of them after the first step), then the first step of the others."""
+        ready, first = [], []
         for name, p in self.params:
-            w, scalar = p.data, p.data.dtype.type
-            g, tmp = p.grad, None
-            if self.weight_decay:
-                tmp = w * scalar(self.weight_decay)
-                tmp += g
-                g = tmp
+            v = None
             if self.momentum:
                 v = self.velocity.get(name)
                 if v is None:
-                    v = self.velocity[name] = self._new_velocity(name, w, g)
-                else:
-                    v *= scalar(self.momentum)
-                    v += g
-                g = v
-            if tmp is None:
-                tmp = g * scalar(self.lr)
-            else:
-                get_array_module(w).multiply(g, scalar(self.lr), out=tmp)
-            w -= tmp
+                    first.append((name, p))
+                    continue
+            ready.append((p.data, p.grad, v))
+        if ready:
+            update = self._sgd_update(ready[0][0])
+            update(ready, self.lr, self.momentum, self.weight_decay, cache=self._launches)
+        for name, p in first:
+            self._first_step(name, p)
+
+    def _first_step(self, name: str, p) -> None:
+        """A parameter's step with momentum before it has a buffer: v = g (a copy), then as
+        sgd_update. One temporary the size of the parameter (the largest counts against the
+        memory budget: planner/costs.py): it holds grad + wd * w, then lr * v."""
+        w, scalar = p.data, p.data.dtype.type
+        g, tmp = p.grad, None
+        if self.weight_decay:
+            tmp = w * scalar(self.weight_decay)
+            tmp += g
+            g = tmp
+        v = self.velocity[name] = self._new_velocity(name, w, g)
+        if tmp is None:
+            tmp = v * scalar(self.lr)
+        else:
+            get_array_module(w).multiply(v, scalar(self.lr), out=tmp)
+        w -= tmp
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
@@ -104,3 +139,26 @@ class SGD:
                 xp = get_array_module(p.data)
                 self.velocity[name] = self._new_velocity(name, p.data,
                                                          xp.asarray(v.astype(p.data.dtype)))
+
+
+def _layout(a) -> str:
+    """'nchw' or 'nhwc' (kernels/mapformat.py); 'nchw' for any other strides, which a new
+    buffer then takes (the update runs through the reference's operations there)."""
+    try:
+        return layout_of(a)
+    except ValueError:
+        return "nchw"
+
+
+def _default_kernels(array):
+    """The kernel module for parameters like `array`: kernels/cpu.py for NumPy arrays,
+    kernels/cuda.py for CuPy ones (cpu.py, whose operations also run on CuPy arrays, when
+    the GPU kernels cannot be imported)."""
+    from .kernels import cpu
+    if array is None or get_array_module(array) is np:
+        return cpu
+    try:
+        from .kernels import cuda
+    except ImportError:
+        return cpu
+    return cuda

@@ -438,3 +438,43 @@ def float_to_bf16(src, dst) -> None:
 def bf16_to_float(src, dst) -> None:
     """dst (float32) = src (bfloat16), exactly."""
     dst[...] = src
+
+
+# ---- SGD update -------------------------------------------------------------------------------
+def sgd_update(params, lr: float, momentum: float, weight_decay: float, cache=None) -> None:
+    """One SGD step over parameters in place, PyTorch's formulas (minidnn/optim.py):
+
+        g = grad + weight_decay * w          (when weight_decay != 0)
+        v = momentum * v + g                 (when momentum != 0)
+        w = w - lr * v                       (or lr * g without momentum)
+
+    params: [(w, g, v)]: a parameter, its gradient and its momentum buffer, any one shape and
+    dtype per triple (the three alike); v is updated in place and ignored (may be None) when
+    momentum is 0. The first step of momentum (no buffer yet, v = g) is the optimizer's.
+    lr, momentum, weight_decay: Python floats, rounded to each parameter's dtype.
+    cache: a dict the caller keeps between steps for the GPU version's launch tables; unused
+    here.
+
+    Each operation is one NumPy ufunc, rounded on its own in the parameter's dtype, with one
+    parameter-sized temporary (w * weight_decay + g, then lr * v): these are the bits that
+    the fused CUDA kernel (cuda_sgd.py) reproduces.
+    """
+    for w, g, v in params:
+        scalar = w.dtype.type
+        tmp = None
+        if weight_decay:
+            tmp = w * scalar(weight_decay)
+            tmp += g
+            g = tmp
+        if momentum:
+            if v is None:
+                raise ValueError("sgd_update: momentum needs a buffer for every parameter; "
+                                 "got None")
+            v *= scalar(momentum)
+            v += g
+            g = v
+        if tmp is None:
+            tmp = g * scalar(lr)
+        else:
+            get_array_module(w).multiply(g, scalar(lr), out=tmp)
+        w -= tmp

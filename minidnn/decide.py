@@ -24,7 +24,7 @@ from .backend import Device, select_device
 from .errors import ConfigError, parse_bytes
 from .executor import Executor, check_micro_batches
 from .kernels.mapformat import MapFormat, map_layout
-from .fusion import bias_relu_pairs
+from .fusion import bias_relu_pairs, bn_relu_pairs
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -96,7 +96,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
-                   bias_relu=bias_relu_pairs(plan) if fuse else {})
+                   bias_relu=bias_relu_pairs(plan) if fuse else {},
+                   bn_relu=bn_relu_pairs(plan) if fuse else {})
 
 
 def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0,

@@ -51,7 +51,7 @@ import numpy as np
 from . import kernels
 from .backend import Device, select_device, to_numpy
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
-from .fusion import bias_relu_pairs
+from .fusion import bias_relu_pairs, bn_relu_pairs
 from .kernels.mapformat import MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
@@ -190,6 +190,7 @@ class Executor:
             self.plan = plan
             self._check_conv_plans()
             self._bias_deferred, self._relu_bias = self._bias_relu()
+            self._relu_in_bn, self._relu_done = self._bn_relu()
             if static_layout is None:
                 static_layout = memory_budget is not None
             self.allocator = allocator if allocator is not None else \
@@ -466,6 +467,19 @@ class Executor:
         return (frozenset(pairs.values()),
                 {r: self.net.node(c).layer.params["bias"] for r, c in pairs.items()})
 
+    def _bn_relu(self) -> tuple:
+        """(batch norms that apply the ReLU after them, those ReLUs) from the decision's
+        bn_relu, checked against this step's plan."""
+        pairs = self.decision.bn_relu
+        if not pairs:
+            return frozenset(), frozenset()
+        allowed = bn_relu_pairs(self.plan)
+        wrong = {r: b for r, b in pairs.items() if allowed.get(r) != b}
+        if wrong:
+            raise ConfigError(f"the decision moves ReLUs into batch norms where that would "
+                              f"change results: {wrong} (minidnn/fusion.py)")
+        return frozenset(pairs.values()), frozenset(pairs)
+
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
@@ -474,7 +488,8 @@ class Executor:
                            batch_offset=self.batch_offset + offset,
                            global_batch=self.global_batch,
                            bias_deferred=self._bias_deferred,
-                           relu_bias=self._relu_bias)
+                           relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
+                           relu_done=self._relu_done)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:

@@ -12,31 +12,55 @@ one ever sees the map without its bias; recomputing the ReLU recomputes the conv
 with the same deferral. Not under bf16 maps: there the convolution's output is rounded to
 bf16 before the ReLU would add the bias, which would round twice.
 
+In backward, that ReLU also computes the bias's gradient, the sum of its input gradient
+over all but the channel axis: on channels-last maps in the same pass, in the order of the
+bias-gradient kernel, so again the same bits.
+
 The decision is MemoryDecision.bias_relu ({ReLU node name: convolution node name}); the
 executor hands the layers their parts of it through StepContext (bias_deferred, relu_bias).
+
+A ReLU after a batch norm moves the other way: the batch norm's affine pass applies it as it
+writes its output, and the ReLU's forward has nothing left to do (one pass over the map
+instead of two; ResNet-50 has 49 such pairs). The same conditions: the ReLU is the batch
+norm's only reader, runs in place on its output, keeps its output (not bits) for backward,
+and the maps are fp32. The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm
+node name}); StepContext.relu_in_bn names the batch norms that apply the ReLU and
+StepContext.relu_done the ReLUs whose forward they did.
 """
 from __future__ import annotations
 
 from .memory.plan import LivenessPlan
 
 
-def bias_relu_pairs(plan: LivenessPlan) -> dict:
-    """{ReLU node name: convolution node name} of every ReLU that may add the bias of the
-    convolution it reads (the conditions above), for a step planned as `plan`."""
+def _relu_after(plan: LivenessPlan, kind: str):
+    """(ReLU node, the node it reads) for every ReLU that reads, alone and in place, the
+    output of a layer of `kind` (not the network's output), in an fp32 step planned as
+    `plan`."""
     if plan.maps.precision != "fp32":
-        return {}
+        return
     net = plan.net
     readers = net.consumers()
     producers = {n.name: n for n in plan.nodes}
-    pairs = {}
     for i, node in enumerate(plan.nodes):
         if node.layer.kind != "relu" or len(node.inputs) != 1 or not plan.inplace.get(i):
             continue
         src = node.inputs[0]
         producer = producers.get(src)          # None: the network's input
-        if producer is None or src == net.output:
+        if producer is None or src == net.output or producer.layer.kind != kind:
             continue
-        conv = producer.layer
-        if conv.kind == "conv" and conv.bias and [n.name for n in readers[src]] == [node.name]:
-            pairs[node.name] = src
-    return pairs
+        if [n.name for n in readers[src]] == [node.name]:
+            yield node, producer
+
+
+def bias_relu_pairs(plan: LivenessPlan) -> dict:
+    """{ReLU node name: convolution node name} of every ReLU that may add the bias of the
+    convolution it reads (the conditions above), for a step planned as `plan`."""
+    return {relu.name: conv.name for relu, conv in _relu_after(plan, "conv")
+            if conv.layer.bias}
+
+
+def bn_relu_pairs(plan: LivenessPlan) -> dict:
+    """{ReLU node name: batch norm node name} of every ReLU that the batch norm it reads may
+    apply in its own pass (the conditions above), for a step planned as `plan`."""
+    return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
+            if relu.layer.keep_in(plan.relu_bits) == "output"}

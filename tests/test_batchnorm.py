@@ -228,6 +228,18 @@ def test_gpu_kernels_match_the_numpy_ones(dtype, shape, layout):
                                    1e-5, None)   # a recomputation: the same bits, no update
     assert cp.array_equal(again, dy2)
     assert cp.array_equal(drm, moved[0]) and cp.array_equal(drv, moved[1])
+    # With the ReLU after it (minidnn/fusion.py): the bits of the ReLU's own kernel after it.
+    from minidnn.kernels import cuda_pointwise
+    fused = device(np.full(shape, np.nan, dtype))
+    gpu.batchnorm_training_forward(device(x), cp.asarray(w), cp.asarray(b), fused, dm2, dinv2,
+                                   1e-5, None, relu=True)
+    cuda_pointwise.relu_forward(again, again)
+    assert cp.array_equal(fused, again) and bool((fused >= 0).all())
+    evaluated = device(np.full(shape, np.nan, dtype))
+    gpu.batchnorm_forward(device(x), cp.asarray(m), cp.asarray(invstd), cp.asarray(w),
+                          cp.asarray(b), evaluated, relu=True)
+    cuda_pointwise.relu_forward(gy_dev, gy_dev)
+    assert cp.array_equal(evaluated, gy_dev)
 
 
 def test_channels_last_maps_give_the_numbers_of_nchw_ones():

@@ -106,3 +106,42 @@ def test_the_cpu_relu_backward_also_gives_the_gradient_of_the_bias_it_added(bits
     want = gy * (y > 0)
     np.testing.assert_array_equal(gx, want)
     np.testing.assert_array_equal(gb, want.sum(axis=(0, 2, 3)))
+
+
+def _train_resnet(decision_kwargs, fuse, steps=2):
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    net.init_params(0)
+    ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **decision_kwargs)
+    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
+        losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+    fused = dict(ex.decision.bn_relu)
+    evaluated = ex.forward(x, rng.integers(0, 10, 4), train=False)
+    ex.close()
+    state = {k: np.array(v) for k, v in net.state_dict().items()}
+    return losses, state, fused, float(evaluated)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"policy": "all", "memory_budget": "200MiB"},
+                                    {"layout": "nhwc"},
+                                    {"micro_batches": 2, "split_batch_statistics": True},
+                                    {"relu_bits": True}], ids=str)
+def test_a_batch_norm_that_applies_its_relu_gives_the_bits_of_the_two_layers(kwargs):
+    """ResNet-18's ReLUs after batch norms (not those after the residual adds) move into the
+    batch norms; training steps, running statistics and an evaluation keep their bits."""
+    losses, state, fused, evaluated = _train_resnet(kwargs, fuse=True)
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    readers = net.consumers()
+    assert all(net.node(b).layer.kind == "batchnorm" and [n.name for n in readers[b]] == [r]
+               for r, b in fused.items())
+    if kwargs.get("relu_bits"):
+        assert len(fused) < 9   # ReLUs that keep bits stay whole
+    else:
+        assert len(fused) == 9, fused   # the stem's and each block's first
+    plain = _train_resnet(kwargs, fuse=False)
+    assert plain[2] == {}
+    assert losses == plain[0] and evaluated == plain[3]
+    assert all(np.array_equal(state[k], plain[1][k]) for k in state)

@@ -21,6 +21,7 @@ batches keep their digits; the results are written in the arrays' own dtype.
 from __future__ import annotations
 
 from ..backend import get_array_module
+from .cpu import relu_forward
 
 
 def _per_channel(v):
@@ -39,10 +40,11 @@ def batchnorm_stats(x, mean, var) -> None:
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
-                               running=None) -> None:
+                               running=None, relu: bool = False) -> None:
     """The batch's statistics, y, and (when running is given) the running estimates moved
     as PyTorch moves them: r = (1 - momentum) * r + momentum * v, with the unbiased variance
-    var * M / (M - 1) for running_var. Arrays in x's dtype; eps, momentum: floats."""
+    var * M / (M - 1) for running_var. Arrays in x's dtype; eps, momentum: floats. relu: y
+    then goes through the ReLU after the batch norm (minidnn/fusion.py)."""
     xp = get_array_module(x)
     dt = x.dtype.type
     var = xp.empty_like(mean)
@@ -50,7 +52,7 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
     xp.add(var, dt(eps), out=invstd)
     xp.sqrt(invstd, out=invstd)
     xp.reciprocal(invstd, out=invstd)
-    batchnorm_forward(x, mean, invstd, weight, bias, y)
+    batchnorm_forward(x, mean, invstd, weight, bias, y, relu)
     if running is not None:
         running_mean, running_var, momentum = running
         count = x.size // x.shape[1]
@@ -61,13 +63,16 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
         running_var += (m * dt(count / (count - 1))) * var
 
 
-def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
-    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
+def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
+    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale; then
+    relu_forward(y, y) with relu (the ReLU layer's own kernel: the same bits)."""
     xp = get_array_module(x)
     scale = invstd * weight
     shift = bias - mean * scale
     xp.multiply(x, _per_channel(scale), out=y)
     y += _per_channel(shift)
+    if relu:
+        relu_forward(y, y)
 
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:

@@ -28,7 +28,7 @@ import cupy as cp
 import numpy as np
 
 from .cuda_divide import DIVIDE_SOURCE
-from .cuda_pointwise import VECTOR_SOURCE, run_per_pixel
+from .cuda_pointwise import VECTOR_SOURCE, relu_forward, run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256
@@ -187,20 +187,39 @@ __global__ void bn_finish_backward(const double* partial, int parts, double coun
     cd[c] = (T)(-a * sum_gy / count);
 }
 
-// Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c]. The launch starts at a
-// pixel boundary and C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1.
-template<typename T, int VEC>
-__global__ void bn_affine_last(const T* x, T* y, const T* scale, const T* shift,
-                               unsigned int C, unsigned int c_mul, unsigned int c_shift,
-                               unsigned int n) {
+// Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c], then, with RELU, the
+// ReLU after the batch norm (minidnn/fusion.py) as cuda_pointwise's relu_forward computes it
+// on the stored value: the bits of the two passes. The launch starts at a pixel boundary and
+// C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1.
+template<typename T, int VEC, bool RELU>
+__device__ __forceinline__ void affine_pass(const T* x, T* y, const T* scale, const T* shift,
+                                            unsigned int C, unsigned int c_mul,
+                                            unsigned int c_shift, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
     Pack<T, VEC> a = load<T, VEC>(x, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] = a.v[j] * scale[c + j] + shift[c + j];
+    for (int j = 0; j < VEC; ++j) {
+        const T v = a.v[j] * scale[c + j] + shift[c + j];
+        a.v[j] = RELU ? (v > (T)0 ? v : (T)0) : v;
+    }
     store<T, VEC>(y, k, a);
+}
+
+template<typename T, int VEC>
+__global__ void bn_affine_last(const T* x, T* y, const T* scale, const T* shift,
+                               unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                               unsigned int n) {
+    affine_pass<T, VEC, false>(x, y, scale, shift, C, c_mul, c_shift, n);
+}
+
+template<typename T, int VEC>
+__global__ void bn_affine_relu_last(const T* x, T* y, const T* scale, const T* shift,
+                                    unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                                    unsigned int n) {
+    affine_pass<T, VEC, true>(x, y, scale, shift, C, c_mul, c_shift, n);
 }
 
 // Channels last: gx = gy * a[c] + (x - mean[c]) * b[c] + d[c].
@@ -230,6 +249,7 @@ def _instances():
         yield f"bn_column_partial_sums<{t}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
             yield f"bn_affine_last<{t}, {vec}>"
+            yield f"bn_affine_relu_last<{t}, {vec}>"
             yield f"bn_grad_last<{t}, {vec}>"
 
 
@@ -317,13 +337,16 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
     return scale, shift
 
 
-def _affine(geometry: tuple, x, y, scale, shift) -> None:
-    """y = x * scale + shift per channel (x, y laid out alike)."""
+def _affine(geometry: tuple, x, y, scale, shift, relu: bool = False) -> None:
+    """y = x * scale + shift per channel (x, y laid out alike), then max(y, 0) with relu."""
     n, c, hw, *_ = geometry
     if is_channels_last(x):
-        run_per_pixel("bn_affine_last", (x, y), (scale, shift), module=_module)
-    else:
-        _scale_shift(x, scale, shift, c, hw, y)
+        run_per_pixel("bn_affine_relu_last" if relu else "bn_affine_last", (x, y),
+                      (scale, shift), module=_module)
+        return
+    _scale_shift(x, scale, shift, c, hw, y)
+    if relu:
+        relu_forward(y, y)
 
 
 def batchnorm_stats(x, mean, var) -> None:
@@ -334,19 +357,20 @@ def batchnorm_stats(x, mean, var) -> None:
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
-                               running=None) -> None:
+                               running=None, relu: bool = False) -> None:
     """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
-    per-channel results, the affine pass)."""
+    per-channel results, the affine pass, which applies the ReLU with relu)."""
     geometry = _geometry(x, y)
     var = cp.empty(x.shape[1], x.dtype)
     scale, shift = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
-    _affine(geometry, x, y, scale, shift)
+    _affine(geometry, x, y, scale, shift, relu)
 
 
-def batchnorm_forward(x, mean, invstd, weight, bias, y) -> None:
-    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale."""
+def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
+    """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale; then
+    max(y, 0) with relu."""
     scale = invstd * weight
-    _affine(_geometry(x, y), x, y, scale, bias - mean * scale)
+    _affine(_geometry(x, y), x, y, scale, bias - mean * scale, relu)
 
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:

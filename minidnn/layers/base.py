@@ -103,7 +103,9 @@ class StepContext:
     for them (layers/draws.py; a flat uint8 device array), or None.
     bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
     relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
-    minidnn/fusion.py).
+    minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
+    them; relu_done: names of those ReLUs, whose forward has nothing left to do (the
+    decision's bn_relu).
     """
     xp: Any
     kernels: Any = None
@@ -120,6 +122,8 @@ class StepContext:
     scratch: Any = None
     bias_deferred: frozenset = frozenset()
     relu_bias: dict = field(default_factory=dict)
+    relu_in_bn: frozenset = frozenset()
+    relu_done: frozenset = frozenset()
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):

@@ -72,13 +72,15 @@ class BatchNorm2d(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """x, y: (N, C, H, W); aux['mean'], aux['invstd']: (C,), written in training. aux None:
-        a recomputation in backward (statistics again from x, running estimates untouched)."""
+        a recomputation in backward (statistics again from x, running estimates untouched).
+        y then goes through the ReLU after this layer when ctx.relu_in_bn names it."""
         x, xp, k = xs[0], ctx.xp, self._kernels(ctx)
         w, b = self.params["weight"].data, self.params["bias"].data
+        relu = self.name in ctx.relu_in_bn    # the ReLU after it too (minidnn/fusion.py)
         if not ctx.train:
             running = self.buffers
             invstd = 1.0 / xp.sqrt(running["running_var"].data + x.dtype.type(self.eps))
-            k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y)
+            k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu)
             return
         count = x.size // x.shape[1]
         if count < 2:
@@ -92,7 +94,7 @@ class BatchNorm2d(Layer):
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,
                        self.momentum)
             self.buffers["num_batches_tracked"].data += 1
-        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running)
+        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]

@@ -60,7 +60,10 @@ class ReLU(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
-        before it (ctx.relu_bias; minidnn/fusion.py)."""
+        before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm before it
+        applied it (ctx.relu_done)."""
+        if self.name in ctx.relu_done:    # the batch norm before it applied it, in place
+            return
         bias = ctx.relu_bias.get(self.name)
         bias = None if bias is None else bias.data
         if self.keep_in(ctx.relu_bits) == "bits" and aux is not None:

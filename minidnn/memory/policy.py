@@ -78,6 +78,9 @@ class MemoryDecision:
     # bias_relu: {ReLU node name: convolution node name}: the ReLU adds that convolution's
     # bias in its own pass (minidnn/fusion.py); the same bits, one pass fewer.
     bias_relu: dict = field(default_factory=dict)
+    # bn_relu: {ReLU node name: batch norm node name}: the batch norm applies that ReLU in its
+    # own pass, whose forward then does nothing (minidnn/fusion.py).
+    bn_relu: dict = field(default_factory=dict)
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)

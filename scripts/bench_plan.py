@@ -3,7 +3,9 @@
 
 Each case runs `python3 -m minidnn plan ...` in its own process (imports included, as a user
 waits for it), `--repeat` times, and prints the wall-clock seconds of each run, the best of
-them, and the number of decisions the plan says it evaluated. No GPU is needed: the costs come
+them, the CPU seconds of the best run (user + system: what the planner itself spent, which
+other work on the machine does not inflate as it does the wall clock), and the number of
+decisions the plan says it evaluated. No GPU is needed: the costs come
 from the analytic model of --gpu, or from a profile file with --profile. With --as-measured
 each case plans from a file holding the analytic profile marked as measured, which takes the
 path of a measured profile (scaled to each micro-batch, not modelled again).
@@ -19,6 +21,7 @@ import argparse
 import dataclasses
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -49,18 +52,23 @@ def measured_copy(model: str, batch: int, gpu: str, folder: str) -> str:
     return path
 
 
-def time_plan(cmd: list) -> tuple[float, str]:
-    """(wall-clock seconds, stdout) of one run of `cmd` in the repository root.
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def time_plan(cmd: list) -> tuple[float, float, str]:
+    """(wall-clock seconds, CPU seconds, stdout) of one run of `cmd` in the repository root.
 
     Raises:
         RuntimeError: the command failed.
     """
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu_s(), time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu_s() - cpu0
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return seconds, done.stdout
+    return seconds, cpu, done.stdout
 
 
 def main(argv=None) -> int:
@@ -80,7 +88,7 @@ def main(argv=None) -> int:
     source = f"profile {args.profile}" if args.profile else f"gpu {args.gpu}" + \
         (", its profile as if measured" if args.as_measured else "")
     print(f"minidnn plan, wall-clock seconds per run ({os.cpu_count()} CPUs; {source})")
-    print(f"{'case':<22}{'best s':>9}{'decisions':>11}  runs (s)")
+    print(f"{'case':<22}{'best s':>9}{'CPU s':>8}{'decisions':>11}  runs (s)")
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
         for case in args.case or DEFAULT_CASES:
             run_case(case, args, folder)
@@ -95,8 +103,8 @@ def run_case(case: str, args, folder: str) -> None:
     cmd = plan_command(model, batch, budget, args.gpu, profile)
     runs, out = [], ""
     for _ in range(max(args.repeat, 1)):
-        seconds, out = time_plan(cmd)
-        runs.append(seconds)
+        seconds, cpu, out = time_plan(cmd)
+        runs.append((seconds, cpu))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         suffix = "-measured" if args.as_measured else ""
@@ -104,8 +112,9 @@ def run_case(case: str, args, folder: str) -> None:
             f.write(out)
     found = re.search(r"\((\d+) decisions evaluated\)", out)
     decisions = found.group(1) if found else "-"
-    print(f"{case:<22}{min(runs):>9.2f}{decisions:>11}  "
-          f"{' '.join(f'{s:.2f}' for s in runs)}", flush=True)
+    best, cpu = min(runs)
+    print(f"{case:<22}{best:>9.2f}{cpu:>8.2f}{decisions:>11}  "
+          f"{' '.join(f'{s:.2f}' for s, _ in runs)}", flush=True)
 
 
 if __name__ == "__main__":

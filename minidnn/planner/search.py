@@ -409,21 +409,22 @@ class Planner:
                         continue
                     # Only a decision that fits can replace ev: one shown not to fit by
                     # a bound is not walked further (StepModel.evaluate_if_fits).
-                    nxt = m.evaluate_if_fits(offload, ev.conv_algo, recompute)
+                    nxt = m.evaluate_if_fits(offload, ev.conv_algo, recompute, near=ev)
                     if nxt is not None and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
                         break
             for sid in sorted(ev.recompute):
                 if out_of_evaluations():
                     break
-                nxt = m.evaluate_if_fits(ev.offload, ev.conv_algo, ev.recompute - {sid})
+                nxt = m.evaluate_if_fits(ev.offload, ev.conv_algo, ev.recompute - {sid},
+                                         near=ev)
                 if nxt is not None and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
                 faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
                 if faster is not None and not out_of_evaluations():
                     nxt = m.evaluate_if_fits(ev.offload, dict(ev.conv_algo, **{name: faster}),
-                                             ev.recompute)
+                                             ev.recompute, near=ev)
                     if nxt is not None and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
         return ev

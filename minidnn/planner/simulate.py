@@ -60,6 +60,7 @@ from ..memory.record import record_intervals
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes)
+from .nearby import StepBlocks, region_bound
 
 
 # ---- the recording device ------------------------------------------------------------------------
@@ -439,6 +440,7 @@ class StepModel:
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
+        self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -468,7 +470,8 @@ class StepModel:
         return hit
 
     def evaluate_if_fits(self, offload, conv_algo: dict | None = None,
-                         recompute=frozenset()) -> Evaluation | None:
+                         recompute=frozenset(), near: Evaluation | None = None
+                         ) -> Evaluation | None:
         """evaluate(), for a caller that only wants a decision that fits: None when it does
         not. A decision whose least possible need (`least_required`) is over the budget is
         not walked further: the cache keeps it as Unfit (it counts as evaluated, as it would
@@ -476,6 +479,9 @@ class StepModel:
 
         Args:
             offload, conv_algo, recompute: as evaluate().
+            near: an Evaluation of this model that the decision undoes one move of (pruning
+                asks this way): its blocks bound the decision's need first, without a walk
+                (planner/nearby.py); the walk is made only when that bound fits.
         Returns:
             The Evaluation when the decision fits the usable budget, else None.
         """
@@ -484,12 +490,34 @@ class StepModel:
         hit = self.cache.get(key)
         if hit is None:
             offload, recompute = frozenset(offload), frozenset(recompute)
-            least = self.least_required(offload, conv_algo, recompute)
+            least = self._least_from(near, key) if near is not None else None
+            if least is None or self.usable is None or least <= self.usable:
+                least = self.least_required(offload, conv_algo, recompute)
             if self.usable is not None and least is not None and least > self.usable:
                 hit = self.cache[key] = Unfit(offload, conv_algo, recompute, least)
             else:
                 hit = self.cache[key] = self._evaluate(offload, conv_algo, recompute)
         return hit if hit.fits else None
+
+    def _least_from(self, near: Evaluation, key: tuple) -> int | None:
+        """least_required of the decision of cache key `key`, bounded from the recorded
+        blocks of `near` (planner/nearby.py) without a walk; None when they do not tell."""
+        near_key = self.key(near.offload, near.conv_algo, near.recompute)
+        blocks = self._blocks.get(near_key)
+        if blocks is None:
+            return None
+        offload, algos, recompute = key
+        workspace = None
+        if algos != near_key[1]:
+            settings = dict(zip(self.conv_names, algos))
+            workspace = {(self.index[name], phase): nbytes for (name, phase), nbytes
+                         in self.workspace_blocks(settings, recompute).items()}
+        region = region_bound(blocks, self.plan, (near_key[0], near_key[2], near_key[1]),
+                              (offload, recompute, algos), workspace)
+        if region is None:
+            return None
+        return self.param_grad_bytes + aligned(max(region, 1)) + \
+            self.optimizer_transient + self.extra_bytes
 
     def least_required(self, offload: frozenset, conv_algo: dict,
                        recompute: frozenset) -> int | None:
@@ -540,6 +568,9 @@ class StepModel:
                            maps=self.maps, global_batch=self.step_batch, plan=self.plan)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
+        if layout is not None:      # for the decisions pruning derives from this one
+            self._blocks[self.key(offload, conv_algo, recompute)] = \
+                StepBlocks.of(layout.intervals.values())
         log = device.log
         log.clear()     # parameters and the region were taken before the step: `held`
         rec = _Recorder(log, ex.manager, self.index)

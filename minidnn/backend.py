@@ -116,7 +116,7 @@ class Device:
         if kind not in ("cpu", "gpu"):
             raise DeviceError(f"device must be 'cpu' or 'gpu', got {kind!r}")
         self.kind = kind
-        self._generator_bytes = None
+        self._generator_bytes = 0
         if kind == "gpu":
             reason = gpu_unavailable_reason()
             if reason:
@@ -172,25 +172,11 @@ class Device:
 
     @property
     def generator_bytes(self) -> int:
-        """Device bytes that making one random generator (`xp.random.default_rng`) allocates,
-        each piece rounded up to CARVE_ALIGNMENT. CuPy's cuRAND generator keeps a state for
-        every thread it may run, however few numbers are drawn (12.4 MiB on an H200); NumPy's
-        lives in host objects: 0. Measured once, by making one."""
-        if self._generator_bytes is None:
-            self._generator_bytes = self._measure_generator() if self.is_gpu else 0
+        """Device bytes that making one of the step's random generators (StepContext.rng)
+        allocates: 0 on both devices. NumPy's lives in host objects; the GPU's is
+        counter-based (kernels/cuda_random.py) and keeps no state. (Kept as a figure of the
+        device so that plans and tests can model a generator that does keep one.)"""
         return self._generator_bytes
-
-    def _measure_generator(self) -> int:
-        sizes = []
-        outer = _cupy.cuda.get_allocator()
-
-        def counting(nbytes):
-            sizes.append(_carved(nbytes))
-            return outer(nbytes)
-
-        with self.compute, _cupy.cuda.using_allocator(counting):
-            _cupy.random.default_rng(0)
-        return sum(sizes)
 
     @contextlib.contextmanager
     def allocating_from(self, block):

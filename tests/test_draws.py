@@ -138,3 +138,28 @@ def test_a_budget_equal_to_the_unconstrained_peak_holds_the_planned_run():
     measured = run(free_peak, dataclasses.replace(plan.decision, prefetch_lookahead=1))
     assert measured <= free_peak
     assert abs(plan.peak_bytes - measured) <= 0.05 * measured
+
+
+def test_the_gpu_generator_reference_is_splitmix64():
+    """The NumPy reference of the GPU's counter-based draws (kernels/cuda_random.py) against
+    splitmix64 written out in Python integers (Java's SplittableRandom), and in [0, 1)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "minidnn", "kernels", "cuda_random.py")
+    source = open(path).read()
+    # The reference needs no GPU: run the module's NumPy part without importing CuPy.
+    namespace = {}
+    exec(compile(source.replace("import cupy as cp\n", "cp = None\n").replace(
+        "_module = cp.RawModule(code=_SOURCE)", "_module = None"), path, "exec"), namespace)
+    key, n = 0x123456789ABCDEF, 1000
+    mask = 2**64 - 1
+    want = []
+    for i in range(1, n + 1):
+        z = (key + i * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        want.append((z >> 40) / 2**24)
+    got = namespace["draws"](key, n)
+    assert got.dtype == np.float32 and np.array_equal(got, np.array(want, np.float32))
+    assert importlib.util.find_spec("minidnn.kernels.cuda_random") is not None

@@ -131,9 +131,9 @@ class StepContext:
         key = [self.seed, self.step, max(layer.index, 0)]  # -1: a layer outside a network
         if self.xp is np:
             return np.random.default_rng(key)
-        # CuPy's generator takes one integer seed; fold the key the way NumPy's SeedSequence does.
-        folded = int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
-        return self.xp.random.default_rng(folded)
+        # On the GPU a counter-based generator: no state to set up (kernels/cuda_random.py).
+        from ..kernels.cuda_random import counter_generator
+        return counter_generator(key)
 
     def uniform_rows(self, layer: "Layer", shape: tuple):
         """float32 draws in [0, 1) of `shape` (N, ...): rows [batch_offset, batch_offset + N)

@@ -6,14 +6,14 @@ scratch block of `scratch_bytes` (StepContext.scratch), planned like a cuDNN wor
 block of the step's layout that lives for the call alone. Everything the draw needs lies in
 it, so a plan that fits counts it:
 
-* the random generator's own state, at the block's start: CuPy's cuRAND generator keeps one
-  for every thread it may run, whatever the number of draws (on an H200 12.4 MiB, where a
-  small dropout draws a few KiB; Device.generator_bytes measures it); NumPy's needs no
-  device memory;
+* the random generator's own state, at the block's start, for a generator that keeps one
+  on the device (Device.generator_bytes). minidnn's keep none: NumPy's lives on the host, and
+  the GPU's is counter-based (kernels/cuda_random.py; CuPy's cuRAND generator, used before,
+  kept 12.4 MiB of state on an H200 and set it up at every draw);
 * the draws themselves, after it: those of the whole batch (global_rows rows), of which a
   micro-batch uses its rows.
 
-The generator and the numbers are the ones a plain `default_rng(key).random(...)` gives: only
+The numbers are the ones the step's generator (StepContext.rng) gives without a block: only
 where their bytes lie changes, so a seed gives the same masks with or without a block.
 """
 from __future__ import annotations

@@ -30,6 +30,8 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
     add(a, b, out)                                   out = a + b (one shape); out may be a or b
+    sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place
+                                                     (optim.py; one launch per dtype on a GPU)
     relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in
                                                      place); bias (C,): a convolution's
                                                      (minidnn/fusion.py)

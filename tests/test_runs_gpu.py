@@ -80,8 +80,8 @@ def test_an_offload_followed_at_once_by_its_prefetch_reads_the_offloaded_bytes(g
 def test_a_measured_profile_plans_dyn_and_the_run_stays_in_its_budget(tmp_path, monkeypatch):
     """--policy dyn measures the network on the device (cached under MINIDNN_CACHE) and plans
     for the budget; a second run reads the profile from the cache. The budget is the
-    unconstrained run's peak, which the dropout's generator state (12.4 MiB on an H200, for
-    4 KiB of draws) dominates: the plan must count it (layers/draws.py)."""
+    unconstrained run's peak: the plan must count every block, the dropout's draws among
+    them (layers/draws.py)."""
     monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
     free = train(small(steps=3), log=quiet)
     budget = int(free["peak_device_bytes"])

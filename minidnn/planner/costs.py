@@ -103,8 +103,9 @@ class Profile:
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
     arena; NumPy's temporaries on the CPU are not). generator_bytes: device memory one
-    random generator's state takes (backend.Device.generator_bytes: CuPy's cuRAND state,
-    12.4 MiB on an H200; 0 on the CPU), part of each random draw's scratch block. key: the
+    random generator's state takes (backend.Device.generator_bytes: 0 for minidnn's own
+    generators; a profile may model one that keeps state), part of each random draw's
+    scratch block. key: the
     cache key (profile.py); key_fields: what it was made from.
     """
     source: str

@@ -68,10 +68,9 @@ class GpuModel:
 
     @property
     def generator_bytes(self) -> int:
-        """Device bytes of a CuPy random generator's state (backend.Device.generator_bytes):
-        cuRAND XORWOW states for 8 x 256 threads per SM, 48 bytes each (measured on the
-        H200, 132 SMs, with CuPy 14.2: 12,976,128 bytes)."""
-        return self.multiprocessors * 8 * 256 * 48
+        """Device bytes of the step's random generator state (backend.Device.generator_bytes):
+        0, the GPU's generator is counter-based (kernels/cuda_random.py)."""
+        return 0
 
     def math_for(self, math: str) -> str:
         """The math mode the model uses for `math` (a GPU without TF32 computes in FP32)."""

@@ -51,3 +51,18 @@ def test_layer_times_names_a_bad_model_in_one_line():
     assert proc.returncode == 2
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "unknown model 'no_such_net'" in err[0], err
+
+
+def test_bench_fraction_measures_both_runs_and_names_a_budget_too_small(tmp_path):
+    """scripts/bench_fraction.py on the CPU: the unconstrained run's steady peak sets the
+    budget; one that dyn cannot fit ends in minidnn's own one-line reason in the table."""
+    out = tmp_path / "f.json"
+    proc = run("scripts/bench_fraction.py", str(out), "--models", "tiny_cnn", "--batch", "8",
+               "--steps", "3", "--device", "cpu", "--fraction", "0.5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())["results"]["tiny_cnn"]
+    free, capped = result["none"], result["dyn"]
+    assert free["images_per_s"] > 0 and free["steady_peak_device_bytes"] > 0
+    assert "--memory-budget" in capped["command"]
+    assert "is too small for tiny_cnn" in capped["error"]
+    assert "failed: minidnn: error: memory budget" in proc.stdout

@@ -77,8 +77,12 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     chosen = get_policy(policy)
     relus = relu_bits_for(net) if relu_bits else frozenset()
     if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
+        # A network with whole-batch statistics is not split unless the user allows it.
+        whole = micro_batches is None and not split_batch_statistics and \
+            bool(net.batch_statistics_layers())
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
-                    static_layout=static_layout, batch=int(batch), micro_batches=micro_batches)
+                    static_layout=static_layout, batch=int(batch),
+                    micro_batches=1 if whole else micro_batches)
     if isinstance(device, str):
         device = select_device(device)
     maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",

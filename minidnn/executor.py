@@ -81,7 +81,7 @@ def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistic
     if batch % k:
         raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
                           f"micro-batches")
-    stats = [n.name for n in net.nodes if getattr(n.layer, "batch_statistics", False)]
+    stats = net.batch_statistics_layers()
     if k > 1 and stats and not allow_statistics:
         raise ConfigError(f"network {net.name!r} has layers that normalize with the whole "
                           f"batch's statistics ({', '.join(stats)}): split into {k} "

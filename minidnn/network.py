@@ -164,6 +164,11 @@ class Network:
                 out[i].append(node)
         return out
 
+    def batch_statistics_layers(self) -> list[str]:
+        """Names of the layers that normalize with statistics of the whole batch in training
+        (BatchNorm): a batch split into micro-batches changes what they compute."""
+        return [n.name for n in self.nodes if getattr(n.layer, "batch_statistics", False)]
+
     # ---- parameters ------------------------------------------------------------------------
     def parameters(self) -> list[tuple[str, object]]:
         """[(qualified name 'conv1.weight', Parameter)] in a fixed order (node order, then

@@ -10,6 +10,9 @@ decided) and writes everything as JSON.
     python3 scripts/bench_fraction.py runs/half.json --models resnet50,googlenet
     python3 scripts/bench_fraction.py runs/half.json --models vgg16 --batch 128 --fraction 0.25
     python3 scripts/bench_fraction.py /tmp/f.json --models tiny_cnn --batch 8 --device cpu
+
+Without --split-batch-statistics, dyn keeps a network with BatchNorm in one pass per step
+(offload and recomputation only), so that its statistics stay the whole batch's.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from minidnn.errors import fmt_bytes  # noqa: E402
 
 
 def train(model: str, batch: int, steps: int, folder: str, timeout: int,
-          budget: int | None = None, device: str = "gpu") -> dict:
+          budget: int | None = None, device: str = "gpu", split_statistics: bool = False) -> dict:
     """One `minidnn train` run; its report, with the command and wall time (or an error)."""
     report = os.path.join(folder, f"{model}-{'dyn' if budget else 'none'}.json")
     cmd = [sys.executable, "-m", "minidnn", "train", "--model", model, "--data", "synthetic",
@@ -36,6 +39,8 @@ def train(model: str, batch: int, steps: int, folder: str, timeout: int,
            "--eval-every", "0", "--no-progress", "--log-every", str(steps), "--report", report]
     if budget:
         cmd += ["--policy", "dyn", "--memory-budget", f"{budget // 2**20}MiB"]
+        if split_statistics:
+            cmd.append("--split-batch-statistics")
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
@@ -88,6 +93,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timeout", type=int, default=300, help="seconds per run")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    p.add_argument("--split-batch-statistics", action="store_true",
+                   help="let dyn split the batch of a network with BatchNorm (its statistics "
+                        "are then those of each micro-batch)")
     args = p.parse_args(argv)
     if not 0 < args.fraction < 1:
         p.error(f"--fraction must be between 0 and 1, got {args.fraction}")
@@ -103,7 +111,7 @@ def main(argv=None) -> None:
             if "error" not in free:
                 budget = int(args.fraction * free["steady_peak_device_bytes"])
                 capped = train(model, args.batch, args.steps, folder, args.timeout, budget,
-                               args.device)
+                               args.device, args.split_batch_statistics)
             results[model] = {"none": free, "dyn": capped}
             lines.append(row(model, args.batch, free, capped))
             print(f"{model}: {json.dumps(results[model])}", flush=True)

@@ -194,3 +194,28 @@ def test_train_command_forces_a_count_and_reports_it(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["minidnn: error: micro-batches 3 must divide the batch 8 into "
                                  "equal micro-batches"]
+
+
+def test_dyn_does_not_split_a_batch_norm_network_unless_allowed():
+    """A budget that would have dyn split ResNet-18's batch: without split_batch_statistics the
+    decision keeps one pass (and fits by offload and recomputation, or says why not); with
+    it, dyn may split. minidnn plan says so in a note."""
+    import subprocess
+    import sys
+    from minidnn import models
+    from minidnn.decide import decide
+    from minidnn.planner.dyn import DynPolicy
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    whole = decide(net, 64, policy=DynPolicy(gpu="h200"), memory_budget="200MiB",
+                   device="cpu")
+    assert whole.micro_batches == 1
+    proc = subprocess.run([sys.executable, "-m", "minidnn", "plan", "--model", "resnet18",
+                           "--batch", "256", "--memory-budget", "4GiB", "--gpu", "h200"],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "not split into micro-batches: 20 BatchNorm layers" in proc.stdout
+    forced = subprocess.run([sys.executable, "-m", "minidnn", "plan", "--model", "resnet18",
+                             "--batch", "256", "--memory-budget", "4GiB", "--gpu", "h200",
+                             "--micro-batches", "2"], capture_output=True, text=True,
+                            timeout=240)
+    assert forced.returncode == 2 and "--split-batch-statistics" in forced.stderr

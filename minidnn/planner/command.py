@@ -74,6 +74,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
                    help="plan a step as K passes of batch/K images (as train --micro-batches; "
                         "default: dyn chooses K, the other policies run one pass)")
+    p.add_argument("--split-batch-statistics", action="store_true",
+                   help="let dyn split the batch of a network with BatchNorm (as train "
+                        "--split-batch-statistics; otherwise such a network runs one pass)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
@@ -361,6 +364,18 @@ def make_plan(args) -> dict:
                           f"micro-batches")
     counts = [forced] if forced else (micro_batch_counts(batch) if s["policy"] == "dyn"
                                       else [1])
+    stats = net.batch_statistics_layers()
+    if stats and not getattr(args, "split_batch_statistics", False):
+        if forced and forced > 1:
+            raise ConfigError(f"network {net.name!r} normalizes with whole-batch statistics "
+                              f"({len(stats)} BatchNorm layers): --micro-batches {forced} would "
+                              f"change what they compute; add --split-batch-statistics to "
+                              f"allow it")
+        if len(counts) > 1:
+            notes.append(f"not split into micro-batches: {len(stats)} BatchNorm layers "
+                         f"normalize with the whole batch's statistics (--split-batch-"
+                         f"statistics allows a split)")
+        counts = [1]
     split = plan_split(net, batch,
                        lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
                        int(budget), lookaheads, counts=counts, relu_bits=relu_bits)

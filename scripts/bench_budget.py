@@ -69,7 +69,8 @@ def torch_configs(accumulate: list[int], segments: list[int],
 def describe(config: dict) -> str:
     """'channels_last, accumulation 4, checkpoint_sequential 8' and the like."""
     if config.get("framework") == "minidnn":
-        return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "")
+        return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "") + \
+            (" --split-batch-statistics" if config.get("split_statistics") else "")
     parts = ["NCHW" if config["layout"] == "nchw" else "channels_last"]
     if config["accumulate"] > 1:
         parts.append(f"accumulation {config['accumulate']}")
@@ -160,7 +161,8 @@ def minidnn_worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     try:
         ex = build_executor(net, batch, device="gpu", seed=0, policy=policy,
-                            memory_budget=cap, math=spec["math"], relu_bits=spec["relu_bits"])
+                            memory_budget=cap, math=spec["math"], relu_bits=spec["relu_bits"],
+                            split_batch_statistics=spec.get("split_statistics", False))
     except MemoryBudgetError as e:
         return dict(result, error=str(e))
     result["planning_s"] = time.perf_counter() - t0
@@ -276,6 +278,9 @@ def parse_args(argv):
                    help="leave out PyTorch's plain and save_on_cpu steps of the whole batch "
                         "(they run out of memory under the caps of VGG-16 b256)")
     p.add_argument("--no-relu-bits", action="store_true", help="minidnn without --relu-bits")
+    p.add_argument("--split-batch-statistics", action="store_true",
+                   help="also run minidnn allowed to split the batch of a network with "
+                        "BatchNorm (PyTorch's gradient accumulation splits its statistics)")
     p.add_argument("--only", choices=("minidnn", "torch"), default=None)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
@@ -308,6 +313,9 @@ def main(argv=None) -> int:
         if args.only != "torch":
             specs.append(dict(base, framework="minidnn", cap=cap,
                               relu_bits=not args.no_relu_bits))
+            if args.split_batch_statistics:   # as PyTorch's accumulation splits them
+                specs.append(dict(base, framework="minidnn", cap=cap,
+                                  relu_bits=not args.no_relu_bits, split_statistics=True))
         if args.only != "minidnn":
             specs += [dict(base, cap=cap, **c)
                       for c in torch_configs(ints(args.accumulate), ints(args.segments),

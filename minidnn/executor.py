@@ -453,31 +453,33 @@ class Executor:
                 raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
                                 f"{k} classes (labels 0..{k - 1})")
 
+    def _fusion_pairs(self, field: str, allowed: dict, what: str) -> dict:
+        """The decision's `field` pairs (minidnn/fusion.py), checked against those this step's
+        plan allows (`allowed`); ConfigError naming the pairs that would change results."""
+        pairs = getattr(self.decision, field)
+        wrong = {a: b for a, b in pairs.items() if allowed.get(a) != b}
+        if wrong:
+            raise ConfigError(f"the decision {what} where that would change results: {wrong} "
+                              f"(minidnn/fusion.py)")
+        return pairs
+
     def _bias_relu(self) -> tuple:
         """(convolutions whose bias the ReLU after them adds, {ReLU name: that bias
-        Parameter}) from the decision's bias_relu, checked against this step's plan."""
-        pairs = self.decision.bias_relu
-        if not pairs:              # nothing fused, nothing to check
+        Parameter}) from the decision's bias_relu."""
+        if not self.decision.bias_relu:              # nothing fused, nothing to check
             return frozenset(), {}
-        allowed = bias_relu_pairs(self.plan)
-        wrong = {r: c for r, c in pairs.items() if allowed.get(r) != c}
-        if wrong:
-            raise ConfigError(f"the decision moves convolution biases into ReLUs where that "
-                              f"would change results: {wrong} (minidnn/fusion.py)")
+        pairs = self._fusion_pairs("bias_relu", bias_relu_pairs(self.plan),
+                                   "moves convolution biases into ReLUs")
         return (frozenset(pairs.values()),
                 {r: self.net.node(c).layer.params["bias"] for r, c in pairs.items()})
 
     def _bn_relu(self) -> tuple:
         """(batch norms that apply the ReLU after them, those ReLUs) from the decision's
-        bn_relu, checked against this step's plan."""
-        pairs = self.decision.bn_relu
-        if not pairs:
+        bn_relu."""
+        if not self.decision.bn_relu:
             return frozenset(), frozenset()
-        allowed = bn_relu_pairs(self.plan)
-        wrong = {r: b for r, b in pairs.items() if allowed.get(r) != b}
-        if wrong:
-            raise ConfigError(f"the decision moves ReLUs into batch norms where that would "
-                              f"change results: {wrong} (minidnn/fusion.py)")
+        pairs = self._fusion_pairs("bn_relu", bn_relu_pairs(self.plan),
+                                   "moves ReLUs into batch norms")
         return frozenset(pairs.values()), frozenset(pairs)
 
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:

@@ -39,20 +39,26 @@ def test_a_conv_output_with_a_second_reader_keeps_its_bias():
     assert "relu1" not in pairs and "relu2" not in pairs
 
 
-def _train(net, decision_kwargs, steps=3, fuse=True, dtype=np.float32):
+def _run(net, decision_kwargs, steps, fuse, size, field):
+    """`steps` training steps of batch 4 (size x size images) and one evaluation: (losses,
+    state_dict, the decision's `field` pairs, the evaluation's loss)."""
     net.init_params(0)
     ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **decision_kwargs)
     opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
     rng = np.random.default_rng(2)
     losses = []
     for _ in range(steps):
-        x = rng.standard_normal((4, 3, 16, 16)).astype(dtype)
-        y = rng.integers(0, 10, 4)
-        losses.append(float(ex.train_step(x, y, opt)))
-    fused = dict(ex.decision.bias_relu)
+        x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
+        losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+    fused = dict(getattr(ex.decision, field))
+    evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
     ex.close()
     state = {k: np.array(v) for k, v in net.state_dict().items()}
-    return losses, state, fused
+    return losses, state, fused, evaluated
+
+
+def _train(net, decision_kwargs, steps=3, fuse=True):
+    return _run(net, decision_kwargs, steps, fuse, 16, "bias_relu")[:3]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"relu_bits": True},
@@ -110,19 +116,7 @@ def test_the_cpu_relu_backward_also_gives_the_gradient_of_the_bias_it_added(bits
 
 def _train_resnet(decision_kwargs, fuse, steps=2):
     net = models.build("resnet18", num_classes=10, image_size=32)
-    net.init_params(0)
-    ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **decision_kwargs)
-    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
-    rng = np.random.default_rng(2)
-    losses = []
-    for _ in range(steps):
-        x = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
-        losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-    fused = dict(ex.decision.bn_relu)
-    evaluated = ex.forward(x, rng.integers(0, 10, 4), train=False)
-    ex.close()
-    state = {k: np.array(v) for k, v in net.state_dict().items()}
-    return losses, state, fused, float(evaluated)
+    return _run(net, decision_kwargs, steps, fuse, 32, "bn_relu")
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"policy": "all", "memory_budget": "200MiB"},

@@ -6,7 +6,8 @@ exactly as the run will build it (the same offload set, so the same packed featu
 region) on a *recording device*: its three streams and its events are stand-ins that write
 every `record`, `wait_event`, copy and layer call into one log in the order the host issues
 them, and its allocator logs every allocation and every free with the event the free waits
-for. Training steps are walked through it, and the log is then played against a Profile
+for. Training steps are walked through it (the first; the later ones walk alike and are
+replayed from its log: planner/replay.py), and the log is then played against a Profile
 (costs.py):
 
 * the host issues the log in order; each layer call costs it the profile's host time (on a
@@ -61,6 +62,7 @@ from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes)
 from .nearby import StepBlocks, region_bound
+from .replay import replay_steps
 
 
 # ---- the recording device ------------------------------------------------------------------------
@@ -69,37 +71,59 @@ class Mark:
     begin_copy says which before the call is issued), the optimizer step or a step boundary,
     or a zero-length marker (the end of a call or copy)."""
     __slots__ = ("stream", "kind", "label", "nbytes")
+    records = False
 
     def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
         self.stream, self.kind, self.label, self.nbytes = stream, kind, label, nbytes
 
+    def again(self, events: dict, shift: int) -> "Mark":
+        """This entry in a replayed step (planner/replay.py): events renamed by `events`
+        ({id: new event}; others stay), block keys moved by `shift`. A mark is only read."""
+        return self
+
 
 class Record:
     __slots__ = ("stream", "event")
+    records = True
 
     def __init__(self, stream: str, event):
         self.stream, self.event = stream, event
+
+    def again(self, events: dict, shift: int) -> "Record":
+        return Record(self.stream, events.get(id(self.event), self.event))
 
 
 class Wait:
     __slots__ = ("stream", "event")
+    records = False
 
     def __init__(self, stream: str, event):
         self.stream, self.event = stream, event
 
+    def again(self, events: dict, shift: int) -> "Wait":
+        return Wait(self.stream, events.get(id(self.event), self.event))
+
 
 class Alloc:
     __slots__ = ("key", "nbytes")
+    records = False
 
     def __init__(self, key: int, nbytes: int):
         self.key, self.nbytes = key, nbytes
 
+    def again(self, events: dict, shift: int) -> "Alloc":
+        return Alloc(self.key + shift, self.nbytes)
+
 
 class Free:
     __slots__ = ("key", "event")
+    records = False
 
     def __init__(self, key: int, event):
         self.key, self.event = key, event
+
+    def again(self, events: dict, shift: int) -> "Free":
+        return Free(self.key + shift, events.get(id(self.event), self.event))
 
 
 class SymbolicEvent:
@@ -192,6 +216,11 @@ class RecordingAllocator(CountingAllocator):
     def free(self, buf, after=None) -> None:
         super().free(buf, after)
         self.log.append(Free(self._serial.pop(id(buf)), after))
+
+    @property
+    def serials(self) -> int:
+        """Allocations made so far: every block's serial is at most this."""
+        return self._count
 
 
 class _Recorder(StepObserver):
@@ -398,14 +427,16 @@ class StepModel:
     temporary in backward (to add into the accumulated gradient), a dropout draws the whole
     step's random numbers (in its scratch block); an Evaluation's step time, compute time
     and bytes moved are the whole step's (k passes, one optimizer update), its memory that
-    of one pass (every pass is alike).
+    of one pass (every pass is alike). replay: only the first step is walked through the
+    memory manager, the later ones are replays of its log (planner/replay.py: the same log,
+    so the same prediction, at a fraction of the cost); False walks every step.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
                  static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1):
+                 micro_batches: int = 1, replay: bool = True):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
@@ -415,6 +446,7 @@ class StepModel:
         self.budget = budget
         self.usable = usable if usable is not None else budget
         self.steps = max(2, int(steps))
+        self.replay = bool(replay)
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
         probe = _dry_executor(net, batch, self._device(), self.lookahead, static_layout=False,
@@ -575,12 +607,20 @@ class StepModel:
         log.clear()     # parameters and the region were taken before the step: `held`
         rec = _Recorder(log, ex.manager, self.index)
         ex.watch(rec)
-        stats = None
-        for _ in range(self.steps):
-            stats = ex.simulate_step()
-            rec.sampling = False
-            rec.optimizer_and_step_end()
+        stats = ex.simulate_step()
+        rec.sampling = False
+        rec.optimizer_and_step_end()
+        # Each step's peak is its own (the executor resets it): every step's is the first's.
         dry_peak = int(ex.allocator.peak)
+        if self.replay:     # the later steps walk as the first did (planner/replay.py)
+            replay_steps(log, slice(0, len(log)),
+                         lambda: ex.manager.blocks.begin_step(device), device.event,
+                         ex.allocator.serials, self.steps - 1)
+        else:
+            for _ in range(self.steps - 1):
+                stats = ex.simulate_step()
+                rec.optimizer_and_step_end()
+            dry_peak = int(ex.allocator.peak)
 
         levels, fm_levels = {}, {}
         for phase, i, in_use, fm_bytes, _ in rec.samples:

@@ -76,7 +76,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
         check_micro_batches(net, int(batch), micro_batches, split_batch_statistics)
     chosen = get_policy(policy)
     relus = relu_bits_for(net) if relu_bits else frozenset()
-    if hasattr(chosen, "bind"):  # a planning policy learns what it plans for
+    planning = hasattr(chosen, "bind")
+    if planning:  # a planning policy learns what it plans for
         # A network with whole-batch statistics is not split unless the user allows it.
         whole = micro_batches is None and not split_batch_statistics and \
             bool(net.batch_statistics_layers())
@@ -87,7 +88,6 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
         device = select_device(device)
     maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
                      precision)
-    planning = hasattr(chosen, "bind")
     # A policy that does not plan splits decides for one pass of the count asked for.
     count = 1 if planning or micro_batches is None else int(micro_batches)
     # The policy plans with the ReLUs as the executor will run them, and the maps' format.

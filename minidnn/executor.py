@@ -293,7 +293,7 @@ class Executor:
             dtype = b.dtype or self.net.dtype
             if not self.compute:
                 self._held_bufs.append(self.allocator.alloc(
-                    max(int(np.prod(b.shape, dtype=np.int64)), 1) * np.dtype(dtype).itemsize,
+                    max(math.prod(b.shape), 1) * np.dtype(dtype).itemsize,
                     f"buffer {name}"))
                 continue
             values = b.initial_value(self.net.dtype) if b.data is None else \

@@ -26,6 +26,7 @@ import numpy as np
 
 from .backend import get_array_module, to_numpy
 from .errors import CheckpointError, ConfigError
+from .kernels import cpu as _cpu_kernels
 from .kernels.mapformat import layout_of, shaped
 
 
@@ -100,21 +101,17 @@ class SGD:
             self._first_step(name, p)
 
     def _first_step(self, name: str, p) -> None:
-        """A parameter's step with momentum before it has a buffer: v = g (a copy), then as
-        sgd_update. One temporary the size of the parameter (the largest counts against the
-        memory budget: planner/costs.py): it holds grad + wd * w, then lr * v."""
-        w, scalar = p.data, p.data.dtype.type
-        g, tmp = p.grad, None
+        """A parameter's step with momentum before it has a buffer: v = grad + wd * w (a
+        copy), then w -= lr * v, the reference's update without momentum or weight decay (the
+        same operations as a later step's). One temporary the size of the parameter at a time
+        (the largest counts against the memory budget: planner/costs.py)."""
+        w, g = p.data, p.grad
         if self.weight_decay:
-            tmp = w * scalar(self.weight_decay)
-            tmp += g
-            g = tmp
+            g = w * w.dtype.type(self.weight_decay)
+            g += p.grad
         v = self.velocity[name] = self._new_velocity(name, w, g)
-        if tmp is None:
-            tmp = v * scalar(self.lr)
-        else:
-            get_array_module(w).multiply(v, scalar(self.lr), out=tmp)
-        w -= tmp
+        del g                                    # the temporary goes before the next one
+        _cpu_kernels.sgd_update([(w, v, None)], self.lr, 0.0, 0.0)
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
@@ -154,11 +151,10 @@ def _default_kernels(array):
     """The kernel module for parameters like `array`: kernels/cpu.py for NumPy arrays,
     kernels/cuda.py for CuPy ones (cpu.py, whose operations also run on CuPy arrays, when
     the GPU kernels cannot be imported)."""
-    from .kernels import cpu
     if array is None or get_array_module(array) is np:
-        return cpu
+        return _cpu_kernels
     try:
         from .kernels import cuda
     except ImportError:
-        return cpu
+        return _cpu_kernels
     return cuda

@@ -27,6 +27,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from ..backend import same_memory
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 from .mapformat import common_layout, in_memory_order, is_channels_last, pixel_rows
 
@@ -457,7 +458,7 @@ def _relu_bias(x, y, bias, mask) -> None:
     if x.shape != y.shape:
         raise ValueError(f"relu_forward: arrays of shapes {x.shape} and {y.shape}")
     if x.ndim != 4 or common_layout("relu_forward", (x, y)) != "nhwc":
-        if x.data.ptr != y.data.ptr:
+        if not same_memory(x, y):
             y[...] = x
         bias_add(y, bias)
         if mask is None:
@@ -524,8 +525,7 @@ def bias_grad(gy, gb) -> None:
     Channels last: column sums in a fixed order (channel_sums). NCHW: summing each (n, c) row
     first reduces contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one
     thread block per channel, far too few to reach memory speed on large maps."""
-    if not gy.flags.c_contiguous and is_channels_last(gy):
-        channel_sums(gy, gb)
+    if _column_pass("column_sums", (gy,), gb):
         return
     n, c = gy.shape[:2]
     rows = gy.reshape(n, c, -1).sum(axis=2)          # (N, C), a small temporary

@@ -171,8 +171,8 @@ class Conv2d(Layer):
     def forward(self, xs, y, aux, ctx):
         """x (N, C, H, W) -> y (N, O, OH, OW); without the bias when the ReLU after this
         layer adds it (ctx.bias_deferred; minidnn/fusion.py)."""
-        b = self.params["bias"].data if self.bias and self.name not in ctx.bias_deferred \
-            else None
+        bias = self._own_bias(ctx)
+        b = None if bias is None else bias.data
         ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec_for(ctx),
                                    workspace=ctx.workspace)
 
@@ -181,12 +181,18 @@ class Conv2d(Layer):
         w = self.params["weight"]
         # One after the other on one stream, so the two convolutions share one workspace. The
         # weight gradient first: gxs[0] may be x's own buffer (grad_over_input).
-        # The bias gradient comes from the ReLU that added the bias, when one did.
-        gb = self.params["bias"].grad if self.bias and self.name not in ctx.bias_deferred \
-            else None
+        bias = self._own_bias(ctx)            # its gradient too: the ReLU's, when it adds it
+        gb = None if bias is None else bias.grad
         ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec, workspace=ctx.workspace)
         if gxs[0] is not None:
             ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)
+
+    def _own_bias(self, ctx):
+        """The bias Parameter this layer adds itself: None without a bias, or when the ReLU
+        after it adds it (ctx.bias_deferred; minidnn/fusion.py)."""
+        if not self.bias or self.name in ctx.bias_deferred:
+            return None
+        return self.params["bias"]
 
     def flops(self):
         n, o, oh, ow = self.out_shape

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backend import get_array_module
 from ..errors import MemoryBudgetError
-from ..kernels.mapformat import pointwise_views
+from ..kernels import cpu as _cpu_kernels
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
 from .schedule import StepSchedule
@@ -249,7 +248,7 @@ class MemoryManager:
         self.device = device
         self.xp = device.xp
         # add(a, b, out): sums a second reader's gradient into the first's (the kernels' add)
-        self.add = add if add is not None else _add_views
+        self.add = add if add is not None else _cpu_kernels.add
         self.allocator = allocator
         if host is None:
             from .allocator import SimpleAllocator
@@ -616,8 +615,3 @@ class MemoryManager:
         """The storages whose bytes are on the device now."""
         return [fm for fm in self.maps if fm.device is not None]
 
-
-def _add_views(a, b, out) -> None:
-    """out = a + b over memory-order views (for managers not given the kernels' add)."""
-    a, b, out = pointwise_views(a, b, out)
-    get_array_module(a).add(a, b, out=out)

@@ -699,10 +699,11 @@ class Executor:
         self._need_compute("accumulate_gradients")
         x, labels = self._step_inputs(x, labels)
         losses, input_grads = [], []
-        for offset, rows in self._micro_slices():
-            losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
-                                             offset))
-            input_grads.append(self._backward_pass(offset))
+        with self.kernels.shared_weight_copies():     # the weights hold still until the update
+            for offset, rows in self._micro_slices():
+                losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
+                                                 offset))
+                input_grads.append(self._backward_pass(offset))
         if self.plan.input_grad:
             self._input_grad = input_grads[0] if len(input_grads) == 1 else \
                 self.xp.concatenate(input_grads)

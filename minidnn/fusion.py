@@ -9,8 +9,9 @@ y = max(conv(x, w) + b, 0): the same float additions in the same order, so the s
 What may move: the convolution's output is read by that ReLU alone (not the network's output,
 no second reader) and the ReLU runs in place on it (memory/plan.LivenessPlan.inplace), so no
 one ever sees the map without its bias; recomputing the ReLU recomputes the convolution first,
-with the same deferral. Not under bf16 maps: there the convolution's output is rounded to
-bf16 before the ReLU would add the bias, which would round twice.
+with the same deferral. Under bf16 maps the convolution's output is rounded to bf16 and the
+ReLU adds the bias to it and rounds again: what the GPU's bf16 convolution with its own bias
+add computes too (layers/precision.py), and on the CPU the same two roundings.
 
 In backward, that ReLU also computes the bias's gradient, the sum of its input gradient
 over all but the channel axis: on channels-last maps in the same pass, in the order of the
@@ -34,10 +35,7 @@ from .memory.plan import LivenessPlan
 
 def _relu_after(plan: LivenessPlan, kind: str):
     """(ReLU node, the node it reads) for every ReLU that reads, alone and in place, the
-    output of a layer of `kind` (not the network's output), in an fp32 step planned as
-    `plan`."""
-    if plan.maps.precision != "fp32":
-        return
+    output of a layer of `kind` (not the network's output), in a step planned as `plan`."""
     net = plan.net
     readers = net.consumers()
     producers = {n.name: n for n in plan.nodes}
@@ -62,5 +60,7 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
 def bn_relu_pairs(plan: LivenessPlan) -> dict:
     """{ReLU node name: batch norm node name} of every ReLU that the batch norm it reads may
     apply in its own pass (the conditions above), for a step planned as `plan`."""
+    if plan.maps.precision != "fp32":
+        return {}
     return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
             if relu.layer.keep_in(plan.relu_bits) == "output"}

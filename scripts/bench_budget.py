@@ -17,6 +17,12 @@ cached memory):
   - torch.autograd.graph.save_on_cpu(pin_memory=True), NCHW.
   A configuration that runs out of memory under the cap is recorded as such.
 
+--math tf32 (default) or fp32 sets how float32 computes in both frameworks. --math bf16 is mixed
+precision: minidnn plans and runs bf16 feature maps (precision='bf16'), every PyTorch
+configuration runs its forward and loss under torch.autocast("cuda", dtype=torch.bfloat16)
+(checkpointed segments and save_on_cpu's saved tensors included), TF32 in both where float32
+computes. Each row, the title and the JSON ('precision') say which.
+
 The fastest PyTorch configuration that runs under a cap is that cap's anchor: minidnn's speed
 is given as a ratio to it. Prints a markdown table per cap and writes bench_budget.json and
 bench_budget.md into --out. PyTorch is imported only inside the PyTorch worker processes.
@@ -27,6 +33,9 @@ minidnn per cap. --time-limit skips what would run past it (listed as skipped).
     python3 scripts/bench_budget.py --out runs/bench_budget
     python3 scripts/bench_budget.py --model vgg416 --batch 32 --caps 12GiB --segments 10,20,40
     python3 scripts/bench_budget.py --caps 12GiB --only torch --accumulate 2,4 --segments 4
+    python3 scripts/bench_budget.py --math bf16 --caps 6GiB --accumulate 2,4,8 --segments ""
+    python3 scripts/bench_budget.py --model tiny_cnn --batch 8 --caps 64MiB --only minidnn \
+        --device cpu --math bf16    # a check of the script on the CPU, minidnn alone
 """
 from __future__ import annotations
 
@@ -66,11 +75,18 @@ def torch_configs(accumulate: list[int], segments: list[int],
     return configs
 
 
+def float32_math(config: dict) -> str:
+    """How float32 computes ('tf32' or 'fp32'): --math bf16 allows TF32 where float32 stays."""
+    return "tf32" if config["math"] == "bf16" else config["math"]
+
+
 def describe(config: dict) -> str:
     """'channels_last, accumulation 4, checkpoint_sequential 8' and the like."""
+    bf16 = config.get("precision") == "bf16"
     if config.get("framework") == "minidnn":
         return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "") + \
-            (" --split-batch-statistics" if config.get("split_statistics") else "")
+            (" --split-batch-statistics" if config.get("split_statistics") else "") + \
+            (" --precision bf16" if bf16 else "")
     parts = ["NCHW" if config["layout"] == "nchw" else "channels_last"]
     if config["accumulate"] > 1:
         parts.append(f"accumulation {config['accumulate']}")
@@ -78,12 +94,16 @@ def describe(config: dict) -> str:
         parts.append(f"checkpoint_sequential {config['segments']}")
     if config["save_on_cpu"]:
         parts.append("save_on_cpu")
+    if bf16:
+        parts.append("bf16 autocast")
     return ", ".join(parts)
 
 
 # ---- the workers (each in its own process) --------------------------------------------------------
 def torch_worker(spec: dict) -> dict:
     """One PyTorch configuration under its cap: warmup, then timed steps."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint_sequential
@@ -99,7 +119,7 @@ def torch_worker(spec: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0))
     try:
         model, opt, x, labels = torch_training(spec["model"], batch, spec["image_size"],
-                                               spec["math"], lr=1e-3, momentum=0.9,
+                                               float32_math(spec), lr=1e-3, momentum=0.9,
                                                weight_decay=5e-4)
         if spec["layout"] == "channels_last":
             model = model.to(memory_format=torch.channels_last)
@@ -107,20 +127,23 @@ def torch_worker(spec: dict) -> dict:
         segments = min(spec["segments"], len(model)) if spec["segments"] else 0
         xs, ys = x.chunk(k), labels.chunk(k)
 
-        def forward(xc):
-            if segments:
-                return checkpoint_sequential(model, segments, xc, use_reentrant=False)
-            return model(xc)
+        def loss_of(xc, yc):
+            """The micro-batch's share of the batch's mean loss: forward and loss under bf16
+            autocast with --math bf16 (checkpointed segments recompute under it too), the
+            tensors saved for backward on the host with save_on_cpu."""
+            saving = torch.autograd.graph.save_on_cpu(pin_memory=True) if spec["save_on_cpu"] \
+                else contextlib.nullcontext()
+            with saving, torch.autocast("cuda", dtype=torch.bfloat16,
+                                        enabled=spec["precision"] == "bf16"):
+                logits = checkpoint_sequential(model, segments, xc, use_reentrant=False) \
+                    if segments else model(xc)
+                return F.cross_entropy(logits.float(), yc) / k
 
         def step():
             opt.zero_grad(set_to_none=False)
             total_loss = 0.0
             for xc, yc in zip(xs, ys):
-                if spec["save_on_cpu"]:
-                    with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                        loss = F.cross_entropy(forward(xc), yc) / k
-                else:
-                    loss = F.cross_entropy(forward(xc), yc) / k
+                loss = loss_of(xc, yc)   # backward outside autocast and save_on_cpu
                 loss.backward()
                 total_loss = total_loss + loss.detach()
             opt.step()
@@ -145,7 +168,8 @@ def torch_worker(spec: dict) -> dict:
 
 
 def minidnn_worker(spec: dict) -> dict:
-    """minidnn's dyn plan for the cap, trained for warmup + steps on synthetic data."""
+    """minidnn's dyn plan for the cap, trained for warmup + steps on synthetic data; with
+    --math bf16 the plan is decided and run for bf16 feature maps."""
     import gc
 
     from minidnn import SGD, models
@@ -160,8 +184,9 @@ def minidnn_worker(spec: dict) -> dict:
     policy = DynPolicy()
     t0 = time.perf_counter()
     try:
-        ex = build_executor(net, batch, device="gpu", seed=0, policy=policy,
-                            memory_budget=cap, math=spec["math"], relu_bits=spec["relu_bits"],
+        ex = build_executor(net, batch, device=spec.get("device", "gpu"), seed=0,
+                            policy=policy, memory_budget=cap, math=float32_math(spec),
+                            precision=spec["precision"], relu_bits=spec["relu_bits"],
                             split_batch_statistics=spec.get("split_statistics", False))
     except MemoryBudgetError as e:
         return dict(result, error=str(e))
@@ -178,8 +203,8 @@ def minidnn_worker(spec: dict) -> dict:
         if getattr(policy, "remeasured", None) is not None:  # planned again at the pass batch
             result["predicted_from_scaled_profile_s"] = \
                 policy.split.chosen.result.best.step_time_s
-        result.update(micro_batches=ex.micro_batches,
-                      prefetch_lookahead=ex.prefetch_lookahead)
+        result.update(micro_batches=ex.micro_batches, prefetch_lookahead=ex.prefetch_lookahead,
+                      planned_precision=ex.decision.precision)   # the maps dyn planned for
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
         data = SyntheticImages(1000, net.input_shape, seed=0)
@@ -235,8 +260,10 @@ def anchor_of(rows: list) -> dict | None:
 
 
 def markdown(results: dict) -> str:
+    math = "bf16 mixed precision: minidnn's bf16 maps, PyTorch's bf16 autocast, TF32 where " \
+        "float32 computes" if results["precision"] == "bf16" else f"{results['math']}, fp32 maps"
     lines = [f"# {results['model']} at batch {results['batch']} under a memory cap "
-             f"({results['math']}, {results['device_name']})", ""]
+             f"({math}, {results['device_name']})", ""]
     for cap_text, rows in results["caps"].items():
         anchor = anchor_of(rows)
         lines += [f"## cap {cap_text}", "",
@@ -268,7 +295,9 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--caps", default="12GiB,4GiB", help="comma-separated memory caps")
-    p.add_argument("--math", default="tf32", choices=("tf32", "fp32"))
+    p.add_argument("--math", default="tf32", choices=("tf32", "fp32", "bf16"),
+                   help="how float32 computes; bf16: mixed precision (minidnn's bf16 feature "
+                        "maps, PyTorch's bf16 autocast), TF32 where float32 computes")
     p.add_argument("--accumulate", default="2,4,8,16", help="PyTorch accumulation counts")
     p.add_argument("--segments", default="2,4,8",
                    help="checkpoint_sequential segment counts (VGG-416: 10,20,40)")
@@ -287,8 +316,33 @@ def parse_args(argv):
     p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
     p.add_argument("--time-limit", type=float, default=3600,
                    help="seconds for the whole benchmark; later configurations are skipped")
+    p.add_argument("--device", default="gpu", choices=("gpu", "cpu"),
+                   help="where minidnn runs; cpu (with --only minidnn) checks the script")
     p.add_argument("--out", default="runs/bench_budget")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.precision = "bf16" if args.math == "bf16" else "fp32"   # of the feature maps
+    if args.device == "cpu" and args.only != "minidnn":
+        p.error("--device cpu runs minidnn alone: add --only minidnn (PyTorch runs on the GPU)")
+    return args
+
+
+def specs_for(args, cap: int, image: int) -> list[dict]:
+    """The configurations run under one cap, in order, each the spec its worker gets."""
+    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
+    base = {"model": args.model, "batch": args.batch, "image_size": image, "math": args.math,
+            "precision": args.precision, "warmup": args.warmup, "steps": args.steps, "cap": cap}
+    specs = []
+    if args.only != "torch":
+        mini = dict(base, framework="minidnn", device=args.device,
+                    relu_bits=not args.no_relu_bits)
+        specs.append(mini)
+        if args.split_batch_statistics:   # as PyTorch's accumulation splits them
+            specs.append(dict(mini, split_statistics=True))
+    if args.only != "minidnn":
+        specs += [dict(base, **c)
+                  for c in torch_configs(ints(args.accumulate), ints(args.segments),
+                                         args.layouts.split(","), not args.no_whole_batch)]
+    return specs
 
 
 def main(argv=None) -> int:
@@ -299,29 +353,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from minidnn import models
     from minidnn.backend import select_device
-    device = select_device("gpu")
+    device = select_device(args.device)
     image = args.image_size or models.native_image_size(args.model)
-    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
-    base = {"model": args.model, "batch": args.batch, "image_size": image, "math": args.math,
-            "warmup": args.warmup, "steps": args.steps}
-    results = {"model": args.model, "batch": args.batch, "image_size": image,
-               "math": args.math, "device_name": device.name, "caps": {}}
+    results = {"model": args.model, "batch": args.batch, "image_size": image, "math": args.math,
+               "precision": args.precision, "device_name": device.name, "caps": {}}
     deadline = time.time() + args.time_limit
     for cap_text in args.caps.split(","):
-        cap = parse_bytes(cap_text)
-        specs = []
-        if args.only != "torch":
-            specs.append(dict(base, framework="minidnn", cap=cap,
-                              relu_bits=not args.no_relu_bits))
-            if args.split_batch_statistics:   # as PyTorch's accumulation splits them
-                specs.append(dict(base, framework="minidnn", cap=cap,
-                                  relu_bits=not args.no_relu_bits, split_statistics=True))
-        if args.only != "minidnn":
-            specs += [dict(base, cap=cap, **c)
-                      for c in torch_configs(ints(args.accumulate), ints(args.segments),
-                                             args.layouts.split(","), not args.no_whole_batch)]
         rows = []
-        for spec in specs:
+        for spec in specs_for(args, parse_bytes(cap_text), image):
             if time.time() + args.timeout > deadline:
                 rows.append(dict(spec, error="skipped: time limit"))
                 continue

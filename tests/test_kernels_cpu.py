@@ -388,3 +388,27 @@ def test_relu_bit_mask_layout():
     gx = np.full_like(gy, np.nan)
     cpu.relu_backward_bits(mask, gy, gx)
     np.testing.assert_array_equal(gx, gy * (x > 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mask_dtype", [np.bool_, np.uint8])
+def test_scale_by_mask(dtype, mask_dtype):
+    """y = (x * mask) * scale, each product rounded in the maps' dtype, in any layout (flat
+    views where the three share one, strided otherwise), in place too; bf16 maps refused."""
+    from minidnn.kernels.mapformat import arrange, bfloat16, shaped
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(dtype)
+    keep = (rng.random(x.shape) >= 0.3).astype(mask_dtype)
+    want = (x * keep.astype(dtype)) * dtype(1 / 0.7)
+
+    def last(a):
+        return shaped(arrange(a, "nhwc").reshape(-1).view(np.uint8), a.shape, a.dtype, "nhwc")
+    for lay_x, lay_keep in ((np.copy, np.copy), (last, last), (last, np.copy)):
+        y = lay_x(np.full(x.shape, np.nan, dtype))
+        cpu.scale_by_mask(lay_x(x), lay_keep(keep), y, 1 / 0.7)
+        np.testing.assert_array_equal(y, want)
+        xi = lay_x(x)
+        cpu.scale_by_mask(xi, lay_keep(keep), xi, 1 / 0.7)
+        np.testing.assert_array_equal(xi, want)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        cpu.scale_by_mask(x.astype(bfloat16()), keep, x.astype(bfloat16()), 2.0)

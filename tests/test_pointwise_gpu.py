@@ -1,13 +1,21 @@
-"""ReLU and the bias add as raw kernels (kernels/cuda_pointwise.py) against NumPy, bit for bit:
-both vector widths (16-byte vectors and single values), both dtypes, in place, arrays split
-over several launches, and the checks on bad input. Skipped without a CUDA GPU."""
+"""ReLU, the bias add, the add and dropout's scale_by_mask as raw kernels
+(kernels/cuda_pointwise.py) against NumPy, bit for bit: both vector widths (16-byte vectors and
+single values), both dtypes, in place, arrays split over several launches, and the checks on
+bad input; on bf16 maps, against their contract (the float32 kernel on the widened maps, each
+output rounded once). Skipped without a CUDA GPU."""
+import inspect
+
 import numpy as np
 import pytest
+
+from minidnn.kernels import mapformat
 
 pytestmark = pytest.mark.gpu
 
 cp = pytest.importorskip("cupy")
 pw = pytest.importorskip("minidnn.kernels.cuda_pointwise")
+
+BF16 = mapformat.bfloat16()
 
 # Sizes: vectors with a partial last mask word; odd (single values); several 256-thread blocks
 # with a partial last warp; whole words.
@@ -43,7 +51,7 @@ def same_bits(got, want) -> bool:
         got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
 def test_vector_width_follows_alignment_and_size(dtype):
     vec = 16 // np.dtype(dtype).itemsize
     x = cp.zeros(64, dtype)
@@ -270,3 +278,160 @@ def test_the_add_kernel_gives_the_bits_of_cupys_add(dtype, shape, layout, monkey
         a, b, out = (on_device(h, offset=1) for h in (a_host, b_host, np.zeros(shape, dtype)))
         pw.add(a, b, out)                     # misaligned: one value per thread
         assert same_bits(out, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, layout", [((2, 16, 5, 7), "nchw"), ((2, 16, 5, 7), "nhwc"),
+                                           ((1001,), "nchw"), ((7, 130), "nchw")])
+@pytest.mark.parametrize("mask_dtype", [np.bool_, np.uint8])
+def test_scale_by_mask_gives_numpys_bits(dtype, shape, layout, mask_dtype, monkeypatch):
+    """Dropout's y = x * mask * scale against cpu.py's NumPy operations (np.multiply, then
+    y *= scale in the maps' dtype), into another array and in place, misaligned and over
+    several launches."""
+    from minidnn.kernels import cpu
+    n, scale = int(np.prod(shape)), 1 / 0.7
+    x = signed_values(n, dtype, seed=12).reshape(shape)
+    keep = (np.random.default_rng(13).random(shape) >= 0.3).astype(mask_dtype)
+    want = np.empty_like(x)
+    cpu.scale_by_mask(x, keep, want, scale)
+    lay = _last if layout == "nhwc" else (lambda h: on_device(h))
+    for per_launch in (None, 64):
+        if per_launch:
+            monkeypatch.setattr(pw, "_CHUNK", per_launch)
+        dx, dkeep, dy = lay(x), lay(keep), lay(np.full(shape, np.nan, dtype))
+        pw.scale_by_mask(dx, dkeep, dy, scale)
+        assert same_bits(cp.ascontiguousarray(dy), want)
+        pw.scale_by_mask(dx, dkeep, dx, scale)
+        assert same_bits(cp.ascontiguousarray(dx), want)
+    if layout == "nchw":
+        dx, dkeep, dy = (on_device(h, offset=1) for h in (x, keep, np.zeros(shape, dtype)))
+        pw.scale_by_mask(dx, dkeep, dy, scale)            # misaligned: one value per thread
+        assert same_bits(dy, want)
+    else:
+        dx, dy = lay(x), lay(np.zeros(shape, dtype))
+        pw.scale_by_mask(dx, cp.asarray(keep), dy, scale)   # layouts differ: CuPy's strides
+        assert same_bits(cp.ascontiguousarray(dy), want)
+
+
+# ---- bf16 maps ---------------------------------------------------------------------------------
+def bf16_maps(shape, seed):
+    """Random bf16 values: normal ones, integers up to 300 (their sums and means often fall
+    exactly halfway between two bf16 values, where rounding goes to the even one), zeros of
+    both signs."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape).astype(np.float32)
+    flat = v.reshape(-1)
+    flat[::3] = rng.integers(-300, 301, flat[::3].size)
+    flat[::7] = 0.0
+    flat[3::11] = -0.0
+    return v.astype(BF16)
+
+
+def to_device(host, layout="nchw"):
+    """A device copy of host array `host` in `layout` ('nhwc': channels last), a bf16 one
+    moved as its raw bits."""
+    bits = host.view(np.uint16) if host.dtype == BF16 else host
+    dev = _last(bits) if layout == "nhwc" else cp.asarray(bits)
+    return dev.view(host.dtype)
+
+
+def host_bits(a):
+    """A device array's values on the host (C order), bf16 as their raw uint16 bits."""
+    return cp.asnumpy(cp.ascontiguousarray(a.view(np.uint16) if a.dtype == BF16 else a))
+
+
+def bf16_contract(call, *arrays):
+    """(got, want) for call(*arrays) on device arrays whose maps are bf16: got, every array
+    after the call; want, after the same call on float32 widenings of the bf16 arrays
+    (bf16_to_float, exact; the others copied), each then rounded to bf16 once (float_to_bf16).
+    Both as host_bits."""
+    wide = []
+    for a in arrays:
+        if a.dtype == BF16:
+            w = cp.empty_like(a, dtype=np.float32)
+            pw.bf16_to_float(a, w)
+        else:
+            w = a.copy(order="K")
+        wide.append(w)
+    call(*wide)
+    want = []
+    for a, w in zip(arrays, wide):
+        if a.dtype == BF16:
+            w, wide32 = cp.empty_like(a), w
+            pw.float_to_bf16(wide32, w)
+        want.append(host_bits(w))
+    call(*arrays)
+    return [host_bits(a) for a in arrays], want
+
+
+SCALE = 1 / 0.7
+# Every bf16 kernel path, as a call on operands named by its parameters (bf16_operands): x, a
+# second map g, y = max(x, 0), mask = the bits of x > 0, keep (dropout's), out (a map the call
+# writes), the bias b and its gradient gb (float32).
+BF16_CALLS = {
+    "relu_forward": lambda x, out: pw.relu_forward(x, out),
+    "relu_forward in place": lambda x: pw.relu_forward(x, x),
+    "relu_forward bias": lambda x, out, b: pw.relu_forward(x, out, b),
+    "relu_forward bias in place": lambda x, b: pw.relu_forward(x, x, b),
+    "relu_forward_bits": lambda x, out, mask: pw.relu_forward_bits(x, out, mask),
+    "relu_forward_bits bias": lambda x, out, mask, b: pw.relu_forward_bits(x, out, mask, b),
+    "relu_backward": lambda y, g, out: pw.relu_backward(y, g, out),
+    "relu_backward gb": lambda y, g, out, gb: pw.relu_backward(y, g, out, gb),
+    "relu_backward gb in place": lambda y, g, gb: pw.relu_backward(y, g, g, gb),
+    "relu_backward_bits": lambda mask, g, out: pw.relu_backward_bits(mask, g, out),
+    "relu_backward_bits gb": lambda mask, g, out, gb: pw.relu_backward_bits(mask, g, out, gb),
+    "bias_grad": lambda g, gb: pw.bias_grad(g, gb),
+    "bias_add": lambda x, b: pw.bias_add(x, b),
+    "add": lambda x, g, out: pw.add(x, g, out),
+    "add in place": lambda x, g: pw.add(x, g, g),
+    "scale_by_mask": lambda x, keep, out: pw.scale_by_mask(x, keep, out, SCALE),
+    "scale_by_mask in place": lambda x, keep: pw.scale_by_mask(x, keep, x, SCALE),
+}
+
+
+def bf16_operands(shape, layout, seed=20) -> dict:
+    rng = np.random.default_rng(seed)
+    x = bf16_maps(shape, seed)
+    order = x.transpose(0, 2, 3, 1) if layout == "nhwc" else x        # memory order
+    bias = rng.standard_normal(shape[1]).astype(np.float32)
+    bias[::2] = rng.integers(-4, 4, bias[::2].size) + 0.5      # x + 0.5 ties for odd integers
+    return {"x": to_device(x, layout), "g": to_device(bf16_maps(shape, seed + 1), layout),
+            "y": to_device(np.maximum(x, BF16.type(0)), layout),
+            "mask": cp.asarray(packbits(order.ravel() > 0)),
+            "keep": to_device(rng.random(shape) >= 0.3, layout),
+            "out": to_device(np.full(shape, np.nan, BF16), layout),
+            "b": cp.asarray(bias), "gb": cp.full(shape[1], np.nan, np.float32)}
+
+
+@pytest.mark.parametrize("call", BF16_CALLS, ids=str)
+@pytest.mark.parametrize("shape", [(2, 16, 5, 7), (3, 24, 4, 4), (2, 5, 3, 3)])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("per_launch", [None, 64])
+def test_bf16_kernels_keep_the_contract(call, shape, layout, per_launch, monkeypatch):
+    """Each kernel on bf16 maps (float32 bias and bias gradient) against the float32 kernel on
+    the widened maps with each bf16 output rounded once, bit for bit, the bias gradient too
+    (the same float32 values summed in the same order): vectors of 8 and single values (C = 5,
+    90 values), NCHW and channels last, one launch and several."""
+    if per_launch:
+        monkeypatch.setattr(pw, "_CHUNK", per_launch)
+    operands = bf16_operands(shape, layout)
+    fn = BF16_CALLS[call]
+    got, want = bf16_contract(fn, *(operands[p] for p in inspect.signature(fn).parameters))
+    for g, w in zip(got, want):
+        assert same_bits(g, w)
+
+
+def test_bf16_dtype_mixes_are_refused():
+    x = to_device(bf16_maps((2, 8, 3, 3), 0), "nhwc")
+    c = x.shape[1]
+    with pytest.raises(ValueError, match="float32"):
+        pw.bias_add(x, cp.zeros(c, BF16))                      # a bias beside bf16 maps: float32
+    with pytest.raises(ValueError, match="float32"):
+        pw.relu_forward(x, x, cp.zeros(c, np.float64))
+    with pytest.raises(TypeError, match="float32"):
+        pw.bias_grad(x, cp.zeros(c, BF16))                      # so is its gradient
+    with pytest.raises(TypeError):
+        pw.relu_forward(x, cp.zeros_like(x, dtype=np.float32))  # maps of one dtype
+    with pytest.raises(TypeError):
+        pw.scale_by_mask(x, cp.ones_like(x, dtype=np.float32), x, 2.0)   # a bool or uint8 mask
+

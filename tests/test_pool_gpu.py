@@ -5,7 +5,8 @@ The replaced kernels are kept below, verbatim, as the reference: same semantics 
 wins ties, padding never wins, PyTorch's avg-pool divisors) and the same summation order in
 backward (oh ascending, then ow ascending), so every output must have identical bits, NaN,
 infinities and signed zeros included. Against cpu.py, max-pool forward and argmax must be equal
-and everything else close (cpu.py sums overlapping windows in another order).
+and everything else close (cpu.py sums overlapping windows in another order). On bf16 maps, each
+kernel against its contract: the float32 kernel on the widened maps, each output rounded once.
 """
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 cuda_pool = pytest.importorskip("minidnn.kernels.cuda_pool")
 from minidnn.kernels import cpu  # noqa: E402
+from test_pointwise_gpu import BF16, bf16_contract, bf16_maps, to_device  # noqa: E402
 
 
 # ---- the replaced kernels (64-bit flat index, one thread per element) ------------------------
@@ -363,6 +365,8 @@ def test_rejects_what_the_kernels_would_misread():
         cuda_pool.maxpool2d_forward(x, y, arg.astype(np.int32), spec)
     with pytest.raises(ValueError):
         cuda_pool.avgpool2d_forward(cp.zeros((1, 1, 4, 8), np.float32)[..., ::2], y, spec)
+    with pytest.raises(TypeError):
+        cuda_pool.avgpool2d_forward(cp.zeros(x.shape, np.uint16).view(BF16), y, spec)  # mixed
 
 
 def _channels_last(a):
@@ -398,3 +402,35 @@ def test_channels_last_kernels_give_the_bits_of_the_nchw_ones(spec, dtype):
             bad = [k for k, v in got.items() if not same_bits(cp.ascontiguousarray(v),
                                                               want[k][0])]
             assert not bad, f"{spec} {shape} {dtype} {kind}: NHWC bits differ in {bad}"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_bf16_pooling_keeps_the_contract(spec, layout):
+    """Max and average pooling, forward and backward, on bf16 maps against the float32 kernels
+    on the widened maps with each output rounded once, bit for bit, argmax included: ties,
+    NaN, infinities and signed zeros, sums and means that fall halfway between bf16 values."""
+    rng = np.random.default_rng(17)
+    for shape in SHAPES + [(3, 64, 8, 12)]:
+        y_shape = out_shape(shape, spec)
+        if min(y_shape[2:]) < 1:
+            continue
+        for kind in ("ties", "special", "halfway"):
+            if kind == "halfway":
+                x, gy = bf16_maps(shape, 18), bf16_maps(y_shape, 19)
+            else:
+                x = make_data(rng, shape, np.float32, kind).astype(BF16)
+                gy = make_data(rng, y_shape, np.float32, "special").astype(BF16)
+            x, gy = to_device(x, layout), to_device(gy, layout)
+            y, ya = (to_device(np.full(y_shape, np.nan, BF16), layout) for _ in range(2))
+            gx, gxa = (to_device(np.full(shape, np.nan, BF16), layout) for _ in range(2))
+            arg = to_device(np.full(y_shape, 77, np.uint8), layout)
+            calls = [(lambda *a: cuda_pool.maxpool2d_forward(*a, spec), (x, y, arg)),
+                     (lambda *a: cuda_pool.maxpool2d_backward(*a, spec), (gy, arg, gx)),
+                     (lambda *a: cuda_pool.avgpool2d_forward(*a, spec), (x, ya)),
+                     (lambda *a: cuda_pool.avgpool2d_backward(*a, spec), (gy, gxa))]
+            for call, arrays in calls:
+                got, want = bf16_contract(call, *arrays)
+                for g, w in zip(got, want):
+                    np.testing.assert_array_equal(g, w, err_msg=f"{shape} {kind}")
+

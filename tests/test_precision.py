@@ -184,14 +184,14 @@ def test_the_gpu_rounding_formula_is_ml_dtypes_rounding():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_gpu_conversions_match_ml_dtypes(layout):
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (4, 8, 6, 6)])   # one value, 4 per thread
+def test_gpu_conversions_match_ml_dtypes(layout, shape):
     cp = pytest.importorskip("cupy")
     from minidnn.backend import Device
     from minidnn.kernels import for_device, mapformat
     kernels = for_device(Device("gpu"))
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal((3, 5, 7, 9)) * 10.0 ** rng.integers(-40, 38, (3, 5, 7, 9))
-         ).astype(np.float32)
+    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-40, 38, shape)).astype(np.float32)
     x.reshape(-1)[:4] = [np.inf, -np.inf, 0.0, -0.0]
     src = mapformat.empty(cp, x.shape, np.float32, layout)
     src[...] = cp.asarray(x)

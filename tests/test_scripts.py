@@ -66,3 +66,47 @@ def test_bench_fraction_measures_both_runs_and_names_a_budget_too_small(tmp_path
     assert "--memory-budget" in capped["command"]
     assert "is too small for tiny_cnn" in capped["error"]
     assert "failed: minidnn: error: memory budget" in proc.stdout
+
+
+def test_bench_budget_bf16_reaches_minidnn_and_every_pytorch_configuration():
+    """--math bf16: minidnn's spec asks for bf16 maps (TF32 where float32 computes), every
+    PyTorch configuration (accumulation, checkpoint_sequential, save_on_cpu) for bf16 autocast,
+    and each row says so; the default stays fp32 maps under TF32."""
+    import runpy
+    from types import SimpleNamespace
+    bb = SimpleNamespace(**runpy.run_path(os.path.join(ROOT, "scripts", "bench_budget.py")))
+    argv = ["--caps", "6GiB", "--accumulate", "2,4", "--segments", "4"]
+    specs = bb.specs_for(bb.parse_args(argv + ["--math", "bf16"]), 6 << 30, 224)
+    mini, torch = specs[0], specs[1:]
+    assert mini["framework"] == "minidnn" and mini["device"] == "gpu"
+    assert {s["precision"] for s in specs} == {"bf16"}
+    assert {bb.float32_math(s) for s in specs} == {"tf32"}
+    assert bb.describe(mini) == "minidnn dyn --relu-bits --precision bf16"
+    assert all(bb.describe(s).endswith(", bf16 autocast") for s in torch)
+    assert any(s["segments"] and s["accumulate"] > 1 for s in torch)
+    assert any(s["save_on_cpu"] for s in torch)
+    plain = bb.specs_for(bb.parse_args(argv), 6 << 30, 224)
+    assert {(s["precision"], bb.float32_math(s)) for s in plain} == {("fp32", "tf32")}
+    assert not any("bf16" in bb.describe(s) for s in plain)
+
+
+def test_bench_budget_on_the_cpu_plans_and_runs_bf16_maps(tmp_path):
+    """minidnn's worker on the CPU: dyn decides for the precision asked (bf16 maps plan fewer
+    bytes than fp32 ones), and the table's title says bf16."""
+    peaks = {}
+    for math in ("fp32", "bf16"):
+        out = tmp_path / math
+        proc = run("scripts/bench_budget.py", "--model", "tiny_cnn", "--batch", "8",
+                   "--caps", "64MiB", "--only", "minidnn", "--device", "cpu", "--math", math,
+                   "--warmup", "1", "--steps", "2", "--out", str(out))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        data = json.loads((out / "bench_budget.json").read_text())
+        row = data["caps"]["64MiB"][0]
+        assert data["precision"] == row["planned_precision"] == ("bf16" if math == "bf16"
+                                                                 else "fp32"), row
+        assert row["images_per_s"] > 0
+        peaks[math] = row["predicted_peak_bytes"]
+    assert peaks["bf16"] < peaks["fp32"]
+    assert "bf16 mixed precision" in proc.stdout and "--precision bf16" in proc.stdout
+    refused = run("scripts/bench_budget.py", "--device", "cpu")
+    assert refused.returncode == 2 and "--only minidnn" in refused.stderr

@@ -21,6 +21,8 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      gw, gb (gb may be None; both overwritten)
     (workspace: a flat uint8 device block for cuDNN, planned by the memory manager; the
     convolution allocates its own when it is None or too small)
+    linear_forward(x, w, b, y)                       y (N, out) = x (N, in) @ w^T + b
+    linear_backward(x, gy, w, gw, gb, gx)            gw, gb, gx (gb, gx may be None)
     maxpool2d_forward(x, y, argmax, spec)            argmax: uint8 (N, C, OH, OW), the winning
                                                      offset kh * KW + kw inside the window
     maxpool2d_backward(gy, argmax, gx, spec)         gx overwritten (zeros where no winner)
@@ -41,9 +43,19 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      uint8 (relu_mask_bytes(x.size),), element
                                                      i at bit i % 8 of byte i // 8
     relu_backward_bits(mask, gy, gx, gb=None)        gx = gy where the bit is set, else 0
+    scale_by_mask(x, mask, y, scale)                 y = (x * mask) * scale (dropout: mask bool
+                                                     or uint8 of x's shape and layout, scale
+                                                     1 / (1 - p)); y may be x
     float_to_bf16(src, dst)                          dst (bfloat16) = src (float32), rounded
                                                      to nearest even; one shape and layout
     bf16_to_float(src, dst)                          dst (float32) = src (bfloat16), exact
+
+Mixed precision (bf16 feature maps, kernels/mapformat.py): `BF16_OPS` names the ops of a module
+that take bf16 maps as they are, with float32 parameters, their gradients and per-channel
+arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask; on the CPU
+none). A layer computing only with such ops runs on bf16 maps; any other sees them widened to
+float32 (layers/precision.py). `shared_weight_copies()` is a context for the passes of one
+batch, in which the bf16 copies the products read of each weight are made once.
 """
 from __future__ import annotations
 

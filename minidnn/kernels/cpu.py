@@ -15,13 +15,26 @@ How they stay fast without a loop over pixels or images:
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..backend import get_array_module
+from .mapformat import pointwise_views
 
 # Largest temporary (in elements) an op builds per batch chunk: 64 MiB of float32. One image
 # whose temporary is larger still goes through alone.
 TEMP_BUDGET = 1 << 24
+
+#: The ops that take bf16 feature maps themselves (mixed precision). None here: on the CPU a
+#: layer sees bf16 maps widened to float32 and rounds its outputs (layers/precision.py).
+BF16_OPS = frozenset()
+
+
+def shared_weight_copies():
+    """A context for the passes of one batch, in which the GPU's bf16 products share one bf16
+    copy of each weight (kernels/cuda_linear.py); nothing to share here."""
+    return contextlib.nullcontext()
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -383,6 +396,37 @@ def add(a, b, out) -> None:
     """out = a + b, value by value (a residual add, a gradient sum at a fork); out may be a
     or b. One shape; any layout."""
     get_array_module(a).add(a, b, out=out)
+
+
+# ---- fully connected ---------------------------------------------------------------------------
+def linear_forward(x, w, b, y) -> None:
+    """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""
+    get_array_module(x).matmul(x, w.T, out=y)
+    if b is not None:
+        y += b
+
+
+def linear_backward(x, gy, w, gw, gb, gx) -> None:
+    """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
+    may be None (no bias, no input gradient). All three are overwritten."""
+    xp = get_array_module(x)
+    xp.matmul(gy.T, x, out=gw)
+    if gb is not None:
+        gy.sum(axis=0, out=gb)
+    if gx is not None:
+        xp.matmul(gy, w, out=gx)
+
+
+def scale_by_mask(x, mask, y, scale) -> None:
+    """y = (x * mask) * scale, value by value (inverted dropout: mask bool or uint8 of x's
+    shape, scale = 1 / (1 - p)); y may be x. Two NumPy products, each rounded in the maps'
+    dtype (float32 or float64; scale rounded to it): the bits cuda_pointwise's kernel
+    reproduces. Any layout; flat views where the three share one dense layout."""
+    if np.dtype(y.dtype) not in (np.float32, np.float64):
+        raise TypeError(f"scale_by_mask: takes float32 or float64 maps, got {y.dtype}")
+    x, mask, y = pointwise_views(x, mask, y)
+    get_array_module(x).multiply(x, mask, out=y)
+    y *= y.dtype.type(scale)
 
 
 # ---- ReLU -------------------------------------------------------------------------------------

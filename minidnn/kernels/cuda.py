@@ -35,9 +35,11 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
+from .cuda_linear import empty_as, linear_backward, linear_forward, shared_weight_copies, \
+    weights_in
 from .cuda_lrn import lrn_backward, lrn_forward
 from .cuda_pointwise import add, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
-    relu_backward, relu_backward_bits, relu_forward, relu_forward_bits
+    relu_backward, relu_backward_bits, relu_forward, relu_forward_bits, scale_by_mask
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .cuda_sgd import sgd_update
@@ -47,9 +49,18 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
-           "relu_backward_bits", "float_to_bf16", "bf16_to_float", "configure", "math_mode", "conv_plans",
+           "relu_backward_bits", "scale_by_mask", "float_to_bf16", "bf16_to_float", "configure",
+           "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
-           "reset_workspace_fallbacks"]
+           "reset_workspace_fallbacks", "linear_forward", "linear_backward", "shared_weight_copies", "BF16_OPS"]
+
+#: The ops that take bf16 feature maps as they are (layers/precision.py calls a layer whose
+#: kernel ops are all here on its bf16 maps; the others see them widened to float32).
+BF16_OPS = frozenset({"conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
+                      "linear_forward", "linear_backward", "relu_forward", "relu_backward",
+                      "relu_forward_bits", "relu_backward_bits", "maxpool2d_forward",
+                      "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+                      "scale_by_mask"})
 
 # Measuring a plan: one run to load its kernels, timed, then one timed run that counts. When
 # the first run alone took more than SLOW_FACTOR times the best plan so far (and more than
@@ -308,22 +319,35 @@ def _leaner_plan(key, op, x, w, y, spec, ready, reason: str = ""):
 
 
 # ---- convolution ops ----------------------------------------------------------------------------
+# With bf16 maps (mixed precision) the float32 weights are read through a bf16 copy and the
+# weight gradient comes out in bf16, widened into the float32 gradient: cuDNN's bf16 plans take
+# one dtype for all three operands (layers/precision.py says what this rounds).
+def _weights_for(w, maps):
+    """w as a convolution on `maps` reads it: itself, or its bf16 copy beside bf16 maps."""
+    return w if w.dtype == maps.dtype else weights_in(w, maps.dtype)
+
+
 def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
     """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
     workspace: a flat uint8 device array for cuDNN, used when large enough (see _conv)."""
-    _conv("fprop", x, w, y, spec, workspace=workspace)
+    _conv("fprop", x, _weights_for(w, x), y, spec, workspace=workspace)
     if b is not None:
         bias_add(y, b)
 
 
 def conv2d_backward_data(gy, w, gx, spec, workspace=None) -> None:
     """gx (N, C, H, W) = conv^T(gy (N, O, OH, OW), w); overwrites gx."""
-    _conv("dgrad", gx, w, gy, spec, workspace=workspace)
+    _conv("dgrad", gx, _weights_for(w, gy), gy, spec, workspace=workspace)
 
 
 def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
     """gw (O, C/groups, KH, KW) and gb (O,) (gb may be None) from x and gy; both overwritten."""
-    _conv("wgrad", x, gw, gy, spec, workspace=workspace)
+    if gw.dtype == x.dtype:
+        _conv("wgrad", x, gw, gy, spec, workspace=workspace)
+    else:
+        gw16 = empty_as(gw, x.dtype)
+        _conv("wgrad", x, gw16, gy, spec, workspace=workspace)
+        bf16_to_float(gw16, gw)
     if gb is not None:
         bias_grad(gy, gb)
 

@@ -1,11 +1,12 @@
-"""Pointwise passes over feature maps at memory speed: ReLU (with or without a bit mask) and
-the convolution's bias add, as CuPy raw kernels.
+"""Pointwise passes over feature maps at memory speed: ReLU (with or without a bit mask), the
+convolution's bias add, the add of two maps and dropout's scaling by a mask, as CuPy raw
+kernels.
 
 Each of these reads and writes every value once, so only memory bandwidth bounds them. Two
 things get them there (CuPy's ElementwiseKernel reached about a third of it on large maps):
-* A thread moves one 16-byte vector (4 floats or 2 doubles) per load and store, when every
-  array starts 16-byte aligned and the size allows; otherwise one value (the same code with
-  a vector of one).
+* A thread moves one 16-byte vector (4 floats, 2 doubles or 8 bfloat16) per load and store,
+  when every array starts 16-byte aligned and the size allows; otherwise one value (the same
+  code with a vector of one).
 * Index math is 32-bit: a launch covers fewer than 2**31 values, and larger arrays run as
   several launches (the bias add's per-value channel comes from two divisions by launch
   constants, cuda_divide.py).
@@ -21,6 +22,18 @@ stream. Feature maps are dense, NCHW or NHWC (kernels/mapformat.py): ReLU runs o
 values in memory order (so a ReLU mask lists them in that order, which is all its backward
 needs), and the bias add has a channels-last twin in which a value's channel is its index
 modulo C. Any other strides go through CuPy (any layout, slower).
+
+Maps are float32, float64 or bfloat16 (mixed precision, kernels/mapformat.py); per-channel
+arrays (a bias, its gradient) are in the dtype the maps compute in: their own, float32 beside
+bf16 maps. The contract on bf16 maps: every value is computed in float32 from the widened
+(exact) inputs and rounded once to bf16, to nearest even with a NaN kept quiet (STORAGE_SOURCE's
+`narrow`, float_to_bf16's rule). So a kernel gives the bits of bf16_to_float on its bf16
+inputs, then the float32 kernel, then float_to_bf16 on each bf16 output; the bias gradient is
+the float32 kernel's, summed in its order. Two details: ReLU's selections copy the stored bf16
+value, which is its own rounding except for a signalling NaN (a gradient passes one on
+unquieted); and a ReLU mask holds the bits of the stored y > 0, so where a positive float32
+sum below bf16's least subnormal is stored as 0, the fused bias-and-ReLU pass's bit is 0, as
+its two passes' is.
 """
 from __future__ import annotations
 
@@ -28,8 +41,10 @@ import cupy as cp
 import numpy as np
 
 from ..backend import same_memory
+from . import cpu as _cpu
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
-from .mapformat import common_layout, in_memory_order, is_channels_last, pixel_rows
+from .mapformat import common_layout, in_memory_order, is_bfloat16, is_channels_last, \
+    pixel_rows
 
 #: CUDA source of the 16-byte vectors the per-value kernels move (here and in
 #: cuda_batchnorm.py); paste it into a kernel module's source.
@@ -48,8 +63,41 @@ __device__ __forceinline__ void store(T* p, unsigned int k, const Pack<T, VEC>& 
 }
 """
 
-_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + r"""
+#: CUDA source of the storage types of maps (float, double, bf16) and the arithmetic they
+#: compute in (here and in cuda_pool.py): acc_t<T>, widen (exact), narrow<T> (rounds once).
+STORAGE_SOURCE = r"""
+// bfloat16: the top 16 bits of a float32, stored as they are (no arithmetic of its own).
+struct bf16 { unsigned short bits; };
+
+// The type a map of T computes in: float for bf16, T itself otherwise.
+template<typename T> struct Acc { typedef T type; };
+template<> struct Acc<bf16> { typedef float type; };
+template<typename T> using acc_t = typename Acc<T>::type;
+
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(bf16 v) {
+    return __uint_as_float((unsigned int)v.bits << 16);
+}
+
+// float32 -> bf16 bits rounded to nearest even: add 0x7fff plus the kept half's lowest bit,
+// then truncate; a NaN stays a (quiet) NaN of the same sign.
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+    const unsigned int u = __float_as_uint(x);
+    return (u & 0x7fffffffu) > 0x7f800000u
+        ? (unsigned short)((u >> 16) | 0x40u)
+        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A computed value stored as T: as it is for float and double, rounded once for bf16.
+template<typename T> __device__ __forceinline__ T narrow(acc_t<T> v) { return v; }
+template<> __device__ __forceinline__ bf16 narrow<bf16>(float v) { return bf16{bf16_bits(v)}; }
+"""
+
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
 // Thread k of a launch owns values k * VEC ... k * VEC + VEC - 1; n is a multiple of VEC.
+// Maps are T, per-channel arrays and sums acc_t<T>; comparisons are on widened values (never
+// on a bf16's bits), and a selection copies the stored value (narrow<T>(0) is T's zero).
 
 template<typename T, int VEC>
 __global__ void relu_forward(const T* x, T* y, unsigned int n) {
@@ -57,7 +105,7 @@ __global__ void relu_forward(const T* x, T* y, unsigned int n) {
     if (k >= n / VEC) return;
     Pack<T, VEC> a = load<T, VEC>(x, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] = a.v[j] > (T)0 ? a.v[j] : (T)0;
+    for (int j = 0; j < VEC; ++j) a.v[j] = widen(a.v[j]) > 0 ? a.v[j] : narrow<T>(0);
     store<T, VEC>(y, k, a);
 }
 
@@ -68,7 +116,7 @@ __global__ void relu_backward(const T* y, const T* gy, T* gx, unsigned int n) {
     const Pack<T, VEC> out = load<T, VEC>(y, k);
     Pack<T, VEC> g = load<T, VEC>(gy, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) g.v[j] = out.v[j] > (T)0 ? g.v[j] : (T)0;
+    for (int j = 0; j < VEC; ++j) g.v[j] = widen(out.v[j]) > 0 ? g.v[j] : narrow<T>(0);
     store<T, VEC>(gx, k, g);
 }
 
@@ -79,8 +127,22 @@ __global__ void add(const T* a, const T* b, T* out, unsigned int n) {
     Pack<T, VEC> x = load<T, VEC>(a, k);
     const Pack<T, VEC> y = load<T, VEC>(b, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) x.v[j] += y.v[j];
+    for (int j = 0; j < VEC; ++j) x.v[j] = narrow<T>(widen(x.v[j]) + widen(y.v[j]));
     store<T, VEC>(out, k, x);
+}
+
+// y = (x * mask) * scale, two products each rounded in acc_t<T> (NumPy's multiply, then its
+// *= scale), then stored as T. mask: one byte per value (0 or 1).
+template<typename T, int VEC>
+__global__ void scale_by_mask(const T* x, T* y, const unsigned char* mask, acc_t<T> scale,
+                              unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    Pack<T, VEC> a = load<T, VEC>(x, k);
+    const Pack<unsigned char, VEC> m = load<unsigned char, VEC>(mask, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] = narrow<T>(widen(a.v[j]) * (acc_t<T>)m.v[j] * scale);
+    store<T, VEC>(y, k, a);
 }
 
 // mask: the launch's words (value k * VEC lies in word k * VEC / 32). Every lane of a warp
@@ -96,9 +158,9 @@ __global__ void relu_forward_bits(const T* x, T* y, unsigned int* mask, unsigned
         Pack<T, VEC> a = load<T, VEC>(x, k);
         #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            const bool positive = a.v[j] > (T)0;
+            const bool positive = widen(a.v[j]) > 0;
             bits |= (unsigned int)positive << j;
-            a.v[j] = positive ? a.v[j] : (T)0;
+            a.v[j] = positive ? a.v[j] : narrow<T>(0);
         }
         store<T, VEC>(y, k, a);
     }
@@ -118,23 +180,23 @@ __global__ void relu_backward_bits(const T* gy, T* gx, const unsigned int* mask,
     const unsigned int bits = mask[first / 32] >> (first % 32);
     Pack<T, VEC> g = load<T, VEC>(gy, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) g.v[j] = (bits >> j) & 1u ? g.v[j] : (T)0;
+    for (int j = 0; j < VEC; ++j) g.v[j] = (bits >> j) & 1u ? g.v[j] : narrow<T>(0);
     store<T, VEC>(gx, k, g);
 }
 
 // y (planes of hw values; plane p has channel (p % C)) += b[channel]. The launch starts at a
 // plane whose channel is c0; hw is a multiple of VEC, so a vector never straddles planes.
 template<typename T, int VEC>
-__global__ void bias_add(T* y, const T* b, unsigned int c0, unsigned int C,
+__global__ void bias_add(T* y, const acc_t<T>* b, unsigned int c0, unsigned int C,
                          unsigned int hw_mul, unsigned int hw_shift, unsigned int c_mul,
                          unsigned int c_shift, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int plane = c0 + divide(k * VEC, hw_mul, hw_shift);
-    const T bias = b[plane - divide(plane, c_mul, c_shift) * C];
+    const acc_t<T> bias = b[plane - divide(plane, c_mul, c_shift) * C];
     Pack<T, VEC> a = load<T, VEC>(y, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] += bias;
+    for (int j = 0; j < VEC; ++j) a.v[j] = narrow<T>(widen(a.v[j]) + bias);
     store<T, VEC>(y, k, a);
 }
 
@@ -142,7 +204,7 @@ __global__ void bias_add(T* y, const T* b, unsigned int c0, unsigned int C,
 // multiple of VEC, so a vector never straddles pixels and its first value's channel is
 // (k * VEC) mod C.
 template<typename T, int VEC>
-__global__ void bias_add_last(T* y, const T* b, unsigned int C, unsigned int c_mul,
+__global__ void bias_add_last(T* y, const acc_t<T>* b, unsigned int C, unsigned int c_mul,
                               unsigned int c_shift, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
@@ -150,15 +212,16 @@ __global__ void bias_add_last(T* y, const T* b, unsigned int C, unsigned int c_m
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
     Pack<T, VEC> a = load<T, VEC>(y, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] += b[c + j];
+    for (int j = 0; j < VEC; ++j) a.v[j] = narrow<T>(widen(a.v[j]) + b[c + j]);
     store<T, VEC>(y, k, a);
 }
 
 // Channels last, with a convolution's bias added first (minidnn/fusion.py): y = max(x + b, 0)
 // over (pixels, C) in memory; the launch starts at a pixel boundary and C is a multiple of
-// VEC. The same two float operations as bias_add_last then relu_forward: the same bits.
+// VEC. The same two float operations as bias_add_last then relu_forward: the same bits (on
+// bf16 too: rounding keeps signs and order, so max(round(v), 0) = round(max(v, 0))).
 template<typename T, int VEC>
-__global__ void relu_bias_last(const T* x, T* y, const T* b, unsigned int C,
+__global__ void relu_bias_last(const T* x, T* y, const acc_t<T>* b, unsigned int C,
                                unsigned int c_mul, unsigned int c_shift, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
@@ -167,15 +230,17 @@ __global__ void relu_bias_last(const T* x, T* y, const T* b, unsigned int C,
     Pack<T, VEC> a = load<T, VEC>(x, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        const T v = a.v[j] + b[c + j];
-        a.v[j] = v > (T)0 ? v : (T)0;
+        const acc_t<T> v = widen(a.v[j]) + b[c + j];
+        a.v[j] = narrow<T>(v > 0 ? v : 0);
     }
     store<T, VEC>(y, k, a);
 }
 
-// The same with relu_forward_bits' mask (the launch starts at a multiple of 32 values).
+// The same with relu_forward_bits' mask (the launch starts at a multiple of 32 values); a bit
+// is that of the stored value > 0, as the two passes give it (on bf16 a positive v below the
+// least subnormal is stored as 0).
 template<typename T, int VEC>
-__global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const T* b,
+__global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const acc_t<T>* b,
                                     unsigned int C, unsigned int c_mul, unsigned int c_shift,
                                     unsigned int n) {
     const int LANES = 32 / VEC;
@@ -188,10 +253,9 @@ __global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const 
         Pack<T, VEC> a = load<T, VEC>(x, k);
         #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-            const T v = a.v[j] + b[c + j];
-            const bool positive = v > (T)0;
-            bits |= (unsigned int)positive << j;
-            a.v[j] = positive ? v : (T)0;
+            const acc_t<T> v = widen(a.v[j]) + b[c + j];
+            a.v[j] = narrow<T>(v > 0 ? v : 0);
+            bits |= (unsigned int)(widen(a.v[j]) > 0) << j;
         }
         store<T, VEC>(y, k, a);
     }
@@ -203,15 +267,16 @@ __global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const 
 }
 
 // Channels last: partial[blockIdx.x, c] = sum of g[r, c] over the rows r of this block's
-// share (rows of C values). A block is 32 columns x 8 row lanes; each thread sums every 8th
-// row of its share in order, then the 8 lanes are added in a fixed order: deterministic.
-template<typename T>
-__device__ __forceinline__ void store_column_partial(T acc, T* partial, int c, int C) {
-    __shared__ T lanes[8][32];
+// share (rows of C values), in acc_t<T>. A block is 32 columns x 8 row lanes; each thread sums
+// every 8th row of its share in order, then the 8 lanes are added in a fixed order:
+// deterministic.
+template<typename A>
+__device__ __forceinline__ void store_column_partial(A acc, A* partial, int c, int C) {
+    __shared__ A lanes[8][32];
     lanes[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        T sum = 0;
+        A sum = 0;
         #pragma unroll
         for (int j = 0; j < 8; ++j) sum += lanes[j][threadIdx.x];
         partial[blockIdx.x * (long long)C + c] = sum;
@@ -219,14 +284,14 @@ __device__ __forceinline__ void store_column_partial(T acc, T* partial, int c, i
 }
 
 template<typename T>
-__global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, long long rows,
-                            int C, long long rows_per_block) {
+__global__ void column_sums(const T* __restrict__ g, acc_t<T>* __restrict__ partial,
+                            long long rows, int C, long long rows_per_block) {
     const int c = blockIdx.y * 32 + threadIdx.x;
     const long long r0 = blockIdx.x * rows_per_block;
     const long long r1 = min(r0 + rows_per_block, rows);
-    T acc = 0;
+    acc_t<T> acc = 0;
     if (c < C)
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += g[r * C + c];
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += widen(g[r * C + c]);
     store_column_partial(acc, partial, c, C);
 }
 
@@ -235,19 +300,20 @@ __global__ void column_sums(const T* __restrict__ g, T* __restrict__ partial, lo
 // added in column_sums' order, so both results have the same bits as the two passes. gx may
 // be gy (each value is read, then written, by one thread).
 template<typename T>
-__global__ void relu_backward_sums(const T* y, const T* gy, T* gx, T* __restrict__ partial,
-                                   long long rows, int C, long long rows_per_block) {
+__global__ void relu_backward_sums(const T* y, const T* gy, T* gx,
+                                   acc_t<T>* __restrict__ partial, long long rows, int C,
+                                   long long rows_per_block) {
     const int c = blockIdx.y * 32 + threadIdx.x;
     const long long r0 = blockIdx.x * rows_per_block;
     const long long r1 = min(r0 + rows_per_block, rows);
-    T acc = 0;
+    acc_t<T> acc = 0;
     if (c < C) {
         #pragma unroll 4
         for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
             const long long i = r * C + c;
-            const T g = y[i] > (T)0 ? gy[i] : (T)0;
+            const T g = widen(y[i]) > 0 ? gy[i] : narrow<T>(0);
             gx[i] = g;
-            acc += g;
+            acc += widen(g);
         }
     }
     store_column_partial(acc, partial, c, C);
@@ -257,19 +323,19 @@ __global__ void relu_backward_sums(const T* y, const T* gy, T* gx, T* __restrict
 // word i / 32).
 template<typename T>
 __global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* mask,
-                                        T* __restrict__ partial, long long rows, int C,
+                                        acc_t<T>* __restrict__ partial, long long rows, int C,
                                         long long rows_per_block) {
     const int c = blockIdx.y * 32 + threadIdx.x;
     const long long r0 = blockIdx.x * rows_per_block;
     const long long r1 = min(r0 + rows_per_block, rows);
-    T acc = 0;
+    acc_t<T> acc = 0;
     if (c < C) {
         #pragma unroll 4
         for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
             const long long i = r * C + c;
-            const T g = (mask[i >> 5] >> (i & 31)) & 1u ? gy[i] : (T)0;
+            const T g = (mask[i >> 5] >> (i & 31)) & 1u ? gy[i] : narrow<T>(0);
             gx[i] = g;
-            acc += g;
+            acc += widen(g);
         }
     }
     store_column_partial(acc, partial, c, C);
@@ -277,34 +343,54 @@ __global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* 
 """
 
 _KERNELS = ("add", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
-            "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last")
+            "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
+            "scale_by_mask")
 _COLUMN_KERNELS = ("column_sums", "relu_backward_sums", "relu_backward_bits_sums")
 
-# bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32):
-# rounding to nearest even adds 0x7fff plus the kept half's lowest bit before truncating;
-# a NaN stays a (quiet) NaN of the same sign.
-_BF16_SOURCE = r"""
-extern "C" __global__ void float_to_bf16(const float* x, unsigned short* y, unsigned int n) {
+# bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32), by
+# STORAGE_SOURCE's rounding.
+_BF16_SOURCE = VECTOR_SOURCE + STORAGE_SOURCE + r"""
+// Thread k converts values k * VEC ... k * VEC + VEC - 1 (n a multiple of VEC).
+template<int VEC>
+__global__ void float_to_bf16(const float* x, unsigned short* y, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n) return;
-    const unsigned int u = __float_as_uint(x[k]);
-    y[k] = (u & 0x7fffffffu) > 0x7f800000u
-        ? (unsigned short)((u >> 16) | 0x40u)
-        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if (k >= n / VEC) return;
+    const Pack<float, VEC> a = load<float, VEC>(x, k);
+    Pack<unsigned short, VEC> b;
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) b.v[j] = bf16_bits(a.v[j]);
+    store<unsigned short, VEC>(y, k, b);
 }
 
-extern "C" __global__ void bf16_to_float(const unsigned short* x, float* y, unsigned int n) {
+template<int VEC>
+__global__ void bf16_to_float(const unsigned short* x, float* y, unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n) return;
-    y[k] = __uint_as_float((unsigned int)x[k] << 16);
+    if (k >= n / VEC) return;
+    const Pack<unsigned short, VEC> a = load<unsigned short, VEC>(x, k);
+    Pack<float, VEC> b;
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) b.v[j] = __uint_as_float((unsigned int)a.v[j] << 16);
+    store<float, VEC>(y, k, b);
 }
 """
+#: Values per thread of the conversions: a 16-byte vector of the float32 side.
+_CONVERT_VEC = 4
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+#: The dtype maps of each C type compute in, which their per-channel arrays (a bias, its
+#: gradient) and scalars take: float32 beside bf16 maps.
+_ACC_DTYPES = {"float": np.dtype(np.float32), "double": np.dtype(np.float64),
+              "bf16": np.dtype(np.float32)}
 _VECTOR_BYTES = 16
 
 
+def map_ctype(dtype) -> str | None:
+    """The C type (STORAGE_SOURCE) of maps of `dtype`: 'float', 'double' or 'bf16' (bfloat16,
+    recognized without importing ml_dtypes); None for any other dtype."""
+    return "bf16" if is_bfloat16(dtype) else _CTYPES.get(np.dtype(dtype))
+
+
 def _instances():
-    for ctype, size in (("float", 4), ("double", 8)):
+    for ctype, size in (("float", 4), ("double", 8), ("bf16", 2)):
         for vec in (1, _VECTOR_BYTES // size):
             for name in _KERNELS:
                 yield f"{name}<{ctype}, {vec}>"
@@ -313,7 +399,8 @@ def _instances():
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
-_bf16_module = cp.RawModule(code=_BF16_SOURCE)
+_bf16_module = cp.RawModule(code=_BF16_SOURCE, name_expressions=[
+    f"{name}<{vec}>" for name in ("float_to_bf16", "bf16_to_float") for vec in (1, _CONVERT_VEC)])
 
 _THREADS = 256          # a multiple of 32: warps never straddle blocks
 #: Values per launch; larger arrays run as several launches of this many (a multiple of every
@@ -323,12 +410,12 @@ _CHUNK = 2**30
 
 
 def _ctype(name: str, arrays) -> str:
-    """The C type of the float arrays (one dtype, float32 or float64); raises on anything the
-    kernels would misread: another dtype, a strided array, mismatched sizes."""
+    """The C type of the maps (one dtype: float32, float64 or bfloat16); raises on anything
+    the kernels would misread: another dtype, a strided array, mismatched sizes."""
     dtype = np.dtype(arrays[0].dtype)
-    ctype = _CTYPES.get(dtype)
+    ctype = map_ctype(dtype)
     if ctype is None or any(np.dtype(a.dtype) != dtype for a in arrays):
-        raise TypeError(f"{name}: takes float32 or float64 arrays of one dtype, got "
+        raise TypeError(f"{name}: takes float32, float64 or bfloat16 maps of one dtype, got "
                         f"{[str(a.dtype) for a in arrays]}")
     for a in arrays:
         if not a.flags.c_contiguous:
@@ -384,14 +471,19 @@ def _pieces(n: int):
     return ((s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK))
 
 
+def _flat(name: str, arrays) -> list:
+    """`arrays` (one shape, dense in one layout) as flat views in memory order."""
+    if any(a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"{name}: arrays of shapes {[a.shape for a in arrays]}")
+    common_layout(name, arrays)
+    return [in_memory_order(a) for a in arrays]
+
+
 def _flat_pass(name: str, arrays, mask=None) -> None:
     """Kernel `name` over the values of `arrays` (one shape, dense in one layout) in memory
     order, and the words of a ReLU mask after them when given, in launches of at most _CHUNK
     values."""
-    if any(a.shape != arrays[0].shape for a in arrays):
-        raise ValueError(f"{name}: arrays of shapes {[a.shape for a in arrays]}")
-    common_layout(name, arrays)
-    flat = [in_memory_order(a) for a in arrays]
+    flat = _flat(name, arrays)
     ctype = _ctype(name, flat)
     n = flat[0].size
     words = () if mask is None else (_words(mask, n),)
@@ -403,18 +495,41 @@ def _flat_pass(name: str, arrays, mask=None) -> None:
 
 def add(a, b, out) -> None:
     """out = a + b, value by value; out may be a or b. Arrays of one shape, dense in one
-    layout (NCHW or channels last), float32 or float64: one vectorized pass in memory order
-    (CuPy's own add reached about 70% of memory speed on ResNet-50's maps). Anything else
-    goes to CuPy's add."""
+    layout (NCHW or channels last), float32, float64 or bfloat16: one vectorized pass in
+    memory order (CuPy's own add reached about 70% of memory speed on ResNet-50's maps).
+    Anything else goes to CuPy's add."""
     try:
         _flat_pass("add", (a, b, out))
     except (TypeError, ValueError):
         cp.add(a, b, out=out)
 
 
+def scale_by_mask(x, mask, y, scale) -> None:
+    """y = x * mask * scale, value by value (inverted dropout: scale = 1 / (1 - p)); y may be
+    x. x * mask, then times scale, each product rounded in the dtype the maps compute in:
+    cpu.py's NumPy operations for float32 and float64 maps (scale rounded to their dtype),
+    float32 then one rounding for bf16 maps. x, mask (bool or uint8), y: one shape; dense in
+    one layout, else (float maps only) cpu.py's operations on CuPy's strided arrays."""
+    if np.dtype(mask.dtype) not in (np.bool_, np.uint8):
+        raise TypeError(f"scale_by_mask: mask must be bool or uint8, got {mask.dtype}")
+    try:
+        fx, fy, keep = _flat("scale_by_mask", (x, y, mask))
+    except ValueError:
+        if is_bfloat16(x.dtype):
+            raise
+        _cpu.scale_by_mask(x, mask, y, scale)
+        return
+    ctype = _ctype("scale_by_mask", (fx, fy))
+    vec = _vector((fx, fy, keep), fx.size)
+    factor = _ACC_DTYPES[ctype].type(scale)
+    for s, e in _pieces(fx.size):
+        _run("scale_by_mask", ctype, vec, e - s, (fx[s:e], fy[s:e], keep[s:e], factor))
+
+
 def relu_forward(x, y, bias=None) -> None:
     """y = max(x + bias, 0) (bias (C,) along axis 1 when given: a convolution's, moved here by
-    minidnn/fusion.py). x, y: same shape and dtype, contiguous; y may be x."""
+    minidnn/fusion.py; float32 beside bf16 maps). x, y: same shape and dtype, contiguous; y
+    may be x."""
     if bias is None:
         _flat_pass("relu_forward", (x, y))
     else:
@@ -508,10 +623,13 @@ def bias_add(y, b) -> None:
 
 
 def _check_bias(y2, b) -> str:
+    """The C type of maps y2 (rows, C), once b is checked: contiguous (C,), in the dtype the
+    maps compute in (float32 beside bf16 maps)."""
     ctype = _ctype("bias_add", (y2,))
-    if b.dtype != y2.dtype or b.shape != (y2.shape[1],) or not b.flags.c_contiguous:
-        raise ValueError(f"bias_add: b must be contiguous {y2.dtype} of shape ({y2.shape[1]},), "
-                         f"got {b.dtype} {b.shape}")
+    want = _ACC_DTYPES[ctype]
+    if b.dtype != want or b.shape != (y2.shape[1],) or not b.flags.c_contiguous:
+        raise ValueError(f"bias_add: b must be contiguous {want} of shape ({y2.shape[1]},) "
+                         f"beside {y2.dtype} maps, got {b.dtype} {b.shape}")
     return ctype
 
 
@@ -524,9 +642,16 @@ def bias_grad(gy, gb) -> None:
     """gb (C,) = sum of gy (N, C, H, W) over N, H and W (a convolution's bias gradient).
     Channels last: column sums in a fixed order (channel_sums). NCHW: summing each (n, c) row
     first reduces contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one
-    thread block per channel, far too few to reach memory speed on large maps."""
+    thread block per channel, far too few to reach memory speed on large maps. bf16 maps sum
+    in float32 (gb float32): NCHW ones are widened (exactly) to a float32 temporary first,
+    rather than trust CuPy's own bf16 sums to do so."""
     if _column_pass("column_sums", (gy,), gb):
         return
+    if is_bfloat16(gy.dtype):
+        _sums_dtype("bias_grad", "bf16", gb)
+        wide = cp.empty(gy.shape, np.float32)
+        bf16_to_float(gy, wide)
+        gy = wide
     n, c = gy.shape[:2]
     rows = gy.reshape(n, c, -1).sum(axis=2)          # (N, C), a small temporary
     rows.sum(axis=0, out=gb)
@@ -551,7 +676,7 @@ def _column_pass(name: str, maps, out, mask=None) -> bool:
     words = () if mask is None else (_words(mask, rows2[0].size),)
     per_block = max(-(-rows // _SUM_BLOCKS), 1)
     blocks = max(-(-rows // per_block), 1)
-    partial = cp.empty((blocks, channels), dtype=rows2[0].dtype)
+    partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
     kernel = _module.get_function(f"{name}<{ctype}>")
     kernel((blocks, -(-channels // 32)), (32, 8),
            (*rows2, *words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
@@ -559,17 +684,27 @@ def _column_pass(name: str, maps, out, mask=None) -> bool:
     return True
 
 
+def _sums_dtype(name: str, ctype: str, out) -> np.dtype:
+    """The dtype per-channel sums of `ctype` maps are taken in; TypeError unless `out` (where
+    they go) has it."""
+    acc = _ACC_DTYPES[ctype]
+    if np.dtype(out.dtype) != acc:
+        raise TypeError(f"{name}: per-channel sums of {ctype} maps are {acc}, got {out.dtype}")
+    return acc
+
+
 def _convert(name: str, src, dst, src_bits, dst_bits) -> None:
     """Kernel `name` from src to dst (one shape, one dense layout), as raw words."""
-    if src.shape != dst.shape:
-        raise ValueError(f"{name}: shapes {src.shape} and {dst.shape}")
-    common_layout(name, (src, dst))
-    a = in_memory_order(src).view(src_bits)
-    b = in_memory_order(dst).view(dst_bits)
-    kernel = _bf16_module.get_function(name)
+    a, b = _flat(name, (src, dst))
+    a, b = a.view(src_bits), b.view(dst_bits)
+    vec = _CONVERT_VEC
+    if a.size % vec or any(x.data.ptr % (vec * x.itemsize) for x in (a, b)):
+        vec = 1
+    kernel = _bf16_module.get_function(f"{name}<{vec}>")
     for s, e in _pieces(a.size):
-        n = e - s
-        kernel(((n + _THREADS - 1) // _THREADS,), (_THREADS,), (a[s:e], b[s:e], np.uint32(n)))
+        threads = (e - s) // vec
+        kernel(((threads + _THREADS - 1) // _THREADS,), (_THREADS,),
+               (a[s:e], b[s:e], np.uint32(e - s)))
 
 
 def float_to_bf16(src, dst) -> None:

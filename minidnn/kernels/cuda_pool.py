@@ -1,4 +1,4 @@
-"""Max and average pooling on the GPU as CuPy raw kernels (float32 and float64).
+"""Max and average pooling on the GPU as CuPy raw kernels (float32, float64 and bfloat16 maps).
 
 Semantics are cpu.py's (PyTorch's): max-pool padding never wins, ties keep the first maximum in
 (kh, kw) order and argmax is kh * KW + kw within the window; avg-pool divides by the window size
@@ -25,6 +25,12 @@ per grid row (32-bit index math by launch constants, as above: with 64-bit divis
 H200 ran VGG-16's NHWC max-pool backward at 17.3 ms a step against PyTorch's 7.8); they find
 a value's window range with a division, and sum backward's windows in the same order as the
 NCHW kernels, so both layouts give the same bits.
+
+bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
+once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps
+gives the bits of float_to_bf16(the float32 kernel on bf16_to_float of its inputs), argmax
+included (the float32 kernel's first maximum); backward sums each input's gradients in float32
+in the order above, then rounds once.
 """
 from __future__ import annotations
 
@@ -33,9 +39,12 @@ import numpy as np
 
 from ..errors import ConfigError, ShapeError
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
+from .cuda_pointwise import STORAGE_SOURCE, map_ctype
 from .mapformat import common_layout
 
-_SOURCE = DIVIDE_SOURCE + r"""
+# Maps are T (float, double or bf16); every kernel computes in A = acc_t<T>, reading a map
+# through widen and writing it through narrow<T>.
+_SOURCE = DIVIDE_SOURCE + STORAGE_SOURCE + r"""
 __device__ __forceinline__ float minus_inf(float) { return __int_as_float((int)0xff800000u); }
 __device__ __forceinline__ double minus_inf(double) {
     return __longlong_as_double((long long)0xfff0000000000000ull);
@@ -76,17 +85,18 @@ __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
     const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
     // Window position 0 (padding reads as -inf) starts the search; a later position wins only
     // when strictly greater, as in cpu.py, so ties keep the first and padding never wins.
-    T best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? x[h0 * W + w0] : minus_inf(T(0));
+    typedef acc_t<T> A;
+    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? widen(x[h0 * W + w0]) : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         const T* row = x + (h0 + kh) * W;
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const T v = row[w0 + kw];
+            const A v = widen(row[w0 + kw]);
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
-    y[o] = best;
+    y[o] = narrow<T>(best);
     argmax[o] = (unsigned char)arg;
 }
 
@@ -121,15 +131,15 @@ __global__ void maxpool2d_backward(const T* __restrict__ gy,
             if (w < 0) continue;
             if (w >= W) break;
             const int ow_lo = max(cw - (dw <= RW ? QW : QW - 1), 0);
-            T acc = 0;
+            acc_t<T> acc = 0;
             for (int oh = oh_lo; oh <= oh_hi; ++oh) {
                 const int kh = h - (oh * SH - PH);
                 for (int ow = ow_lo; ow <= ow_hi; ++ow) {
                     const int o = oh * OW + ow;
-                    if (argmax[o] == kh * KW + (w - (ow * SW - PW))) acc += gy[o];
+                    if (argmax[o] == kh * KW + (w - (ow * SW - PW))) acc += widen(gy[o]);
                 }
             }
-            gx[h * W + w] = acc;
+            gx[h * W + w] = narrow<T>(acc);
         }
     }
 }
@@ -152,10 +162,11 @@ __global__ void avgpool2d_forward(const T* __restrict__ x, T* __restrict__ y, GE
     const int hs = max(hs0, 0), ws = max(ws0, 0);
     const int he = min(hs0 + KH, H), we = min(ws0 + KW, W);
     const int count_ = span(hs0, KH, H, PH, include_pad) * span(ws0, KW, W, PW, include_pad);
-    T acc = 0;
+    typedef acc_t<T> A;
+    A acc = 0;
     for (int h = hs; h < he; ++h)
-        for (int w = ws; w < we; ++w) acc += x[h * W + w];
-    y[p.plane * OH * OW + oh * OW + ow] = count_ > 0 ? acc / (T)count_ : (T)0;
+        for (int w = ws; w < we; ++w) acc += widen(x[h * W + w]);
+    y[p.plane * OH * OW + oh * OW + ow] = narrow<T>(count_ > 0 ? acc / (A)count_ : (A)0);
 }
 
 template<typename T>
@@ -178,15 +189,16 @@ __global__ void avgpool2d_backward(const T* __restrict__ gy, T* __restrict__ gx,
             if (w < 0) continue;
             if (w >= W) break;
             const int ow_lo = max(cw - (dw <= RW ? QW : QW - 1), 0);
-            T acc = 0;
+            typedef acc_t<T> A;
+            A acc = 0;
             for (int oh = oh_lo; oh <= oh_hi; ++oh) {
                 const int rows_ = span(oh * SH - PH, KH, H, PH, include_pad);
                 for (int ow = ow_lo; ow <= ow_hi; ++ow) {
                     const int count_ = rows_ * span(ow * SW - PW, KW, W, PW, include_pad);
-                    if (count_ > 0) acc += gy[oh * OW + ow] / (T)count_;
+                    if (count_ > 0) acc += widen(gy[oh * OW + ow]) / (A)count_;
                 }
             }
-            gx[h * W + w] = acc;
+            gx[h * W + w] = narrow<T>(acc);
         }
     }
 }
@@ -231,17 +243,18 @@ __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
     x += p.n * H * W * C + p.c;
     const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
     const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
-    T best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? x[((long long)h0 * W + w0) * C]
-                                                         : minus_inf(T(0));
+    typedef acc_t<T> A;
+    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? widen(x[((long long)h0 * W + w0) * C])
+                                                         : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const T v = x[((long long)(h0 + kh) * W + (w0 + kw)) * C];
+            const A v = widen(x[((long long)(h0 + kh) * W + (w0 + kw)) * C]);
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
-    y[i] = best;
+    y[i] = narrow<T>(best);
     argmax[i] = (unsigned char)arg;
 }
 
@@ -256,15 +269,15 @@ __global__ void maxpool2d_backward_last(const T* __restrict__ gy,
     covering(p.h, KH, SH, PH, OH, oh_lo, oh_hi);
     covering(p.w, KW, SW, PW, OW, ow_lo, ow_hi);
     const long long base = p.n * OH * OW * C + p.c;
-    T acc = 0;
+    acc_t<T> acc = 0;
     for (int oh = oh_lo; oh <= oh_hi; ++oh) {
         const int kh = p.h - (oh * SH - PH);
         for (int ow = ow_lo; ow <= ow_hi; ++ow) {
             const long long o = base + ((long long)oh * OW + ow) * C;
-            if (argmax[o] == kh * KW + (p.w - (ow * SW - PW))) acc += gy[o];
+            if (argmax[o] == kh * KW + (p.w - (ow * SW - PW))) acc += widen(gy[o]);
         }
     }
-    gx[i] = acc;
+    gx[i] = narrow<T>(acc);
 }
 
 // Windows that tile the input exactly (stride = kernel, no padding, KH * OH = H, KW * OW = W):
@@ -278,13 +291,13 @@ __global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
                                               LAST_LAUNCH) {
     Pixel p;              // (n, oh, ow, c)
     if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
-    const T zero = 0;
-    const T g = zero + gy[p.index];
+    const acc_t<T> zero = 0;
+    const T g = narrow<T>(zero + widen(gy[p.index])), z = narrow<T>(zero);
     const int arg = argmax[p.index];
     T* out = gx + ((p.n * H + (long long)p.h * KH) * W + (long long)p.w * KW) * C + p.c;
     for (int kh = 0; kh < KH; ++kh)
         for (int kw = 0; kw < KW; ++kw)
-            out[((long long)kh * W + kw) * C] = kh * KW + kw == arg ? g : zero;
+            out[((long long)kh * W + kw) * C] = kh * KW + kw == arg ? g : z;
 }
 
 template<typename T>
@@ -298,10 +311,11 @@ __global__ void avgpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
     const int hs = max(hs0, 0), ws = max(ws0, 0);
     const int he = min(hs0 + KH, H), we = min(ws0 + KW, W);
     const int count_ = span(hs0, KH, H, PH, include_pad) * span(ws0, KW, W, PW, include_pad);
-    T acc = 0;
+    typedef acc_t<T> A;
+    A acc = 0;
     for (int h = hs; h < he; ++h)
-        for (int w = ws; w < we; ++w) acc += x[((long long)h * W + w) * C];
-    y[i] = count_ > 0 ? acc / (T)count_ : (T)0;
+        for (int w = ws; w < we; ++w) acc += widen(x[((long long)h * W + w) * C]);
+    y[i] = narrow<T>(count_ > 0 ? acc / (A)count_ : (A)0);
 }
 
 template<typename T>
@@ -314,38 +328,38 @@ __global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict_
     covering(p.h, KH, SH, PH, OH, oh_lo, oh_hi);
     covering(p.w, KW, SW, PW, OW, ow_lo, ow_hi);
     const long long base = p.n * OH * OW * C + p.c;
-    T acc = 0;
+    typedef acc_t<T> A;
+    A acc = 0;
     for (int oh = oh_lo; oh <= oh_hi; ++oh) {
         const int rows_ = span(oh * SH - PH, KH, H, PH, include_pad);
         for (int ow = ow_lo; ow <= ow_hi; ++ow) {
             const int count_ = rows_ * span(ow * SW - PW, KW, W, PW, include_pad);
-            if (count_ > 0) acc += gy[base + ((long long)oh * OW + ow) * C] / (T)count_;
+            if (count_ > 0) acc += widen(gy[base + ((long long)oh * OW + ow) * C]) / (A)count_;
         }
     }
-    gx[i] = acc;
+    gx[i] = narrow<T>(acc);
 }
 """
 
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
             "maxpool2d_forward_last", "maxpool2d_backward_last", "maxpool2d_backward_tiles_last",
             "avgpool2d_forward_last", "avgpool2d_backward_last")
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-_module = cp.RawModule(code=_SOURCE,
-                       name_expressions=[f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()])
+_module = cp.RawModule(code=_SOURCE, name_expressions=[f"{k}<{t}>" for k in _KERNELS
+                                                      for t in ("float", "double", "bf16")])
 
 _THREADS = 256
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
 
 
 def _check(name: str, arrays, argmax=None) -> tuple:
-    """(C type of the float arrays, their layout 'nchw' or 'nhwc'); raises on anything the
-    kernels would misread: another dtype (float32 or float64, one for all), other strides or
+    """(C type of the maps, their layout 'nchw' or 'nhwc'); raises on anything the kernels
+    would misread: another dtype (float32, float64 or bfloat16, one for all), other strides or
     mixed layouts, an argmax that is not uint8."""
     dtype = np.dtype(arrays[0].dtype)
-    ctype = _CTYPES.get(dtype)
+    ctype = map_ctype(dtype)
     if ctype is None or any(np.dtype(a.dtype) != dtype for a in arrays):
-        raise TypeError(f"{name}: pooling takes float32 or float64 arrays of one dtype, got "
-                        f"{[str(a.dtype) for a in arrays]}")
+        raise TypeError(f"{name}: pooling takes float32, float64 or bfloat16 maps of one "
+                        f"dtype, got {[str(a.dtype) for a in arrays]}")
     if argmax is not None:
         if np.dtype(argmax.dtype) != np.uint8:
             raise TypeError(f"{name}: argmax must be uint8, got {argmax.dtype}")

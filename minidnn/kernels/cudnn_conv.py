@@ -49,7 +49,7 @@ MEASURED_PLANS = 10
 DIRECT_EXECUTE = True
 MATH_MODES = ("tf32", "fp32")
 ALGOS = ("fastest", "min_workspace")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16")
 
 # What each op reads and writes, in the roles x (image), w (filter), y (output map):
 #   fprop  y  = conv(x, w)          dgrad  x = conv^T(y, w)          wgrad  w = corr(x, y)
@@ -60,10 +60,13 @@ def deselected_notes(math_mode: str, deterministic: bool, dtype: str = "float32"
 
     Plans that down-convert their inputs (to FP16/BF16) are never wanted. Strict FP32 also
     excludes tensor-core plans (TF32 on float32 data) and reduced-precision reductions.
-    float64 has no TF32, so its math mode changes nothing.
+    float64 has no TF32, so its math mode changes nothing. bfloat16 data (mixed precision)
+    runs on tensor cores whatever the mode, and always sums in float32.
     """
     notes = ["DOWN_CONVERT_INPUTS"]
-    if math_mode == "fp32" or dtype == "float64":
+    if dtype == "bfloat16":
+        notes += ["REDUCED_PRECISION_REDUCTION"]
+    elif math_mode == "fp32" or dtype == "float64":
         notes += ["TENSOR_CORE", "REDUCED_PRECISION_REDUCTION"]
     if deterministic:
         notes.append("NONDETERMINISTIC")
@@ -362,11 +365,14 @@ class CudnnConvGraph:
         cudnn = load_cudnn()
         self.problem = problem
         self.handle = handle
-        dt = {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE}[problem.dtype]
-        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=dt, compute_data_type=dt,
+        dt = {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE,
+              "bfloat16": cudnn.data_type.BFLOAT16}[problem.dtype]
+        # bfloat16 operands (mixed precision) are summed in float32
+        acc = cudnn.data_type.FLOAT if problem.dtype == "bfloat16" else dt
+        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=acc, compute_data_type=acc,
                           handle=handle)
         conv = dict(padding=list(problem.padding), stride=list(problem.stride),
-                    dilation=list(problem.dilation), compute_data_type=dt)
+                    dilation=list(problem.dilation), compute_data_type=acc)
 
         def tensor(name, layout):
             shape, strides = layout

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError
+from ..kernels import cpu as cpu_kernels
 from . import draws
 
 
@@ -87,7 +88,8 @@ class Buffer:
 class StepContext:
     """What a layer may know about the step it runs in.
 
-    xp: numpy or cupy; kernels: the kernel module for the device (minidnn/kernels); train:
+    xp: numpy or cupy; kernels: the kernel module for the device (minidnn/kernels; the CPU's
+    reference by default); train:
     training or evaluation mode; step and seed: for layers that draw random numbers (dropout),
     so that a resumed run draws the same numbers again. workspace: during a call, the cuDNN
     workspace block the memory manager planned for it (a flat uint8 device array), or None.
@@ -108,7 +110,7 @@ class StepContext:
     decision's bn_relu).
     """
     xp: Any
-    kernels: Any = None
+    kernels: Any = cpu_kernels
     train: bool = True
     step: int = 0
     seed: int = 0
@@ -170,6 +172,11 @@ class Layer:
     # Forward normalizes with statistics of the whole batch (BatchNorm in training): running it
     # on part of the batch gives other numbers, so batch splitting must not do so silently.
     batch_statistics = False
+    # The ops of ctx.kernels that forward and backward compute with, when they compute only
+    # with those: where the kernels take bf16 maps in all of them (kernels BF16_OPS), the layer
+    # runs on bf16 maps as they are; otherwise (None: it computes with array code of its own)
+    # it sees them widened to float32 (layers/precision.py).
+    kernel_ops: tuple | None = None
 
     def __init__(self, name: str | None = None):
         self.name = name

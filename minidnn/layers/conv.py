@@ -68,6 +68,7 @@ class Conv2d(Layer):
     recomputable = True
     grad_over_input = True
     retain_inputs = (0,)
+    kernel_ops = ("conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter")
 
     def __init__(self, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, init: str = "he_normal",

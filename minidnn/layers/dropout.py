@@ -14,13 +14,13 @@ import numpy as np
 
 from ..backend import same_memory
 from ..errors import ConfigError
-from ..kernels.mapformat import pointwise_views
 from .base import Layer
 
 
 class Dropout(Layer):
     kind = "dropout"
     inplace = True
+    kernel_ops = ("scale_by_mask",)
 
     def __init__(self, p: float = 0.5, name: str | None = None):
         super().__init__(name)
@@ -54,9 +54,7 @@ class Dropout(Layer):
         # the rows of the whole batch's draws, so a micro-batch has its rows of the same mask.
         draws = ctx.uniform_rows(self, mask.shape)
         xp.greater_equal(draws, np.float32(self.p), out=mask)
-        x, mask, y = pointwise_views(x, mask, y)
-        xp.multiply(x, mask, out=y)
-        y *= y.dtype.type(1.0 / (1.0 - self.p))
+        ctx.kernels.scale_by_mask(x, mask, y, 1.0 / (1.0 - self.p))
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         gx = gxs[0]
@@ -66,9 +64,7 @@ class Dropout(Layer):
             if not same_memory(gx, gy):
                 gx[...] = gy
             return
-        gy, mask, gx = pointwise_views(gy, aux["mask"], gx)
-        ctx.xp.multiply(gy, mask, out=gx)
-        gx *= gx.dtype.type(1.0 / (1.0 - self.p))
+        ctx.kernels.scale_by_mask(gy, aux["mask"], gx, 1.0 / (1.0 - self.p))
 
     def flops(self):
         return int(np.prod(self.out_shape))

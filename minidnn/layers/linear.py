@@ -10,6 +10,7 @@ class Linear(Layer):
     kind = "linear"
     recomputable = True
     retain_inputs = (0,)
+    kernel_ops = ("linear_forward", "linear_backward")
 
     def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",
                  name: str | None = None):
@@ -37,19 +38,13 @@ class Linear(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """x: (N, in), y: (N, out)."""
-        xp = ctx.xp
-        xp.matmul(xs[0], self.params["weight"].data.T, out=y)
-        if self.bias:
-            y += self.params["bias"].data
+        b = self.params["bias"].data if self.bias else None
+        ctx.kernels.linear_forward(xs[0], self.params["weight"].data, b, y)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
-        xp = ctx.xp
         w = self.params["weight"]
-        xp.matmul(gy.T, xs[0], out=w.grad)
-        if self.bias:
-            gy.sum(axis=0, out=self.params["bias"].grad)
-        if gxs[0] is not None:
-            xp.matmul(gy, w.data, out=gxs[0])
+        gb = self.params["bias"].grad if self.bias else None
+        ctx.kernels.linear_backward(xs[0], gy, w.data, w.grad, gb, gxs[0])
 
     def flops(self):
         return 2 * self.out_shape[0] * self.in_features * self.out_features

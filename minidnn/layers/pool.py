@@ -59,6 +59,7 @@ class _Pool2d(Layer):
 class MaxPool2d(_Pool2d):
     """Window maximum. aux 'argmax' (uint8, output shape) = kh * KW + kw of the first maximum."""
     recomputable = False      # its kernels write the argmax with the output
+    kernel_ops = ("maxpool2d_forward", "maxpool2d_backward")
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  name: str | None = None):
@@ -87,6 +88,7 @@ class MaxPool2d(_Pool2d):
 
 class AvgPool2d(_Pool2d):
     """Window mean over zero padding; count_include_pad=False divides by the input values only."""
+    kernel_ops = ("avgpool2d_forward", "avgpool2d_backward")
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True, name: str | None = None):

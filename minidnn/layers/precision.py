@@ -17,6 +17,15 @@ bf16 GPU kernel with float32 accumulation would do. The widened copies are tempo
 call (on the GPU they come out of the arena and count against the budget); what stays between
 forward and backward, and what is offloaded, is bf16. With float32 maps both functions are
 the layer's own calls, nothing added.
+
+A layer that computes only with kernel ops (`Layer.kernel_ops`) that all take bf16 maps
+themselves (the kernels' `BF16_OPS`: the GPU's convolutions, matrix products, ReLU, pooling,
+dropout) is called on the bf16 maps as they are: no widened copies, and cuDNN and cuBLAS run
+bf16 tensor-core plans. Those kernels keep the same contract (float32 sums, each output
+rounded once) with two differences, both as PyTorch's autocast computes: a convolution's
+output is rounded before its bias is added (rounded again), and the weights a convolution
+reads and the weight gradient it writes are rounded to bf16 (the float32 master weights and
+gradients stay float32).
 """
 from __future__ import annotations
 
@@ -45,10 +54,15 @@ def _round_into(dst, src, ctx) -> None:
         ctx.kernels.float_to_bf16(src, dst)
 
 
+def takes_bf16(layer, kernels) -> bool:
+    """True when every kernel op the layer computes with takes bf16 maps as they are."""
+    return layer.kernel_ops is not None and kernels.BF16_OPS.issuperset(layer.kernel_ops)
+
+
 def forward(layer, xs, y, aux, ctx) -> None:
     """layer.forward(xs, y, aux, ctx), in float32 when the maps are bf16."""
     if not is_bfloat16(y.dtype) and not any(x is not None and is_bfloat16(x.dtype)
-                                            for x in xs):
+                                            for x in xs) or takes_bf16(layer, ctx.kernels):
         layer.forward(xs, y, aux, ctx)
         return
     dtype = layer.dtype
@@ -62,7 +76,8 @@ def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
     retained maps and gy are widened before any gradient is written (a gradient may take
     the buffer of gy or of an input)."""
     arrays = [gy, y, *xs, *gxs]
-    if not any(a is not None and is_bfloat16(a.dtype) for a in arrays):
+    if not any(a is not None and is_bfloat16(a.dtype) for a in arrays) or \
+            takes_bf16(layer, ctx.kernels):
         layer.backward(xs, y, gy, gxs, aux, ctx)
         return
     dtype = layer.dtype

@@ -28,6 +28,7 @@ class ReLU(Layer):
     kind = "relu"
     recomputable = True
     inplace = True
+    kernel_ops = ("relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits")
 
     def __init__(self, keep: str = "output", name: str | None = None):
         super().__init__(name)

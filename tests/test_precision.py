@@ -228,3 +228,24 @@ def test_dyn_plans_bf16_maps_at_half_the_bytes():
     assert decision.precision == "bf16" and decision.layout == "nchw"
     with pytest.raises(InfeasibleBudgetError):     # in one pass (dyn would split the batch)
         decide(net, 64, DynPolicy(profile=prof), budget, precision="fp32", micro_batches=1)
+
+
+def test_dyn_counts_the_bf16_weight_copies_on_the_gpu():
+    """The GPU's bf16 products read bf16 copies of the conv and linear weights, kept through
+    a batch's passes: a GPU profile's step model counts them (2 bytes per weight value), a
+    CPU profile's (no copies there) and a float32 step's do not."""
+    from dataclasses import replace
+    from minidnn.planner import analytic_profile
+    from minidnn.planner.costs import weight_copy_bytes
+    from minidnn.planner.simulate import StepModel
+    net = models.build("tiny_cnn", num_classes=10, image_size=64)
+    prof = analytic_profile(net, 16, "h200")
+    weights = sum(p.data.size if p.data is not None else int(np.prod(p.shape))
+                  for name, p in net.parameters() if name.endswith("weight"))
+    assert weight_copy_bytes(net) == 2 * weights
+    extra = {}
+    for precision, gpu in (("fp32", True), ("bf16", True), ("bf16", False)):
+        p = prof if gpu else replace(prof, temporaries_in_arena=False)
+        m = StepModel(net, 16, p, maps=MapFormat(precision=precision))
+        extra[precision, gpu] = m.weight_copy_bytes
+    assert extra == {("fp32", True): 0, ("bf16", True): 2 * weights, ("bf16", False): 0}

@@ -239,3 +239,14 @@ def optimizer_transient_bytes(net) -> int:
 
 def param_bytes(net) -> int:
     return sum(numel(p.shape) for _, p in net.parameters()) * net.dtype.itemsize
+
+
+#: The layers whose weights the GPU's bf16 products read through bf16 copies, kept through
+#: the passes of a batch (kernels/cuda_linear.py).
+WEIGHT_COPY_KINDS = ("conv", "linear")
+
+
+def weight_copy_bytes(net) -> int:
+    """Bytes of the bf16 copies of the weights a bf16 step on the GPU holds (2 per value)."""
+    return sum(2 * numel(node.layer.params["weight"].shape) for node in net.nodes
+               if node.layer.kind in WEIGHT_COPY_KINDS)

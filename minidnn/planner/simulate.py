@@ -60,7 +60,7 @@ from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..memory.record import record_intervals
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
-                    param_bytes, transient_bytes)
+                    param_bytes, transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .replay import replay_steps
 
@@ -463,8 +463,11 @@ class StepModel:
         self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \
             numel(label.shape) * label.dtype.itemsize
         self.input_bytes = int(input_batches) * self.input_batch_bytes * self.micro_batches
-        self.extra_bytes = self.momentum_bytes + self.input_bytes
         counted = 1 if profile.temporaries_in_arena else 0
+        # bf16 maps on the GPU: the products read bf16 copies of the weights, kept all step
+        self.weight_copy_bytes = counted * weight_copy_bytes(net) \
+            if self.maps.precision == "bf16" else 0
+        self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)

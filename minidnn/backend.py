@@ -51,12 +51,18 @@ def to_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
+def address(a) -> int:
+    """The address of an array's first byte (NumPy: host memory; CuPy: device memory)."""
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
+
+
 def same_memory(a, b) -> bool:
     """True when two arrays start at the same address (an in-place layer got its input's buffer)."""
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and \
-            a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    return a.data.ptr == b.data.ptr
+    if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
+        return False
+    return address(a) == address(b)
 
 
 class _CpuStream:

@@ -374,3 +374,29 @@ def test_simple_allocator_holds_buffers_freed_behind_an_unfinished_copy():
     assert a.in_use == 0
     with pytest.raises(ValueError):
         a.free(c)
+
+
+def test_views_of_an_arena_are_made_once_and_change_no_bit():
+    """Under a budget the CPU allocates from an arena (Allocator.carves): the manager keeps
+    each tensor's view at its address, so a later step gets the same view objects; the
+    parameters are bit for bit those of a manager that makes every view afresh."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, 3, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, 5, BATCH)
+
+    def train(cached: bool):
+        with build_executor(dag_net(), BATCH, device="cpu", seed=0, policy="all",
+                            memory_budget="64MiB") as ex:
+            assert ex.allocator.carves
+            if not cached:
+                ex.manager._views = None
+            opt = SGD(ex.parameters(), lr=0.1, momentum=0.9, allocator=ex.allocator)
+            ex.train_step(x, labels, opt)
+            first = dict(ex.manager._views or {})
+            ex.train_step(x, labels, opt)
+            again = ex.manager._views or {}
+            return ex.net.param_checksum(), first, again
+
+    with_cache, first, again = train(True)
+    assert first and all(again.get(key) is view for key, view in first.items())
+    assert train(False)[0] == with_cache

@@ -169,3 +169,21 @@ def test_pointwise_views_are_flat_in_memory_order_only_where_that_is_the_same_op
     strided = a[:, :, ::2]
     assert pointwise_views(strided, strided)[0] is strided
     assert pointwise_views(a, b)[0] is a       # NCHW: already in memory order
+
+
+def test_is_channels_last_by_strides_agrees_with_the_array_module():
+    """The stride rule against NumPy's own contiguity of the (N, H, W, C) transpose, over
+    views of every kind: sliced, transposed, length-1 and empty axes."""
+    from minidnn.kernels.mapformat import is_channels_last
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        shape = tuple(int(d) for d in rng.integers(0, 4, 4))
+        base = np.zeros(tuple(d + 2 for d in shape), np.float32)
+        order = rng.permutation(4)
+        a = base.transpose(order)[tuple(slice(0, d, int(rng.integers(1, 3))) for d in shape)]
+        for candidate in (a, np.ascontiguousarray(a),
+                          np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)):
+            assert is_channels_last(candidate) == \
+                candidate.transpose(0, 2, 3, 1).flags.c_contiguous, (candidate.shape,
+                                                                      candidate.strides)
+    assert not is_channels_last(np.zeros((2, 3, 4)))

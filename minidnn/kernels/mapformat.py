@@ -151,8 +151,23 @@ def empty(xp, shape, dtype, layout: str = "nchw"):
 
 
 def is_channels_last(a) -> bool:
-    """True when a 4-D array is the transposed view of a C-contiguous (N, H, W, C) array."""
-    return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
+    """True when a 4-D array is the transposed view of a C-contiguous (N, H, W, C) array.
+
+    By its strides, as the array module judges contiguity (axes of length 1 may have any
+    stride; an empty array is contiguous): asked of every map of many calls, and a transposed
+    view costs a CuPy array on the host."""
+    if a.ndim != 4:
+        return False
+    shape, strides = a.shape, a.strides
+    if 0 in shape:
+        return True
+    step = a.itemsize
+    for axis in (1, 3, 2, 0):            # C, W, H, N: innermost first
+        if shape[axis] != 1:
+            if strides[axis] != step:
+                return False
+            step *= shape[axis]
+    return True
 
 
 def pixel_rows(a):

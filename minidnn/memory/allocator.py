@@ -30,10 +30,13 @@ class Allocator:
     empty(shape, dtype, where='') -> (typed array, its buffer) (device allocators);
     `in_use` and `peak` bytes, reset_peak(); fragmentation() -> 0..1 (0: one piece);
     stats() -> dict; close(): release what it holds. `current_where` names what is running,
-    for budget errors of allocations that do not say.
+    for budget errors of allocations that do not say. `carves`: every buffer is a piece of
+    one block the allocator holds until close(), so an address names the same memory all that
+    time and a view made of a buffer may be kept after the buffer is freed (the arena).
     """
 
     current_where = ""
+    carves = False
 
     def alloc(self, nbytes: int, where: str = ""):
         raise NotImplementedError

@@ -84,6 +84,8 @@ class Arena(Allocator):
     CuPy's in particular, report it when they fail.
     """
 
+    carves = True
+
     def __init__(self, device, budget: int | None):
         self.device = device
         self.is_gpu = bool(device.is_gpu)

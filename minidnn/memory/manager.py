@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import address
 from ..errors import MemoryBudgetError
 from ..kernels import cpu as _cpu_kernels
 from .layout import DynamicBlocks, WorkspaceBlock
@@ -277,6 +278,12 @@ class MemoryManager:
         self._grad_written: set[str] = set()
         self._pending_sums: list[tuple[object, object, object, int]] = []
         self._window_at = None
+        # (tensor, address) -> the array view of it there, when the allocator carves its
+        # buffers out of one block (Allocator.carves). A layer call asks for several views and
+        # each costs array-module calls on the host (on the GPU about 25 us); a storage comes
+        # back to the same address step after step, so the views are made once.
+        self._views: dict | None = {} if allocator.carves else None
+        self._views_limit = 4 * len(plan.tensors)
         self.set_offload(offload, recompute)
 
     @property
@@ -328,7 +335,15 @@ class MemoryManager:
         if self.dry:
             return None
         t = self.plan.tensors[tensor]
-        return self.plan.maps.view(fm.device, t.shape, t.dtype)
+        if self._views is None:
+            return self.plan.maps.view(fm.device, t.shape, t.dtype)
+        key = (tensor, address(fm.device))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= self._views_limit:   # addresses that moved: start afresh
+                self._views.clear()
+            view = self._views[key] = self.plan.maps.view(fm.device, t.shape, t.dtype)
+        return view
 
     def view(self, tensor: str, where: str = ""):
         """The tensor as an array of its shape and dtype (allocating its storage if needed;

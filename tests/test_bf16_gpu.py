@@ -148,14 +148,14 @@ def test_the_passes_of_a_batch_share_one_bf16_copy_of_each_weight(gpu):
     is rounded to bf16 once and every call in the scope reads that copy; outside, each call
     makes its own. The copy is the weight rounded to nearest even either way."""
     cp, device, gpu_kernels = gpu
-    from minidnn.kernels import cuda_linear
+    from minidnn.kernels import cuda_weights
     host = np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32)
     with device.compute:
         w = cp.asarray(host)
-        alone = [cuda_linear.weights_in(w, BF16) for _ in range(2)]
+        alone = [cuda_weights.weights_in(w, BF16) for _ in range(2)]
         with gpu_kernels.shared_weight_copies():
-            shared = [cuda_linear.weights_in(w, BF16) for _ in range(2)]
-        after = cuda_linear.weights_in(w, BF16)
+            shared = [cuda_weights.weights_in(w, BF16) for _ in range(2)]
+        after = cuda_weights.weights_in(w, BF16)
     assert alone[0] is not alone[1] and shared[0] is shared[1] and after is not shared[0]
     for copy in (alone[1], shared[0], after):
         np.testing.assert_array_equal(to_host(cp, copy), host.astype(BF16).astype(np.float32))

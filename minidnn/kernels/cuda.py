@@ -35,14 +35,14 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
-from .cuda_linear import empty_as, linear_backward, linear_forward, shared_weight_copies, \
-    weights_in
+from .cuda_linear import linear_backward, linear_forward
 from .cuda_lrn import lrn_backward, lrn_forward
 from .cuda_pointwise import add, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits, scale_by_mask
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .cuda_sgd import sgd_update
+from .cuda_weights import empty_as, shared_weight_copies, weights_in
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
     check_math, contiguous_layout, split_by_group
 

@@ -5,9 +5,8 @@ With float32 or float64 maps the ops are the reference's (kernels/cpu.py, run on
 so CuPy's matmul and its math mode (configure: TF32 or strict FP32) apply as before.
 
 With bf16 maps (x, y, gy, gx) the weights stay float32. Each product reads a bf16 copy of the
-weights (rounded to nearest even; `weights_in`, which the convolutions use too: made per call,
-or once for all the passes of a batch under `shared_weight_copies`) and runs on bf16 tensor
-cores with float32 sums, as PyTorch's autocast does:
+weights (cuda_weights.py) and runs on bf16 tensor cores with float32 sums, as PyTorch's
+autocast does:
 
     y  = round(x @ w16^T + b)      the product in a float32 temporary, the bias added there,
                                    one rounding
@@ -20,15 +19,14 @@ each product below is stated on the transposes.
 """
 from __future__ import annotations
 
-import contextlib
-
 import cupy as cp
 import numpy as np
 from cupy_backends.cuda.libs import cublas
 
 from . import cpu as _cpu
 from .cuda_pointwise import bf16_to_float, float_to_bf16
-from .mapformat import is_bfloat16, layout_of, shaped
+from .cuda_weights import weights_in
+from .mapformat import is_bfloat16
 
 # cudaDataType_t, cublasComputeType_t and cublasGemmAlgo_t values (cublas_api.h, library_types.h)
 _R_32F, _R_16BF = 0, 14
@@ -52,43 +50,6 @@ def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, lda: int, b, 
                   a.data.ptr, _cuda_type(a), lda, b.data.ptr, _cuda_type(b), ldb,
                   _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), ldc, _COMPUTE_32F,
                   _GEMM_DEFAULT)
-
-
-def empty_as(a, dtype):
-    """A new array of a's shape and layout (C order or channels last) in `dtype`."""
-    return shaped(cp.empty(a.size * dtype.itemsize, dtype=np.uint8), a.shape, dtype,
-                  layout_of(a))
-
-
-# While a batch's passes run (shared_weight_copies), the bf16 copies of the weights made so
-# far, by (address, shape, strides): None outside, when each call makes its own.
-_copies: dict | None = None
-
-
-@contextlib.contextmanager
-def shared_weight_copies():
-    """Within the body (the passes of one batch, which leave the weights as they are) each
-    weight's bf16 copy is made at its first use and read by every later call; the copies are
-    dropped when the body ends. Outside, each call makes and drops its own."""
-    global _copies
-    outer, _copies = _copies, {}
-    try:
-        yield
-    finally:
-        _copies = outer
-
-
-def weights_in(w, dtype):
-    """float32 `w` as a bf16 product reads it: a copy in `dtype` (bf16), rounded to nearest
-    even, in w's layout."""
-    key = (w.data.ptr, w.shape, w.strides)
-    w16 = None if _copies is None else _copies.get(key)
-    if w16 is None:
-        w16 = empty_as(w, dtype)
-        float_to_bf16(w, w16)
-        if _copies is not None:
-            _copies[key] = w16
-    return w16
 
 
 def _check(*arrays) -> None:

@@ -60,7 +60,7 @@ from .layers.draws import scratch_bytes
 from .memory.allocator import Allocator, CountingAllocator
 from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
-from .memory.layout import PlannedBlocks
+from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
 from .memory.observer import ObserverGroup
 from .memory.plan import LivenessPlan
@@ -134,6 +134,9 @@ class Executor:
     pass batch, with the decision's ReLU bit masks and map format and this `input_grad`
     (ConfigError otherwise). The plan never changes once made, so the planner's step model
     shares one among the thousands of dry runs it makes.
+    intervals: with the static layout, this decision's step blocks as memory/record.py's
+    record_intervals gives them (not packed yet), to pack instead of recording them again:
+    the planner's step model has walked the step for a bound on its memory already.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -147,7 +150,7 @@ class Executor:
                  allocator: Allocator | None = None, host: Allocator | None = None,
                  input_grad: bool = False, split_batch_statistics: bool = False,
                  batch_offset: int = 0, global_batch: int | None = None,
-                 plan: LivenessPlan | None = None):
+                 plan: LivenessPlan | None = None, intervals: list | None = None):
         self.net = net
         self.batch = int(batch)
         self.batch_offset = int(batch_offset)
@@ -201,8 +204,8 @@ class Executor:
             # random draws are the manager's always, planned or not.
             workspace = self._workspace_blocks() if static_layout else {}
             scratch = self._scratch_blocks()
-            blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch) \
-                if static_layout else None
+            blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch,
+                                       intervals) if static_layout else None
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
@@ -358,13 +361,15 @@ class Executor:
                                                        self.device.generator_bytes)
         return blocks
 
-    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):
-        """Record one step's blocks (and planned workspaces and scratch blocks), pack them
-        (memory/layout.py), and take the region for them from the allocator now, so that a
-        budget too small fails before step one."""
+    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict,
+                     intervals: list | None = None):
+        """Record one step's blocks (and planned workspaces and scratch blocks; `intervals`:
+        recorded already), pack them (memory/layout.py), and take the region for them from
+        the allocator now, so that a budget too small fails before step one."""
         keep = (self.net.loss_node.name, self.net.output)
-        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
-                                      workspace, self.decision.recompute, scratch)
+        self.layout = StaticLayout(intervals) if intervals is not None else \
+            layout_for_step(self.plan, self.decision.offload, lookahead, keep, workspace,
+                            self.decision.recompute, scratch)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.

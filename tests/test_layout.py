@@ -217,3 +217,16 @@ def test_packing_is_the_plain_rule_exactly():
         assert size == max(o + aligned(r[2]) for o, r in zip(offset, rows))
         assert [iv.predecessor_index.tolist() for iv in ivs] == preds
         assert [iv.predecessors for iv in ivs] == [[(j, 0) for j in p] for p in preds]
+
+
+def test_predecessors_among_candidates_are_the_predecessors_masked_to_them():
+    """PlannedBlocks sifts only the blocks with an event due (Overlaps.among): the same
+    positions, in the same order, as the full predecessor list masked to them."""
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        ivs = _random_intervals(rng, n=int(rng.integers(1, 60)))
+        layout = StaticLayout(ivs)
+        for iv in ivs:
+            mask = rng.random(len(ivs)) < 0.3
+            want = [j for j in iv.predecessor_index.tolist() if mask[j]]
+            assert layout.overlaps.among(iv.index, np.flatnonzero(mask)).tolist() == want

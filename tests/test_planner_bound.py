@@ -90,3 +90,25 @@ def test_an_executor_runs_by_a_liveness_plan_it_is_given_only_if_it_is_its_own()
     assert ex.plan is plan
     with pytest.raises(ConfigError, match="liveness plan"):
         Executor(net, 8, device="cpu", compute=False, plan=plan)
+
+
+def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_prediction(
+        monkeypatch):
+    """evaluate_if_fits walks the step once for the bound; the executor of the evaluation
+    that follows packs those blocks instead of recording them again, and predicts exactly
+    what an evaluation with no bound before it does."""
+    import minidnn.executor as executor
+    walk = executor.layout_for_step
+    probe = _model()
+    for offload, algos, recompute in _decisions(probe, count=4, seed=5):
+        fresh = _model().evaluate(offload, algos, recompute)
+        model = _model(budget=8 * GiB)
+        monkeypatch.setattr(executor, "layout_for_step", None)    # must not walk again
+        reused = model.evaluate_if_fits(offload, algos, recompute)
+        monkeypatch.setattr(executor, "layout_for_step", walk)
+        assert reused is not None and model._recorded is None     # taken by the executor
+        for name in ("required_bytes", "peak_bytes", "step_time_s", "compute_s",
+                     "region_bytes", "held_bytes", "levels", "fm_levels", "calls", "copies",
+                     "offloaded_bytes", "prefetched_bytes", "host_wait_s"):
+            assert getattr(reused, name) == getattr(fresh, name), name
+        assert dict(reused.resident) == dict(fresh.resident)

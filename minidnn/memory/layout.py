@@ -52,12 +52,17 @@ class Interval:
     end: int = -1
     offset: int = -1
     index: int = -1                                      # position in the packed list
-    predecessor_index: Any = None                        # the predecessors' positions (array)
     keys: list = field(default=None, repr=False)         # every packed interval's key, by position
+    overlaps: Any = field(default=None, repr=False)      # the packing's Overlaps (see pack)
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.sid, self.k)
+
+    @property
+    def predecessor_index(self):
+        """The predecessors' positions (a sorted array; None before packing)."""
+        return None if self.overlaps is None else self.overlaps.of(self.index)
 
     @property
     def predecessors(self) -> list:
@@ -124,7 +129,7 @@ class RecordingBlocks(DynamicBlocks):
 
 def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     """Give each interval an offset; returns the region size. Fills `offset`, `index` and
-    `predecessor_index` (`predecessors` reads it).
+    `overlaps` (`predecessor_index` and `predecessors` read it).
 
     Greedy: largest first (ties: earliest start), each at the lowest aligned address where it
     overlaps no placed interval alive at the same time. Then, for every interval, the earlier
@@ -140,20 +145,44 @@ def pack(intervals: list[Interval], alignment: int = ALIGNMENT) -> int:
     start = np.array([iv.start for iv in intervals], dtype=np.int64)
     end = np.array([iv.end for iv in intervals], dtype=np.int64)
     offset = _place(need, start, end, alignment)
-    top = offset + need
-    size = int(top.max())
+    overlaps = Overlaps(offset, offset + need, start, end)
     keys = [iv.key for iv in intervals]
-    # Earlier blocks at overlapping addresses: with the blocks sorted by their release, the
-    # ones released before interval i starts are a prefix of that order.
-    by_end = np.argsort(end, kind="stable")
-    released = np.searchsorted(end[by_end], start, side="right")
-    off_by_end, top_by_end = offset[by_end], top[by_end]
-    for i, iv in enumerate(intervals):
-        iv.offset, iv.index, iv.keys = int(offset[i]), i, keys
-        r = released[i]
-        hit = (off_by_end[:r] < top[i]) & (top_by_end[:r] > offset[i])
-        iv.predecessor_index = np.sort(by_end[:r][hit])
-    return size
+    for i, (iv, at) in enumerate(zip(intervals, offset.tolist())):
+        iv.offset, iv.index, iv.keys, iv.overlaps = at, i, keys, overlaps
+    return overlaps.size
+
+
+class Overlaps:
+    """The predecessors of each packed interval: the earlier blocks (released before it is
+    taken) that share any of its addresses. Worked out per interval only when asked
+    (`predecessors`): a run sifts just the blocks released behind a copy (`among`), and a
+    planner packs thousands of blocks for every decision it weighs."""
+
+    def __init__(self, offset, top, start, end):
+        self.offset, self.top, self.start, self.end = offset, top, start, end
+        self.size = int(top.max())
+        # With the blocks sorted by their release, the ones released before interval i
+        # starts are a prefix of that order.
+        self.by_end = np.argsort(end, kind="stable")
+        self.released = np.searchsorted(end[self.by_end], start, side="right")
+        self.off_by_end, self.top_by_end = offset[self.by_end], top[self.by_end]
+        self._of: list = [None] * len(offset)
+
+    def of(self, i: int):
+        """Interval i's predecessors' positions (a sorted array)."""
+        got = self._of[i]
+        if got is None:
+            r = self.released[i]
+            hit = (self.off_by_end[:r] < self.top[i]) & (self.top_by_end[:r] > self.offset[i])
+            got = self._of[i] = np.sort(self.by_end[:r][hit])
+        return got
+
+    def among(self, i: int, candidates):
+        """Of `candidates` (positions, sorted), interval i's predecessors, in that order: as
+        of(i) masked to them, at the cost of the candidates alone."""
+        hit = (self.end[candidates] <= self.start[i]) & \
+            (self.offset[candidates] < self.top[i]) & (self.top[candidates] > self.offset[i])
+        return candidates[hit]
 
 
 def _place(need, start, end, alignment: int):
@@ -212,6 +241,7 @@ class StaticLayout:
     def __init__(self, intervals: list[Interval], alignment: int = ALIGNMENT):
         self.size = pack(intervals, alignment)
         self.intervals = {iv.key: iv for iv in intervals}
+        self.overlaps = intervals[0].overlaps if intervals else None
         self._live_peak = None
 
     def workspace_bytes(self) -> int:
@@ -247,7 +277,7 @@ class PlannedBlocks(DynamicBlocks):
         # been made to wait on yet this step (a mask): an event is recorded once, so a
         # second wait on it orders nothing more. A block of a very deep network has hundreds
         # of predecessors, most of them released without a copy or waited on already, so
-        # they are sifted with array operations.
+        # only the blocks with an event still due are sifted, with array operations.
         n = len(layout.intervals)
         self._event: list = [None] * n
         self._has_event = np.zeros(n, dtype=bool)
@@ -274,13 +304,12 @@ class PlannedBlocks(DynamicBlocks):
         if iv is None or iv.nbytes != fm.nbytes:
             self.unplanned += 1
             return super().acquire(fm, where, stream)
-        preds = iv.predecessor_index
         # Until a block is released behind a copy there is nothing to wait on: skip the sift.
-        if self._any_event and preds is not None and preds.size:
+        if self._any_event:
             pending = self._due.get(id(stream))
             if pending is None:
                 pending = self._due[id(stream)] = self._has_event.copy()
-            due = preds[pending[preds]]
+            due = self.layout.overlaps.among(iv.index, np.flatnonzero(pending))
             if due.size:
                 for j in due.tolist():
                     stream.wait_event(self._event[j])

@@ -277,7 +277,7 @@ class _Recorder(StepObserver):
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
                   recompute=frozenset(), relu_bits=frozenset(), maps=None,
-                  global_batch: int | None = None, plan=None) -> Executor:
+                  global_batch: int | None = None, plan=None, intervals=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
@@ -286,7 +286,8 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. global_batch: the
     step's images when `batch` is one micro-batch of it (random draws are the step's).
     plan: the LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor
-    makes one)."""
+    makes one). intervals: the decision's step blocks recorded already (Executor takes
+    them)."""
     maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
@@ -295,7 +296,7 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
-                    global_batch=global_batch, plan=plan)
+                    global_batch=global_batch, plan=plan, intervals=intervals)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -476,6 +477,9 @@ class StepModel:
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
+        # (cache key, block intervals) of the last least_required: when that decision is
+        # evaluated next (it fits the bound), its executor packs them instead of walking again
+        self._recorded = None
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -569,6 +573,7 @@ class StepModel:
         keep = (self.net.loss_node.name, self.net.output)   # as the executor keeps them
         intervals = record_intervals(self.plan, offload, self.lookahead, keep, workspace,
                                      recompute, self.scratch)
+        self._recorded = (self.key(offload, conv_algo, recompute), intervals)
         region = live_peak(intervals)
         return self.param_grad_bytes + aligned(max(region, 1)) + \
             self.optimizer_transient + self.extra_bytes
@@ -598,9 +603,13 @@ class StepModel:
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
         device = self._device()
         planned = self.workspace_blocks(conv_algo, recompute)
+        recorded, self._recorded = self._recorded, None     # packed once, by this executor
+        intervals = recorded[1] if recorded is not None and \
+            recorded[0] == self.key(offload, conv_algo, recompute) else None
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
                            self.static_layout, planned, recompute, self.relu_bits,
-                           maps=self.maps, global_batch=self.step_batch, plan=self.plan)
+                           maps=self.maps, global_batch=self.step_batch, plan=self.plan,
+                           intervals=intervals)
         held = int(ex.allocator.in_use)
         layout = getattr(ex, "layout", None)
         if layout is not None:      # for the decisions pruning derives from this one

@@ -283,6 +283,9 @@ class PlannedBlocks(DynamicBlocks):
         self._has_event = np.zeros(n, dtype=bool)
         self._any_event = False                   # any block released behind a copy yet
         self._due: dict[int, np.ndarray] = {}
+        # The positions of each stream's mask (np.flatnonzero), kept until the mask changes:
+        # most blocks are taken with nothing new released behind a copy since the last one.
+        self._due_at: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
@@ -296,6 +299,7 @@ class PlannedBlocks(DynamicBlocks):
         self._has_event[:] = False
         self._any_event = False
         self._due.clear()
+        self._due_at.clear()
 
     def acquire(self, fm, where, stream):
         k = self._count.get(fm.sid, 0)
@@ -309,11 +313,15 @@ class PlannedBlocks(DynamicBlocks):
             pending = self._due.get(id(stream))
             if pending is None:
                 pending = self._due[id(stream)] = self._has_event.copy()
-            due = self.layout.overlaps.among(iv.index, np.flatnonzero(pending))
+            at = self._due_at.get(id(stream))
+            if at is None:
+                at = self._due_at[id(stream)] = np.flatnonzero(pending)
+            due = self.layout.overlaps.among(iv.index, at)
             if due.size:
                 for j in due.tolist():
                     stream.wait_event(self._event[j])
                 pending[due] = False
+                del self._due_at[id(stream)]
         self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
@@ -326,5 +334,6 @@ class PlannedBlocks(DynamicBlocks):
             self._has_event[iv.index] = True
             for pending in self._due.values():
                 pending[iv.index] = True
+            self._due_at.clear()
             self._any_event = True
 

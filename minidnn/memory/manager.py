@@ -510,29 +510,26 @@ class MemoryManager:
     def backward_buffers(self, i: int):
         """(retained inputs, retained output, grad output, grad inputs, aux) of node i."""
         self.time = self.plan.backward_time(i)
-        node = self.plan.nodes[i]
-        layer = node.layer
-        where = f"backward of {node.name}"
+        where = f"backward of {self.plan.nodes[i].name}"
+        retained, output, grad_output, grad_inputs = self.plan.backward_tensors(i)
         reads = self.plan.backward_reads[i]
         for sid in reads:  # what this layer reads must be on its way before anything else
             self._ensure(sid, where)
         self._prefetch_window(i)
         for sid in reads:
             self.mover.wait(self.maps[sid])
-        xs = [self.view(name) if k in layer.retain_inputs else None
-              for k, name in enumerate(node.inputs)]
-        y = self.view(node.name) if self.plan.retains_output(i) else None
+        xs = [None if name is None else self.view(name) for name in retained]
+        y = None if output is None else self.view(output)
         aux = {a: self.view(t) for a, t in self.plan.aux_tensors(i)}
-        gy = self.view(f"grad:{node.name}", where)
+        gy = self.view(grad_output, where)
         if i == self.plan.num_nodes - 1 and not self.dry:
             gy[...] = self.loss_gradient  # d loss / d loss
         gxs = []
         self._pending_sums = []
-        for k, name in enumerate(node.inputs):
-            if not self.plan.grad_wanted(node, k):
+        for gname in grad_inputs:
+            if gname is None:
                 gxs.append(None)
                 continue
-            gname = f"grad:{name}"
             if gname not in self._grad_written:
                 self._grad_written.add(gname)
                 gxs.append(self.view(gname, where))

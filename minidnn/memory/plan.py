@@ -89,6 +89,7 @@ class LivenessPlan:
         self._writers = None           # storage id -> writer nodes, built by writers()
         self._liveness_peaks: dict = {}  # kinds -> liveness_peak_bytes
         self._aux_tensors = None         # node index -> aux_tensors(i), built on first use
+        self._backward_tensors = None    # node index -> backward_tensors(i), the same way
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
         n = len(self.nodes)
@@ -228,6 +229,22 @@ class LivenessPlan:
             self._aux_tensors = [tuple((a, f"{node.name}:{a}") for a in self.aux_specs(j))
                                  for j, node in enumerate(self.nodes)]
         return self._aux_tensors[i]
+
+    def backward_tensors(self, i: int) -> tuple:
+        """(retained, output, grad_output, grad_inputs) of node i's backward: per input, its
+        name if backward reads it, else None; the output's name if retained, else None; the
+        output's gradient; per input, its gradient's name if backward writes it, else None.
+        Kept once worked out, as aux_tensors."""
+        if self._backward_tensors is None:
+            self._backward_tensors = [
+                (tuple(name if k in node.layer.retain_inputs else None
+                       for k, name in enumerate(node.inputs)),
+                 node.name if self.retains_output(j) else None,
+                 f"grad:{node.name}",
+                 tuple(f"grad:{name}" if self.grad_wanted(node, k) else None
+                       for k, name in enumerate(node.inputs)))
+                for j, node in enumerate(self.nodes)]
+        return self._backward_tensors[i]
 
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i

@@ -187,6 +187,25 @@ def test_relu_bit_masks_lower_the_least_budget():
     assert bits["minimum_budget_bytes"] < plain["minimum_budget_bytes"]
 
 
+def test_bf16_maps_are_planned_at_their_bytes(tmp_path):
+    """--precision bf16 (or a bf16 run's report) plans half-size feature maps: a lower least
+    budget, the precision said in the JSON and in the header, and a note that the times are
+    the profile's."""
+    plain = plan_json()
+    half = plan_json("--precision", "bf16")
+    assert plain["precision"] == "fp32" and half["precision"] == "bf16"
+    assert half["minimum_budget_bytes"] < plain["minimum_budget_bytes"]
+    assert any("feature maps in bf16" in n for n in half["notes"])
+    assert "feature maps bf16" in run(*BASE, "--precision", "bf16").splitlines()[1]
+    report = tmp_path / "run.json"     # a bf16 run's report, and --precision over it
+    report.write_text(json.dumps({"model": "tiny_cnn", "batch": 64, "image_size": 32,
+                                  "num_classes": 10, "policy": "none", "precision": "bf16",
+                                  "memory_budget_bytes": None, "peak_device_bytes": 1}))
+    for extra, want in (((), "bf16"), (("--precision", "fp32"), "fp32")):
+        args = parse("--report", str(report), "--gpu", "h200", "--json", *extra)
+        assert plan_json_of(args)["precision"] == want
+
+
 def test_dyn_chooses_the_prefetch_lookahead_unless_given():
     from minidnn.planner.search import LOOKAHEADS
     loose = plan_json()

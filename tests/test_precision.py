@@ -1,6 +1,8 @@
 """Mixed precision on the CPU (precision='bf16'): bf16 feature maps and map gradients,
 float32 everything else, with bf16 rounding emulated through ml_dtypes, so the path runs here
 and the GPU is checked against it."""
+import json
+
 import numpy as np
 import pytest
 
@@ -140,12 +142,14 @@ def test_offload_recompute_and_relu_bits_change_no_bit_in_bf16():
 def test_command_line_trains_in_bf16_and_channels_last_and_checkpoints_float32(capsys,
                                                                                 tmp_path):
     from minidnn.cli import main
-    ckpt = tmp_path / "c.npz"
+    ckpt, report = tmp_path / "c.npz", tmp_path / "run.json"
     code = main(["train", "--model", "tiny_cnn", "--image-size", "16", "--steps", "3",
                  "--batch", "4", "--precision", "bf16", "--layout", "nhwc", "--eval-every", "0",
-                 "--checkpoint", str(ckpt), "--no-progress", "--device", "cpu"])
+                 "--checkpoint", str(ckpt), "--no-progress", "--device", "cpu",
+                 "--report", str(report)])
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert json.loads(report.read_text())["precision"] == "bf16"   # `minidnn plan` reads it
     with np.load(ckpt) as saved:
         weights = [saved[k] for k in saved.files if k.endswith("conv1.weight")]
     assert weights and weights[0].dtype == np.float32 and weights[0].shape == (16, 3, 3, 3)

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import argtypes
 from ..errors import ConfigError, fmt_bytes
+from ..kernels.mapformat import PRECISIONS, MapFormat
 from ..memory.arena import GPU_SAFETY_MARGIN
 from ..memory.policy import CALL_PHASES
 from ..report import MATH_MODES, json_safe, parse_math_mode
@@ -79,6 +80,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "--split-batch-statistics; otherwise such a network runs one pass)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="feature maps in fp32 or bf16 (as train --precision; default: the "
+                        "--report's, else fp32); bf16 maps plan at 2 bytes a value, their "
+                        "times are the profile's")
     p.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
                    metavar="GB/S", help="pinned copies get at most this many GB/s each way, "
                    "e.g. what each GPU measured with several copying at once "
@@ -139,8 +144,8 @@ def _load_report(path: str) -> dict:
 
 
 def _settings(args, report: dict | None) -> dict:
-    """Model, batch, image size, classes, policy, budget, math, deterministic: the command
-    line's, else the report's, else the defaults."""
+    """Model, batch, image size, classes, policy, budget, math, deterministic, precision: the
+    command line's, else the report's, else the defaults."""
     r = report or {}
     # A report writes e.g. 'fp32 deterministic' (report.math_mode).
     report_math, deterministic = parse_math_mode(r.get("math_mode"))
@@ -154,6 +159,7 @@ def _settings(args, report: dict | None) -> dict:
         else r.get("memory_budget_bytes"),
         "math": args.math or report_math or "tf32",
         "deterministic": deterministic,
+        "precision": args.precision or r.get("precision") or "fp32",
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -347,6 +353,10 @@ def make_plan(args) -> dict:
         prof = prof.with_host_link(args.host_link_gbps)
         source += f"; host link {args.host_link_gbps:g} GB/s each way"
     notes = list(prof.notes)
+    maps = MapFormat(precision=s["precision"])
+    if maps.precision != "fp32":
+        notes.append(f"feature maps in {maps.precision}: planned at their bytes; the times are "
+                     f"the profile's, as measured or modelled")
     budget = s["budget"]
     if budget is None:
         budget = max(int(prof.memory_bytes) - GPU_SAFETY_MARGIN, 0)
@@ -378,7 +388,8 @@ def make_plan(args) -> dict:
         counts = [1]
     split = plan_split(net, batch,
                        lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
-                       int(budget), lookaheads, counts=counts, relu_bits=relu_bits)
+                       int(budget), lookaheads, counts=counts, relu_bits=relu_bits,
+                       maps=maps)
     if split.chosen is None and s["policy"] == "dyn":
         raise split.infeasible_error()
     option = split.chosen or split.options[0]
@@ -419,7 +430,8 @@ def make_plan(args) -> dict:
     out = {
         "model": s["model"], "network": net.name, "batch": batch,
         "image_size": net.input_shape[-1], "num_classes": int(s["num_classes"]),
-        "policy": s["policy"], "math": prof.math, "profile_source": source,
+        "policy": s["policy"], "math": prof.math, "precision": maps.precision,
+        "profile_source": source,
         "gpu": prof.device_name, "memory_budget_bytes": int(budget),
         "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,
         "micro_batches": option.micro_batches, "micro_batch": option.batch,
@@ -487,7 +499,8 @@ def format_plan(out: dict) -> str:
              f"{out['profile_source']}",
              f"memory budget {fmt_bytes(out['memory_budget_bytes'])} (plans fill "
              f"{fmt_bytes(out['usable_bytes'])}; the rest is left for fragmentation); "
-             f"policy {out['policy']}; prefetch lookahead {out['prefetch_lookahead']}",
+             f"policy {out['policy']}; prefetch lookahead {out['prefetch_lookahead']}"
+             + ("" if out["precision"] == "fp32" else f"; feature maps {out['precision']}"),
              ""]
     # Columns as wide as the longest layer name and status (ResNet's 'layer1.0.downsample.0').
     name_w = max([13] + [len(r["layer"]) + 1 for r in out["layers"]])

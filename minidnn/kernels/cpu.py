@@ -33,7 +33,7 @@ BF16_OPS = frozenset()
 
 def shared_weight_copies():
     """A context for the passes of one batch, in which the GPU's bf16 products share one bf16
-    copy of each weight (kernels/cuda_linear.py); nothing to share here."""
+    copy of each weight (kernels/cuda_weights.py); nothing to share here."""
     return contextlib.nullcontext()
 
 

@@ -52,7 +52,8 @@ __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "
            "relu_backward_bits", "scale_by_mask", "float_to_bf16", "bf16_to_float", "configure",
            "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
-           "reset_workspace_fallbacks", "linear_forward", "linear_backward", "shared_weight_copies", "BF16_OPS"]
+           "reset_workspace_fallbacks", "linear_forward", "linear_backward",
+           "shared_weight_copies", "BF16_OPS"]
 
 #: The ops that take bf16 feature maps as they are (layers/precision.py calls a layer whose
 #: kernel ops are all here on its bf16 maps; the others see them widened to float32).

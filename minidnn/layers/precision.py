@@ -59,10 +59,16 @@ def takes_bf16(layer, kernels) -> bool:
     return layer.kernel_ops is not None and kernels.BF16_OPS.issuperset(layer.kernel_ops)
 
 
+def _as_they_are(layer, ctx, arrays) -> bool:
+    """True when the layer's call needs no widening: no bf16 array among `arrays`, or
+    kernels that take the layer's bf16 maps themselves."""
+    return not any(a is not None and is_bfloat16(a.dtype) for a in arrays) or \
+        takes_bf16(layer, ctx.kernels)
+
+
 def forward(layer, xs, y, aux, ctx) -> None:
     """layer.forward(xs, y, aux, ctx), in float32 when the maps are bf16."""
-    if not is_bfloat16(y.dtype) and not any(x is not None and is_bfloat16(x.dtype)
-                                            for x in xs) or takes_bf16(layer, ctx.kernels):
+    if _as_they_are(layer, ctx, [y, *xs]):
         layer.forward(xs, y, aux, ctx)
         return
     dtype = layer.dtype
@@ -75,9 +81,7 @@ def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
     """layer.backward(xs, y, gy, gxs, aux, ctx), in float32 when the maps are bf16. The
     retained maps and gy are widened before any gradient is written (a gradient may take
     the buffer of gy or of an input)."""
-    arrays = [gy, y, *xs, *gxs]
-    if not any(a is not None and is_bfloat16(a.dtype) for a in arrays) or \
-            takes_bf16(layer, ctx.kernels):
+    if _as_they_are(layer, ctx, [gy, y, *xs, *gxs]):
         layer.backward(xs, y, gy, gxs, aux, ctx)
         return
     dtype = layer.dtype

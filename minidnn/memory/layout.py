@@ -273,19 +273,16 @@ class PlannedBlocks(DynamicBlocks):
         self._count: dict[int, int] = {}
         self._current: dict[int, Interval] = {}   # sid -> its planned block now held
         # By interval position: the event a block was released behind (None: none needed),
-        # and whether there is one. Per stream (by id), the positions whose event it has not
-        # been made to wait on yet this step (a mask): an event is recorded once, so a
-        # second wait on it orders nothing more. A block of a very deep network has hundreds
-        # of predecessors, most of them released without a copy or waited on already, so
-        # only the blocks with an event still due are sifted, with array operations.
+        # and whether there is one. Per stream (by id), the positions (sorted) whose event it
+        # has not been made to wait on yet this step: an event is recorded once, so a second
+        # wait on it orders nothing more. A block of a very deep network has hundreds of
+        # predecessors, most of them released without a copy or waited on already, so only
+        # the blocks with an event still due are sifted, with array operations.
         n = len(layout.intervals)
         self._event: list = [None] * n
         self._has_event = np.zeros(n, dtype=bool)
         self._any_event = False                   # any block released behind a copy yet
         self._due: dict[int, np.ndarray] = {}
-        # The positions of each stream's mask (np.flatnonzero), kept until the mask changes:
-        # most blocks are taken with nothing new released behind a copy since the last one.
-        self._due_at: dict[int, np.ndarray] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
@@ -299,7 +296,6 @@ class PlannedBlocks(DynamicBlocks):
         self._has_event[:] = False
         self._any_event = False
         self._due.clear()
-        self._due_at.clear()
 
     def acquire(self, fm, where, stream):
         k = self._count.get(fm.sid, 0)
@@ -312,16 +308,12 @@ class PlannedBlocks(DynamicBlocks):
         if self._any_event:
             pending = self._due.get(id(stream))
             if pending is None:
-                pending = self._due[id(stream)] = self._has_event.copy()
-            at = self._due_at.get(id(stream))
-            if at is None:
-                at = self._due_at[id(stream)] = np.flatnonzero(pending)
-            due = self.layout.overlaps.among(iv.index, at)
+                pending = self._due[id(stream)] = np.flatnonzero(self._has_event)
+            due = self.layout.overlaps.among(iv.index, pending)
             if due.size:
                 for j in due.tolist():
                     stream.wait_event(self._event[j])
-                pending[due] = False
-                del self._due_at[id(stream)]
+                self._due[id(stream)] = np.setdiff1d(pending, due, assume_unique=True)
         self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
@@ -332,8 +324,7 @@ class PlannedBlocks(DynamicBlocks):
         elif after is not None:
             self._event[iv.index] = after
             self._has_event[iv.index] = True
-            for pending in self._due.values():
-                pending[iv.index] = True
-            self._due_at.clear()
+            for key, pending in self._due.items():
+                self._due[key] = np.union1d(pending, (iv.index,))
             self._any_event = True
 

@@ -242,7 +242,7 @@ def param_bytes(net) -> int:
 
 
 #: The layers whose weights the GPU's bf16 products read through bf16 copies, kept through
-#: the passes of a batch (kernels/cuda_linear.py).
+#: the passes of a batch (kernels/cuda_weights.py).
 WEIGHT_COPY_KINDS = ("conv", "linear")
 
 

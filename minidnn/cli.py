@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
                         "gradients, float32 weights, weight gradients, optimizer state and loss")
+    t.add_argument("--no-graphs", action="store_true",
+                   help="GPU: issue every step layer by layer from the host, none replayed "
+                        "from a CUDA graph of an earlier step (the same bits either way)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "
@@ -258,7 +261,7 @@ def _run_training(args, argv: list[str]) -> int:
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
         micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
-        eval_every=args.eval_every,
+        graphs=not args.no_graphs, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,

@@ -112,7 +112,8 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    relu_bits: bool = False, precision: str = "fp32",
                    layout: str | None = None, micro_batches: int | None = None,
                    split_batch_statistics: bool = False, batch_offset: int = 0,
-                   global_batch: int | None = None, fuse: bool = True) -> Executor:
+                   global_batch: int | None = None, fuse: bool = True,
+                   graphs: bool = True) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there; batch is
     the executor's, one rank's share of `global_batch` in data-parallel training)."""
     device = device if isinstance(device, Device) else select_device(device)
@@ -125,4 +126,4 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,
                     split_batch_statistics=split_batch_statistics,
-                    batch_offset=batch_offset, global_batch=global_batch)
+                    batch_offset=batch_offset, global_batch=global_batch, graphs=graphs)

@@ -58,7 +58,7 @@ from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
 from .memory.allocator import Allocator, CountingAllocator
-from .memory.arena import make_allocator
+from .memory.arena import Arena, make_allocator
 from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks, StaticLayout
 from .memory.manager import MemoryManager
@@ -68,6 +68,7 @@ from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runna
 from .memory.record import layout_for_step
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
+from .step_graph import StepGraphs
 
 
 def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
@@ -137,6 +138,8 @@ class Executor:
     intervals: with the static layout, this decision's step blocks as memory/record.py's
     record_intervals gives them (not packed yet), to pack instead of recording them again:
     the planner's step model has walked the step for a bound on its memory already.
+    graphs: on the GPU, replay train_step from a CUDA graph of an earlier step where the step
+    allows it (minidnn/step_graph.py: same bits, far less host work); False: never.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -150,7 +153,8 @@ class Executor:
                  allocator: Allocator | None = None, host: Allocator | None = None,
                  input_grad: bool = False, split_batch_statistics: bool = False,
                  batch_offset: int = 0, global_batch: int | None = None,
-                 plan: LivenessPlan | None = None, intervals: list | None = None):
+                 plan: LivenessPlan | None = None, intervals: list | None = None,
+                 graphs: bool = True):
         self.net = net
         self.batch = int(batch)
         self.batch_offset = int(batch_offset)
@@ -235,6 +239,18 @@ class Executor:
         self._accumulate = False       # backward adds parameter gradients to p.grad
         self._in_step = False
         self._closed = False
+        self._step_keys = None         # while a step is captured: its dropout keys' table
+        self._graphs = self._step_graphs(scratch) if graphs else None
+
+    def _step_graphs(self, scratch: dict):
+        """The StepGraphs that replay train_step (minidnn/step_graph.py), where a step can be
+        captured: on the GPU, from the arena, with no map moved to host memory; else None."""
+        if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
+                or self.manager.offload:
+            return None
+        draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
+        return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
+                          self.kernels.bind_libraries)
 
     # ---- memory set-up ----------------------------------------------------------------------------
     def _make_allocator(self, budget):
@@ -389,6 +405,9 @@ class Executor:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
         if self._closed:
             return
+        if self._graphs is not None:
+            self._graphs.close()
+            self._graphs = None     # it refers back to this executor (its plain step)
         self.manager.close()
         self.device.synchronize()
         if self.compute:
@@ -496,7 +515,7 @@ class Executor:
                            global_batch=self.global_batch,
                            bias_deferred=self._bias_deferred,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
-                           relu_done=self._relu_done)
+                           relu_done=self._relu_done, step_keys=self._step_keys)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -716,13 +735,29 @@ class Executor:
 
     def train_step(self, x, labels, optimizer, dropout: bool = True):
         """forward, backward (per micro-batch), optimizer update; returns the loss (0-d
-        device array). dropout=False: see forward()."""
-        loss = self.accumulate_gradients(x, labels, dropout)
-        self._set_where("optimizer step")
-        with self.device.compute:
-            optimizer.step()
-        self._set_where("")
+        device array). dropout=False: see forward(). On the GPU, a step that can be is
+        replayed from a CUDA graph of an earlier one (minidnn/step_graph.py): the same bits,
+        one call on the host."""
+        loss = None
+        if self._graphs is not None and self.observer is None:
+            loss = self._graphs.step(x, labels, optimizer, dropout, self.step)
+        if loss is None:
+            loss = self._step(x, labels, optimizer, dropout)
         self.step += 1
+        return loss
+
+    def _step(self, x, labels, optimizer, dropout: bool, step_keys=None):
+        """One plain training step (train_step without a graph); returns its loss. step_keys:
+        while the step is captured, the table its draws read their keys from."""
+        self._step_keys = step_keys
+        try:
+            loss = self.accumulate_gradients(x, labels, dropout)
+            self._set_where("optimizer step")
+            with self.device.compute:
+                optimizer.step()
+        finally:
+            self._step_keys = None
+            self._set_where("")
         return loss
 
     def evaluate(self, x, labels):

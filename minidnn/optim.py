@@ -54,6 +54,13 @@ class SGD:
                 if p.data is not None:
                     self._slots[name], self._buffers[name] = self._take_slot(name, p.data)
 
+    def graph_key(self) -> tuple:
+        """What an update replayed from a CUDA graph depends on (minidnn/step_graph.py): the
+        settings, and where every weight, gradient and momentum buffer lies."""
+        return (self.lr, self.momentum, self.weight_decay,
+                tuple((p.data.data.ptr, p.grad.data.ptr) for _, p in self.params),
+                tuple(v.data.ptr for v in self.velocity.values()))
+
     def _take_slot(self, name: str, like):
         """(array, buffer): a momentum buffer from the allocator, shaped and laid out in
         memory like `like` (the array is None from a counting allocator)."""

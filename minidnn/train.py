@@ -120,6 +120,7 @@ class TrainConfig:
     deterministic: bool = False
     precision: str = "fp32"
     layout: str | None = None
+    graphs: bool = True
     eval_every: int = 50
     eval_batches: int = 8
     checkpoint: str | None = None
@@ -250,7 +251,8 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
                           deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
                           micro_batches=cfg.micro_batches,
                           split_batch_statistics=cfg.split_batch_statistics,
-                          precision=cfg.precision, layout=cfg.layout, **share)
+                          precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
+                          **share)
 
 
 class StepTimer:

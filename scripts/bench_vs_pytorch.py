@@ -28,6 +28,8 @@ Configurations (--frameworks), each run in a process of its own:
   minidnn-nhwc     minidnn with channels-last feature maps (layout='nhwc')
   minidnn-unfused  minidnn as it runs by default, but every convolution adds its own bias
                    (decide(..., fuse=False); minidnn/fusion.py): the step before that fusion
+  minidnn-nographs minidnn as it runs by default, but every step issued by the host layer by
+                   layer, none replayed from a CUDA graph (graphs=False; minidnn/step_graph.py)
   pytorch          PyTorch as it runs by default (NCHW)
   pytorch-cl       PyTorch with the model and the batch in channels_last
   pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
@@ -139,12 +141,13 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
             "slowest": [(s.name, round(s.dur_us / 1e3, 2)) for s in slowest]}
 
 
-FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "minidnn-unfused", "pytorch",
-              "pytorch-cl", "pytorch-cl-bf16")
+FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "minidnn-unfused", "minidnn-nographs",
+              "pytorch", "pytorch-cl", "pytorch-cl-bf16")
 DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
 
 
-def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fuse=True):
+def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fuse=True,
+                graphs=True):
     import cupy as cp
     from minidnn import SGD, models
     from minidnn.decide import build_executor
@@ -154,7 +157,7 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fu
     ex = build_executor(net, batch, device="gpu", seed=0,
                         math="tf32" if math == "bf16" else math, deterministic=False,
                         layout=layout, precision="bf16" if math == "bf16" else "fp32",
-                        fuse=fuse)
+                        fuse=fuse, graphs=graphs)
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -276,7 +279,7 @@ def child(args) -> None:
         variant = fw.split("-")[1] if "-" in fw else None
         res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
                           layout=variant if variant in ("nchw", "nhwc") else None,
-                          fuse=variant != "unfused")
+                          fuse=variant != "unfused", graphs=variant != "nographs")
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
                         channels_last=fw != "pytorch",

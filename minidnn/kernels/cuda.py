@@ -20,9 +20,9 @@ Convolutions
   channels-last (NHWC) maps both run as they are (kernels/mapformat.py); with NHWC maps the
   tensor-core plans need no transposes around the convolution.
 
-configure(math, deterministic) sets the math mode for convolutions and for CuPy's float32
-matrix products (Linear): 'tf32' or 'fp32'. Until it is called, convolutions use TF32 and
-matrix products keep CuPy's own setting (strict FP32 unless CUPY_TF32=1): PyTorch's defaults.
+configure(math, deterministic) sets the math mode for convolutions and for float32 matrix
+products (Linear's GemmEx, CuPy's matmul): 'tf32' or 'fp32'. Until it is called, convolutions
+use TF32 and matrix products strict FP32: PyTorch's defaults.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
-from .cuda_linear import linear_backward, linear_forward
+from .cuda_linear import bind_stream as bind_cublas, linear_backward, linear_forward, \
+    set_math as _linear_math
 from .cuda_lrn import lrn_backward, lrn_forward
 from .cuda_pointwise import add, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits, scale_by_mask
@@ -53,7 +54,7 @@ __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "
            "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks", "linear_forward", "linear_backward",
-           "shared_weight_copies", "BF16_OPS"]
+           "shared_weight_copies", "BF16_OPS", "bind_libraries"]
 
 #: The ops that take bf16 feature maps as they are (layers/precision.py calls a layer whose
 #: kernel ops are all here on its bf16 maps; the others see them widened to float32).
@@ -80,7 +81,8 @@ _side_streams: dict = {}   # device id -> stream used when the caller is on the 
 def configure(math: str = "tf32", deterministic: bool = False) -> None:
     """Set the math mode of convolutions and float32 matrix products.
 
-    math='tf32' lets cuDNN use TF32 tensor-core plans and CuPy's cuBLAS matmuls compute in TF32
+    math='tf32' lets cuDNN use TF32 tensor-core plans and cuBLAS's float32 products (Linear's
+    and CuPy's matmuls) compute in TF32
     (about 3e-4 relative error, several times faster); 'fp32' keeps both strict FP32 (about
     1e-6). deterministic=True restricts convolutions to deterministic plans, chosen by rank
     rather than by timing, so that two runs give identical bits. Graphs built under another
@@ -88,11 +90,21 @@ def configure(math: str = "tf32", deterministic: bool = False) -> None:
     """
     math, deterministic = check_math(math, deterministic)
     _state["math"], _state["deterministic"] = math, deterministic
+    _linear_math(math)
     # CuPy reads its float32 GEMM compute type from CUPY_TF32 once; set it explicitly instead.
     from cupy._core import _routines_linalg as linalg
     tf32 = getattr(linalg, "COMPUTE_TYPE_TF32", 7)
     default = getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
     linalg.set_compute_type(np.float32, tf32 if math == "tf32" else default)
+
+
+def bind_libraries() -> None:
+    """Bind cuBLAS's and cuDNN's handles to the current stream. A step captured as a CUDA
+    graph (minidnn/step_graph.py) must find them bound already: CuPy refuses to rebind
+    cuBLAS while a stream is captured."""
+    stream = cp.cuda.get_current_stream().ptr
+    bind_cublas(stream)
+    load_cudnn().set_stream(handle=_handle(), stream=stream)
 
 
 def math_mode() -> dict:

@@ -1,8 +1,13 @@
-"""A fully connected layer's matrix products on the GPU: CuPy's on float maps, cuBLAS's
-GemmEx on bf16 maps (mixed precision).
+"""A fully connected layer's matrix products on the GPU: cuBLAS's GemmEx on float32 and bf16
+maps (mixed precision), CuPy's matmul on float64 ones.
 
-With float32 or float64 maps the ops are the reference's (kernels/cpu.py, run on CuPy arrays),
-so CuPy's matmul and its math mode (configure: TF32 or strict FP32) apply as before.
+With float32 maps each product is one GemmEx in the math mode kernels/cuda.configure sets
+(TF32 or strict FP32 sums, as CuPy's matmul would compute them). GemmEx is called through
+ctypes, on the cuBLAS library and handle CuPy loaded, rather than through CuPy: CuPy's cuBLAS
+functions rebind the handle's stream on every call and refuse to while a stream is captured
+into a CUDA graph (minidnn/step_graph.py). Here the handle is rebound only when the stream
+changes, which never happens inside a captured step. float64 maps take the reference's ops
+(kernels/cpu.py, on CuPy).
 
 With bf16 maps (x, y, gy, gx) the weights stay float32. Each product reads a bf16 copy of the
 weights (cuda_weights.py) and runs on bf16 tensor cores with float32 sums, as PyTorch's
@@ -19,9 +24,11 @@ each product below is stated on the transposes.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+
 import cupy as cp
 import numpy as np
-from cupy_backends.cuda.libs import cublas
 
 from . import cpu as _cpu
 from .cuda_pointwise import bf16_to_float, float_to_bf16
@@ -30,26 +37,74 @@ from .mapformat import is_bfloat16
 
 # cudaDataType_t, cublasComputeType_t and cublasGemmAlgo_t values (cublas_api.h, library_types.h)
 _R_32F, _R_16BF = 0, 14
-_COMPUTE_32F = 68
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
 _GEMM_DEFAULT = -1
 _ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
 _CUDA_TYPE = {np.dtype(np.float32): _R_32F}
+
+
+# The compute type of float32 products: strict FP32 (PyTorch's default for matrix products)
+# until kernels/cuda.configure sets the math mode.
+_float32_compute = {"type": _COMPUTE_32F}
+
+
+def set_math(math: str) -> None:
+    """'tf32' or 'fp32': how float32 products sum (kernels/cuda.configure decides)."""
+    _float32_compute["type"] = _COMPUTE_32F_FAST_TF32 if math == "tf32" else _COMPUTE_32F
 
 
 def _cuda_type(a) -> int:
     return _R_16BF if is_bfloat16(a.dtype) else _CUDA_TYPE[np.dtype(a.dtype)]
 
 
+_library: list = []     # the ctypes handle of the cuBLAS library CuPy loaded, once found
+
+
+def _cublas():
+    """The cuBLAS library CuPy loaded, as a ctypes library (the same copy, so CuPy's handles
+    are its handles): found among the process's mapped files."""
+    if not _library:
+        cp.cuda.device.get_cublas_handle()          # makes CuPy load it
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcublas.so" in line}
+        paths = [p for p in paths if os.path.basename(p).startswith("libcublas.so")]
+        if not paths:
+            raise RuntimeError("cuBLAS: CuPy's libcublas.so is not among the loaded libraries")
+        lib = ctypes.CDLL(sorted(paths)[0])
+        lib.cublasGemmEx.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 5 + \
+            [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+             ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cublasGetStream_v2.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        _library.append(lib)
+    return _library[0]
+
+
+def bind_stream(stream_ptr: int) -> None:
+    """Bind CuPy's cuBLAS handle to a stream (before a step is captured: see above)."""
+    lib, handle = _cublas(), cp.cuda.device.get_cublas_handle()
+    current = ctypes.c_void_p()
+    _status(lib.cublasGetStream_v2(handle, ctypes.byref(current)), "cublasGetStream")
+    if (current.value or 0) != stream_ptr:
+        _status(lib.cublasSetStream_v2(handle, stream_ptr), "cublasSetStream")
+
+
+def _status(code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {code}")
+
+
 def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, lda: int, b, ldb: int,
           c, ldc: int) -> None:
-    """Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), float32 sums; A, B bf16, C bf16 or
-    float32; on CuPy's current stream."""
-    handle = cp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
-    cublas.gemmEx(handle, int(trans_a), int(trans_b), m, n, k, _ONE.ctypes.data,
-                  a.data.ptr, _cuda_type(a), lda, b.data.ptr, _cuda_type(b), ldb,
-                  _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), ldc, _COMPUTE_32F,
-                  _GEMM_DEFAULT)
+    """Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), float32 sums; A, B bf16 (C bf16 or
+    float32) or all float32 (summed as set_math says); on CuPy's current stream."""
+    bind_stream(cp.cuda.get_current_stream().ptr)
+    compute = _float32_compute["type"] if a.dtype == np.float32 else _COMPUTE_32F
+    _status(_cublas().cublasGemmEx(
+        cp.cuda.device.get_cublas_handle(), int(trans_a), int(trans_b), m, n, k,
+        _ONE.ctypes.data, a.data.ptr, _cuda_type(a), lda, b.data.ptr, _cuda_type(b), ldb,
+        _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), ldc, compute, _GEMM_DEFAULT), "cublasGemmEx")
 
 
 def _check(*arrays) -> None:
@@ -59,8 +114,19 @@ def _check(*arrays) -> None:
                              f"for shape {a.shape}")
 
 
+def _dense(*arrays) -> bool:
+    """True when every array given (None aside) is C-contiguous: what GemmEx is called on."""
+    return all(a is None or a.flags.c_contiguous for a in arrays)
+
+
 def linear_forward(x, w, b, y) -> None:
     """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""
+    if x.dtype == np.float32 and _dense(x, w, y):
+        (n, k), out = x.shape, w.shape[0]
+        _gemm(True, False, out, n, k, w, k, x, k, y, out)     # as below, with w itself
+        if b is not None:
+            y += b
+        return
     if not is_bfloat16(x.dtype):
         _cpu.linear_forward(x, w, b, y)
         return
@@ -77,13 +143,20 @@ def linear_forward(x, w, b, y) -> None:
 def linear_backward(x, gy, w, gw, gb, gx) -> None:
     """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
     may be None. All three are overwritten."""
-    if not is_bfloat16(gy.dtype):
+    wide = gy.dtype == np.float32
+    if not (is_bfloat16(gy.dtype) or wide and _dense(x, gy, w, gw, gx)):
         _cpu.linear_backward(x, gy, w, gw, gb, gx)
         return
     _check(x, gy, w, gw, gx)
     (n, k), out = x.shape, w.shape[0]
     # gw^T (in, out) = x^T (in, N) @ gy (N, out), straight into float32 gw
     _gemm(False, True, k, out, n, x, k, gy, out, gw, k)
+    if wide:
+        if gb is not None:
+            gy.sum(axis=0, out=gb)
+        if gx is not None:
+            _gemm(False, False, k, n, out, w, k, gy, out, gx, k)
+        return
     if gb is not None:
         gy32 = cp.empty(gy.shape, dtype=np.float32)
         bf16_to_float(gy, gy32)

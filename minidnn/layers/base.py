@@ -107,7 +107,8 @@ class StepContext:
     relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
     minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
     them; relu_done: names of those ReLUs, whose forward has nothing left to do (the
-    decision's bn_relu).
+    decision's bn_relu). step_keys: while a step is captured as a CUDA graph, the device
+    table its draws read their keys from (kernels/cuda_random.StepKeys); else None.
     """
     xp: Any
     kernels: Any = cpu_kernels
@@ -126,6 +127,7 @@ class StepContext:
     relu_bias: dict = field(default_factory=dict)
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
+    step_keys: Any = None
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):
@@ -134,7 +136,9 @@ class StepContext:
         if self.xp is np:
             return np.random.default_rng(key)
         # On the GPU a counter-based generator: no state to set up (kernels/cuda_random.py).
-        from ..kernels.cuda_random import counter_generator
+        from ..kernels.cuda_random import CounterUniform, counter_generator
+        if self.step_keys is not None:   # a captured step: the key is read when it replays
+            return CounterUniform(self.step_keys.slot(key[2]))
         return counter_generator(key)
 
     def uniform_rows(self, layer: "Layer", shape: tuple):

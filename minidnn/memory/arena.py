@@ -98,6 +98,8 @@ class Arena(Allocator):
         self._routed: set[int] = set()     # offsets lent to CuPy through route_cupy
         self._returned: deque[int] = deque()   # offsets CuPy has dropped, not yet released
         self._pending = PendingFrees()
+        self._capturing = None     # the GraphPool of the step being captured (graph_pool.py)
+        self._graph_owned: dict[int, object] = {}    # offset -> GraphPool it belongs to
         self._installed = False
         self._closed = False
         if self.is_gpu:
@@ -303,6 +305,35 @@ class Arena(Allocator):
         mem = cupy.cuda.UnownedMemory(self.base_address + offset, size, owner, self.device_id)
         return cupy.cuda.MemoryPointer(mem, 0)
 
+    # ---- CUDA graphs (minidnn/step_graph.py) -------------------------------------------------------
+    @contextlib.contextmanager
+    def capturing(self, pool):
+        """While the body captures a step into a CUDA graph, its blocks are `pool`'s
+        (memory/graph_pool.py): given back, they stay the pool's, and a request of the same size
+        takes one back before anything new is cut from the arena. The arrays the body dropped
+        are collected before it ends, so that their blocks go to the pool too."""
+        with self._lock:
+            self._drain_returned()
+            self._capturing = pool
+        try:
+            yield pool
+        finally:
+            gc.collect()
+            with self._lock:
+                self._drain_returned()
+                self._capturing = None
+
+    def release_graph_pool(self, pool) -> None:
+        """Give `pool`'s blocks back to the arena: no graph that works in them will replay
+        (the caller has waited for the last replay). Blocks of it that arrays still hold go
+        back when those arrays are dropped."""
+        with self._lock:
+            self._drain_returned()
+            for offset in pool.owned:
+                self._graph_owned.pop(offset, None)
+            for offset in pool.clear():
+                self._release(offset)
+
     # ---- closing ------------------------------------------------------------------------------
     def close(self) -> None:
         """Drop the arena's reservation (and CuPy routing).
@@ -335,6 +366,12 @@ class Arena(Allocator):
         self._drain_returned()
         self._pending.reclaim_done(self._release)
         size = self._blocks.round(nbytes)
+        pool = self._capturing
+        if pool is not None:    # a captured step works in its pool's blocks first
+            offset = pool.take(size)
+            if offset is not None:
+                self.allocs += 1
+                return offset, size
         # Under pressure, wait for pending frees oldest first: each wait may free enough.
         offset = wait_until_fits(lambda: self._blocks.allocate(size),
                                  lambda: self._pending.wait_oldest(self._release))
@@ -347,10 +384,17 @@ class Arena(Allocator):
             raise self._budget_error(size, where or self.current_where)
         self.allocs += 1
         self.peak = max(self.peak, self._blocks.used)
+        if pool is not None:
+            pool.owned.add(offset)
+            self._graph_owned[offset] = pool
         return offset, size
 
     def _release(self, offset: int) -> None:
-        self._blocks.release(offset)
+        pool = self._graph_owned.get(offset)
+        if pool is not None:    # a captured step's block stays its graph's
+            pool.keep(offset, self._blocks.size_of(offset))
+        else:
+            self._blocks.release(offset)
         self.frees += 1
 
     def _drain_returned(self) -> None:

@@ -105,6 +105,10 @@ class BlockList:
         self._insert_free(start, end - start)
         return size
 
+    def size_of(self, offset: int) -> int:
+        """Size of the allocated block at `offset`."""
+        return self._allocated[offset]
+
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to the alignment (at least one alignment unit)."""
         return -(-max(int(nbytes), 1) // self.alignment) * self.alignment

@@ -497,6 +497,7 @@ class StepModel:
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
+        self._cost_cache: dict = {}         # see _call_costs
         self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
         # (cache key, _Walk) of the last least_required: when that decision is evaluated
         # next (it fits the bound), its walk is packed and timed instead of walked again
@@ -667,13 +668,10 @@ class StepModel:
                 rec.optimizer_and_step_end()
             dry_peak = int(ex.allocator.peak) + region
 
+        costs = self._call_costs(conv_algo, planned)
         levels, fm_levels = {}, {}
         for phase, i, in_use, fm_bytes, _ in rec.samples:
-            node = self.nodes[i]
-            ws = 0 if (node.name, phase) in planned else self.profile.layer(node.name).workspace(
-                phase, conv_algo.get(node.name, "fastest"))      # planned: inside the region
-            levels[(phase, i)] = in_use + region + ws + self._transient[(phase, i)] + \
-                self.extra_bytes
+            levels[(phase, i)] = in_use + region + costs[(phase, i)][2] + self.extra_bytes
             fm_levels[(phase, i)] = fm_bytes
         resident = rec.residency()
         candidates = dict(levels)
@@ -683,7 +681,7 @@ class StepModel:
         required = int(candidates[peak_point])
         levels["optimizer"] = candidates["optimizer"]
 
-        t = self._timeline(log, conv_algo, held, planned)
+        t = self._timeline(log, costs, held)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes
@@ -702,9 +700,28 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
+    def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
+        """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
+        call under these plan settings: the bytes are its workspace unless the static layout
+        plans it (`planned`: then it is inside the region) and its temporaries. The profile's
+        figures of one call on one setting are looked up once per model: every decision asks
+        for them, and the timeline once per call of every step."""
+        out = {}
+        for (phase, i), transient in self._transient.items():
+            name = self.nodes[i].name
+            algo = conv_algo.get(name, "fastest")
+            got = self._cost_cache.get((phase, i, algo))
+            if got is None:
+                cost = self.profile.layer(name)
+                got = self._cost_cache[(phase, i, algo)] = (
+                    cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo))
+            host, dur, ws = got
+            out[(phase, i)] = (host, dur, (0 if (name, phase) in planned else ws) + transient)
+        return out
+
+    def _timeline(self, log: list, costs: dict, held: int) -> dict:
+        """Play `log` against the profile (module doc); costs: _call_costs()."""
         prof = self.profile
-        nodes = self.nodes
         budget = math.inf if self.budget is None else float(self.budget)
         host = 0.0
         tail = {"compute": 0.0, "offload": 0.0, "prefetch": 0.0}
@@ -783,20 +800,14 @@ class StepModel:
                 s = op.stream
                 kind = op.kind
                 if kind == "layer":
-                    phase, i = op.label
-                    node = nodes[i]
-                    cost = prof.layer(node.name)
-                    algo = conv_algo.get(node.name, "fastest")
-                    host += cost.host(phase)
-                    ws = 0 if (node.name, phase) in planned else cost.workspace(phase, algo)
-                    temp = ws + self._transient[(phase, i)]
+                    issue, dur, temp = costs[op.label]
+                    host += issue
                     if temp:
                         take(temp)
                         in_use -= temp  # dropped when the call is enqueued; reuse is ordered
                     start = max(host, tail[s])
-                    dur = cost.time(phase, algo)
                     # Idle since the last work on compute: waiting for a copy or for the host.
-                    calls[(phase, i)] = (start, start + dur, start - last_work)
+                    calls[op.label] = (start, start + dur, start - last_work)
                     tail[s] = last_work = start + dur
                     busy += dur
                 elif kind == "copy":

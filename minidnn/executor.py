@@ -57,7 +57,7 @@ from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
-from .memory.allocator import Allocator, CountingAllocator
+from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks, StaticLayout
@@ -262,10 +262,13 @@ class Executor:
         """Parameters and their gradients out of the device allocator (counted, budgeted)."""
         params = self.net.parameters()
         if not self.compute:
-            for name, p in params:
-                for what in ("parameter", "gradient of"):
-                    self._held_bufs.append(self.allocator.alloc(
-                        math.prod(p.shape) * self.net.dtype.itemsize, f"{what} {name}"))
+            # A dry run only counts: one receipt of the bytes they would all take, each tensor
+            # aligned as its own block would be (a planner makes thousands of dry runs)
+            nbytes = sum(2 * aligned(max(math.prod(p.shape) * self.net.dtype.itemsize, 1))
+                         for _, p in params)
+            if params:
+                self._held_bufs.append(self.allocator.alloc(nbytes,
+                                                            "parameters and their gradients"))
             return
         if any(p.data is None for _, p in params):
             # Initialize what is missing; values already loaded (a partial state dict) stay.

@@ -57,7 +57,7 @@ from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
-from .memory.allocator import Allocator, CountingAllocator
+from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import Arena, make_allocator
 from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks, StaticLayout
@@ -135,9 +135,10 @@ class Executor:
     pass batch, with the decision's ReLU bit masks and map format and this `input_grad`
     (ConfigError otherwise). The plan never changes once made, so the planner's step model
     shares one among the thousands of dry runs it makes.
-    intervals: with the static layout, this decision's step blocks as memory/record.py's
-    record_intervals gives them (not packed yet), to pack instead of recording them again:
-    the planner's step model has walked the step for a bound on its memory already.
+    blocks: a dry run with the static layout only: the feature-map blocks to take instead of
+    planning a layout (none is recorded or packed, and no region is taken): the planner's
+    step model passes blocks that record the intervals of the step it walks, and packs them
+    afterwards (planner/recorded.py), so that one walk gives both.
     graphs: on the GPU, replay train_step from a CUDA graph of an earlier step where the step
     allows it (minidnn/step_graph.py: same bits, far less host work); False: never.
 
@@ -153,8 +154,7 @@ class Executor:
                  allocator: Allocator | None = None, host: Allocator | None = None,
                  input_grad: bool = False, split_batch_statistics: bool = False,
                  batch_offset: int = 0, global_batch: int | None = None,
-                 plan: LivenessPlan | None = None, intervals: list | None = None,
-                 graphs: bool = True):
+                 plan: LivenessPlan | None = None, blocks=None, graphs: bool = True):
         self.net = net
         self.batch = int(batch)
         self.batch_offset = int(batch_offset)
@@ -208,8 +208,10 @@ class Executor:
             # random draws are the manager's always, planned or not.
             workspace = self._workspace_blocks() if static_layout else {}
             scratch = self._scratch_blocks()
-            blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch,
-                                       intervals) if static_layout else None
+            if blocks is not None and (self.compute or not static_layout):
+                raise ConfigError("blocks are given only to a dry run with a static layout")
+            if blocks is None and static_layout:
+                blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch)
             self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                          offload=self.decision.offload,
                                          prefetch_lookahead=self.prefetch_lookahead,
@@ -275,10 +277,13 @@ class Executor:
         """Parameters and their gradients out of the device allocator (counted, budgeted)."""
         params = self.net.parameters()
         if not self.compute:
-            for name, p in params:
-                for what in ("parameter", "gradient of"):
-                    self._held_bufs.append(self.allocator.alloc(
-                        math.prod(p.shape) * self.net.dtype.itemsize, f"{what} {name}"))
+            # A dry run only counts: one receipt of the bytes they would all take, each tensor
+            # aligned as its own block would be (a planner makes thousands of dry runs)
+            nbytes = sum(2 * aligned(max(math.prod(p.shape) * self.net.dtype.itemsize, 1))
+                         for _, p in params)
+            if params:
+                self._held_bufs.append(self.allocator.alloc(nbytes,
+                                                            "parameters and their gradients"))
             return
         if any(p.data is None for _, p in params):
             # Initialize what is missing; values already loaded (a partial state dict) stay.
@@ -377,20 +382,23 @@ class Executor:
                                                        self.device.generator_bytes)
         return blocks
 
-    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict,
-                     intervals: list | None = None):
-        """Record one step's blocks (and planned workspaces and scratch blocks; `intervals`:
-        recorded already), pack them (memory/layout.py), and take the region for them from
-        the allocator now, so that a budget too small fails before step one."""
-        keep = (self.net.loss_node.name, self.net.output)
-        self.layout = StaticLayout(intervals) if intervals is not None else \
-            layout_for_step(self.plan, self.decision.offload, lookahead, keep, workspace,
-                            self.decision.recompute, scratch)
+    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):
+        """Record one step's blocks (and planned workspaces and scratch blocks), pack them
+        (memory/layout.py), and take the region for them from the allocator now, so that a
+        budget too small fails before step one."""
+        keep = self.layout_keep()
+        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
+                                      workspace, self.decision.recompute, scratch)
         buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
         self._held_bufs.append(buf)
         # A dry run only counts: its blocks are views of an empty array.
         region = buf if self.compute else np.empty(0, np.uint8)
         return PlannedBlocks(self.layout, region, self.allocator)
+
+    def layout_keep(self) -> tuple:
+        """The tensors the static layout holds to the step's end: the loss, and the logits,
+        which forward(..., keep_outputs=True) keeps for outputs()."""
+        return (self.net.loss_node.name, self.net.output)
 
     def _release_device_memory(self) -> None:
         for buf in self._held_bufs:

@@ -229,4 +229,4 @@ def test_predecessors_among_candidates_are_the_predecessors_masked_to_them():
         for iv in ivs:
             mask = rng.random(len(ivs)) < 0.3
             want = [j for j in iv.predecessor_index.tolist() if mask[j]]
-            assert layout.overlaps.among(iv.index, np.flatnonzero(mask)).tolist() == want
+            assert layout.overlaps.among(iv.index, np.flatnonzero(mask).tolist()) == want

@@ -94,19 +94,25 @@ def test_an_executor_runs_by_a_liveness_plan_it_is_given_only_if_it_is_its_own()
 
 def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_prediction(
         monkeypatch):
-    """evaluate_if_fits walks the step once for the bound; the executor of the evaluation
-    that follows packs those blocks instead of recording them again, and predicts exactly
-    what an evaluation with no bound before it does."""
-    import minidnn.executor as executor
-    walk = executor.layout_for_step
+    """evaluate_if_fits walks the step once for the bound; the evaluation that follows packs
+    and times that walk instead of walking again, and predicts exactly what an evaluation
+    with no bound before it does."""
+    from minidnn.planner.simulate import StepModel
+    walk = StepModel._walk
+    walks = []
+
+    def counted(self, *args):
+        walks.append(args)
+        return walk(self, *args)
+
+    monkeypatch.setattr(StepModel, "_walk", counted)
     probe = _model()
     for offload, algos, recompute in _decisions(probe, count=4, seed=5):
         fresh = _model().evaluate(offload, algos, recompute)
         model = _model(budget=8 * GiB)
-        monkeypatch.setattr(executor, "layout_for_step", None)    # must not walk again
+        walks.clear()
         reused = model.evaluate_if_fits(offload, algos, recompute)
-        monkeypatch.setattr(executor, "layout_for_step", walk)
-        assert reused is not None and model._recorded is None     # taken by the executor
+        assert reused is not None and len(walks) == 1 and model._walked is None
         for name in ("required_bytes", "peak_bytes", "step_time_s", "compute_s",
                      "region_bytes", "held_bytes", "levels", "fm_levels", "calls", "copies",
                      "offloaded_bytes", "prefetched_bytes", "host_wait_s"):

@@ -167,6 +167,8 @@ class Overlaps:
         self.released = np.searchsorted(end[self.by_end], start, side="right")
         self.off_by_end, self.top_by_end = offset[self.by_end], top[self.by_end]
         self._of: list = [None] * len(offset)
+        # among() sifts a few candidates at a time: Python lists beat array calls there
+        self._rows = (offset.tolist(), top.tolist(), start.tolist(), end.tolist())
 
     def of(self, i: int):
         """Interval i's predecessors' positions (a sorted array)."""
@@ -177,12 +179,13 @@ class Overlaps:
             got = self._of[i] = np.sort(self.by_end[:r][hit])
         return got
 
-    def among(self, i: int, candidates):
+    def among(self, i: int, candidates: list) -> list:
         """Of `candidates` (positions, sorted), interval i's predecessors, in that order: as
         of(i) masked to them, at the cost of the candidates alone."""
-        hit = (self.end[candidates] <= self.start[i]) & \
-            (self.offset[candidates] < self.top[i]) & (self.top[candidates] > self.offset[i])
-        return candidates[hit]
+        offset, top, start, end = self._rows
+        at, below, taken = offset[i], top[i], start[i]
+        return [j for j in candidates
+                if end[j] <= taken and offset[j] < below and top[j] > at]
 
 
 def _place(need, start, end, alignment: int):
@@ -272,17 +275,16 @@ class PlannedBlocks(DynamicBlocks):
         self.region = region
         self._count: dict[int, int] = {}
         self._current: dict[int, Interval] = {}   # sid -> its planned block now held
-        # By interval position: the event a block was released behind (None: none needed),
-        # and whether there is one. Per stream (by id), the positions (sorted) whose event it
-        # has not been made to wait on yet this step: an event is recorded once, so a second
-        # wait on it orders nothing more. A block of a very deep network has hundreds of
-        # predecessors, most of them released without a copy or waited on already, so only
-        # the blocks with an event still due are sifted, with array operations.
+        # By interval position: the event a block was released behind (None: none needed).
+        # Per stream (by id), the positions (a sorted list) whose event it has not been made
+        # to wait on yet this step: an event is recorded once, so a second wait on it orders
+        # nothing more. A block of a very deep network has hundreds of predecessors, most of
+        # them released without a copy or waited on already, so only the blocks with an
+        # event still due are sifted (a few at a time: plain lists).
         n = len(layout.intervals)
         self._event: list = [None] * n
-        self._has_event = np.zeros(n, dtype=bool)
         self._any_event = False                   # any block released behind a copy yet
-        self._due: dict[int, np.ndarray] = {}
+        self._due: dict[int, list] = {}
         self.unplanned = 0                        # blocks that fell back to the allocator
 
     def begin_step(self, device) -> None:
@@ -293,7 +295,6 @@ class PlannedBlocks(DynamicBlocks):
             device.prefetch.wait_event(ev)
         self._count.clear()
         self._event = [None] * len(self._event)
-        self._has_event[:] = False
         self._any_event = False
         self._due.clear()
 
@@ -308,12 +309,14 @@ class PlannedBlocks(DynamicBlocks):
         if self._any_event:
             pending = self._due.get(id(stream))
             if pending is None:
-                pending = self._due[id(stream)] = np.flatnonzero(self._has_event)
-            due = self.layout.overlaps.among(iv.index, pending)
-            if due.size:
-                for j in due.tolist():
+                pending = self._due[id(stream)] = [j for j, ev in enumerate(self._event)
+                                                   if ev is not None]
+            due = self.layout.overlaps.among(iv.index, pending) if pending else ()
+            if due:
+                for j in due:
                     stream.wait_event(self._event[j])
-                self._due[id(stream)] = np.setdiff1d(pending, due, assume_unique=True)
+                waited = set(due)
+                self._due[id(stream)] = [j for j in pending if j not in waited]
         self._current[fm.sid] = iv
         return self.region[iv.offset:iv.offset + fm.nbytes]
 
@@ -323,8 +326,7 @@ class PlannedBlocks(DynamicBlocks):
             super().release(fm, after)
         elif after is not None:
             self._event[iv.index] = after
-            self._has_event[iv.index] = True
-            for key, pending in self._due.items():
-                self._due[key] = np.union1d(pending, (iv.index,))
+            for pending in self._due.values():
+                bisect.insort(pending, iv.index)
             self._any_event = True
 

@@ -302,6 +302,12 @@ class MemoryManager:
         self.schedule = StepSchedule(self.plan, offload, recompute)
         self.offload, self.recompute = self.schedule.offload, self.schedule.recompute
 
+    def use_blocks(self, blocks) -> None:
+        """Take feature-map blocks from `blocks` from the next step on (the planner's step
+        model records a dry step's blocks, packs them, then walks later steps at the packed
+        addresses: planner/recorded.py)."""
+        self.blocks = self.mover.blocks = blocks
+
     # ---- buffers ------------------------------------------------------------------------------
     def _ensure(self, sid: int, where: str):
         fm = self.maps[sid]

@@ -2,12 +2,14 @@
 
 Nothing here re-derives when the manager offloads, evicts, prefetches or frees, or where its
 static layout puts each block. For every decision a dry-run executor (compute=False) is built
-exactly as the run will build it (the same offload set, so the same packed feature-map
-region) on a *recording device*: its three streams and its events are stand-ins that write
-every `record`, `wait_event`, copy and layer call into one log in the order the host issues
-them, and its allocator logs every allocation and every free with the event the free waits
-for. Training steps are walked through it (the first; the later ones walk alike and are
-replayed from its log: planner/replay.py), and the log is then played against a Profile
+exactly as the run will build it (the same offload set, the same schedule) on a *recording
+device*: its three streams and its events are stand-ins that write every `record`,
+`wait_event`, copy and layer call into one log in the order the host issues them, and its
+allocator logs every allocation and every free with the event the free waits for. The first
+training step is walked through it, its blocks recorded on the way and packed into the
+static layout a run would pack, with the waits the packed blocks issue put into the log
+afterwards (planner/recorded.py: one walk where a run makes two); the later steps walk alike
+and are replayed from its log (planner/replay.py); the log is then played against a Profile
 (costs.py):
 
 * the host issues the log in order; each layer call costs it the profile's host time (on a
@@ -54,14 +56,14 @@ from ..executor import Executor
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator, aligned, wait_until_fits
-from ..memory.layout import live_peak
+from ..memory.layout import StaticLayout, live_peak
 from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
-from ..memory.record import record_intervals
 from ..network import DATA, LABEL
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
+from .recorded import StepRecording, splice
 from .replay import replay_steps
 
 
@@ -277,7 +279,7 @@ class _Recorder(StepObserver):
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
                   recompute=frozenset(), relu_bits=frozenset(), maps=None,
-                  global_batch: int | None = None, plan=None, intervals=None) -> Executor:
+                  global_batch: int | None = None, plan=None, blocks=None) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
@@ -286,8 +288,8 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. global_batch: the
     step's images when `batch` is one micro-batch of it (random draws are the step's).
     plan: the LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor
-    makes one). intervals: the decision's step blocks recorded already (Executor takes
-    them)."""
+    makes one). blocks: the feature-map blocks to take instead of a packed layout
+    (recorded.StepRecording: Executor takes them)."""
     maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
@@ -296,7 +298,7 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
-                    global_batch=global_batch, plan=plan, intervals=intervals)
+                    global_batch=global_batch, plan=plan, blocks=blocks)
 
 
 # ---- results -------------------------------------------------------------------------------------
@@ -402,6 +404,23 @@ class Evaluation:
 
 
 @dataclass
+class _Walk:
+    """A decision's first step, walked (StepModel._walk): the recording device and its log,
+    the dry executor, its recorder, the step's memory_stats(), the bytes held before the step
+    and the allocator's peak in it (both without a static layout's region, not taken yet),
+    the planned workspaces {(conv name, phase): bytes} and, with the static layout, the
+    blocks recorded (recorded.StepRecording)."""
+    device: SymbolicDevice
+    ex: Executor
+    rec: _Recorder
+    stats: dict
+    held: int
+    peak: int
+    planned: dict
+    recording: StepRecording | None
+
+
+@dataclass
 class Unfit:
     """A decision shown not to fit the budget by a lower bound on what it needs
     (StepModel.least_required) before its full evaluation: `least` bytes at least."""
@@ -459,6 +478,8 @@ class StepModel:
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
         self.conv_names = [n.name for n in self.nodes if n.layer.kind == "conv"]
         self.param_grad_bytes = int(probe.allocator.in_use)
+        # the storages a run's static layout holds to the step's end (recorded.py)
+        self._layout_kept = frozenset(self.plan.tensors[t].storage for t in probe.layout_keep())
         self.momentum_bytes = param_bytes(net) if momentum else 0
         data, label = self.plan.tensors[DATA], self.plan.tensors[LABEL]
         self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \
@@ -476,10 +497,11 @@ class StepModel:
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
+        self._cost_cache: dict = {}         # see _call_costs
         self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
-        # (cache key, block intervals) of the last least_required: when that decision is
-        # evaluated next (it fits the bound), its executor packs them instead of walking again
-        self._recorded = None
+        # (cache key, _Walk) of the last least_required: when that decision is evaluated
+        # next (it fits the bound), its walk is packed and timed instead of walked again
+        self._walked = None
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -561,20 +583,16 @@ class StepModel:
     def least_required(self, offload: frozenset, conv_algo: dict,
                        recompute: frozenset) -> int | None:
         """A lower bound on the decision's required_bytes from its static layout's intervals
-        alone (one dry walk of the memory manager, no packing, no timed steps): the step
+        alone (one dry walk of the step, no packing, no timing; the walk is kept for the
+        evaluation that follows when the bound fits): the step
         holds the parameters, their gradients and the feature-map region, and the region is
         at least the most bytes its blocks have alive at once; the optimizer's update adds
         its temporaries, the momentum and the input batches. None without a static layout."""
         if not self.static_layout:
             return None
-        workspace = {(self.index[name], phase): nbytes
-                     for (name, phase), nbytes in self.workspace_blocks(conv_algo,
-                                                                        recompute).items()}
-        keep = (self.net.loss_node.name, self.net.output)   # as the executor keeps them
-        intervals = record_intervals(self.plan, offload, self.lookahead, keep, workspace,
-                                     recompute, self.scratch)
-        self._recorded = (self.key(offload, conv_algo, recompute), intervals)
-        region = live_peak(intervals)
+        walk = self._walk(offload, conv_algo, recompute)
+        self._walked = (self.key(offload, conv_algo, recompute), walk)
+        region = live_peak(walk.recording.intervals)
         return self.param_grad_bytes + aligned(max(region, 1)) + \
             self.optimizer_transient + self.extra_bytes
 
@@ -600,46 +618,60 @@ class StepModel:
                         blocks[(name, phase)] = int(nbytes)
         return dict(blocks)
 
-    def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
+    def _walk(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> "_Walk":
+        """The decision's first step walked through a dry executor, logged; with the static
+        layout its blocks are recorded on the way, for the layout (planner/recorded.py)."""
         device = self._device()
         planned = self.workspace_blocks(conv_algo, recompute)
-        recorded, self._recorded = self._recorded, None     # packed once, by this executor
-        intervals = recorded[1] if recorded is not None and \
-            recorded[0] == self.key(offload, conv_algo, recompute) else None
+        recording = StepRecording(device.log.__len__) if self.static_layout else None
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
                            self.static_layout, planned, recompute, self.relu_bits,
                            maps=self.maps, global_batch=self.step_batch, plan=self.plan,
-                           intervals=intervals)
+                           blocks=recording)
         held = int(ex.allocator.in_use)
-        layout = getattr(ex, "layout", None)
-        if layout is not None:      # for the decisions pruning derives from this one
-            self._blocks[self.key(offload, conv_algo, recompute)] = \
-                StepBlocks.of(layout.intervals.values())
-        log = device.log
-        log.clear()     # parameters and the region were taken before the step: `held`
-        rec = _Recorder(log, ex.manager, self.index)
+        device.log.clear()     # parameters were taken before the step: `held`
+        rec = _Recorder(device.log, ex.manager, self.index)
         ex.watch(rec)
         stats = ex.simulate_step()
         rec.sampling = False
         rec.optimizer_and_step_end()
+        if recording is not None:
+            recording.hold_to_end(self._layout_kept)
+        return _Walk(device, ex, rec, stats, held, int(ex.allocator.peak), planned, recording)
+
+    def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
+        key = self.key(offload, conv_algo, recompute)
+        walked, self._walked = self._walked, None      # the bound's walk, used once
+        walk = walked[1] if walked is not None and walked[0] == key else \
+            self._walk(offload, conv_algo, recompute)
+        device, ex, rec, stats, planned = walk.device, walk.ex, walk.rec, walk.stats, walk.planned
+        log = device.log
+        layout, blocks, region = None, ex.manager.blocks, 0
+        if walk.recording is not None:
+            layout = StaticLayout(walk.recording.intervals)
+            waits: list = []
+            blocks = walk.recording.planned_blocks(layout, waits)
+            splice(log, [(at, Wait(stream, event)) for at, stream, event in waits])
+            # what the executor's allocator takes for the region, before the step
+            region = aligned(max(layout.size, 1))
+            self._blocks[key] = StepBlocks.of(layout.intervals.values())   # for _least_from
+        held = walk.held + region
         # Each step's peak is its own (the executor resets it): every step's is the first's.
-        dry_peak = int(ex.allocator.peak)
+        dry_peak = walk.peak + region
         if self.replay:     # the later steps walk as the first did (planner/replay.py)
-            replay_steps(log, slice(0, len(log)),
-                         lambda: ex.manager.blocks.begin_step(device), device.event,
-                         ex.allocator.serials, self.steps - 1)
+            replay_steps(log, slice(0, len(log)), lambda: blocks.begin_step(device),
+                         device.event, ex.allocator.serials, self.steps - 1)
         else:
+            ex.manager.use_blocks(blocks)       # the later steps at the packed addresses
             for _ in range(self.steps - 1):
                 stats = ex.simulate_step()
                 rec.optimizer_and_step_end()
-            dry_peak = int(ex.allocator.peak)
+            dry_peak = int(ex.allocator.peak) + region
 
+        costs = self._call_costs(conv_algo, planned)
         levels, fm_levels = {}, {}
         for phase, i, in_use, fm_bytes, _ in rec.samples:
-            node = self.nodes[i]
-            ws = 0 if (node.name, phase) in planned else self.profile.layer(node.name).workspace(
-                phase, conv_algo.get(node.name, "fastest"))      # planned: inside the region
-            levels[(phase, i)] = in_use + ws + self._transient[(phase, i)] + self.extra_bytes
+            levels[(phase, i)] = in_use + region + costs[(phase, i)][2] + self.extra_bytes
             fm_levels[(phase, i)] = fm_bytes
         resident = rec.residency()
         candidates = dict(levels)
@@ -649,7 +681,7 @@ class StepModel:
         required = int(candidates[peak_point])
         levels["optimizer"] = candidates["optimizer"]
 
-        t = self._timeline(log, conv_algo, held, planned)
+        t = self._timeline(log, costs, held)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes
@@ -668,9 +700,28 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _timeline(self, log: list, conv_algo: dict, held: int, planned: dict) -> dict:
+    def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
+        """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
+        call under these plan settings: the bytes are its workspace unless the static layout
+        plans it (`planned`: then it is inside the region) and its temporaries. The profile's
+        figures of one call on one setting are looked up once per model: every decision asks
+        for them, and the timeline once per call of every step."""
+        out = {}
+        for (phase, i), transient in self._transient.items():
+            name = self.nodes[i].name
+            algo = conv_algo.get(name, "fastest")
+            got = self._cost_cache.get((phase, i, algo))
+            if got is None:
+                cost = self.profile.layer(name)
+                got = self._cost_cache[(phase, i, algo)] = (
+                    cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo))
+            host, dur, ws = got
+            out[(phase, i)] = (host, dur, (0 if (name, phase) in planned else ws) + transient)
+        return out
+
+    def _timeline(self, log: list, costs: dict, held: int) -> dict:
+        """Play `log` against the profile (module doc); costs: _call_costs()."""
         prof = self.profile
-        nodes = self.nodes
         budget = math.inf if self.budget is None else float(self.budget)
         host = 0.0
         tail = {"compute": 0.0, "offload": 0.0, "prefetch": 0.0}
@@ -749,20 +800,14 @@ class StepModel:
                 s = op.stream
                 kind = op.kind
                 if kind == "layer":
-                    phase, i = op.label
-                    node = nodes[i]
-                    cost = prof.layer(node.name)
-                    algo = conv_algo.get(node.name, "fastest")
-                    host += cost.host(phase)
-                    ws = 0 if (node.name, phase) in planned else cost.workspace(phase, algo)
-                    temp = ws + self._transient[(phase, i)]
+                    issue, dur, temp = costs[op.label]
+                    host += issue
                     if temp:
                         take(temp)
                         in_use -= temp  # dropped when the call is enqueued; reuse is ordered
                     start = max(host, tail[s])
-                    dur = cost.time(phase, algo)
                     # Idle since the last work on compute: waiting for a copy or for the host.
-                    calls[(phase, i)] = (start, start + dur, start - last_work)
+                    calls[op.label] = (start, start + dur, start - last_work)
                     tail[s] = last_work = start + dur
                     busy += dur
                 elif kind == "copy":

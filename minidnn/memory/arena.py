@@ -99,7 +99,7 @@ class Arena(Allocator):
         self._returned: deque[int] = deque()   # offsets CuPy has dropped, not yet released
         self._pending = PendingFrees()
         self._capturing = None     # the GraphPool of the step being captured (graph_pool.py)
-        self._graph_owned: dict[int, object] = {}    # offset -> GraphPool it belongs to
+        self._graph_owned: dict[int, object] = {}    # offset -> GraphPool it goes to, freed
         self._installed = False
         self._closed = False
         if self.is_gpu:
@@ -308,12 +308,14 @@ class Arena(Allocator):
     # ---- CUDA graphs (minidnn/step_graph.py) -------------------------------------------------------
     @contextlib.contextmanager
     def capturing(self, pool):
-        """While the body captures a step into a CUDA graph, its blocks are `pool`'s
-        (memory/graph_pool.py): given back, they stay the pool's, and a request of the same size
-        takes one back before anything new is cut from the arena. The arrays the body dropped
-        are collected before it ends, so that their blocks go to the pool too."""
+        """While the body captures a step into a CUDA graph, note every block it takes; when it
+        ends, claim for `pool` every part of those blocks' addresses that is free then, and
+        make the blocks still alive `pool`'s when they are dropped (memory/graph_pool.py). The
+        arrays the body dropped are collected first, so that their blocks are free by then."""
         with self._lock:
             self._drain_returned()
+            for offset in pool.begin():     # an earlier graph's memory, lent to this capture
+                self._blocks.release(offset)
             self._capturing = pool
         try:
             yield pool
@@ -322,17 +324,24 @@ class Arena(Allocator):
             with self._lock:
                 self._drain_returned()
                 self._capturing = None
+                for start, end in pool.ranges():
+                    for offset, _ in self._blocks.claim(start, end):
+                        pool.keep(offset)
+                for offset in pool.live:
+                    self._graph_owned[offset] = pool
+                pool.live.clear()
+                self.peak = max(self.peak, self._blocks.used)
 
     def release_graph_pool(self, pool) -> None:
-        """Give `pool`'s blocks back to the arena: no graph that works in them will replay
-        (the caller has waited for the last replay). Blocks of it that arrays still hold go
-        back when those arrays are dropped."""
+        """Give `pool`'s memory back to the arena: no graph that works in it will replay (the
+        caller has waited for the last replay). Blocks of it that arrays still hold go back
+        to the arena when those arrays are dropped."""
         with self._lock:
             self._drain_returned()
-            for offset in pool.owned:
-                self._graph_owned.pop(offset, None)
+            for offset in [o for o, p in self._graph_owned.items() if p is pool]:
+                del self._graph_owned[offset]
             for offset in pool.clear():
-                self._release(offset)
+                self._blocks.release(offset)
 
     # ---- closing ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -366,12 +375,6 @@ class Arena(Allocator):
         self._drain_returned()
         self._pending.reclaim_done(self._release)
         size = self._blocks.round(nbytes)
-        pool = self._capturing
-        if pool is not None:    # a captured step works in its pool's blocks first
-            offset = pool.take(size)
-            if offset is not None:
-                self.allocs += 1
-                return offset, size
         # Under pressure, wait for pending frees oldest first: each wait may free enough.
         offset = wait_until_fits(lambda: self._blocks.allocate(size),
                                  lambda: self._pending.wait_oldest(self._release))
@@ -384,17 +387,18 @@ class Arena(Allocator):
             raise self._budget_error(size, where or self.current_where)
         self.allocs += 1
         self.peak = max(self.peak, self._blocks.used)
-        if pool is not None:
-            pool.owned.add(offset)
-            self._graph_owned[offset] = pool
+        if self._capturing is not None:
+            self._capturing.taken(offset, size)
         return offset, size
 
     def _release(self, offset: int) -> None:
-        pool = self._graph_owned.get(offset)
-        if pool is not None:    # a captured step's block stays its graph's
-            pool.keep(offset, self._blocks.size_of(offset))
+        pool = self._graph_owned.pop(offset, None)
+        if pool is not None:    # taken by a captured step, dropped since: its graph's
+            pool.keep(offset)
         else:
             self._blocks.release(offset)
+            if self._capturing is not None:
+                self._capturing.given_back(offset)
         self.frees += 1
 
     def _drain_returned(self) -> None:

@@ -105,9 +105,28 @@ class BlockList:
         self._insert_free(start, end - start)
         return size
 
-    def size_of(self, offset: int) -> int:
-        """Size of the allocated block at `offset`."""
-        return self._allocated[offset]
+    def claim(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Allocate every free part of [start, end) as a block of its own; returns the
+        (offset, size) of each, in address order. The free space around them stays free."""
+        claimed = []
+        i = max(bisect.bisect_right(self._free_starts, start) - 1, 0)
+        while i < len(self._free_starts) and self._free_starts[i] < end:
+            free_start = self._free_starts[i]
+            free_end = free_start + self._free_by_start[free_start]
+            if free_end <= start:
+                i += 1
+                continue
+            self._remove_free(free_start, free_end - free_start)
+            lo, hi = max(free_start, start), min(free_end, end)
+            if free_start < lo:
+                self._insert_free(free_start, lo - free_start)
+            if hi < free_end:
+                self._insert_free(hi, free_end - hi)
+            self._allocated[lo] = hi - lo
+            self.used += hi - lo
+            claimed.append((lo, hi - lo))
+            i = bisect.bisect_left(self._free_starts, hi)
+        return claimed
 
     def round(self, nbytes: int) -> int:
         """`nbytes` rounded up to the alignment (at least one alignment unit)."""

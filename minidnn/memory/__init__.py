@@ -19,6 +19,9 @@ Reading order, for a learner:
                 the static layout: every block's address planned before step one, from the
                 intervals a dry walk of the schedule records.
 7. observer.py  StepObserver: how the tracer and the planner's step model watch a step.
+8. graph_pool.py
+                the arena memory a step replayed as a CUDA graph keeps between replays
+                (minidnn/step_graph.py captures and replays the step).
 
 Vocabulary, used in this sense throughout the package:
 

@@ -50,3 +50,13 @@ def pytest_runtest_makereport(item, call):
             ("gpu" in item.keywords or _gpu_module(item.path)):
         report.outcome = "failed"
         report.longrepr = f"MINIDNN_REQUIRE_GPU is set, but the test skipped: {report.longrepr}"
+
+
+@pytest.fixture
+def default_gpu_kernels_after():
+    """After the test, the GPU kernels' math mode is the default again: configure() sets the
+    kernel module, which outlives the executors of one test."""
+    yield
+    from minidnn import kernels
+    from minidnn.backend import Device
+    kernels.for_device(Device("gpu")).configure()

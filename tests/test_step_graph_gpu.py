@@ -5,24 +5,14 @@ two input batches in turn (one graph each)."""
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+from minidnn import SGD, models
+from minidnn.backend import gpu_available
+from minidnn.decide import build_executor
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("default_gpu_kernels_after")]
 cupy = pytest.importorskip("cupy")
-
-from minidnn import SGD, models  # noqa: E402
-from minidnn.backend import Device, gpu_available  # noqa: E402
-from minidnn.decide import build_executor  # noqa: E402
-
 if not gpu_available():  # collected on a machine with CuPy but no GPU: conftest skips them
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def default_kernels_after():
-    yield
-    from minidnn import kernels
-    mod = kernels.for_device(Device("gpu"))
-    if hasattr(mod, "configure"):
-        mod.configure()
 
 
 def train(model, graphs, steps=7, batch=16, size=64, **options):

@@ -55,13 +55,15 @@ class StepGraphs:
     """
 
     def __init__(self, device, allocator, run_step, seed: int, draw_layers, bind):
-        from .kernels.cuda_random import StepKeys
         self.device = device
         self.allocator = allocator
         self._run_step = run_step
         self._bind = bind
         self.seed = int(seed)
-        self._keys = StepKeys(draw_layers) if draw_layers else None
+        self._keys = None
+        if draw_layers:
+            from .kernels.cuda_random import StepKeys
+            self._keys = StepKeys(draw_layers)
         self._pool = GraphPool()
         self._graphs: dict = {}      # key -> (graph, the captured step's loss array)
         self._plain_steps = 0

@@ -9,7 +9,7 @@ waits for the host. On the H200, ResNet-50 at batch 256 in 2 micro-batches took 
 A step with the same inputs, optimizer and parameters runs the same kernels with the same
 arguments at the same addresses every time. So `StepGraphs.step` captures the executor's
 plain step once, on the compute stream, into a CUDA graph, and from then on launches the
-graph: one call on the host per step. What a replay changes nothing of, bit for bit:
+graph: one call on the host per step. Why a replay gives the plain step's bits:
 
 * every kernel and its arguments are the plain step's, recorded as it ran;
 * the blocks the step takes from the arena stay the graph's between replays

@@ -498,6 +498,8 @@ class StepModel:
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
+        self._fixed_costs = None            # see _call_costs: the calls of other layers
+        self._conv_calls: list = []         # see _call_costs: (phase, i, name, temporaries)
         self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
         # (cache key, _Walk) of the last least_required: when that decision is evaluated
         # next (it fits the bound), its walk is packed and timed instead of walked again
@@ -703,21 +705,37 @@ class StepModel:
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
         """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
         call under these plan settings: the bytes are its workspace unless the static layout
-        plans it (`planned`: then it is inside the region) and its temporaries. The profile's
-        figures of one call on one setting are looked up once per model: every decision asks
-        for them, and the timeline once per call of every step."""
-        out = {}
-        for (phase, i), transient in self._transient.items():
-            name = self.nodes[i].name
+        plans it (`planned`: then it is inside the region) and its temporaries. Only a
+        convolution's entries depend on the settings; the others are worked out once per
+        model, and a convolution's once per (call, setting, planned or not): every decision
+        asks, and a very deep network has thousands of calls."""
+        if self._fixed_costs is None:
+            convs = set(self.conv_names)
+            self._fixed_costs = {}
+            for (phase, i), transient in self._transient.items():
+                name = self.nodes[i].name
+                if name in convs:
+                    self._conv_calls.append((phase, i, name, transient))
+                else:
+                    host, dur, ws = self._cost_of(phase, i, name, "fastest")
+                    self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
+        out = dict(self._fixed_costs)
+        cache = self._cost_cache
+        for phase, i, name, transient in self._conv_calls:
             algo = conv_algo.get(name, "fastest")
-            got = self._cost_cache.get((phase, i, algo))
+            inside = (name, phase) in planned
+            got = cache.get((phase, i, algo, inside))
             if got is None:
-                cost = self.profile.layer(name)
-                got = self._cost_cache[(phase, i, algo)] = (
-                    cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo))
-            host, dur, ws = got
-            out[(phase, i)] = (host, dur, (0 if (name, phase) in planned else ws) + transient)
+                host, dur, ws = self._cost_of(phase, i, name, algo)
+                got = cache[(phase, i, algo, inside)] = (host, dur,
+                                                         (0 if inside else ws) + transient)
+            out[(phase, i)] = got
         return out
+
+    def _cost_of(self, phase: str, i: int, name: str, algo: str) -> tuple:
+        """(host s, device s, workspace bytes) of node i's `phase` call on setting `algo`."""
+        cost = self.profile.layer(name)
+        return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
 
     def _timeline(self, log: list, costs: dict, held: int) -> dict:
         """Play `log` against the profile (module doc); costs: _call_costs()."""

@@ -291,8 +291,10 @@ def _placed_before(start, end, rank):
     later = rank[one] > rank[other]
     owner = np.where(later, one, other)
     placed = np.where(later, other, one)
-    # grouped by owner (a stable sort, so each list keeps its order)
-    grouped = np.argsort(owner, kind="stable")
+    # grouped by owner (a stable sort, so each list keeps its order; on 16-bit keys NumPy's
+    # stable sort is a radix sort, several times faster on the pairs of a very deep network)
+    keys = owner.astype(np.uint16) if n <= np.iinfo(np.uint16).max else owner
+    grouped = np.argsort(keys, kind="stable")
     first = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner, minlength=n), out=first[1:])
     return first, placed[grouped]

@@ -783,12 +783,14 @@ class StepModel:
                         still.append((key, ev))
                 pending.clear()
                 pending.extend(still)
-            # Under pressure the host waits for the oldest pending free: the arena's rule.
-            wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
+            if in_use + n > budget:
+                # Under pressure the host waits for the oldest pending free: the arena's rule.
+                wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
             in_use += n
             if in_use > budget:
                 over = True
-            peak = max(peak, in_use)
+            if in_use > peak:
+                peak = in_use
 
         def copy_end(stream: str, start: float, nbytes: int) -> float:
             other = "prefetch" if stream == "offload" else "offload"
@@ -812,9 +814,11 @@ class StepModel:
             return t + left / rate[stream]
 
         sync = prof.synchronous
+        # The log holds tens of thousands of entries per decision: classes as local names.
+        mark_cls, record_cls, wait_cls, alloc_cls = Mark, Record, Wait, Alloc
         for op in log:
             cls = type(op)
-            if cls is Mark:
+            if cls is mark_cls:
                 s = op.stream
                 kind = op.kind
                 if kind == "layer":
@@ -850,14 +854,17 @@ class StepModel:
                     tail[s] = max(host, tail[s])
                 if sync:  # the host did that work itself
                     host = max(host, tail[s])
-            elif cls is Record:
-                op.event.time = max(host, tail[op.stream])
-            elif cls is Wait:
-                tail[op.stream] = max(tail[op.stream], op.event.time)
-            elif cls is Alloc:
+            elif cls is record_cls:
+                t = tail[op.stream]
+                op.event.time = host if host >= t else t
+            elif cls is wait_cls:
+                t = op.event.time
+                if t > tail[op.stream]:
+                    tail[op.stream] = t
+            elif cls is alloc_cls:
                 take(op.nbytes)
                 sizes[op.key] = op.nbytes
-            elif cls is Free:
+            else:   # Free
                 ev = op.event
                 if ev is None or ev.time <= host:
                     in_use -= sizes.pop(op.key)

@@ -188,40 +188,116 @@ class Overlaps:
                 if end[j] <= taken and offset[j] < below and top[j] > at]
 
 
+# A block that shares its time with at most this many placed blocks is placed in plain
+# Python; one with more, in array operations (their fixed cost pays off only on longer runs).
+_FEW = 24
+
+
 def _place(need, start, end, alignment: int):
     """The offsets of the greedy packing (see pack): intervals largest first, each at the
     lowest aligned address free of the placed intervals alive at the same time.
 
-    The placed intervals are kept in address order, one row each (offset, aligned end,
-    start, end). For the next interval, the ones alive with it are walked by address: the
-    candidate address is the aligned end of the highest block seen so far (0 before the
-    first), and the walk stops at the first block that starts at or after candidate + size;
-    so the answer is that running maximum at the first such block (or after the last one).
+    Which placed intervals are alive together with each one does not depend on where they
+    were placed, so those lists are worked out first for all of them at once
+    (`_placed_before`). Then each interval's neighbours are walked by address: the candidate
+    address is the aligned end of the highest neighbour seen so far (0 before the first),
+    and the walk stops at the first neighbour that starts at or after candidate + size; so
+    the answer is that running maximum at the first such neighbour (or after the last one).
+    Most intervals of a step are alive with a few others only, and then the walk costs a few
+    Python operations; a very deep network has thousands of blocks, and a planner packs a
+    layout for every decision it weighs.
     """
     n = len(need)
-    starts, ends, needs = start.tolist(), end.tolist(), need.tolist()
+    starts, needs = start.tolist(), need.tolist()
     order = sorted(range(n), key=lambda i: (-needs[i], starts[i]))
-    offset = np.full(n, -1, dtype=np.int64)
-    rows = np.empty((n, 4), dtype=np.int64)
-    lo, hi, born, dies = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
-    los: list = []                            # lo of the placed rows, for bisect
-    for p, i in enumerate(order):
-        size, s, e = needs[i], starts[i], ends[i]
-        alive = (born[:p] < e) & (dies[:p] > s)
-        a_lo = lo[:p][alive]
-        if a_lo.size == 0 or size <= a_lo[0]:
-            at = 0
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    first, neighbours = _placed_before(start, end, rank)
+    bounds = first.tolist()
+    together = _alive_together(first, neighbours, start, end).tolist()
+    lo = np.zeros(n, dtype=np.int64)      # offset of each placed interval
+    hi = np.zeros(n, dtype=np.int64)      # its aligned end
+    los, his = [0] * n, [0] * n           # the same, for the walks in plain Python
+    for i in order:
+        size, a, b = needs[i], bounds[i], bounds[i + 1]
+        at = 0
+        if b - a <= _FEW:
+            for j_lo, j_hi in sorted([(los[j], his[j]) for j in neighbours[a:b].tolist()]):
+                if j_lo >= at + size:
+                    break
+                if j_hi > at:
+                    at = j_hi
         else:
-            reach = np.maximum.accumulate(hi[:p][alive])
-            fits = reach[:-1] + size <= a_lo[1:]     # between alive block j and j + 1
-            j = int(fits.argmax()) if fits.size else 0
-            at = int(reach[j] if fits.size and fits[j] else reach[-1])
-        offset[i] = at
-        k = bisect.bisect_right(los, at)
-        los.insert(k, at)
-        rows[k + 1:p + 1] = rows[k:p]
-        rows[k] = (at, (at + size + alignment - 1) // alignment * alignment, s, e)
-    return offset
+            near = neighbours[a:b]
+            near_hi = hi[near]
+            top = int(near_hi.max())
+            # Neighbours alive at one moment do not share addresses: when their widths add
+            # up to the highest end, they fill everything below it, and the answer is there.
+            if together[i] and int((near_hi - lo[near]).sum()) == top:
+                at = top
+            else:
+                by_address = np.argsort(lo[near], kind="stable")
+                n_lo, n_hi = lo[near][by_address], near_hi[by_address]
+                if size > n_lo[0]:
+                    reach = np.maximum.accumulate(n_hi)
+                    fits = reach[:-1] + size <= n_lo[1:]    # between neighbour j and j + 1
+                    j = int(fits.argmax()) if fits.size else 0
+                    at = int(reach[j] if fits.size and fits[j] else reach[-1])
+        top = (at + size + alignment - 1) // alignment * alignment
+        lo[i], hi[i], los[i], his[i] = at, top, at, top
+    return lo
+
+
+def _alive_together(first, neighbours, start, end):
+    """For each interval, whether all its earlier neighbours (see _placed_before) are alive
+    at one moment (the latest start before the earliest end)."""
+    n = len(first) - 1
+    counts = np.diff(first)
+    together = np.zeros(n, dtype=bool)
+    some = np.flatnonzero(counts > 0)
+    if some.size:
+        at = first[some]
+        latest = np.maximum.reduceat(start[neighbours], at)
+        earliest = np.minimum.reduceat(end[neighbours], at)
+        together[some] = latest < earliest
+    return together
+
+
+def _placed_before(start, end, rank):
+    """For each interval i, the intervals alive at the same time as it (start < i's end and
+    end > i's start) that come earlier in the packing order (`rank`): the positions
+    neighbours[first[i]:first[i + 1]]."""
+    n = len(start)
+    proper = np.flatnonzero(end > start)
+    # Two proper intervals overlap when one starts while the other is alive: by start, each
+    # interval pairs with those after it that start before it ends (a contiguous run).
+    by_start = proper[np.argsort(start[proper], kind="stable")]
+    s_sorted = start[by_start]
+    stop = np.searchsorted(s_sorted, end[by_start], side="left")
+    runs = np.maximum(stop - np.arange(1, len(by_start) + 1), 0)
+    total = int(runs.sum())
+    one = np.repeat(by_start, runs)
+    skip = np.repeat(np.cumsum(runs) - runs, runs)
+    other = by_start[np.arange(total) - skip + np.repeat(np.arange(1, len(by_start) + 1), runs)]
+    # An empty or reversed interval (end <= start) is compared with every interval as is.
+    odd = np.flatnonzero(end <= start)
+    if odd.size:
+        extra = [(d, j) for d in odd.tolist()
+                 for j in np.flatnonzero((start < end[d]) & (end > start[d])).tolist()
+                 if j != d and (end[j] > start[j] or j > d)]
+        if extra:
+            pairs = np.array(extra, dtype=np.int64)
+            one, other = np.concatenate((one, pairs[:, 0])), np.concatenate((other, pairs[:, 1]))
+    later = rank[one] > rank[other]
+    owner = np.where(later, one, other)
+    placed = np.where(later, other, one)
+    # grouped by owner (a stable sort, so each list keeps its order; on 16-bit keys NumPy's
+    # stable sort is a radix sort, several times faster on the pairs of a very deep network)
+    keys = owner.astype(np.uint16) if n <= np.iinfo(np.uint16).max else owner
+    grouped = np.argsort(keys, kind="stable")
+    first = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=n), out=first[1:])
+    return first, placed[grouped]
 
 
 def live_peak(intervals) -> int:

@@ -498,6 +498,8 @@ class StepModel:
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
+        self._fixed_costs = None            # see _call_costs: the calls of other layers
+        self._conv_calls: list = []         # see _call_costs: (phase, i, name, temporaries)
         self._blocks: dict = {}             # cache key -> StepBlocks of its layout (_least_from)
         # (cache key, _Walk) of the last least_required: when that decision is evaluated
         # next (it fits the bound), its walk is packed and timed instead of walked again
@@ -703,21 +705,37 @@ class StepModel:
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
         """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
         call under these plan settings: the bytes are its workspace unless the static layout
-        plans it (`planned`: then it is inside the region) and its temporaries. The profile's
-        figures of one call on one setting are looked up once per model: every decision asks
-        for them, and the timeline once per call of every step."""
-        out = {}
-        for (phase, i), transient in self._transient.items():
-            name = self.nodes[i].name
+        plans it (`planned`: then it is inside the region) and its temporaries. Only a
+        convolution's entries depend on the settings; the others are worked out once per
+        model, and a convolution's once per (call, setting, planned or not): every decision
+        asks, and a very deep network has thousands of calls."""
+        if self._fixed_costs is None:
+            convs = set(self.conv_names)
+            self._fixed_costs = {}
+            for (phase, i), transient in self._transient.items():
+                name = self.nodes[i].name
+                if name in convs:
+                    self._conv_calls.append((phase, i, name, transient))
+                else:
+                    host, dur, ws = self._cost_of(phase, i, name, "fastest")
+                    self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
+        out = dict(self._fixed_costs)
+        cache = self._cost_cache
+        for phase, i, name, transient in self._conv_calls:
             algo = conv_algo.get(name, "fastest")
-            got = self._cost_cache.get((phase, i, algo))
+            inside = (name, phase) in planned
+            got = cache.get((phase, i, algo, inside))
             if got is None:
-                cost = self.profile.layer(name)
-                got = self._cost_cache[(phase, i, algo)] = (
-                    cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo))
-            host, dur, ws = got
-            out[(phase, i)] = (host, dur, (0 if (name, phase) in planned else ws) + transient)
+                host, dur, ws = self._cost_of(phase, i, name, algo)
+                got = cache[(phase, i, algo, inside)] = (host, dur,
+                                                         (0 if inside else ws) + transient)
+            out[(phase, i)] = got
         return out
+
+    def _cost_of(self, phase: str, i: int, name: str, algo: str) -> tuple:
+        """(host s, device s, workspace bytes) of node i's `phase` call on setting `algo`."""
+        cost = self.profile.layer(name)
+        return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
 
     def _timeline(self, log: list, costs: dict, held: int) -> dict:
         """Play `log` against the profile (module doc); costs: _call_costs()."""
@@ -765,12 +783,14 @@ class StepModel:
                         still.append((key, ev))
                 pending.clear()
                 pending.extend(still)
-            # Under pressure the host waits for the oldest pending free: the arena's rule.
-            wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
+            if in_use + n > budget:
+                # Under pressure the host waits for the oldest pending free: the arena's rule.
+                wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
             in_use += n
             if in_use > budget:
                 over = True
-            peak = max(peak, in_use)
+            if in_use > peak:
+                peak = in_use
 
         def copy_end(stream: str, start: float, nbytes: int) -> float:
             other = "prefetch" if stream == "offload" else "offload"
@@ -794,9 +814,11 @@ class StepModel:
             return t + left / rate[stream]
 
         sync = prof.synchronous
+        # The log holds tens of thousands of entries per decision: classes as local names.
+        mark_cls, record_cls, wait_cls, alloc_cls = Mark, Record, Wait, Alloc
         for op in log:
             cls = type(op)
-            if cls is Mark:
+            if cls is mark_cls:
                 s = op.stream
                 kind = op.kind
                 if kind == "layer":
@@ -832,14 +854,17 @@ class StepModel:
                     tail[s] = max(host, tail[s])
                 if sync:  # the host did that work itself
                     host = max(host, tail[s])
-            elif cls is Record:
-                op.event.time = max(host, tail[op.stream])
-            elif cls is Wait:
-                tail[op.stream] = max(tail[op.stream], op.event.time)
-            elif cls is Alloc:
+            elif cls is record_cls:
+                t = tail[op.stream]
+                op.event.time = host if host >= t else t
+            elif cls is wait_cls:
+                t = op.event.time
+                if t > tail[op.stream]:
+                    tail[op.stream] = t
+            elif cls is alloc_cls:
                 take(op.nbytes)
                 sizes[op.key] = op.nbytes
-            elif cls is Free:
+            else:   # Free
                 ev = op.event
                 if ev is None or ev.time <= host:
                     in_use -= sizes.pop(op.key)

@@ -754,6 +754,14 @@ class Executor:
         self.step += 1
         return loss
 
+    def graph_stats(self) -> dict | None:
+        """{'captured': graphs captured, 'replayed_steps': steps launched from them,
+        'given_up': why captures stopped (None: they did not)}; None where no step can be
+        replayed (the CPU, a decision that offloads, graphs=False)."""
+        g = self._graphs
+        return None if g is None else {"captured": g.count, "replayed_steps": g.replays,
+                                       "given_up": g.given_up}
+
     def _step(self, x, labels, optimizer, dropout: bool, step_keys=None):
         """One plain training step (train_step without a graph); returns its loss. step_keys:
         while the step is captured, the table its draws read their keys from."""

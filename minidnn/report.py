@@ -9,7 +9,9 @@ Fields (these names never change; new fields may be added):
     the run).
 Also: start_step, device_name, micro_batches (passes per step), math_mode, num_classes,
 num_params, data, seed, lr, momentum, weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
-memory (every figure the executor reports), wall_time_s, minidnn_version, created.
+memory (every figure the executor reports), wall_time_s, minidnn_version, created,
+step_graphs (null where no step can be replayed from a CUDA graph, else {captured,
+replayed_steps, given_up}: Executor.graph_stats).
 """
 from __future__ import annotations
 
@@ -114,6 +116,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "eval": evals,
         "final_eval_accuracy": evals[-1]["accuracy"] if evals else None,
         "memory": mem,
+        "step_graphs": ex.graph_stats(),
         "wall_time_s": wall_time_s,
         "minidnn_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -69,6 +69,7 @@ class StepGraphs:
         self._plain_steps = 0
         self._losses = None          # LOSS_SLOTS device scalars, made at the first capture
         self._turn = 0
+        self.replays = 0                   # steps launched from a graph
         self.given_up: str | None = None   # why captures stopped, or None
 
     @property
@@ -98,6 +99,7 @@ class StepGraphs:
             if self._keys is not None:
                 self._keys.fill(self.seed, step)
             graph.launch(stream)
+            self.replays += 1
             out = self._losses[self._turn]
             self._turn = (self._turn + 1) % LOSS_SLOTS
             out[...] = loss

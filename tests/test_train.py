@@ -36,6 +36,7 @@ def test_a_small_network_learns():
     assert first > 2.0                  # about ln(10) at the start
     assert last < 0.5 * first, (first, last)
     assert report["final_eval_accuracy"] > 0.5   # chance is 0.1
+    assert report["step_graphs"] is None         # the CPU replays no step
 
 
 def test_resume_is_bit_identical(tmp_path):

@@ -215,6 +215,11 @@ def _place(need, start, end, alignment: int):
     first, neighbours = _placed_before(start, end, rank)
     bounds = first.tolist()
     together = _alive_together(first, neighbours, start, end).tolist()
+    # Every offset is a multiple of the alignment (0, or the aligned end of a placed
+    # interval), so each placed interval spans its size rounded up to it, whatever its
+    # offset: the widths its neighbours add up to are known before any is placed.
+    width = (need + alignment - 1) // alignment * alignment
+    widths = _neighbour_sums(first, width[neighbours]).tolist()
     lo = np.zeros(n, dtype=np.int64)      # offset of each placed interval
     hi = np.zeros(n, dtype=np.int64)      # its aligned end
     los, his = [0] * n, [0] * n           # the same, for the walks in plain Python
@@ -232,8 +237,10 @@ def _place(need, start, end, alignment: int):
             near_hi = hi[near]
             top = int(near_hi.max())
             # Neighbours alive at one moment do not share addresses: when their widths add
-            # up to the highest end, they fill everything below it, and the answer is there.
-            if together[i] and int((near_hi - lo[near]).sum()) == top:
+            # up to the highest end, they fill everything below it, and when the bytes they
+            # leave free below it are fewer than `size`, no gap between them can hold it:
+            # either way the answer is that highest end.
+            if together[i] and (widths[i] == top or top - widths[i] < size):
                 at = top
             else:
                 by_address = np.argsort(lo[near], kind="stable")
@@ -246,6 +253,16 @@ def _place(need, start, end, alignment: int):
         top = (at + size + alignment - 1) // alignment * alignment
         lo[i], hi[i], los[i], his[i] = at, top, at, top
     return lo
+
+
+def _neighbour_sums(first, values):
+    """For each interval i, the sum of values[first[i]:first[i + 1]] (0 for none)."""
+    n = len(first) - 1
+    sums = np.zeros(n, dtype=np.int64)
+    some = np.flatnonzero(np.diff(first) > 0)
+    if some.size:
+        sums[some] = np.add.reduceat(values, first[some])
+    return sums
 
 
 def _alive_together(first, neighbours, start, end):

@@ -821,19 +821,27 @@ class StepModel:
             if cls is mark_cls:
                 s = op.stream
                 kind = op.kind
-                if kind == "layer":
+                # `x if x >= y else y` below is max(x, y) without a call: a deep network's
+                # log has tens of thousands of marks per decision.
+                if kind == "marker":   # the end of a call or copy: the most common mark
+                    t = tail[s]
+                    if host > t:
+                        tail[s] = host
+                elif kind == "layer":
                     issue, dur, temp = costs[op.label]
                     host += issue
                     if temp:
                         take(temp)
                         in_use -= temp  # dropped when the call is enqueued; reuse is ordered
-                    start = max(host, tail[s])
+                    t = tail[s]
+                    start = host if host >= t else t
                     # Idle since the last work on compute: waiting for a copy or for the host.
                     calls[op.label] = (start, start + dur, start - last_work)
                     tail[s] = last_work = start + dur
                     busy += dur
                 elif kind == "copy":
-                    start = max(host, tail[s])
+                    t = tail[s]
+                    start = host if host >= t else t
                     end = copy_end(s, start, op.nbytes)
                     copies[s][0].append(start)
                     copies[s][1].append(end)
@@ -853,7 +861,9 @@ class StepModel:
                 else:
                     tail[s] = max(host, tail[s])
                 if sync:  # the host did that work itself
-                    host = max(host, tail[s])
+                    t = tail[s]
+                    if t > host:
+                        host = t
             elif cls is record_cls:
                 t = tail[op.stream]
                 op.event.time = host if host >= t else t

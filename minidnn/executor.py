@@ -60,7 +60,7 @@ from .layers.draws import scratch_bytes
 from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import Arena, make_allocator
 from .memory.host import HostSlab, check_host_memory
-from .memory.layout import PlannedBlocks, StaticLayout
+from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
 from .memory.observer import ObserverGroup
 from .memory.plan import LivenessPlan

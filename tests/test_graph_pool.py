@@ -2,16 +2,12 @@
 captured step allocates and reuses as a plain one does, the addresses it took are the pool's
 when the capture ends, nothing of the pool is handed out after it, a block alive then joins
 the pool when dropped, and releasing the pool gives everything back."""
-from minidnn.backend import Device
+from minidnn.backend import Device, address
 from minidnn.memory.arena import Arena
 from minidnn.memory.blocks import BlockList
 from minidnn.memory.graph_pool import GraphPool
 
 MiB = 1024 ** 2
-
-
-def address(buf) -> int:
-    return buf.__array_interface__["data"][0]
 
 
 def test_a_captured_steps_addresses_stay_its_own():

@@ -22,6 +22,7 @@ from collections import deque
 
 import numpy as np
 
+from ..backend import address
 from ..errors import ConfigError, DeviceError, MemoryBudgetError, fmt_bytes
 from .allocator import ALIGNMENT, Allocator, SimpleAllocator, wait_until_fits
 from .blocks import BlockList, PendingFrees
@@ -43,13 +44,6 @@ def make_allocator(device, budget: int | None):
     if budget is None and not device.is_gpu:
         return SimpleAllocator(device.xp, None)
     return Arena(device, budget)
-
-
-def _address(buf) -> int:
-    """Start address of a NumPy or CuPy array."""
-    if isinstance(buf, np.ndarray):
-        return buf.__array_interface__["data"][0]
-    return buf.data.ptr
 
 
 class _RoutedBlock:
@@ -129,7 +123,7 @@ class Arena(Allocator):
         raw = np.empty(self.capacity + ALIGNMENT, dtype=np.uint8)
         skip = -raw.__array_interface__["data"][0] % ALIGNMENT
         self._memory = raw[skip:skip + self.capacity]
-        self.base_address = _address(self._memory)
+        self.base_address = address(self._memory)
 
     def _reserve_gpu(self, budget) -> None:
         import cupy
@@ -168,7 +162,7 @@ class Arena(Allocator):
         with self._lock:
             offset, size = self._take(nbytes, where)
             buf = self._view(offset, size)
-            self._live[_address(buf)] = (offset, size)
+            self._live[address(buf)] = (offset, size)
             return buf
 
     def free(self, buf, after=None) -> None:
@@ -182,12 +176,12 @@ class Arena(Allocator):
         with self._lock:
             if self._closed:
                 return
-            entry = self._live.pop(_address(buf), None)
+            entry = self._live.pop(address(buf), None)
             if entry is None or entry[1] != buf.nbytes:
                 if entry is not None:
-                    self._live[_address(buf)] = entry
+                    self._live[address(buf)] = entry
                 raise ValueError(f"free of a buffer this arena did not hand out (or freed "
-                                 f"twice): address 0x{_address(buf):x}, {buf.nbytes} bytes")
+                                 f"twice): address 0x{address(buf):x}, {buf.nbytes} bytes")
             offset, _ = entry
             if after is not None and not after.done:
                 self._pending.add(offset, after)

@@ -29,7 +29,7 @@ class GraphPool:
     def __init__(self):
         self._ranges: list[tuple[int, int]] = []   # (start, end) of every block taken
         self._claimed: list[tuple[int, int]] = []  # the ranges of every capture so far
-        self.live: dict[int, int] = {}             # offset -> size: taken, not given back
+        self.live: set[int] = set()                # offsets taken, not given back
         self._kept: list[int] = []                 # offsets of the blocks the pool holds
 
     def begin(self) -> list[int]:
@@ -40,10 +40,10 @@ class GraphPool:
 
     def taken(self, offset: int, size: int) -> None:
         self._ranges.append((offset, offset + size))
-        self.live[offset] = size
+        self.live.add(offset)
 
     def given_back(self, offset: int) -> None:
-        self.live.pop(offset, None)
+        self.live.discard(offset)
 
     def ranges(self) -> list[tuple[int, int]]:
         """The ranges of every capture so far, this one's included, merged, in address
@@ -65,7 +65,7 @@ class GraphPool:
     def clear(self) -> list[int]:
         """Forget everything; returns the offsets of the blocks held, for the arena to free."""
         kept, self._kept = self._kept, []
-        self._ranges, self._claimed, self.live = [], [], {}
+        self._ranges, self._claimed, self.live = [], [], set()
         return kept
 
     @property

@@ -161,12 +161,8 @@ class Overlaps:
     def __init__(self, offset, top, start, end):
         self.offset, self.top, self.start, self.end = offset, top, start, end
         self.size = int(top.max())
-        # With the blocks sorted by their release, the ones released before interval i
-        # starts are a prefix of that order.
-        self.by_end = np.argsort(end, kind="stable")
-        self.released = np.searchsorted(end[self.by_end], start, side="right")
-        self.off_by_end, self.top_by_end = offset[self.by_end], top[self.by_end]
         self._of: list = [None] * len(offset)
+        self._by_release = None       # what of() sifts with, made at its first call
         # among() sifts a few candidates at a time: Python lists beat array calls there
         self._rows = (offset.tolist(), top.tolist(), start.tolist(), end.tolist())
 
@@ -174,9 +170,16 @@ class Overlaps:
         """Interval i's predecessors' positions (a sorted array)."""
         got = self._of[i]
         if got is None:
-            r = self.released[i]
-            hit = (self.off_by_end[:r] < self.top[i]) & (self.top_by_end[:r] > self.offset[i])
-            got = self._of[i] = np.sort(self.by_end[:r][hit])
+            if self._by_release is None:
+                # With the blocks sorted by their release, the ones released before interval
+                # i starts are a prefix of that order.
+                by_end = np.argsort(self.end, kind="stable")
+                released = np.searchsorted(self.end[by_end], self.start, side="right")
+                self._by_release = (by_end, released, self.offset[by_end], self.top[by_end])
+            by_end, released, off_by_end, top_by_end = self._by_release
+            r = released[i]
+            hit = (off_by_end[:r] < self.top[i]) & (top_by_end[:r] > self.offset[i])
+            got = self._of[i] = np.sort(by_end[:r][hit])
         return got
 
     def among(self, i: int, candidates: list) -> list:

@@ -246,13 +246,14 @@ class Executor:
 
     def _step_graphs(self, scratch: dict):
         """The StepGraphs that replay train_step (minidnn/step_graph.py), where a step can be
-        captured: on the GPU, from the arena, with no map moved to host memory; else None."""
+        captured: on the GPU, from the arena, and, when maps move to host memory, in a static
+        layout; else None."""
         if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
-                or self.manager.offload:
+                or (self.manager.offload and self.layout is None):
             return None
         draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
         return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
-                          self.kernels.bind_libraries)
+                          self.kernels.bind_libraries, self.manager.ordered_by_streams)
 
     # ---- memory set-up ----------------------------------------------------------------------------
     def _make_allocator(self, budget):
@@ -757,7 +758,7 @@ class Executor:
     def graph_stats(self) -> dict | None:
         """{'captured': graphs captured, 'replayed_steps': steps launched from them,
         'given_up': why captures stopped (None: they did not)}; None where no step can be
-        replayed (the CPU, a decision that offloads, graphs=False)."""
+        replayed (the CPU, offload without a static layout, graphs=False)."""
         g = self._graphs
         return None if g is None else {"captured": g.count, "replayed_steps": g.replays,
                                        "given_up": g.given_up}

@@ -19,15 +19,24 @@ graph: one call on the host per step. Why a replay gives the plain step's bits:
 * the loss of each replay is copied to a slot of its own (a ring of LOSS_SLOTS), so a loss
   kept and read later is that step's.
 
+Offload and prefetch are captured too: their copies run on their own streams, which the
+capture forks from the compute stream at their first wait on it and joins back into it at the
+step's end. A plain step asks events whether a copy is done before it reuses a block behind
+it; inside a capture nothing has run, so the memory manager orders those reuses by stream
+waits instead (MemoryManager.ordered_by_streams), and the graph carries them.
+
 A step is captured when it runs on the GPU from device arrays (one graph per input address:
 the graph reads them where they were), no observer watches it (a trace times layers on the
-host; data parallelism all-reduces during backward), and its decision moves no map to host
-memory (offload's copies are ordered by events the host waits on). The first WARMUP steps run
-plainly: they choose the convolution plans and make the optimizer's momentum. If a capture
-fails, the executor warns once and runs plain steps from then on.
+host; data parallelism all-reduces during backward), and, when its decision moves maps to
+host memory, its blocks have planned addresses (a static layout: blocks freed behind copies
+are then waited for by their next occupant's stream, where the arena would hold compute back
+until the copy ends). The first WARMUP steps run plainly: they choose the convolution plans
+and make the optimizer's momentum. If a capture fails, the executor warns once and runs plain
+steps from then on.
 """
 from __future__ import annotations
 
+import contextlib
 import traceback
 import warnings
 
@@ -52,13 +61,17 @@ class StepGraphs:
         draw_layers: the indices of the layers that draw random numbers.
         bind: bind() makes the libraries the kernels call (cuBLAS, cuDNN) work on the current
             stream; called before each capture, inside which their handles must not change.
+        ordered_by_streams: a context inside which the step's copies are ordered by stream
+            waits alone (MemoryManager.ordered_by_streams); the capture runs inside it.
     """
 
-    def __init__(self, device, allocator, run_step, seed: int, draw_layers, bind):
+    def __init__(self, device, allocator, run_step, seed: int, draw_layers, bind,
+                 ordered_by_streams=contextlib.nullcontext):
         self.device = device
         self.allocator = allocator
         self._run_step = run_step
         self._bind = bind
+        self._ordered_by_streams = ordered_by_streams
         self.seed = int(seed)
         self._keys = None
         if draw_layers:
@@ -131,12 +144,14 @@ class StepGraphs:
         captured); (graph, loss), or None after a failure, which stops further captures."""
         import cupy as cp
         stream = self.device.compute
+        self.device.synchronize()    # no event of an earlier step is waited for in the graph
         try:
-            with self.allocator.capturing(self._pool), stream:
+            with self.allocator.capturing(self._pool), self._ordered_by_streams(), stream:
                 self._bind()
                 stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
                 try:
                     loss = self._run_step(x, labels, optimizer, dropout, self._keys)
+                    self._join_copy_streams()
                 finally:
                     graph = stream.end_capture()
             graph.upload(stream)
@@ -155,3 +170,14 @@ class StepGraphs:
                 self._losses = cp.zeros(LOSS_SLOTS, dtype=loss.dtype)
         self._graphs[key] = (graph, loss)
         return graph, loss
+
+    def _join_copy_streams(self) -> None:
+        """A capture must end with every stream it forked joined back into the compute stream:
+        the compute stream waits for the copy streams' last work (so a replay ends with its
+        copies)."""
+        compute = self.device.compute
+        for side in (self.device.offload, self.device.prefetch):
+            if side.is_capturing():
+                joined = self.device.event()
+                joined.record(side)
+                compute.wait_event(joined)

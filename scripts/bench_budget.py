@@ -83,6 +83,8 @@ def float32_math(config: dict) -> str:
 def describe(config: dict) -> str:
     """'channels_last, accumulation 4, checkpoint_sequential 8' and the like."""
     bf16 = config.get("precision") == "bf16"
+    if config.get("framework") == "minidnn" and config.get("cap") is None:
+        return "minidnn, no budget" + (" --precision bf16" if bf16 else "")
     if config.get("framework") == "minidnn":
         return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "") + \
             (" --split-batch-statistics" if config.get("split_statistics") else "") + \
@@ -125,6 +127,12 @@ def torch_worker(spec: dict) -> dict:
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
         segments = min(spec["segments"], len(model)) if spec["segments"] else 0
+        if segments:
+            # A segment that starts with an in-place ReLU would overwrite the previous
+            # segment's output, which that segment's recomputation saved for its backward.
+            for m in model.modules():
+                if isinstance(m, torch.nn.ReLU):
+                    m.inplace = False
         xs, ys = x.chunk(k), labels.chunk(k)
 
         def loss_of(xc, yc):
@@ -181,26 +189,26 @@ def minidnn_worker(spec: dict) -> dict:
     batch, cap = spec["batch"], spec["cap"]
     result = dict(spec, framework="minidnn")
     net = models.build(spec["model"], num_classes=1000, image_size=spec["image_size"])
-    policy = DynPolicy()
+    policy = DynPolicy() if cap is not None else "none"   # no cap: the plain step
     t0 = time.perf_counter()
     try:
         ex = build_executor(net, batch, device=spec.get("device", "gpu"), seed=0,
                             policy=policy, memory_budget=cap, math=float32_math(spec),
-                            precision=spec["precision"], relu_bits=spec["relu_bits"],
+                            precision=spec["precision"], relu_bits=spec.get("relu_bits", False),
                             split_batch_statistics=spec.get("split_statistics", False))
     except MemoryBudgetError as e:
         return dict(result, error=str(e))
     result["planning_s"] = time.perf_counter() - t0
     try:
-        if policy.result is not None:
+        if cap is not None and policy.result is not None:
             best = policy.result.best
             result.update(predicted_step_time_s=best.step_time_s,
                           predicted_peak_bytes=best.peak_bytes,
                           offloaded_storages=len(best.offload),
                           recomputed_storages=len(best.recompute))
-        if policy.split is not None:
+        if cap is not None and policy.split is not None:
             result["minimum_budget_bytes"] = policy.split.minimum_budget
-        if getattr(policy, "remeasured", None) is not None:  # planned again at the pass batch
+        if cap is not None and getattr(policy, "remeasured", None) is not None:  # planned again at the pass batch
             result["predicted_from_scaled_profile_s"] = \
                 policy.split.chosen.result.best.step_time_s
         result.update(micro_batches=ex.micro_batches, prefetch_lookahead=ex.prefetch_lookahead,
@@ -294,7 +302,9 @@ def parse_args(argv):
     p.add_argument("--model", default="vgg16")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--image-size", type=int, default=None)
-    p.add_argument("--caps", default="12GiB,4GiB", help="comma-separated memory caps")
+    p.add_argument("--caps", default="12GiB,4GiB",
+                   help="comma-separated memory caps; 'none': no cap, each framework's plain "
+                        "step of the whole batch (minidnn's own speed beside its capped runs)")
     p.add_argument("--math", default="tf32", choices=("tf32", "fp32", "bf16"),
                    help="how float32 computes; bf16: mixed precision (minidnn's bf16 feature "
                         "maps, PyTorch's bf16 autocast), TF32 where float32 computes")
@@ -332,6 +342,14 @@ def specs_for(args, cap: int, image: int) -> list[dict]:
     base = {"model": args.model, "batch": args.batch, "image_size": image, "math": args.math,
             "precision": args.precision, "warmup": args.warmup, "steps": args.steps, "cap": cap}
     specs = []
+    if cap is None:   # each framework's own speed: the plain steps of the whole batch
+        if args.only != "torch":
+            specs.append(dict(base, framework="minidnn", device=args.device))
+        if args.only != "minidnn":
+            specs += [dict(base, **c) for c in torch_configs([], [], args.layouts.split(","),
+                                                             True)
+                      if c["accumulate"] == 1 and not c["save_on_cpu"]]
+        return specs
     if args.only != "torch":
         mini = dict(base, framework="minidnn", device=args.device,
                     relu_bits=not args.no_relu_bits)
@@ -360,7 +378,8 @@ def main(argv=None) -> int:
     deadline = time.time() + args.time_limit
     for cap_text in args.caps.split(","):
         rows = []
-        for spec in specs_for(args, parse_bytes(cap_text), image):
+        cap = None if cap_text.lower() == "none" else parse_bytes(cap_text)
+        for spec in specs_for(args, cap, image):
             if time.time() + args.timeout > deadline:
                 rows.append(dict(spec, error="skipped: time limit"))
                 continue

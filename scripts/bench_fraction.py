@@ -59,7 +59,8 @@ def train(model: str, batch: int, steps: int, folder: str, timeout: int,
                micro_batches=rep.get("micro_batches"),
                offloaded_bytes=rep.get("offloaded_bytes"),
                on_demand_fetches=memory.get("on_demand_fetches"),
-               unplanned_blocks=memory.get("unplanned_blocks"))
+               unplanned_blocks=memory.get("unplanned_blocks"),
+               step_graphs=rep.get("step_graphs"))
     return out
 
 
@@ -76,8 +77,10 @@ def row(model: str, batch: int, free: dict, capped: dict) -> str:
     if "error" in capped:
         return "| " + " | ".join(cells + [f"failed: {_last(capped['error'])}", "", ""]) + " |"
     share = capped["images_per_s"] / free["images_per_s"]
+    graphs = capped.get("step_graphs") or {}
     decided = (f"{capped['micro_batches']} micro-batch(es), "
-               f"{fmt_bytes(capped['offloaded_bytes'] or 0)} offloaded a step")
+               f"{fmt_bytes(capped['offloaded_bytes'] or 0)} offloaded a step, "
+               f"{graphs.get('replayed_steps', 0)} steps replayed")
     return "| " + " | ".join(cells + [
         f"{capped['images_per_s']:.0f} in {fmt_bytes(capped['memory_budget_bytes'])} "
         f"(peak {fmt_bytes(capped['steady_peak_device_bytes'])})", f"{share:.1%}",

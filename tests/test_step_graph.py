@@ -47,10 +47,21 @@ class Graph:
 
 
 class Stream:
-    """Capture: the step's Python runs, and its 'kernels' (callables it queues) are kept."""
+    """Capture: the step's Python runs, and its 'kernels' (callables it queues) are kept. A copy
+    stream takes part in a capture once it waits for the captured stream (`fork`); as in CUDA,
+    the capture must end with it joined back (the captured stream waits for its last work)."""
 
-    def __init__(self):
-        self.capturing, self.queued = False, []
+    def __init__(self, sides=()):
+        self.capturing, self.queued, self.waited, self.sides = False, [], [], list(sides)
+
+    def is_capturing(self):
+        return self.capturing
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+    def fork(self):
+        self.capturing = True
 
     def __enter__(self):
         return self
@@ -63,8 +74,19 @@ class Stream:
 
     def end_capture(self):
         self.capturing = False
+        for side in self.sides:
+            joined = any(ev.stream is side for ev in self.waited)
+            if side.capturing and not joined:
+                raise RuntimeError("operation not permitted when stream is capturing "
+                                   "(a forked stream was not joined)")
+            side.capturing = False
         queued = self.queued
         return Graph(lambda: [kernel() for kernel in queued])
+
+
+class Event:
+    def record(self, stream):
+        self.stream = stream
 
 
 class Optimizer:
@@ -88,15 +110,20 @@ def fake_cupy(monkeypatch):
 class Executor:
     """A plain step that queues one 'kernel': it writes the step's loss, 1 + the times run."""
 
-    def __init__(self, fail=False):
-        self.device = types.SimpleNamespace(compute=Stream(), synchronize=lambda: None)
+    def __init__(self, fail=False, copies=False):
+        offload, prefetch = Stream(), Stream()
+        self.device = types.SimpleNamespace(compute=Stream((offload, prefetch)), offload=offload,
+                                            prefetch=prefetch, synchronize=lambda: None,
+                                            event=Event)
         self.allocator = Arena(Device("cpu"), 16 * MiB)
-        self.plain, self.ran, self.fail = 0, 0, fail
+        self.plain, self.ran, self.fail, self.copies = 0, 0, fail, copies
 
     def run_step(self, x, labels, optimizer, dropout, step_keys):
         stream = self.device.compute
         if self.fail and stream.capturing:
             raise RuntimeError("not capturable")
+        if self.copies and stream.capturing:
+            self.device.offload.fork()             # an offload waited for the compute stream
         loss = np.zeros((), np.float32)
         scratch = self.allocator.alloc(MiB)        # a temporary of the step
 
@@ -179,3 +206,14 @@ def test_the_loss_slots_come_round_after_LOSS_SLOTS_replays(fake_cupy):
     assert float(first) == 1
     graphs.step(x, y, opt, True, 0)
     assert float(first) == LOSS_SLOTS + 1
+
+
+def test_a_capture_joins_the_copy_streams_it_forked(fake_cupy):
+    ex = Executor(copies=True)
+    graphs = ex.graphs()
+    x, y, opt = DeviceArray(1000), DeviceArray(2000, (4,), np.int64), Optimizer()
+    for step in range(WARMUP):
+        graphs.step(x, y, opt, True, step)
+    assert graphs.step(x, y, opt, True, WARMUP) is not None and graphs.given_up is None
+    joined = [ev.stream for ev in ex.device.compute.waited]
+    assert joined == [ex.device.offload]       # the prefetch stream took no part: no join

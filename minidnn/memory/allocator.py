@@ -10,6 +10,8 @@ AlexNet or VGG-16 at batch 256 come out of a laptop in seconds.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..errors import MemoryBudgetError
@@ -33,10 +35,16 @@ class Allocator:
     for budget errors of allocations that do not say. `carves`: every buffer is a piece of
     one block the allocator holds until close(), so an address names the same memory all that
     time and a view made of a buffer may be kept after the buffer is freed (the arena).
+
+    A buffer freed behind an event is held (pending) until the event is done, asked without
+    blocking at later allocations (`_reusable_now`). While a step is captured as a CUDA graph
+    nothing has run and no event may be asked: `ordered_frees(stream)` orders such frees by a
+    stream wait instead.
     """
 
     current_where = ""
     carves = False
+    _ordered_by = None     # inside ordered_frees: the stream that waits for frees behind events
 
     def alloc(self, nbytes: int, where: str = ""):
         raise NotImplementedError
@@ -53,6 +61,33 @@ class Allocator:
 
     def close(self) -> None:
         """Release whatever the allocator holds (nothing to do by default)."""
+
+    def settle(self) -> None:
+        """The caller has waited for the device: release every pending free now."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def ordered_frees(self, stream):
+        """Inside: a buffer freed behind an event is released at once, and `stream`, the
+        one that writes this allocator's memory next (compute for the device, the offload
+        stream for the pinned host slab), waits for the event. For a step captured as a CUDA
+        graph (minidnn/step_graph.py), whose events cannot be asked whether they are done.
+        Pending frees are released first (settle): the caller has waited for the device."""
+        self.settle()
+        self._ordered_by = stream
+        try:
+            yield self
+        finally:
+            self._ordered_by = None
+
+    def _reusable_now(self, after) -> bool:
+        """May a buffer freed behind `after` (an event, or None) be reused at once?"""
+        if after is None:
+            return True
+        if self._ordered_by is not None:
+            self._ordered_by.wait_event(after)
+            return True
+        return after.done
 
 
 def wait_until_fits(try_take, wait_oldest):
@@ -110,10 +145,15 @@ class SimpleAllocator(Allocator):
     def free(self, buf, after=None) -> None:
         if id(buf) not in self._sizes:
             raise ValueError("free() of a buffer this allocator did not hand out (or freed twice)")
-        if after is not None and not after.done:
+        if not self._reusable_now(after):
             self._pending.append((buf, after))
             return
         self._drop(buf)
+
+    def settle(self) -> None:
+        for buf, _ in self._pending:
+            self._drop(buf)
+        self._pending = []
 
     def _drop(self, buf) -> None:
         self.in_use -= self._sizes.pop(id(buf))

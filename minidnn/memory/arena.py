@@ -183,10 +183,14 @@ class Arena(Allocator):
                 raise ValueError(f"free of a buffer this arena did not hand out (or freed "
                                  f"twice): address 0x{address(buf):x}, {buf.nbytes} bytes")
             offset, _ = entry
-            if after is not None and not after.done:
-                self._pending.add(offset, after)
-            else:
+            if self._reusable_now(after):
                 self._release(offset)
+            else:
+                self._pending.add(offset, after)
+
+    def settle(self) -> None:
+        with self._lock:
+            self._pending.release_all(self._release)
 
     def empty(self, shape, dtype, where: str = ""):
         """(typed array of `shape` and `dtype`, the flat buffer to pass to `free`)."""

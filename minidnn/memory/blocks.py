@@ -226,6 +226,11 @@ class PendingFrees:
         release(offset)
         return True
 
+    def release_all(self, release) -> None:
+        """Call release(offset) for every block, oldest first: the device is idle."""
+        while self._queue:
+            release(self._queue.popleft()[0])
+
     def offsets(self) -> list[int]:
         return [offset for offset, _ in self._queue]
 

@@ -121,10 +121,13 @@ class HostSlab(Allocator):
             raise ValueError(f"free of a buffer this host slab did not hand out (or freed "
                              f"twice): address 0x{address:x}, {buf.nbytes} bytes")
         del self._live[address]
-        if after is not None and not after.done:
-            self._pending.add(entry[0], after)
-        else:
+        if self._reusable_now(after):
             self._release(entry[0])
+        else:
+            self._pending.add(entry[0], after)
+
+    def settle(self) -> None:
+        self._pending.release_all(self._release)
 
     @property
     def in_use(self) -> int:

@@ -93,6 +93,9 @@ class DynamicBlocks:
     def begin_step(self, device) -> None:
         pass
 
+    def settle(self) -> None:
+        """Forget the events kept to order later occupants (see PlannedBlocks)."""
+
     def acquire(self, fm, where: str, stream):
         return self.allocator.alloc(fm.nbytes, where)
 
@@ -390,6 +393,11 @@ class PlannedBlocks(DynamicBlocks):
             device.compute.wait_event(ev)
             device.prefetch.wait_event(ev)
         self._count.clear()
+        self.settle()
+
+    def settle(self) -> None:
+        """Forget the release events: their copies are done, or (recorded while a step was
+        captured as a CUDA graph) they never happen as such."""
         self._event = [None] * len(self._event)
         self._any_event = False
         self._due.clear()

@@ -33,6 +33,7 @@ on the books then (the prefetch window brings offloaded ones back as it does for
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,6 +183,7 @@ class Mover:
             # After an offload the block is reused only once the copy has read it.
             self.blocks.release(fm, after=fm.device_busy)
             fm.device, fm.device_busy = None, None
+            fm.fetched, fm.compute_waited = None, True   # the next block is written afresh
 
     def release_host(self, fm: FeatureMap) -> None:
         if fm.host is not None:
@@ -627,6 +629,23 @@ class MemoryManager:
     def close(self) -> None:
         """Release everything (blocks behind copies in flight are reclaimed by their owners)."""
         self.end_step()
+
+    @contextlib.contextmanager
+    def ordered_by_streams(self):
+        """Inside: the step's copies are ordered by stream waits alone, never by asking an
+        event whether it is done, for a step captured as a CUDA graph (minidnn/step_graph.py):
+        nothing of it has run. A block freed behind a copy makes the stream that next writes
+        such memory wait for the copy: compute for the device (the prefetch stream starts
+        behind compute), the offload stream for the pinned host slab. The caller has waited
+        for the device, so the events kept from earlier steps are dropped before; those
+        recorded in the capture are dropped after (a replay ends with all its copies done)."""
+        self.blocks.settle()
+        try:
+            with self.allocator.ordered_frees(self.device.compute), \
+                    self.host.ordered_frees(self.device.offload):
+                yield
+        finally:
+            self.blocks.settle()
 
     # ---- reporting --------------------------------------------------------------------------------
     def resident(self) -> list[FeatureMap]:

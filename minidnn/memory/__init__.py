@@ -31,8 +31,9 @@ Vocabulary, used in this sense throughout the package:
                (-1: before the step; graph inputs are written then).
 * release      hand a block back to the allocator it came from (device arena or host slab),
                `free(buf, after=event)`: with an event, the allocator reuses the block only
-               once the copy still reading it has finished. Evict, drop and free below are
-               releases.
+               once the copy still reading it has finished (asked without blocking; while a
+               step is captured as a CUDA graph, by a stream wait instead: ordered_frees).
+               Evict, drop and free below are releases.
 * offload      copy a storage's device block to the host slab (after its last forward write).
 * evict        release the device block of an offloaded storage after its last forward
                read; the host copy stays, and a prefetch brings it back for backward.

@@ -25,3 +25,13 @@ class FakeEvent:
 def addr(buf):
     """The address of a NumPy array's first byte."""
     return buf.__array_interface__["data"][0]
+
+
+class WaitingStream:
+    """A stream that notes the events it was made to wait for."""
+
+    def __init__(self):
+        self.waited = []
+
+    def wait_event(self, event):
+        self.waited.append(event)

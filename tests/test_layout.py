@@ -8,6 +8,8 @@ from minidnn.memory.allocator import aligned
 from minidnn.memory.layout import Interval, PlannedBlocks, StaticLayout, pack
 from minidnn.decide import build_executor
 
+from fakes import WaitingStream
+
 
 def _random_intervals(rng, n=60):
     out = []
@@ -41,17 +43,9 @@ def test_predecessors_are_the_earlier_blocks_at_the_same_addresses():
     assert by[0].predecessors == [] and by[2].predecessors == []
 
 
-class _Stream:
-    def __init__(self):
-        self.waited = []
-
-    def wait_event(self, ev):
-        self.waited.append(ev)
-
-
 class _Device:
     def __init__(self):
-        self.compute, self.prefetch = _Stream(), _Stream()
+        self.compute, self.prefetch = WaitingStream(), WaitingStream()
 
 
 class _FM:

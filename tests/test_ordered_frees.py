@@ -13,17 +13,7 @@ from minidnn.memory.arena import Arena
 from minidnn.memory.host import HostSlab
 from minidnn.memory.layout import Interval, PlannedBlocks, StaticLayout
 
-from fakes import FakeEvent, KiB, addr
-
-
-class WaitingStream:
-    """A stream that notes the events it was made to wait for."""
-
-    def __init__(self):
-        self.waited = []
-
-    def wait_event(self, event):
-        self.waited.append(event)
+from fakes import FakeEvent, KiB, WaitingStream, addr
 
 
 class CapturedEvent:

@@ -142,6 +142,15 @@ class Executor:
         return StepGraphs(self.device, self.allocator, self.run_step, 0, (), bind=lambda: None)
 
 
+def warmed_up(ex):
+    """(graphs, x, labels, optimizer) after the plain steps before the first capture."""
+    graphs = ex.graphs()
+    x, y, opt = DeviceArray(1000), DeviceArray(2000, (4,), np.int64), Optimizer()
+    for step in range(WARMUP):
+        graphs.step(x, y, opt, True, step)
+    return graphs, x, y, opt
+
+
 def test_warm_up_then_capture_once_then_replay(fake_cupy):
     ex = Executor()
     graphs = ex.graphs()
@@ -183,10 +192,7 @@ def test_host_inputs_run_plainly(fake_cupy):
 
 def test_a_failed_capture_warns_and_leaves_plain_steps(fake_cupy):
     ex = Executor(fail=True)
-    graphs = ex.graphs()
-    x, y, opt = DeviceArray(1000), DeviceArray(2000, (4,), np.int64), Optimizer()
-    for step in range(WARMUP):
-        graphs.step(x, y, opt, True, step)
+    graphs, x, y, opt = warmed_up(ex)
     with pytest.warns(RuntimeWarning, match="could not be captured.*not capturable"):
         assert graphs.step(x, y, opt, True, WARMUP) is None
     assert graphs.given_up.startswith("RuntimeError at step_graph.py:")   # innermost in minidnn
@@ -196,10 +202,7 @@ def test_a_failed_capture_warns_and_leaves_plain_steps(fake_cupy):
 
 def test_the_loss_slots_come_round_after_LOSS_SLOTS_replays(fake_cupy):
     ex = Executor()
-    graphs = ex.graphs()
-    x, y, opt = DeviceArray(1000), DeviceArray(2000, (4,), np.int64), Optimizer()
-    for step in range(WARMUP):
-        graphs.step(x, y, opt, True, step)
+    graphs, x, y, opt = warmed_up(ex)
     first = graphs.step(x, y, opt, True, WARMUP)
     for k in range(LOSS_SLOTS - 1):
         graphs.step(x, y, opt, True, k)
@@ -210,10 +213,7 @@ def test_the_loss_slots_come_round_after_LOSS_SLOTS_replays(fake_cupy):
 
 def test_a_capture_joins_the_copy_streams_it_forked(fake_cupy):
     ex = Executor(copies=True)
-    graphs = ex.graphs()
-    x, y, opt = DeviceArray(1000), DeviceArray(2000, (4,), np.int64), Optimizer()
-    for step in range(WARMUP):
-        graphs.step(x, y, opt, True, step)
+    graphs, x, y, opt = warmed_up(ex)
     assert graphs.step(x, y, opt, True, WARMUP) is not None and graphs.given_up is None
     joined = [ev.stream for ev in ex.device.compute.waited]
     assert joined == [ex.device.offload]       # the prefetch stream took no part: no join

@@ -279,7 +279,7 @@ def memory_figure(path: Path, stamp: str) -> None:
     plt.close(fig)
 
 
-BUDGET_RUN = ROOT / "benchmarks" / "runs" / "09d19ae" / "bench_budget.json"
+BUDGET_RUN = ROOT / "benchmarks" / "runs" / "2ce5c86-1d68ad8" / "call4-1d68ad8" / "vgg16_caps.json"
 
 
 def budget_figure(path: Path, run: Path = BUDGET_RUN) -> None:
@@ -295,12 +295,15 @@ def budget_figure(path: Path, run: Path = BUDGET_RUN) -> None:
     for ax, cap in zip(np.atleast_1d(axes), caps):
         labels, rates, colours = [], [], []
         for r in data["caps"][cap]:
+            k = r.get("micro_batches") if r["framework"] == "minidnn" else r["accumulate"]
+            split = f"{k} x {data['batch'] // k}" if k and k > 1 else "one pass"
             if r["framework"] == "minidnn":
-                labels.append(f"minidnn dyn: {r['micro_batches']} micro-batches")
+                what = "dyn" if r.get("cap") else "no budget"
+                labels.append(f"minidnn {what}: {split}")
                 colours.append("tab:blue")
             else:
-                labels.append(f"PyTorch {r['layout']}, accumulation {r['accumulate']} x "
-                              f"{data['batch'] // r['accumulate']}")
+                how = f"accumulation {split}" if k > 1 else "plain step"
+                labels.append(f"PyTorch {r['layout']}, {how}")
                 colours.append("tab:orange")
             rates.append(r.get("images_per_s") or 0.0)
         ys = range(len(labels))

@@ -230,7 +230,8 @@ def minidnn_worker(spec: dict) -> dict:
         stats = ex.memory_stats()
         result.update(step_time_s=dt, images_per_s=batch / dt, loss=float(loss),
                       peak_device_bytes=int(max(peaks)),
-                      offloaded_bytes=int(stats["offloaded_bytes"]))
+                      offloaded_bytes=int(stats["offloaded_bytes"]),
+                      step_graphs=ex.graph_stats())
     except MemoryBudgetError as e:
         result["error"] = str(e)
     finally:
@@ -289,6 +290,10 @@ def markdown(results: dict) -> str:
                         f", recompute {r.get('recomputed_storages', 0)}")
                 if r.get("predicted_step_time_s"):
                     note += f"; predicted {r['predicted_step_time_s'] * 1e3:.1f} ms"
+                graphs = r.get("step_graphs")
+                if graphs:   # how many of all its steps (untimed ones too) were replays
+                    note += (f"; {graphs['replayed_steps']} of {r['warmup'] + r['steps']} "
+                             f"steps replayed")
             lines.append(f"| {describe(r)} | {r['images_per_s']:.0f} | "
                          f"{r['step_time_s'] * 1e3:.1f} ms | {fmt_bytes(r['peak_device_bytes'])} |"
                          f" {ratio} | {note} |")

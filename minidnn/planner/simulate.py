@@ -44,6 +44,7 @@ nothing more is walked, packed or timed (`least_required`, `Unfit`).
 from __future__ import annotations
 
 import math
+import weakref
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
@@ -60,6 +61,7 @@ from ..memory.layout import StaticLayout, live_peak
 from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
+from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
@@ -129,16 +131,16 @@ class Free:
 
 
 class SymbolicEvent:
-    """A CUDA event stand-in that logs where it is recorded. Always `done` for the dry run's
+    """A CUDA event stand-in that logs where it is recorded, in the log of the stream that
+    records it (it holds no log itself: the log holds it). Always `done` for the dry run's
     own bookkeeping (its frees happen at once); the timeline gives it a real time."""
-    __slots__ = ("log", "time")
+    __slots__ = ("time",)
 
-    def __init__(self, log: list):
-        self.log = log
+    def __init__(self):
         self.time = 0.0
 
-    def record(self, stream=None) -> None:
-        self.log.append(Record(stream.name, self))
+    def record(self, stream) -> None:
+        stream.log.append(Record(stream.name, self))
 
     @property
     def done(self) -> bool:
@@ -159,7 +161,7 @@ class SymbolicStream:
         self.log.append(Wait(self.name, event))
 
     def record(self, event=None):
-        event = event if event is not None else SymbolicEvent(self.log)
+        event = event if event is not None else SymbolicEvent()
         event.record(self)
         return event
 
@@ -190,7 +192,7 @@ class SymbolicDevice(Device):
         self.prefetch = SymbolicStream("prefetch", self.log)
 
     def event(self):
-        return SymbolicEvent(self.log)
+        return SymbolicEvent()
 
     timing_event = event
 
@@ -233,7 +235,9 @@ class _Recorder(StepObserver):
 
     def __init__(self, log: list, manager, index: dict):
         self.log = log
-        self.manager = manager
+        # weakly: the manager holds its observer, and a cycle would leave every walk's
+        # objects to the cyclic collector, paused while a decision is evaluated (collector.py)
+        self.manager = weakref.proxy(manager)
         self.index = index
         self.samples: list = []      # (phase, node index, device bytes, fm bytes, log position)
         self.sampling = True
@@ -592,7 +596,8 @@ class StepModel:
         its temporaries, the momentum and the input batches. None without a static layout."""
         if not self.static_layout:
             return None
-        walk = self._walk(offload, conv_algo, recompute)
+        with collector_paused():
+            walk = self._walk(offload, conv_algo, recompute)
         self._walked = (self.key(offload, conv_algo, recompute), walk)
         region = live_peak(walk.recording.intervals)
         return self.param_grad_bytes + aligned(max(region, 1)) + \
@@ -642,6 +647,11 @@ class StepModel:
         return _Walk(device, ex, rec, stats, held, int(ex.allocator.peak), planned, recording)
 
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
+        with collector_paused():
+            return self._evaluate_now(offload, conv_algo, recompute)
+
+    def _evaluate_now(self, offload: frozenset, conv_algo: dict,
+                      recompute: frozenset) -> Evaluation:
         key = self.key(offload, conv_algo, recompute)
         walked, self._walked = self._walked, None      # the bound's walk, used once
         walk = walked[1] if walked is not None and walked[0] == key else \

@@ -454,13 +454,17 @@ class StepModel:
     of one pass (every pass is alike). replay: only the first step is walked through the
     memory manager, the later ones are replays of its log (planner/replay.py: the same log,
     so the same prediction, at a fraction of the cost); False walks every step.
+    shares_with: a StepModel of the same step (network, batch, profile and every other
+    option) at another prefetch lookahead. A decision that offloads nothing prefetches
+    nothing, so the lookahead changes no operation of its walk: such decisions are evaluated
+    once for both models (a planner that tries several lookaheads meets them in each).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
                  static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1, replay: bool = True):
+                 micro_batches: int = 1, replay: bool = True, shares_with=None):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
@@ -508,6 +512,20 @@ class StepModel:
         # (cache key, _Walk) of the last least_required: when that decision is evaluated
         # next (it fits the bound), its walk is packed and timed instead of walked again
         self._walked = None
+        # cache key -> (Evaluation, its StepBlocks) of the decisions that offload nothing,
+        # shared with every model of this step at another lookahead (shares_with)
+        self._unmoved: dict = {}
+        if shares_with is not None:
+            if shares_with._step_options() != self._step_options():
+                raise ValueError("shares_with must model the same step, at another lookahead "
+                                 "at most")
+            self._unmoved = shares_with._unmoved
+
+    def _step_options(self) -> tuple:
+        """What a walk depends on besides the decision and the prefetch lookahead."""
+        return (self.net, self.batch, self.profile, self.micro_batches, self.budget,
+                self.usable, self.steps, self.replay, self.static_layout, self.relu_bits,
+                self.maps, self.extra_bytes, self.input_bytes)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -557,9 +575,11 @@ class StepModel:
         hit = self.cache.get(key)
         if hit is None:
             offload, recompute = frozenset(offload), frozenset(recompute)
-            least = self._least_from(near, key) if near is not None else None
-            if least is None or self.usable is None or least <= self.usable:
-                least = self.least_required(offload, conv_algo, recompute)
+            least = None            # evaluated at another lookahead: nothing to bound
+            if key not in self._unmoved:
+                least = self._least_from(near, key) if near is not None else None
+                if least is None or self.usable is None or least <= self.usable:
+                    least = self.least_required(offload, conv_algo, recompute)
             if self.usable is not None and least is not None and least > self.usable:
                 hit = self.cache[key] = Unfit(offload, conv_algo, recompute, least)
             else:
@@ -647,8 +667,17 @@ class StepModel:
         return _Walk(device, ex, rec, stats, held, int(ex.allocator.peak), planned, recording)
 
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
+        key = self.key(offload, conv_algo, recompute)
+        shared = self._unmoved.get(key)
+        if shared is not None:      # evaluated by a model of this step at another lookahead
+            self._walked = None
+            ev, self._blocks[key] = shared
+            return ev
         with collector_paused():
-            return self._evaluate_now(offload, conv_algo, recompute)
+            ev = self._evaluate_now(offload, conv_algo, recompute)
+        if not offload:
+            self._unmoved[key] = (ev, self._blocks.get(key))
+        return ev
 
     def _evaluate_now(self, offload: frozenset, conv_algo: dict,
                       recompute: frozenset) -> Evaluation:

@@ -156,6 +156,13 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     from ..memory.policy import offload_candidates
     from .search import BULK_CANDIDATES
     t0 = time.perf_counter()
+    profiles: dict = {}         # pass batch -> its Profile, made once (the staged lookaheads ask again)
+
+    def profile_of(pass_batch: int):
+        if pass_batch not in profiles:
+            profiles[pass_batch] = profile_at(pass_batch)
+        return profiles[pass_batch]
+
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
     lookaheads = list(lookaheads)
     staged = len(lookaheads) > 1 and \
@@ -166,7 +173,7 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     for k in counts:
         option = SplitOption(micro_batches=k, batch=batch // k)
         found.append(option)
-        prof = profile_at(option.batch)
+        prof = profile_of(option.batch)
         if done:
             option.skipped = "a plan with fewer passes moves nothing"
         elif chosen is not None and least_step_s(prof, k) >= chosen.best.step_time_s:
@@ -185,7 +192,7 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
                 all(a == "fastest" for a in best.conv_algo.values()):
             done = True
     if staged and chosen is not None:
-        _plan_option(chosen, net, profile_at(chosen.batch), budget,
+        _plan_option(chosen, net, profile_of(chosen.batch), budget,
                      [la for la in lookaheads if la != chosen.lookahead], options)
     least = min(o.minimum_budget for o in found)
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
@@ -199,7 +206,8 @@ def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, option
     from .search import InfeasibleBudgetError, Planner
     for lookahead in lookaheads:
         planner = Planner(net, option.batch, prof, budget=budget, prefetch_lookahead=lookahead,
-                          micro_batches=option.micro_batches, **options)
+                          micro_batches=option.micro_batches, shares_with=option.planner,
+                          **options)
         option.planner = option.planner or planner
         option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
         if not run:

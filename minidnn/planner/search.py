@@ -158,6 +158,7 @@ class Planner:
         self.max_evaluations = int(max_evaluations)
         self.bulk = len(self.candidates) > BULK_CANDIDATES
         self._estimate_cache = None
+        self._leaner_of: dict = {}         # (conv name, setting) -> _leaner's answer
 
     # ---- building blocks ---------------------------------------------------------------------
     def policy_offload(self, name: str) -> frozenset:
@@ -245,13 +246,17 @@ class Planner:
 
     def _leaner(self, ev: Evaluation, name: str) -> str | None:
         """The next leaner plan setting of convolution `name` from its setting in `ev`, if it
-        needs less workspace (None otherwise)."""
-        cost = self.profile.layer(name)
+        needs less workspace (None otherwise). Kept once worked out: every round asks for
+        every convolution, and LayerCost sorts its settings at each ask."""
         now = ev.conv_algo.get(name, "fastest")
-        nxt = cost.leaner(now)
-        if nxt is None or cost.max_workspace(nxt) >= cost.max_workspace(now):
-            return None
-        return nxt
+        key = (name, now)
+        if key not in self._leaner_of:
+            cost = self.profile.layer(name)
+            nxt = cost.leaner(now)
+            if nxt is not None and cost.max_workspace(nxt) >= cost.max_workspace(now):
+                nxt = None
+            self._leaner_of[key] = nxt
+        return self._leaner_of[key]
 
     def _estimate(self, ev: Evaluation, move) -> tuple:
         """(step-time cost, bytes saved) guessed for a move (see _estimates): for a leaner

@@ -59,3 +59,18 @@ def test_collector_paused_restores_the_collector():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_split_plan_makes_next_to_no_cyclic_garbage():
+    """plan_split pauses the collector for all of its work (planner/split.py)."""
+    from minidnn.planner.split import plan_split
+    net = models.build("vgg16", num_classes=10, image_size=64)
+    gc.collect()
+    gc.disable()
+    try:
+        split = plan_split(net, 32, lambda b: analytic_profile(net, b, "h200"), 2**30,
+                           (0, 1, 2), counts=[1, 2])
+        assert split.chosen is not None
+        assert gc.collect() < 100
+    finally:
+        gc.enable()

@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from .collector import collector_paused
 from .costs import LayerCost, Profile, structure_hash
 
 FIXED_CALL_S = 20e-6
@@ -152,6 +153,15 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
     deep one) plans each count at one lookahead (1, where offered) and tries the others only
     for the count chosen. options: as Planner takes them."""
+    # Planning makes next to no cyclic garbage: its step models, profiles and searches are
+    # freed by reference counting, so the cyclic collector only costs time here (collector.py).
+    with collector_paused():
+        return _plan_split(net, batch, profile_at, budget, lookaheads, counts, options)
+
+
+def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
+                options: dict) -> SplitPlan:
+    """plan_split's work (see there)."""
     from ..memory.plan import LivenessPlan
     from ..memory.policy import offload_candidates
     from .search import BULK_CANDIDATES

@@ -577,6 +577,8 @@ class MemoryManager:
         """The scratch block of node i's `phase` call (a flat uint8 device array; None when the
         call draws nothing, or in a dry run, which still counts it). Held until
         release_call_blocks()."""
+        if (i, phase) not in self.scratch:      # most calls draw nothing: no call made
+            return None
         return self._acquire_call_block(self.scratch, i, phase, "scratch", "random draws")
 
     def _acquire_call_block(self, sizes: dict, i: int, phase: str, kind: str, what: str):

@@ -249,7 +249,9 @@ class _Recorder(StepObserver):
         return m
 
     def begin_layer(self, stream, phase, name, index):
-        return self.mark(stream, "layer", (phase, index))
+        m = Mark(stream.name, "layer", (phase, index))     # as mark() would, a call fewer
+        self.log.append(m)
+        return m
 
     def begin_copy(self, stream, track, name, nbytes):
         return self.mark(stream, "copy", name, int(nbytes))

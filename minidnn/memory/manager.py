@@ -49,6 +49,11 @@ from .schedule import StepSchedule
 _HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2
 
 
+# FeatureMap.state by (on the device, on the host)
+_STATES = {(True, True): "both", (True, False): "device", (False, True): "host",
+           (False, False): "freed"}
+
+
 class FeatureMap:
     """One storage's bytes and where they are (Caffe's SyncedMemory).
 
@@ -63,11 +68,13 @@ class FeatureMap:
     history: [(time, state)] of this step, for tests and traces.
     """
 
-    __slots__ = ("plan", "device", "host", "offloaded", "fetched", "device_busy", "host_busy",
-                 "compute_waited", "history")
+    __slots__ = ("plan", "sid", "nbytes", "device", "host", "offloaded", "fetched",
+                 "device_busy", "host_busy", "compute_waited", "history")
 
     def __init__(self, plan: StoragePlan):
         self.plan = plan
+        # the plan's id and size, read at every block operation of every step
+        self.sid, self.nbytes = plan.id, plan.nbytes
         self.device = None
         self.host = None
         self.offloaded = None
@@ -78,25 +85,15 @@ class FeatureMap:
         self.history: list[tuple[int, str]] = []
 
     @property
-    def sid(self) -> int:
-        return self.plan.id
-
-    @property
-    def nbytes(self) -> int:
-        return self.plan.nbytes
-
-    @property
     def name(self) -> str:
         return self.plan.tensors[0]
 
     @property
     def state(self) -> str:
-        if self.device is not None:
-            return "both" if self.host is not None else "device"
-        return "host" if self.host is not None else "freed"
+        return _STATES[self.device is not None, self.host is not None]
 
     def note(self, time: int) -> None:
-        self.history.append((time, self.state))
+        self.history.append((time, _STATES[self.device is not None, self.host is not None]))
 
     def __repr__(self) -> str:
         return f"FeatureMap({self.name!r}, {self.nbytes} B, {self.state})"
@@ -582,6 +579,8 @@ class MemoryManager:
         """The scratch block of node i's `phase` call (a flat uint8 device array; None when the
         call draws nothing, or in a dry run, which still counts it). Held until
         release_call_blocks()."""
+        if (i, phase) not in self.scratch:      # most calls draw nothing: no call made
+            return None
         return self._acquire_call_block(self.scratch, i, phase, "scratch", "random draws")
 
     def _acquire_call_block(self, sizes: dict, i: int, phase: str, kind: str, what: str):

@@ -16,6 +16,7 @@ last_forward_use, backward_uses, free_time) and the memory manager's `time` are 
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -101,7 +102,7 @@ class LivenessPlan:
         index = {node.name: i for i, node in enumerate(self.nodes)}
 
         def new_storage(name, shape, dt, kind, producer):
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            nbytes = math.prod(int(d) for d in shape) * np.dtype(dt).itemsize
             # Graph inputs (producer -1) are written before node 0 runs: time -1.
             s = StoragePlan(len(self.storages), max(nbytes, np.dtype(dt).itemsize), kind,
                             producer=producer, alloc_time=producer)

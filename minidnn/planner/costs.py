@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -203,7 +204,9 @@ def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:
 
 
 def numel(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    # math.prod: np.prod's call costs more than the product of a short tuple, and the planner
+    # asks for every tensor of every layer of each profile and step model it makes
+    return int(math.prod(int(d) for d in shape))
 
 
 def transient_bytes(layer, phase: str) -> int:

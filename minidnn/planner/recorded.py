@@ -68,6 +68,10 @@ class StepRecording(RecordingBlocks):
         """PlannedBlocks of `layout` told the walk's block operations; appends to `waits`
         (log position, stream name, event) for each wait they issue, in order."""
         blocks = PlannedBlocks(layout, np.empty(0, np.uint8), None)
+        if not any(stream is None and at is not None for _, stream, at in self.ops):
+            # No block was released behind a copy: nothing to wait on, in this step or at the
+            # next one's start, so the blocks are as they start (each step takes them afresh).
+            return blocks
         streams: dict = {}
         for fm, stream, at in self.ops:
             if stream is None:

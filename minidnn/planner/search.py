@@ -127,7 +127,8 @@ class Planner:
     only offload (vDNN's own means).
     micro_batches: `batch` is one pass of a step of that many (planner/split.py; the
     profile is at `batch`). relu_bits: the ReLUs that keep bit masks in the run (see
-    StepModel).
+    StepModel). shares_with: a Planner of the same step at another prefetch lookahead, whose
+    step model shares the evaluations of decisions that offload nothing (StepModel).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
@@ -135,7 +136,7 @@ class Planner:
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
                  recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
-                 maps=None):
+                 maps=None, shares_with: Planner | None = None):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -146,7 +147,8 @@ class Planner:
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
                                static_layout=static_layout, micro_batches=micro_batches,
-                               relu_bits=relu_bits, maps=maps)
+                               relu_bits=relu_bits, maps=maps,
+                               shares_with=None if shares_with is None else shares_with.model)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -156,6 +158,7 @@ class Planner:
         self.max_evaluations = int(max_evaluations)
         self.bulk = len(self.candidates) > BULK_CANDIDATES
         self._estimate_cache = None
+        self._leaner_of: dict = {}         # (conv name, setting) -> _leaner's answer
 
     # ---- building blocks ---------------------------------------------------------------------
     def policy_offload(self, name: str) -> frozenset:
@@ -243,13 +246,17 @@ class Planner:
 
     def _leaner(self, ev: Evaluation, name: str) -> str | None:
         """The next leaner plan setting of convolution `name` from its setting in `ev`, if it
-        needs less workspace (None otherwise)."""
-        cost = self.profile.layer(name)
+        needs less workspace (None otherwise). Kept once worked out: every round asks for
+        every convolution, and LayerCost sorts its settings at each ask."""
         now = ev.conv_algo.get(name, "fastest")
-        nxt = cost.leaner(now)
-        if nxt is None or cost.max_workspace(nxt) >= cost.max_workspace(now):
-            return None
-        return nxt
+        key = (name, now)
+        if key not in self._leaner_of:
+            cost = self.profile.layer(name)
+            nxt = cost.leaner(now)
+            if nxt is not None and cost.max_workspace(nxt) >= cost.max_workspace(now):
+                nxt = None
+            self._leaner_of[key] = nxt
+        return self._leaner_of[key]
 
     def _estimate(self, ev: Evaluation, move) -> tuple:
         """(step-time cost, bytes saved) guessed for a move (see _estimates): for a leaner

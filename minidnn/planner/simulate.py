@@ -44,6 +44,7 @@ nothing more is walked, packed or timed (`least_required`, `Unfit`).
 from __future__ import annotations
 
 import math
+import weakref
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping
@@ -60,6 +61,7 @@ from ..memory.layout import StaticLayout, live_peak
 from ..memory.observer import StepObserver
 from ..memory.policy import CALL_PHASES, MemoryDecision
 from ..network import DATA, LABEL
+from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
@@ -129,16 +131,16 @@ class Free:
 
 
 class SymbolicEvent:
-    """A CUDA event stand-in that logs where it is recorded. Always `done` for the dry run's
+    """A CUDA event stand-in that logs where it is recorded, in the log of the stream that
+    records it (it holds no log itself: the log holds it). Always `done` for the dry run's
     own bookkeeping (its frees happen at once); the timeline gives it a real time."""
-    __slots__ = ("log", "time")
+    __slots__ = ("time",)
 
-    def __init__(self, log: list):
-        self.log = log
+    def __init__(self):
         self.time = 0.0
 
-    def record(self, stream=None) -> None:
-        self.log.append(Record(stream.name, self))
+    def record(self, stream) -> None:
+        stream.log.append(Record(stream.name, self))
 
     @property
     def done(self) -> bool:
@@ -159,7 +161,7 @@ class SymbolicStream:
         self.log.append(Wait(self.name, event))
 
     def record(self, event=None):
-        event = event if event is not None else SymbolicEvent(self.log)
+        event = event if event is not None else SymbolicEvent()
         event.record(self)
         return event
 
@@ -190,7 +192,7 @@ class SymbolicDevice(Device):
         self.prefetch = SymbolicStream("prefetch", self.log)
 
     def event(self):
-        return SymbolicEvent(self.log)
+        return SymbolicEvent()
 
     timing_event = event
 
@@ -233,7 +235,9 @@ class _Recorder(StepObserver):
 
     def __init__(self, log: list, manager, index: dict):
         self.log = log
-        self.manager = manager
+        # weakly: the manager holds its observer, and a cycle would leave every walk's
+        # objects to the cyclic collector, paused while a decision is evaluated (collector.py)
+        self.manager = weakref.proxy(manager)
         self.index = index
         self.samples: list = []      # (phase, node index, device bytes, fm bytes, log position)
         self.sampling = True
@@ -245,7 +249,9 @@ class _Recorder(StepObserver):
         return m
 
     def begin_layer(self, stream, phase, name, index):
-        return self.mark(stream, "layer", (phase, index))
+        m = Mark(stream.name, "layer", (phase, index))     # as mark() would, a call fewer
+        self.log.append(m)
+        return m
 
     def begin_copy(self, stream, track, name, nbytes):
         return self.mark(stream, "copy", name, int(nbytes))
@@ -450,13 +456,17 @@ class StepModel:
     of one pass (every pass is alike). replay: only the first step is walked through the
     memory manager, the later ones are replays of its log (planner/replay.py: the same log,
     so the same prediction, at a fraction of the cost); False walks every step.
+    shares_with: a StepModel of the same step (network, batch, profile and every other
+    option) at another prefetch lookahead. A decision that offloads nothing prefetches
+    nothing, so the lookahead changes no operation of its walk: such decisions are evaluated
+    once for both models (a planner that tries several lookaheads meets them in each).
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
                  static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1, replay: bool = True):
+                 micro_batches: int = 1, replay: bool = True, shares_with=None):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
@@ -504,6 +514,20 @@ class StepModel:
         # (cache key, _Walk) of the last least_required: when that decision is evaluated
         # next (it fits the bound), its walk is packed and timed instead of walked again
         self._walked = None
+        # cache key -> (Evaluation, its StepBlocks) of the decisions that offload nothing,
+        # shared with every model of this step at another lookahead (shares_with)
+        self._unmoved: dict = {}
+        if shares_with is not None:
+            if shares_with._step_options() != self._step_options():
+                raise ValueError("shares_with must model the same step, at another lookahead "
+                                 "at most")
+            self._unmoved = shares_with._unmoved
+
+    def _step_options(self) -> tuple:
+        """What a walk depends on besides the decision and the prefetch lookahead."""
+        return (self.net, self.batch, self.profile, self.micro_batches, self.budget,
+                self.usable, self.steps, self.replay, self.static_layout, self.relu_bits,
+                self.maps, self.extra_bytes, self.input_bytes)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -553,9 +577,11 @@ class StepModel:
         hit = self.cache.get(key)
         if hit is None:
             offload, recompute = frozenset(offload), frozenset(recompute)
-            least = self._least_from(near, key) if near is not None else None
-            if least is None or self.usable is None or least <= self.usable:
-                least = self.least_required(offload, conv_algo, recompute)
+            least = None            # evaluated at another lookahead: nothing to bound
+            if key not in self._unmoved:
+                least = self._least_from(near, key) if near is not None else None
+                if least is None or self.usable is None or least <= self.usable:
+                    least = self.least_required(offload, conv_algo, recompute)
             if self.usable is not None and least is not None and least > self.usable:
                 hit = self.cache[key] = Unfit(offload, conv_algo, recompute, least)
             else:
@@ -592,7 +618,8 @@ class StepModel:
         its temporaries, the momentum and the input batches. None without a static layout."""
         if not self.static_layout:
             return None
-        walk = self._walk(offload, conv_algo, recompute)
+        with collector_paused():
+            walk = self._walk(offload, conv_algo, recompute)
         self._walked = (self.key(offload, conv_algo, recompute), walk)
         region = live_peak(walk.recording.intervals)
         return self.param_grad_bytes + aligned(max(region, 1)) + \
@@ -642,6 +669,20 @@ class StepModel:
         return _Walk(device, ex, rec, stats, held, int(ex.allocator.peak), planned, recording)
 
     def _evaluate(self, offload: frozenset, conv_algo: dict, recompute: frozenset) -> Evaluation:
+        key = self.key(offload, conv_algo, recompute)
+        shared = self._unmoved.get(key)
+        if shared is not None:      # evaluated by a model of this step at another lookahead
+            self._walked = None
+            ev, self._blocks[key] = shared
+            return ev
+        with collector_paused():
+            ev = self._evaluate_now(offload, conv_algo, recompute)
+        if not offload:
+            self._unmoved[key] = (ev, self._blocks.get(key))
+        return ev
+
+    def _evaluate_now(self, offload: frozenset, conv_algo: dict,
+                      recompute: frozenset) -> Evaluation:
         key = self.key(offload, conv_algo, recompute)
         walked, self._walked = self._walked, None      # the bound's walk, used once
         walk = walked[1] if walked is not None and walked[0] == key else \

@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from .collector import collector_paused
 from .costs import LayerCost, Profile, structure_hash
 
 FIXED_CALL_S = 20e-6
@@ -152,10 +153,26 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
     deep one) plans each count at one lookahead (1, where offered) and tries the others only
     for the count chosen. options: as Planner takes them."""
+    # Planning makes next to no cyclic garbage: its step models, profiles and searches are
+    # freed by reference counting, so the cyclic collector only costs time here (collector.py).
+    with collector_paused():
+        return _plan_split(net, batch, profile_at, budget, lookaheads, counts, options)
+
+
+def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
+                options: dict) -> SplitPlan:
+    """plan_split's work (see there)."""
     from ..memory.plan import LivenessPlan
     from ..memory.policy import offload_candidates
     from .search import BULK_CANDIDATES
     t0 = time.perf_counter()
+    profiles: dict = {}         # pass batch -> its Profile, made once (the staged lookaheads ask again)
+
+    def profile_of(pass_batch: int):
+        if pass_batch not in profiles:
+            profiles[pass_batch] = profile_at(pass_batch)
+        return profiles[pass_batch]
+
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
     lookaheads = list(lookaheads)
     staged = len(lookaheads) > 1 and \
@@ -166,7 +183,7 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     for k in counts:
         option = SplitOption(micro_batches=k, batch=batch // k)
         found.append(option)
-        prof = profile_at(option.batch)
+        prof = profile_of(option.batch)
         if done:
             option.skipped = "a plan with fewer passes moves nothing"
         elif chosen is not None and least_step_s(prof, k) >= chosen.best.step_time_s:
@@ -185,7 +202,7 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
                 all(a == "fastest" for a in best.conv_algo.values()):
             done = True
     if staged and chosen is not None:
-        _plan_option(chosen, net, profile_at(chosen.batch), budget,
+        _plan_option(chosen, net, profile_of(chosen.batch), budget,
                      [la for la in lookaheads if la != chosen.lookahead], options)
     least = min(o.minimum_budget for o in found)
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
@@ -199,7 +216,8 @@ def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, option
     from .search import InfeasibleBudgetError, Planner
     for lookahead in lookaheads:
         planner = Planner(net, option.batch, prof, budget=budget, prefetch_lookahead=lookahead,
-                          micro_batches=option.micro_batches, **options)
+                          micro_batches=option.micro_batches, shares_with=option.planner,
+                          **options)
         option.planner = option.planner or planner
         option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
         if not run:

@@ -93,7 +93,7 @@ class FeatureMap:
         return _STATES[self.device is not None, self.host is not None]
 
     def note(self, time: int) -> None:
-        self.history.append((time, _STATES[self.device is not None, self.host is not None]))
+        self.history.append((time, self.state))
 
     def __repr__(self) -> str:
         return f"FeatureMap({self.name!r}, {self.nbytes} B, {self.state})"

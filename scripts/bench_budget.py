@@ -200,17 +200,8 @@ def minidnn_worker(spec: dict) -> dict:
         return dict(result, error=str(e))
     result["planning_s"] = time.perf_counter() - t0
     try:
-        if cap is not None and policy.result is not None:
-            best = policy.result.best
-            result.update(predicted_step_time_s=best.step_time_s,
-                          predicted_peak_bytes=best.peak_bytes,
-                          offloaded_storages=len(best.offload),
-                          recomputed_storages=len(best.recompute))
-        if cap is not None and policy.split is not None:
-            result["minimum_budget_bytes"] = policy.split.minimum_budget
-        if cap is not None and getattr(policy, "remeasured", None) is not None:  # planned again at the pass batch
-            result["predicted_from_scaled_profile_s"] = \
-                policy.split.chosen.result.best.step_time_s
+        if cap is not None:   # what dyn planned
+            result.update(_planned(policy))
         result.update(micro_batches=ex.micro_batches, prefetch_lookahead=ex.prefetch_lookahead,
                       planned_precision=ex.decision.precision)   # the maps dyn planned for
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
@@ -238,6 +229,20 @@ def minidnn_worker(spec: dict) -> dict:
         ex.close()
         gc.collect()
     return result
+
+
+def _planned(policy) -> dict:
+    """A DynPolicy's prediction for the step it planned, and its least budget."""
+    out = {}
+    if policy.result is not None:
+        best = policy.result.best
+        out.update(predicted_step_time_s=best.step_time_s, predicted_peak_bytes=best.peak_bytes,
+                   offloaded_storages=len(best.offload), recomputed_storages=len(best.recompute))
+    if policy.split is not None:
+        out["minimum_budget_bytes"] = policy.split.minimum_budget
+    if policy.remeasured is not None:   # the count chosen, planned again at its pass batch
+        out["predicted_from_scaled_profile_s"] = policy.split.chosen.result.best.step_time_s
+    return out
 
 
 def worker(argv: list) -> None:

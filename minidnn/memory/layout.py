@@ -257,8 +257,8 @@ def _place(need, start, end, alignment: int):
                     fits = reach[:-1] + size <= n_lo[1:]    # between neighbour j and j + 1
                     j = int(fits.argmax()) if fits.size else 0
                     at = int(reach[j] if fits.size and fits[j] else reach[-1])
-        top = (at + size + alignment - 1) // alignment * alignment
-        lo[i], hi[i], los[i], his[i] = at, top, at, top
+        end_at = (at + size + alignment - 1) // alignment * alignment
+        lo[i], hi[i], los[i], his[i] = at, end_at, at, end_at
     return lo
 
 

@@ -9,7 +9,8 @@
 Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models of named GPUs),
 profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
 memory manager's dry run, timed against a Profile; recorded.py: one walk of it gives the
-static layout too, replay.py: the later steps from the first's log), search.py (the planner), dyn.py (the
+static layout too, replay.py: the later steps from the first's log, collector.py: the
+cyclic collector paused meanwhile), search.py (the planner), dyn.py (the
 `dyn` memory policy, and FixedDecision for a decision made beforehand), command.py
 (`minidnn plan`), timeline.py (its figures: the stream timeline and the bytes per layer).
 """

@@ -166,7 +166,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
     from ..memory.policy import offload_candidates
     from .search import BULK_CANDIDATES
     t0 = time.perf_counter()
-    profiles: dict = {}         # pass batch -> its Profile, made once (the staged lookaheads ask again)
+    profiles: dict = {}   # pass batch -> its Profile, made once (staged lookaheads ask again)
 
     def profile_of(pass_batch: int):
         if pass_batch not in profiles:

@@ -79,11 +79,11 @@ def test_channels_last_steps_match_nchw_steps(precision):
     PyTorch's layouts."""
     if precision == "bf16":
         pytest.importorskip("ml_dtypes")
-    from minidnn.memory.policy import MemoryDecision, recompute_candidates, unchained
+    from minidnn.memory.policy import MemoryDecision, recompute_candidates
     from test_manager import dag_net
     want, want_stats = _train("nchw", precision=precision)
     plan = LivenessPlan(dag_net(), 4, maps=MapFormat("nhwc", precision))
-    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    recompute = frozenset([s.id for s in recompute_candidates(plan)])
     for kw in (dict(), dict(policy="all"), dict(decision=MemoryDecision(recompute=recompute))):
         got, stats = _train("nhwc", precision=precision, **kw)
         for name, w in want.items():

@@ -245,10 +245,10 @@ def test_recomputed_maps_give_the_same_bits_on_gpu():
     (deterministic plans), alone and next to offloaded ones: the parameters to the bit of a
     run that keeps everything, and nothing fetched on demand."""
     from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
-                                       recompute_inputs, unchained)
+                                       recompute_inputs)
     from minidnn.planner.dyn import FixedDecision
     plan = build_executor(dag_net(), 8, device="cpu", compute=False).plan
-    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    recompute = frozenset([s.id for s in recompute_candidates(plan)])
     assert {plan.storages[s].tensors[0] for s in recompute} >= {"conv1"}
     reads = {t for s in recompute for t in recompute_inputs(plan, s)}
     offload = frozenset(get_policy("all").decide(plan).offload - recompute)

@@ -12,7 +12,7 @@ from minidnn.cli import main
 from minidnn.decide import build_executor
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
-                                   relus_worth_bits, unchained)
+                                   relus_worth_bits)
 from minidnn.models import googlenet, resnet
 from minidnn.planner.dyn import FixedDecision
 
@@ -143,7 +143,7 @@ def decisions(make):
     """Every kind of memory decision for the network `make` builds."""
     plan = LivenessPlan(make(), 4)
     everything = get_policy("all").decide(plan).offload
-    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    recompute = frozenset([s.id for s in recompute_candidates(plan)])
     return {
         "all": get_policy("all").decide(plan),
         "conv": get_policy("conv").decide(plan),
@@ -178,7 +178,7 @@ def test_batch_norm_outputs_are_recomputed_and_their_statistics_move_once():
     plan = LivenessPlan(tiny_resnet(), 4)
     found = {plan.storages[s.id].tensors[0] for s in recompute_candidates(plan)}
     assert {"bn1", "layer1.0.bn1"} & found
-    bn_outputs = unchained(plan, [s.id for s in recompute_candidates(plan)
+    bn_outputs = frozenset([s.id for s in recompute_candidates(plan)
                                   if plan.nodes[s.producer].layer.kind == "batchnorm"])
     assert bn_outputs
     kept, _ = train(tiny_resnet)

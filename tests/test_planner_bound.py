@@ -8,7 +8,7 @@ from minidnn.errors import ConfigError
 from minidnn.executor import Executor
 from minidnn.memory.observer import StepObserver
 from minidnn.memory.plan import LivenessPlan
-from minidnn.memory.policy import offload_candidates, recompute_candidates, unchained
+from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.simulate import StepModel, SymbolicDevice, Unfit, _dry_executor
 
@@ -27,7 +27,7 @@ def _decisions(model, count=8, seed=0):
     offloadable = [s.id for s in offload_candidates(model.plan)]
     rebuildable = [s.id for s in recompute_candidates(model.plan)]
     for _ in range(count):
-        recompute = unchained(model.plan, [s for s in rebuildable if rng.random() < 0.3])
+        recompute = frozenset([s for s in rebuildable if rng.random() < 0.3])
         offload = frozenset(s for s in offloadable if rng.random() < 0.5) - recompute
         algo = "fastest" if rng.random() < 0.5 else "min_workspace"
         yield offload, model.algos(algo), recompute

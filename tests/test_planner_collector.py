@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minidnn import models
-from minidnn.memory.policy import offload_candidates, recompute_candidates, unchained
+from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.collector import collector_paused
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.simulate import StepModel
@@ -20,7 +20,7 @@ def _decisions(model, seed=0):
     rebuildable = [s.id for s in recompute_candidates(model.plan)]
     out = [(frozenset(), model.algos("fastest"), frozenset())]
     for _ in range(2):
-        recompute = unchained(model.plan, [s for s in rebuildable if rng.random() < 0.3])
+        recompute = frozenset([s for s in rebuildable if rng.random() < 0.3])
         offload = frozenset(s for s in offloadable if rng.random() < 0.6) - recompute
         algos = {c: str(rng.choice(["fastest", "min_workspace"])) for c in model.conv_names}
         out.append((offload, algos, recompute))

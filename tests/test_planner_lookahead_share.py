@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minidnn import models
-from minidnn.memory.policy import recompute_candidates, unchained
+from minidnn.memory.policy import recompute_candidates
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import Planner
 from minidnn.planner.simulate import StepModel
@@ -19,7 +19,7 @@ def _unmoved(model, count=4, seed=0):
     rebuildable = [s.id for s in recompute_candidates(model.plan)]
     out = [(frozenset(), model.algos("fastest"), frozenset())]
     for _ in range(count - 1):
-        recompute = unchained(model.plan, [s for s in rebuildable if rng.random() < 0.4])
+        recompute = frozenset([s for s in rebuildable if rng.random() < 0.4])
         algos = {c: str(rng.choice(["fastest", "min_workspace"])) for c in model.conv_names}
         out.append((frozenset(), algos, recompute))
     return out

@@ -5,7 +5,7 @@ import pytest
 
 from minidnn import models
 from minidnn.memory.layout import live_peak
-from minidnn.memory.policy import offload_candidates, recompute_candidates, unchained
+from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.memory.record import record_intervals
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.nearby import peak_bytes, region_bound
@@ -47,7 +47,7 @@ def test_the_bound_of_each_move_back_never_exceeds_the_walk(name, lookahead):
     rebuildable = [s.id for s in recompute_candidates(model.plan)]
     checked = 0
     for _ in range(3):
-        recompute = unchained(model.plan, [s for s in rebuildable if rng.random() < 0.4])
+        recompute = frozenset([s for s in rebuildable if rng.random() < 0.4])
         offload = frozenset(s for s in offloadable if rng.random() < 0.5) - recompute
         algos = {c: rng.choice(["fastest", "min_workspace"]) for c in model.conv_names}
         near = model.evaluate(offload, algos, recompute)

@@ -14,7 +14,7 @@ from minidnn.kernels.mapformat import MapFormat
 from minidnn.layers import LRN, Conv2d, Linear, MaxPool2d, ReLU, StepContext
 from minidnn.layers import precision as mixed
 from minidnn.memory.plan import LivenessPlan
-from minidnn.memory.policy import MemoryDecision, recompute_candidates, unchained
+from minidnn.memory.policy import MemoryDecision, recompute_candidates
 from minidnn.planner.dyn import FixedDecision
 from test_manager import dag_net as branchy     # conv1 -> relu1 -> {conva, convb} -> join ...
 
@@ -131,7 +131,7 @@ def test_offload_recompute_and_relu_bits_change_no_bit_in_bf16():
     moved, moved32 = offloaded[3]["offloaded_bytes"], train("fp32", policy="all")[3]["offloaded_bytes"]
     assert moved == offloaded[3]["prefetched_bytes"] and moved < 0.6 * moved32  # byte aux too
     plan = LivenessPlan(branchy(), 4, maps=MapFormat(precision="bf16"))
-    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    recompute = frozenset([s.id for s in recompute_candidates(plan)])
     rebuilt = train("bf16", decision=MemoryDecision(recompute=recompute))
     bits = train("bf16", relu_bits=True)
     for other in (offloaded, rebuilt, bits):

@@ -7,9 +7,10 @@ import pytest
 
 from minidnn import SGD, models
 from minidnn.memory.record import record_intervals
+from minidnn.memory.schedule import StepSchedule
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import (MemoryDecision, get_policy, recompute_candidates,
-                                   recompute_inputs, unchained)
+                                   recompute_inputs)
 from minidnn.planner.dyn import FixedDecision
 from test_manager import dag_net as branchy     # conv1 -> relu1 -> {conva, convb} -> join ...
 from minidnn.decide import build_executor
@@ -45,15 +46,13 @@ def test_candidates_are_maps_whose_writers_can_run_again():
     conv1 = plan.storage_of("conv1").id
     assert plan.writers(conv1) == [0, 1]                       # conv1, relu1 in place
     assert names(plan, recompute_inputs(plan, conv1)) == {"data"}
-    # conva is rebuilt from relu1's map, so the two cannot both be recomputed.
-    both = unchained(plan, [conv1, plan.storage_of("conva").id])
-    assert both == {conv1}
+    assert names(plan, recompute_inputs(plan, plan.storage_of("conva").id)) == {"conv1"}
 
 
 def test_recomputation_changes_no_bit_and_frees_the_maps_between():
     kept, kept_stats, _ = train(MemoryDecision())
     plan = LivenessPlan(branchy(), 4)
-    recompute = unchained(plan, [s.id for s in recompute_candidates(plan)])
+    recompute = frozenset([s.id for s in recompute_candidates(plan)])
     for budget, layout in ((None, False), ("64MiB", True)):
         got, stats, log = train(MemoryDecision(recompute=recompute), budget=budget,
                                 static_layout=layout)
@@ -61,12 +60,14 @@ def test_recomputation_changes_no_bit_and_frees_the_maps_between():
             assert np.array_equal(got[key], kept[key]), key
         assert stats["avg_feature_map_bytes"] < kept_stats["avg_feature_map_bytes"]
         assert stats["offloaded_bytes"] == stats["prefetched_bytes"] == 0
+        rebuilt = StepSchedule(plan, recompute=recompute).rebuild_time
         for sid in recompute:
             s = plan.storages[sid]
             events = [(t, what) for t, what, k in log if k == sid]
-            # Dropped after its last forward use, taken again at its first backward reader.
+            # Dropped after its last forward use, taken again at its first backward reader,
+            # or earlier, with a map rebuilt from it (conv1 with conva: a chain).
             assert (s.last_forward_use, "drop") in events
-            assert (s.first_backward_use, "alloc") in events
+            assert (rebuilt[sid], "alloc") in events and rebuilt[sid] <= s.first_backward_use
 
 
 def test_offloaded_inputs_of_a_recomputation_are_prefetched_for_it():
@@ -99,13 +100,53 @@ def test_the_layout_gives_a_recomputed_map_two_blocks():
     assert len(spaces) == 1
 
 
+def test_a_chain_is_rebuilt_at_once_in_forward_order_and_changes_no_bit():
+    """VGG's conv1_2 is rebuilt from conv1_1's map (relu1_1 in place): with both recomputed,
+    conv1_1 is rebuilt first, when conv1_2 is needed (before its own first backward reader,
+    conv1_2's backward), and stays for it."""
+    net = models.build("vgg16", num_classes=10, image_size=32)
+    plan = LivenessPlan(net, 2)
+    first, second = plan.storage_of("conv1_1").id, plan.storage_of("conv1_2").id
+    sched = StepSchedule(plan, recompute={first, second})
+    when = plan.storages[second].first_backward_use
+    assert plan.storages[first].first_backward_use > when
+    assert sched.rebuild_time == {first: when, second: when}
+    reader = plan.node_at(when)
+    assert sorted(sched.recompute_at[reader]) == [first, second]
+    assert sched.rebuild[second][1] == []         # conv1_1's map is rebuilt, not read
+    rerun = [c.index for c in sched.backward if c.phase == "recompute"]
+    assert rerun == sorted(rerun) == sched.writers_to_rerun(reader) == [0, 1, 2, 3]
+
+    def step(decision, **options):
+        rng = np.random.default_rng(0)
+        with build_executor(models.build("vgg16", num_classes=10, image_size=32), 2,
+                            device="cpu", seed=0, policy=FixedDecision(decision),
+                            **options) as ex:
+            opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
+            for _ in range(2):
+                x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+                ex.train_step(x, rng.integers(0, 10, 2), opt)
+            log = list(ex.manager.log)
+            return ex.net.state_dict(), log
+
+    kept, _ = step(MemoryDecision())
+    chain = MemoryDecision(recompute=frozenset({first, second}))
+    for options in ({}, dict(memory_budget="512MiB", static_layout=True)):
+        got, log = step(chain, **options)
+        for key in kept:
+            assert np.array_equal(got[key], kept[key]), key
+        allocs = [k for t, what, k in log if what == "alloc" and k in (first, second)]
+        assert allocs[-2:] == [first, second]     # at `when`, the chain's start first
+        assert {(t, k) for t, what, k in log if what == "alloc" and k in (first, second)} \
+            >= {(when, first), (when, second)}
+
+
 def test_sets_the_manager_cannot_run_are_refused():
     plan = LivenessPlan(branchy(), 4)
     sid = {name: plan.storage_of(name).id for name in ("conv1", "conva", "pool", "drop")}
     bad = [(frozenset(), {sid["pool"]}, "cannot be recomputed"),
            (frozenset(), {sid["drop"]}, "cannot be recomputed"),
-           ({sid["conv1"]}, {sid["conv1"]}, "both offloaded and recomputed"),
-           (frozenset(), {sid["conv1"], sid["conva"]}, "itself recomputed")]
+           ({sid["conv1"]}, {sid["conv1"]}, "both offloaded and recomputed")]
     for offload, recompute, message in bad:
         with pytest.raises(ValueError, match=message):
             build_executor(branchy(), 4, device="cpu", compute=False,

@@ -126,17 +126,16 @@ def offload_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[StoragePl
     return out
 
 
-# plan -> (inputs, readers): for every storage id, what rebuilding it reads (recompute_inputs,
-# in order) and the storages whose rebuilding reads it. A plan does not change once made, and
-# the planner asks these for every decision it evaluates (chains() over whole recompute sets),
-# so they are worked out once per plan.
+# plan -> inputs: for every storage id, what rebuilding it reads (recompute_inputs, in
+# order). A plan does not change once made, and every schedule with a recompute set asks it
+# for each storage of the set, so it is worked out once per plan.
 _REBUILD_READS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _rebuild_reads(plan: LivenessPlan) -> tuple[list, list]:
-    tables = _REBUILD_READS.get(plan)
-    if tables is None:
-        inputs, readers = [], [set() for _ in plan.storages]
+def _rebuild_reads(plan: LivenessPlan) -> list:
+    inputs = _REBUILD_READS.get(plan)
+    if inputs is None:
+        inputs = []
         for s in plan.storages:
             out = []
             for j in plan.writers(s.id):
@@ -145,15 +144,13 @@ def _rebuild_reads(plan: LivenessPlan) -> tuple[list, list]:
                     if t != s.id and t not in out:
                         out.append(t)
             inputs.append(tuple(out))
-            for t in out:
-                readers[t].add(s.id)
-        tables = _REBUILD_READS[plan] = (inputs, readers)
-    return tables
+        _REBUILD_READS[plan] = inputs
+    return inputs
 
 
 def recompute_inputs(plan: LivenessPlan, sid: int) -> list[int]:
     """Storages that rebuilding storage `sid` reads: its writers' inputs other than itself."""
-    inputs = _rebuild_reads(plan)[0]
+    inputs = _rebuild_reads(plan)
     return list(inputs[sid]) if 0 <= sid < len(inputs) else []
 
 
@@ -170,7 +167,8 @@ def recompute_candidates(plan: LivenessPlan, min_bytes: int = 0) -> list[Storage
     writes the argmax too). Every other storage the writers read must still be alive then (a
     convolution's input is: its own backward reads it later) and must hold the bytes the
     writer read in forward (nothing wrote it after that writer ran, no gradient took its
-    buffer before).
+    buffer before). Any set of candidates can be recomputed at once: a storage read to rebuild
+    another that is in the set too is rebuilt first (memory/schedule.py: a chain).
     """
     known = _RECOMPUTE_CANDIDATES.setdefault(plan, {})
     if min_bytes not in known:
@@ -193,26 +191,6 @@ def _recompute_candidates(plan: LivenessPlan, min_bytes: int) -> list[StoragePla
 
     return [s for s in offload_candidates(plan, min_bytes)
             if s.kind == "feature" and rebuildable(s)]
-
-
-def chains(plan: LivenessPlan, sid: int, recompute) -> bool:
-    """Would recomputing storage `sid` next to the storages `recompute` rebuild one of them
-    from another (sid from one of them, or one of them from sid)? The manager refuses that."""
-    inputs, readers = _rebuild_reads(plan)
-    if not 0 <= sid < len(inputs):
-        return False
-    recompute = recompute if isinstance(recompute, (set, frozenset)) else set(recompute)
-    return not recompute.isdisjoint(inputs[sid]) or not recompute.isdisjoint(readers[sid])
-
-
-def unchained(plan: LivenessPlan, sids) -> frozenset:
-    """The storages of `sids` (recompute candidates), in order, leaving out each one that
-    chains with one already taken: a set the manager accepts as its recompute set."""
-    taken: set = set()
-    for sid in sids:
-        if not chains(plan, sid, taken):
-            taken.add(sid)
-    return frozenset(taken)
 
 
 def relus_worth_bits(plan: LivenessPlan) -> list[str]:

@@ -23,6 +23,9 @@ Around each call the memory manager (memory/manager.py) does what the schedule's
 * recomputation, for a storage in `recompute`: dropped after its last forward use
   (`drop_after`) and rebuilt right before its first backward reader by running its writers'
   forward again (`recompute_at`, `rebuild`, and the "recompute" calls of the schedule).
+  A storage may be rebuilt from others that are recomputed too (a chain, as a checkpointed
+  segment is): those are rebuilt with it, first, in forward order, at the earliest time any
+  storage of the chain is needed (`rebuild_time`), and stay until their own backward.
 * free: every storage is freed (its blocks released) at its liveness free time
   (`frees_train`; `frees_eval` in an evaluation step, which runs only the forward calls).
 
@@ -36,7 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .plan import LivenessPlan
-from .policy import chains, recompute_candidates, recompute_inputs
+from .policy import recompute_candidates, recompute_inputs
 
 # The layer calls of a training step, in the order their kinds first appear.
 PHASES = ("forward", "recompute", "backward")
@@ -55,8 +58,7 @@ class StepSchedule:
     """The calls of one step of `plan` under an offload and a recompute set (storage ids).
 
     Raises ValueError for a storage that cannot be offloaded (not a feature map backward
-    reads) or recomputed (see memory.policy.recompute_candidates), for one in both sets, and
-    for a recompute set that would rebuild a storage from another rebuilt one.
+    reads) or recomputed (see memory.policy.recompute_candidates), and for one in both sets.
     """
 
     def __init__(self, plan: LivenessPlan, offload=(), recompute=()):
@@ -74,20 +76,22 @@ class StepSchedule:
             s = plan.storages[sid]
             self.offload_after[s.last_forward_write].append(sid)
             self.evict_after[s.last_forward_use].append(sid)
-        # Recomputation: drop after the last forward use, rebuild before the first backward
-        # reader (node) from the writers (nodes) and the storages they read.
+        # Recomputation: drop after the last forward use, rebuild before the backward of a
+        # reader (node: the first to read it or a storage rebuilt from it) from the writers
+        # (nodes) and the storages they read that are not rebuilt themselves.
         self.drop_after: dict[int, list[int]] = defaultdict(list)
         self.recompute_at: dict[int, list[int]] = defaultdict(list)
         self.rebuild: dict[int, tuple] = {}
+        self.rebuild_time = _rebuild_times(plan, self.recompute)
         # What the prefetch window brings back for node j: what j's recomputations read, then
         # what its backward reads.
         self.window_reads: list[list[int]] = [[] for _ in plan.nodes]
         for sid in sorted(self.recompute):
-            s = plan.storages[sid]
-            reader = plan.node_at(s.first_backward_use)
-            self.drop_after[s.last_forward_use].append(sid)
+            reader = plan.node_at(self.rebuild_time[sid])
+            self.drop_after[plan.storages[sid].last_forward_use].append(sid)
             self.recompute_at[reader].append(sid)
-            self.rebuild[sid] = (plan.writers(sid), recompute_inputs(plan, sid))
+            self.rebuild[sid] = (plan.writers(sid), [t for t in recompute_inputs(plan, sid)
+                                                     if t not in self.recompute])
             self.window_reads[reader].extend(self.rebuild[sid][1])
         for j, reads in enumerate(plan.backward_reads):
             self.window_reads[j].extend(reads)
@@ -120,9 +124,6 @@ class StepSchedule:
                                  f"memory.policy.recompute_candidates for which can")
             if sid in self.offload:
                 raise ValueError(f"storage {sid} ({name}) is both offloaded and recomputed")
-            if chains(plan, sid, self.recompute - {sid}):
-                raise ValueError(f"storage {sid} ({name}) would be recomputed from a storage "
-                                 f"that is itself recomputed, or feed one")
 
     def writers_to_rerun(self, i: int, skip=()) -> list[int]:
         """Nodes whose forward runs again, in order, before node i's backward: the writers of
@@ -133,6 +134,24 @@ class StepSchedule:
     def calls(self, train: bool = True) -> tuple:
         """Every call of a training step (train) or of an evaluation step (forward only)."""
         return self.forward + self.backward if train else self.forward
+
+
+def _rebuild_times(plan: LivenessPlan, recompute: frozenset) -> dict[int, int]:
+    """{storage id: the backward time it is rebuilt at}: its first backward use, or earlier
+    when a storage rebuilt from it is needed first (a chain is rebuilt at once).
+
+    A storage is rebuilt from what its writers read after their last write, so every
+    storage of the set it reads was written before: walking the set from the last written
+    down, each one's time is final before it is handed to the storages it is rebuilt from.
+    Those are intact then (recompute_candidates: intact at the storage's own first backward
+    use, and so at any earlier time of backward too).
+    """
+    when = {sid: plan.storages[sid].first_backward_use for sid in recompute}
+    for sid in sorted(recompute, key=lambda s: -plan.storages[s].last_forward_write):
+        for t in recompute_inputs(plan, sid):
+            if t in when and when[sid] < when[t]:
+                when[t] = when[sid]
+    return when
 
 
 # plan -> (frees_train, frees_eval, forward calls, backward calls without recomputation): facts

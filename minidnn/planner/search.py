@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
-from ..memory.policy import chains, get_policy, offload_candidates, recompute_candidates
+from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
+    recompute_inputs
 from .costs import Profile
 from .simulate import Evaluation, StepModel
 
@@ -46,6 +47,10 @@ from .simulate import Evaluation, StepModel
 # Networks below it (every built-in model but the very deep VGGs) plan exactly as before.
 BULK_CANDIDATES = 128
 BULK_PRUNE = 24
+
+# Segment sizes the checkpointed-segments search tries, in multiples of the largest map of
+# the runs it cuts.
+SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # Fraction of the budget left unplanned: the arena's free blocks come in pieces
 # (fragmentation), so a plan that fills the budget to the byte may still not find a block.
@@ -153,6 +158,13 @@ class Planner:
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
         self.rebuildable = [s.id for s in recompute_candidates(self.plan)] if recompute else []
+        # What rebuilding each candidate reads, and which candidates are rebuilt from it.
+        self._rebuilt_from = {sid: frozenset(recompute_inputs(self.plan, sid))
+                              for sid in self.rebuildable}
+        self._rebuilds = {sid: set() for sid in self.rebuildable}
+        for sid, reads in self._rebuilt_from.items():
+            for t in reads & self._rebuilds.keys():
+                self._rebuilds[t].add(sid)
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
@@ -302,8 +314,17 @@ class Planner:
 
     def _may_recompute(self, ev: Evaluation, sid: int) -> bool:
         """May map `sid` (a recompute candidate) be recomputed on top of `ev`: not already,
-        not rebuilt from a recomputed map, and not read to rebuild one."""
-        return sid not in ev.recompute and not chains(self.plan, sid, ev.recompute)
+        and one level deep (see _chains)."""
+        return sid not in ev.recompute and not self._chains(sid, ev.recompute)
+
+    def _chains(self, sid: int, recompute) -> bool:
+        """Would recomputing `sid` beside `recompute` rebuild one of them from another? The
+        greedy search adds recomputations one map at a time, one level deep: a chain is
+        rebuilt at once (memory/schedule.py), so a map added to one lowers what the step
+        needs at the turn from forward to backward but raises it where the chain comes back.
+        Chains are planned whole, as segments (`segments`)."""
+        return not self._rebuilt_from[sid].isdisjoint(recompute) or \
+            not self._rebuilds[sid].isdisjoint(recompute)
 
     def _apply(self, ev: Evaluation, moves) -> Evaluation:
         offload, recompute, algos = set(ev.offload), set(ev.recompute), dict(ev.conv_algo)
@@ -312,7 +333,7 @@ class Planner:
                 if x not in recompute:
                     offload.add(x)
             elif what == "recompute":
-                if chains(self.plan, x, recompute):
+                if self._chains(x, recompute):
                     continue     # two moves of one bundle would chain
                 offload.discard(x)
                 recompute.add(x)
@@ -391,6 +412,77 @@ class Planner:
             ev = best
         return self.prune(ev)
 
+    # ---- checkpointed segments ----------------------------------------------------------------
+    def runs(self) -> list[list[int]]:
+        """Maximal runs of recompute candidates each rebuilt from the one before alone (a
+        VGG stage's convolution maps, a ResNet block's conv and batch-norm maps), in forward
+        order: the chains a segment is cut from."""
+        plan, cand = self.plan, set(self.rebuildable)
+        nxt = {}
+        for sid in self.rebuildable:
+            preds = self._rebuilt_from[sid] & cand
+            if len(preds) == 1:
+                (p,) = preds
+                if len(self._rebuilds[p]) == 1:
+                    nxt[p] = sid
+        starts = cand - set(nxt.values())
+        out = []
+        for sid in sorted(starts, key=lambda t: plan.storages[t].last_forward_write):
+            run = [sid]
+            while run[-1] in nxt:
+                run.append(nxt[run[-1]])
+            if len(run) > 1:
+                out.append(run)
+        return out
+
+    def segment_decision(self, runs, segment_bytes: int, offload_checkpoints: bool):
+        """(offload, recompute) cutting each run into segments of at most `segment_bytes`:
+        every map of a segment is recomputed, from the checkpoint that ends the segment
+        before (kept, or offloaded), as checkpoint_sequential does, with a segment length
+        per run by its maps' bytes."""
+        offload, recompute = set(), set()
+        candidates = set(self.candidates)
+        for run in runs:
+            held = 0
+            for sid in run:
+                if held + self._bytes[sid] > segment_bytes and held > 0:
+                    held = 0        # a checkpoint: the next segment starts after it
+                    if offload_checkpoints and sid in candidates:
+                        offload.add(sid)
+                    continue
+                recompute.add(sid)
+                held += self._bytes[sid]
+        return frozenset(offload), frozenset(recompute)
+
+    def segments(self) -> Evaluation | None:
+        """Checkpointed segments: each run of candidates cut into segments of a target size
+        (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
+        offloaded; the fastest that fits, or None.
+
+        Longer segments recompute more maps (slower) and keep fewer checkpoints: kept, those
+        take less memory, but the segment rebuilt at once takes more; offloaded, fewer bytes
+        cross the link (faster) and the segment takes more memory. So kept checkpoints are
+        tried from the shortest segments up, offloaded ones from the longest down, each up to
+        the first that fits."""
+        runs = self.runs()
+        if not runs:
+            return None
+        m = self.model
+        largest = max(self._bytes[sid] for run in runs for sid in run)
+        found = []
+        for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
+                                            (True, SEGMENT_MULTIPLES[::-1])):
+            for multiple in ladder:
+                if self._out_of_evaluations():
+                    break
+                offload, recompute = self.segment_decision(runs, largest * multiple,
+                                                           offload_checkpoints)
+                ev = m.evaluate(offload, m.algos("fastest"), recompute)
+                if ev.fits:
+                    found.append(ev)
+                    break
+        return min(found, key=lambda ev: ev.step_time_s, default=None)
+
     def prune(self, ev: Evaluation) -> Evaluation:
         """Undo what the budget does not need, while the step gets faster: each offload (the
         most exposed copies first), or its copies traded for a recomputation; each
@@ -420,7 +512,7 @@ class Planner:
                     if nxt is not None and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
                         break
-            for sid in sorted(ev.recompute):
+            for sid in sorted(ev.recompute, key=lambda s: -est[("recompute", s)][0] / self._bytes[s]):
                 if out_of_evaluations():
                     break
                 nxt = m.evaluate_if_fits(ev.offload, ev.conv_algo, ev.recompute - {sid},
@@ -493,6 +585,7 @@ class Planner:
                          "fastest plan")
         else:
             self.greedy()
+            self.segments()
             # greedy() prunes only its own answer; the floor's may be faster, and pruning it
             # can trade its offloads for recomputations on the plans it chose (a map rebuilt
             # by a convolution on its memory-optimal plan, say).

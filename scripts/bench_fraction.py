@@ -31,7 +31,8 @@ from minidnn.errors import fmt_bytes  # noqa: E402
 
 
 def train(model: str, batch: int, steps: int, folder: str, timeout: int,
-          budget: int | None = None, device: str = "gpu", split_statistics: bool = False) -> dict:
+          budget: int | None = None, device: str = "gpu", split_statistics: bool = False,
+          relu_bits: bool = False) -> dict:
     """One `minidnn train` run; its report, with the command and wall time (or an error)."""
     report = os.path.join(folder, f"{model}-{'dyn' if budget else 'none'}.json")
     cmd = [sys.executable, "-m", "minidnn", "train", "--model", model, "--data", "synthetic",
@@ -41,6 +42,8 @@ def train(model: str, batch: int, steps: int, folder: str, timeout: int,
         cmd += ["--policy", "dyn", "--memory-budget", f"{budget // 2**20}MiB"]
         if split_statistics:
             cmd.append("--split-batch-statistics")
+        if relu_bits:
+            cmd.append("--relu-bits")
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
@@ -79,6 +82,7 @@ def row(model: str, batch: int, free: dict, capped: dict) -> str:
     share = capped["images_per_s"] / free["images_per_s"]
     graphs = capped.get("step_graphs") or {}
     decided = (f"{capped['micro_batches']} micro-batch(es), "
+               + ("ReLU bit masks, " if "--relu-bits" in capped["command"] else "") +
                f"{fmt_bytes(capped['offloaded_bytes'] or 0)} offloaded a step, "
                f"{graphs.get('replayed_steps', 0)} steps replayed")
     return "| " + " | ".join(cells + [
@@ -99,6 +103,9 @@ def main(argv=None) -> None:
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="let dyn split the batch of a network with BatchNorm (its statistics "
                         "are then those of each micro-batch)")
+    p.add_argument("--relu-bits", action="store_true",
+                   help="dyn's runs keep ReLU bit masks where they free a map (train "
+                        "--relu-bits; the same bits, less memory)")
     args = p.parse_args(argv)
     if not 0 < args.fraction < 1:
         p.error(f"--fraction must be between 0 and 1, got {args.fraction}")
@@ -114,7 +121,7 @@ def main(argv=None) -> None:
             if "error" not in free:
                 budget = int(args.fraction * free["steady_peak_device_bytes"])
                 capped = train(model, args.batch, args.steps, folder, args.timeout, budget,
-                               args.device, args.split_batch_statistics)
+                               args.device, args.split_batch_statistics, args.relu_bits)
             results[model] = {"none": free, "dyn": capped}
             lines.append(row(model, args.batch, free, capped))
             print(f"{model}: {json.dumps(results[model])}", flush=True)

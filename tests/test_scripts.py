@@ -68,6 +68,17 @@ def test_bench_fraction_measures_both_runs_and_names_a_budget_too_small(tmp_path
     assert "failed: minidnn: error: memory budget" in proc.stdout
 
 
+def test_bench_fraction_passes_relu_bits_to_the_capped_run_only(tmp_path):
+    out = tmp_path / "f.json"
+    proc = run("scripts/bench_fraction.py", str(out), "--models", "tiny_cnn", "--batch", "8",
+               "--steps", "3", "--device", "cpu", "--fraction", "0.9", "--relu-bits")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())["results"]["tiny_cnn"]
+    assert "--relu-bits" in result["dyn"]["command"] and "error" not in result["dyn"]
+    assert "--relu-bits" not in result["none"]["command"]
+    assert "ReLU bit masks" in proc.stdout
+
+
 def test_bench_budget_bf16_reaches_minidnn_and_every_pytorch_configuration():
     """--math bf16: minidnn's spec asks for bf16 maps (TF32 where float32 computes), every
     PyTorch configuration (accumulation, checkpoint_sequential, save_on_cpu) for bf16 autocast,

@@ -756,12 +756,14 @@ class Executor:
         return loss
 
     def graph_stats(self) -> dict | None:
-        """{'captured': graphs captured, 'replayed_steps': steps launched from them,
-        'given_up': why captures stopped (None: they did not)}; None where no step can be
-        replayed (the CPU, offload without a static layout, graphs=False)."""
+        """{'captured': graphs captured, 'captured_at': the steps that were captured (a
+        capture step also runs: it is timed with its capture), 'replayed_steps': steps
+        launched from them, 'given_up': why captures stopped (None: they did not)}; None
+        where no step can be replayed (the CPU, offload without a static layout,
+        graphs=False)."""
         g = self._graphs
-        return None if g is None else {"captured": g.count, "replayed_steps": g.replays,
-                                       "given_up": g.given_up}
+        return None if g is None else {"captured": g.count, "captured_at": list(g.captured_at),
+                                       "replayed_steps": g.replays, "given_up": g.given_up}
 
     def _step(self, x, labels, optimizer, dropout: bool, step_keys=None):
         """One plain training step (train_step without a graph); returns its loss. step_keys:

@@ -4,14 +4,14 @@ Fields (these names never change; new fields may be added):
     model, batch, image_size, device ('cpu' or 'gpu'), policy, memory_budget_bytes (null when
     none), steps (the step count reached), loss (one float per step of this run),
     step_time_s (one per step), images_per_s (steady state: the first `warmup_steps` steps
-    are left out), peak_device_bytes, peak_feature_map_bytes, offloaded_bytes and
+    and the steps captured as CUDA graphs are left out), peak_device_bytes, peak_feature_map_bytes, offloaded_bytes and
     prefetched_bytes (per step, last step), param_checksum (sha256 of all parameters after
     the run).
 Also: start_step, device_name, micro_batches (passes per step), math_mode, num_classes,
 num_params, data, seed, lr, momentum, weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,
 step_graphs (null where no step can be replayed from a CUDA graph, else {captured,
-replayed_steps, given_up}: Executor.graph_stats).
+captured_at, replayed_steps, given_up}: Executor.graph_stats).
 """
 from __future__ import annotations
 
@@ -27,14 +27,26 @@ REQUIRED_FIELDS = ("model", "batch", "image_size", "device", "policy", "memory_b
                    "param_checksum")
 
 
-def steady_images_per_s(step_times: list[float], batch: int, warmup_steps: int = 2) -> float | None:
-    """Images per second over the steps after the first `warmup_steps` (all steps when the run
-    is too short to leave any out); None without steps."""
-    times = step_times[warmup_steps:] if len(step_times) > warmup_steps else step_times
+def steady_images_per_s(step_times: list[float], batch: int, warmup_steps: int = 2,
+                        skip=()) -> float | None:
+    """Images per second over the steps after the first `warmup_steps`, leaving out those at
+    the indices `skip` too (the steps captured as CUDA graphs: a capture is paid once, as a
+    warm-up is); all steps when that would leave none. None without steps."""
+    left_out = set(skip)
+    times = [t for i, t in enumerate(step_times) if i >= warmup_steps and i not in left_out]
+    if not times:
+        times = step_times
     total = sum(times)
     if not times or total <= 0:
         return None
     return batch * len(times) / total
+
+
+def capture_steps(ex, start_step: int = 0) -> list[int]:
+    """Indices, among a run's steps (the first at `start_step`), of the steps that were
+    captured as CUDA graphs."""
+    graphs = ex.graph_stats() or {}
+    return [s - start_step for s in graphs.get("captured_at", ())]
 
 
 def memory_figures(ex) -> dict:
@@ -99,7 +111,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "start_step": start_step,
         "loss": [float(v) for v in losses],
         "step_time_s": [float(t) for t in step_times],
-        "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps),
+        "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps,
+                                            capture_steps(ex, start_step)),
         "warmup_steps": cfg.warmup_steps,
         "peak_device_bytes": mem["peak_device_bytes"],
         "steady_peak_device_bytes": mem.get("steady_peak_device_bytes"),

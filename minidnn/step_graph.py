@@ -83,6 +83,7 @@ class StepGraphs:
         self._losses = None          # LOSS_SLOTS device scalars, made at the first capture
         self._turn = 0
         self.replays = 0                   # steps launched from a graph
+        self.captured_at: list[int] = []   # the steps that were captured (each also ran)
         self.given_up: str | None = None   # why captures stopped, or None
 
     @property
@@ -106,6 +107,7 @@ class StepGraphs:
             entry = self._capture(key, x, labels, optimizer, dropout)
             if entry is None:
                 return None
+            self.captured_at.append(step)
         graph, loss = entry
         stream = self.device.compute
         with stream:

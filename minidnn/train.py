@@ -40,7 +40,8 @@ from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
-from .report import MATH_MODES, build_report, memory_figures, steady_images_per_s, write_report
+from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
+    steady_images_per_s, write_report
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).
 SHAPES_IMAGE_SIZE = 64
@@ -650,7 +651,8 @@ class _Loop:
             self.losses.append(v)
         self.pending.clear()
         if self.bar is not None and self.losses:
-            ips = steady_images_per_s(self.timer.times, cfg.batch, cfg.warmup_steps)
+            ips = steady_images_per_s(self.timer.times, cfg.batch, cfg.warmup_steps,
+                                      capture_steps(self.ex, self.start))
             self.bar.set_postfix({"loss": f"{np.mean(self.losses[-cfg.log_every:]):.3f}",
                                   "img/s": f"{ips:.0f}" if ips else "-"}, refresh=False)
 

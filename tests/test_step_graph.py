@@ -159,6 +159,7 @@ def test_warm_up_then_capture_once_then_replay(fake_cupy):
         assert graphs.step(x, y, opt, True, step) is None      # the caller runs it plainly
     losses = [graphs.step(x, y, opt, True, WARMUP + k) for k in range(5)]
     assert graphs.count == 1 and ex.plain == 0 and ex.ran == 5 and graphs.replays == 5
+    assert graphs.captured_at == [WARMUP]     # the report leaves that step's time out
     assert [float(loss) for loss in losses] == [1, 2, 3, 4, 5]   # each replay's own slot
     assert ex.allocator.in_use == MiB        # the captured step's temporary stays its graph's
     graphs.close()

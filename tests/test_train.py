@@ -90,6 +90,9 @@ def test_steady_state_throughput():
     assert steady_images_per_s([5.0, 1.0, 0.5, 0.5], batch=10, warmup_steps=2) == 20.0
     assert steady_images_per_s([0.5], batch=10, warmup_steps=2) == 20.0
     assert steady_images_per_s([], batch=10) is None
+    # a step captured as a CUDA graph is left out, as a warm-up step is
+    assert steady_images_per_s([5.0, 1.0, 3.0, 0.5, 0.5], batch=10, warmup_steps=2,
+                               skip=[2]) == 20.0
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -865,6 +865,8 @@ class Executor:
         network_wide_bytes: every feature map, aux and gradient buffer allocated for the whole
         step (the allocation vDNN compares against); liveness_peak_bytes: the peak when each
         buffer lives exactly from its first write to its last read, nothing offloaded.
+        offload_storages / recompute_storages: how many maps the decision offloads / drops
+        after forward and rebuilds in backward; recompute_bytes: the bytes of the latter.
         """
         st = self.manager.stats
         frag = self.allocator.fragmentation()
@@ -887,6 +889,9 @@ class Executor:
             "policy": self.decision.policy,
             "micro_batches": self.micro_batches,
             "offload_storages": len(self.decision.offload),
+            "recompute_storages": len(self.decision.recompute),
+            "recompute_bytes": sum(self.plan.storages[sid].nbytes
+                                   for sid in self.decision.recompute),
             "layout_bytes": int(self.layout.size) if self.layout else None,
             "layout_live_peak_bytes": int(self.layout.live_peak()) if self.layout else None,
             "unplanned_blocks": int(getattr(self.manager.blocks, "unplanned", 0)),

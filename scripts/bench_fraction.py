@@ -62,6 +62,8 @@ def train(model: str, batch: int, steps: int, folder: str, timeout: int,
                micro_batches=rep.get("micro_batches"),
                offloaded_bytes=rep.get("offloaded_bytes"),
                on_demand_fetches=memory.get("on_demand_fetches"),
+               recompute_storages=memory.get("recompute_storages"),
+               recompute_bytes=memory.get("recompute_bytes"),
                unplanned_blocks=memory.get("unplanned_blocks"),
                step_graphs=rep.get("step_graphs"))
     return out
@@ -84,6 +86,8 @@ def row(model: str, batch: int, free: dict, capped: dict) -> str:
     decided = (f"{capped['micro_batches']} micro-batch(es), "
                + ("ReLU bit masks, " if "--relu-bits" in capped["command"] else "") +
                f"{fmt_bytes(capped['offloaded_bytes'] or 0)} offloaded a step, "
+               f"{capped.get('recompute_storages') or 0} maps "
+               f"({fmt_bytes(capped.get('recompute_bytes') or 0)}) recomputed, "
                f"{graphs.get('replayed_steps', 0)} steps replayed")
     return "| " + " | ".join(cells + [
         f"{capped['images_per_s']:.0f} in {fmt_bytes(capped['memory_budget_bytes'])} "

@@ -60,6 +60,8 @@ def test_recomputation_changes_no_bit_and_frees_the_maps_between():
             assert np.array_equal(got[key], kept[key]), key
         assert stats["avg_feature_map_bytes"] < kept_stats["avg_feature_map_bytes"]
         assert stats["offloaded_bytes"] == stats["prefetched_bytes"] == 0
+        assert stats["recompute_storages"] == len(recompute)
+        assert stats["recompute_bytes"] == sum(plan.storages[s].nbytes for s in recompute)
         rebuilt = StepSchedule(plan, recompute=recompute).rebuild_time
         for sid in recompute:
             s = plan.storages[sid]

@@ -1,0 +1,94 @@
+"""Checkpointed segments (planner/search.Planner.segments): runs of maps rebuilt one from the
+other, cut into segments whose maps are recomputed together (memory/schedule.py: a chain), with
+their checkpoints kept or offloaded; on the CPU, against the H200's analytic costs."""
+import dataclasses
+
+import numpy as np
+
+from minidnn import SGD, models
+from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
+from minidnn.network import Network
+from minidnn.decide import build_executor
+from minidnn.memory.policy import MemoryDecision, recompute_inputs
+from minidnn.planner.dyn import FixedDecision
+from minidnn.planner.gpus import analytic_profile
+from minidnn.planner.search import Planner
+
+
+def planner(name: str, batch: int, image: int, budget=None) -> Planner:
+    net = models.build(name, num_classes=10, image_size=image)
+    # The CPU's random generator takes no device memory: the dry runs below are the CPU's.
+    prof = dataclasses.replace(analytic_profile(net, batch, "h200"), generator_bytes=0)
+    return Planner(net, batch, prof, budget=budget, input_batches=0)
+
+
+def train(name: str, image: int, decision: MemoryDecision, steps: int = 2):
+    rng = np.random.default_rng(0)
+    net = models.build(name, num_classes=10, image_size=image)
+    with build_executor(net, 2, device="cpu", seed=0, policy=FixedDecision(decision),
+                        memory_budget="1GiB", static_layout=True) as ex:
+        opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
+        for _ in range(steps):
+            x = rng.standard_normal((2, 3, image, image)).astype(np.float32)
+            ex.train_step(x, rng.integers(0, 10, 2), opt)
+        stats = ex.memory_stats()
+    return net.state_dict(), stats
+
+
+def test_runs_are_vgg_stages_and_resnet_blocks():
+    p = planner("vgg16", 2, 32)
+    names = [[p.plan.storages[s].tensors[0] for s in run] for run in p.runs()]
+    assert names[0] == ["conv1_1", "conv1_2"]     # a max-pool ends each stage's run
+    assert ["conv3_1", "conv3_2", "conv3_3"] in names
+    for run in p.runs():
+        for before, after in zip(run, run[1:]):
+            assert before in recompute_inputs(p.plan, after)
+    r = planner("resnet18", 2, 32)
+    assert r.runs() and all(len(run) >= 2 for run in r.runs())
+
+
+def test_segment_decisions_run_to_the_same_bits_checkpoints_kept_or_offloaded():
+    p = planner("vgg16", 2, 32)
+    runs = p.runs()
+    largest = max(p._bytes[s] for run in runs for s in run)
+    kept, _ = train("vgg16", 32, MemoryDecision())
+    for multiple, offload_checkpoints in ((1, False), (1, True), (2, False)):
+        offload, recompute = p.segment_decision(runs, largest * multiple, offload_checkpoints)
+        assert any(set(recompute_inputs(p.plan, s)) & recompute for s in recompute)  # chains
+        assert bool(offload) == offload_checkpoints
+        got, stats = train("vgg16", 32, MemoryDecision(offload=offload, recompute=recompute))
+        for key in kept:
+            assert np.array_equal(got[key], kept[key]), (multiple, offload_checkpoints, key)
+        assert stats["recompute_storages"] == len(recompute)
+        assert stats["on_demand_fetches"] == 0 or offload_checkpoints
+
+
+def chain_net() -> Network:
+    """Thirteen narrow convolutions at 32x32: feature maps, not parameters, fill the step."""
+    net = Network((3, 32, 32), num_classes=10, name="chain")
+    for k in range(13):
+        net.add(Conv2d(8, 3, padding=1), name=f"conv{k}")
+        net.add(ReLU(), name=f"relu{k}")
+    net.add(MaxPool2d(4), name="pool")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(10), name="fc")
+    net.add_loss()
+    return net
+
+
+def test_segments_fit_a_budget_with_maps_rebuilt_from_one_another():
+    """Under 60% of the unconstrained step's need, the segments search fits the step with
+    maps rebuilt from rebuilt maps, at the cost of forwards run again."""
+    def make(budget=None):
+        net = chain_net()
+        prof = dataclasses.replace(analytic_profile(net, 64, "h200"), generator_bytes=0)
+        return Planner(net, 64, prof, budget=budget, input_batches=0)
+
+    free = make()
+    none = free.model.evaluate(frozenset(), free.model.algos("fastest"))
+    p = make(int(none.required_bytes * 0.6))
+    assert [len(run) for run in p.runs()] == [13]
+    ev = p.segments()
+    assert ev is not None and ev.fits
+    assert any(set(recompute_inputs(p.plan, s)) & ev.recompute for s in ev.recompute)
+    assert ev.step_time_s > none.step_time_s      # the forwards run again

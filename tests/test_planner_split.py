@@ -14,7 +14,7 @@ from minidnn.memory.policy import relu_bits_for
 from minidnn.planner.dyn import DynPolicy
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.profile import load_profile
-from minidnn.planner.split import micro_batch_counts, plan_split, scale_profile
+from minidnn.planner.split import PRUNE_WITHIN, micro_batch_counts, plan_split, scale_profile
 
 PROFILES = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles"
 GiB = 2**30
@@ -76,6 +76,12 @@ def test_in_12_gib_a_split_step_is_predicted_faster_than_offload_and_recompute()
     assert whole.result is not None and (whole.best.offload or whole.best.recompute)
     assert split.chosen is halves
     assert halves.best.step_time_s < 0.9 * whole.best.step_time_s
+    # The chosen count's plan is pruned (pruning it again gains nothing); a count more than
+    # PRUNE_WITHIN slower before pruning is left as it is, and says so.
+    assert halves.pruned
+    again = halves.planner.prune(halves.best)
+    assert again.step_time_s == halves.best.step_time_s
+    assert whole.pruned or whole.best.step_time_s > (1 + PRUNE_WITHIN) * halves.best.step_time_s
     # Two passes: twice a pass's compute and one optimizer update.
     model = halves.result.model
     pass_s = total(model.profile, lambda c: c.time("forward") + c.time("backward"))

@@ -31,6 +31,7 @@ from ..memory.policy import CALL_PHASES
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
+from .split import PRUNE_WITHIN
 
 POLICIES = ("dyn", "none", "conv", "all")
 
@@ -329,6 +330,7 @@ def _option_json(option) -> dict:
         "peak_device_bytes": best.peak_bytes if best else None,
         "minimum_budget_bytes": int(option.minimum_budget),
         "skipped": option.skipped,
+        "pruned": option.pruned,
     }
 
 
@@ -546,7 +548,8 @@ def format_plan(out: dict) -> str:
                   f"{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
         for o in out["micro_batch_options"]:
             label = f"{o['micro_batches']} x {o['micro_batch']}" + \
-                (" (chosen)" if o["micro_batches"] == out["micro_batches"] else "")
+                (" (chosen)" if o["micro_batches"] == out["micro_batches"] else "") + \
+                ("" if o["pruned"] or not o["fits"] else " *")
             if o["fits"]:
                 cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
                         f"{fmt_bytes(o['peak_device_bytes']):>12}"
@@ -555,6 +558,9 @@ def format_plan(out: dict) -> str:
                 why = o["skipped"] or "does not fit"
                 cols = f"  {why[:51]:<51}"
             lines.append(f"  {label:<22}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
+        if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
+            lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
+                         f"count before pruning")
     dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
     floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
     if dyn and floor and dyn["step_time_s"] > 0:

@@ -30,6 +30,7 @@ memory-optimal) the planner raises InfeasibleBudgetError naming that minimum.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -559,8 +560,11 @@ class Planner:
                                          ev.required_bytes))
 
     # ---- everything --------------------------------------------------------------------------
-    def run(self) -> PlanResult:
-        """Plan (see module doc). Raises InfeasibleBudgetError below the minimum."""
+    def run(self, prune: bool = True) -> PlanResult:
+        """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False
+        leaves the fastest decision found unpruned when it is not the greedy search's own
+        (which the search prunes itself): `finish` prunes it, for a caller that weighs several
+        planners and prunes only those that can still win (planner/split.py)."""
         t0 = time.perf_counter()
         m = self.model
         minimum = self.minimum()
@@ -586,16 +590,28 @@ class Planner:
         else:
             self.greedy()
             self.segments()
-            # greedy() prunes only its own answer; the floor's may be faster, and pruning it
-            # can trade its offloads for recomputations on the plans it chose (a map rebuilt
-            # by a convolution on its memory-optimal plan, say).
-            self.prune(self.fastest_feasible())
+            # greedy() prunes only its own answer; the floor's or the segments' may be
+            # faster, and pruning it can trade its offloads for recomputations on the plans it
+            # chose (a map rebuilt by a convolution on its memory-optimal plan, say).
+            if prune:
+                self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
         return PlanResult(model=m, best=best, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,
                           budget=self.budget, usable=self.usable, evaluations=len(m.cache),
                           seconds=time.perf_counter() - t0, notes=notes, planner=self,
                           vdnn_order=vdnn_order)
+
+
+    def finish(self, result: PlanResult) -> PlanResult:
+        """`result` (this planner's run(prune=False)) with its fastest decision pruned."""
+        if self.budget is None:
+            return result
+        t0 = time.perf_counter()
+        self.prune(self.fastest_feasible())
+        return dataclasses.replace(result, best=self.fastest_feasible(),
+                                   evaluations=len(self.model.cache),
+                                   seconds=result.seconds + time.perf_counter() - t0)
 
 
 class _Baselines(dict):

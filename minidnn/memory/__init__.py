@@ -39,7 +39,8 @@ Vocabulary, used in this sense throughout the package:
                read; the host copy stays, and a prefetch brings it back for backward.
 * drop         release the device block of a storage to be recomputed after its last
                forward use; nothing is kept anywhere, and backward rebuilds it by running
-               its writers' forward again (recompute).
+               its writers' forward again (recompute), with the dropped storages it is
+               rebuilt from before it (a chain, schedule.py).
 * prefetch     copy an offloaded storage back to the device before the backward call that
                reads it, on the prefetch stream (the prefetch window, schedule.py); a fetch
                on demand is one nobody prefetched in time, and compute waits for it.

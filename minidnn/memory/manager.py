@@ -27,9 +27,11 @@ the same code gives the exact residency pattern):
 
 Recomputation, the other way to free a map between forward and backward: a storage in the
 `recompute` set is dropped after its last forward use: its device block is released as an
-evicted one's is, but nothing is copied. Before the backward of its first reader, the executor runs its writers' forward
-again (`recompute_before`, `recompute_buffers`), into a new block, from inputs that are still
-on the books then (the prefetch window brings offloaded ones back as it does for backward).
+evicted one's is, but nothing is copied. Before the backward of its first reader (or of the
+first reader of a storage rebuilt from it: a chain comes back at once, schedule.py), the
+executor runs its writers' forward again (`recompute_before`, `recompute_buffers`), into a new
+block, from inputs that are still on the books then (the prefetch window brings offloaded ones
+back as it does for backward) or rebuilt just before.
 """
 from __future__ import annotations
 
@@ -482,9 +484,10 @@ class MemoryManager:
 
     def recompute_before(self, i: int) -> list[int]:
         """Nodes to run forward again, in order, before node i's backward: the writers of the
-        dropped storages that node i's backward is the first to read. Their other inputs are
-        put on their way first, then the prefetch window of node i's backward is issued, so
-        its copies overlap the recomputation."""
+        dropped storages the schedule rebuilds there (those node i's backward is the first to
+        read, and the storages they are rebuilt from that are dropped too). Their inputs that
+        are not rebuilt are put on their way first, then the prefetch window of node i's
+        backward is issued, so its copies overlap the recomputation."""
         if not self.train:
             return []
         sched = self.schedule

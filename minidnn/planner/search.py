@@ -5,7 +5,7 @@ Every candidate is judged by the StepModel (simulate.py): the real memory manage
 through the steps in a dry run, then timed against the profile. So a decision the planner
 calls feasible is one the dry run has seen fit, workspace and temporaries included.
 
-Two searches run, and the faster feasible answer wins:
+Three searches run, and the fastest feasible answer wins:
 
 * vDNN_dyn's greedy order (Rhu et al. 2016), the floor: no offload with the fastest plans;
   else vDNN_conv, then vDNN_all, with the fastest plans; then, still offloading everything,
@@ -24,6 +24,15 @@ Two searches run, and the faster feasible answer wins:
   and the step gets faster. On a fast GPU, where copies do not hide behind compute, this
   moves far fewer bytes than vDNN_conv/all: a map whose writers are cheap to run again (a
   convolution on the three channels of the input image) is recomputed instead of copied.
+  It recomputes one level deep: no map is rebuilt from another rebuilt one.
+* Checkpointed segments, as torch.utils.checkpoint_sequential keeps them: each run of maps
+  rebuilt one from the other (a VGG stage, a ResNet block) is cut into segments of a target
+  size whose maps are all recomputed, rebuilt together from the checkpoint before them (kept
+  or offloaded) when backward first needs one (memory/schedule.py: a chain); a ladder of
+  sizes is tried. A very deep network, where one-level recomputation frees at most every
+  other map, fits this way at the cost of about one forward pass run again.
+
+The fastest answer is then pruned (see `prune`).
 
 Below the least memory any decision needs (everything offloaded, every convolution
 memory-optimal) the planner raises InfeasibleBudgetError naming that minimum.

@@ -113,6 +113,10 @@ def test_a_chain_is_rebuilt_at_once_in_forward_order_and_changes_no_bit():
     when = plan.storages[second].first_backward_use
     assert plan.storages[first].first_backward_use > when
     assert sched.rebuild_time == {first: when, second: when}
+    assert sched.chains() == [[first, second]]
+    third = plan.storage_of("conv3_1").id                 # rebuilt from pool2: alone
+    assert StepSchedule(plan, recompute={first, second, third}).chains() == \
+        [[first, second], [third]]
     reader = plan.node_at(when)
     assert sorted(sched.recompute_at[reader]) == [first, second]
     assert sched.rebuild[second][1] == []         # conv1_1's map is rebuilt, not read

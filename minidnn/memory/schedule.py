@@ -131,6 +131,26 @@ class StepSchedule:
         sids = [sid for sid in self.recompute_at.get(i, ()) if sid not in skip]
         return sorted({j for sid in sids for j in self.rebuild[sid][0]})
 
+    def chains(self) -> list[list[int]]:
+        """The recompute set in groups rebuilt one from another (a segment; a map rebuilt
+        from nothing recomputed is a group of one), each in forward order."""
+        group = {sid: sid for sid in self.recompute}
+
+        def root(sid: int) -> int:
+            while group[sid] != sid:
+                sid = group[sid]
+            return sid
+
+        for sid in self.recompute:
+            for t in recompute_inputs(self.plan, sid):
+                if t in group:
+                    group[root(t)] = root(sid)
+        out: dict = defaultdict(list)
+        for sid in sorted(self.recompute,
+                          key=lambda s: (self.plan.storages[s].last_forward_write, s)):
+            out[root(sid)].append(sid)
+        return list(out.values())
+
     def calls(self, train: bool = True) -> tuple:
         """Every call of a training step (train) or of an evaluation step (forward only)."""
         return self.forward + self.backward if train else self.forward

@@ -28,6 +28,7 @@ from ..errors import ConfigError, fmt_bytes
 from ..kernels.mapformat import PRECISIONS, MapFormat
 from ..memory.arena import GPU_SAFETY_MARGIN
 from ..memory.policy import CALL_PHASES
+from ..memory.schedule import StepSchedule
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
@@ -271,8 +272,15 @@ def _decision_line(model, ev) -> str:
     if ev.recompute:
         names = model.plan.tensor_names(ev.recompute)
         nbytes = sum(model.plan.storages[sid].nbytes for sid in ev.recompute)
+        chains = StepSchedule(model.plan, recompute=ev.recompute).chains()
+        segments = sum(len(c) > 1 for c in chains)
+        single = len(chains) - segments
+        how = (f": {segments} segment{'s' if segments > 1 else ''} of maps rebuilt one from "
+               f"another" + (f", {single} single map{'s' if single > 1 else ''}" if single
+                             else "") if segments else "")
         parts.append(f"recompute {len(names)} ({', '.join(names[:6])}"
-                     f"{', ...' if len(names) > 6 else ''}: {fmt_bytes(nbytes)}) in backward")
+                     f"{', ...' if len(names) > 6 else ''}: {fmt_bytes(nbytes)}) in "
+                     f"backward{how}")
     for names, what in ((limited, "the fastest plans within a workspace limit"),
                         (mem_opt, "their memory-optimal plan")):
         if names:

@@ -431,6 +431,11 @@ def make_plan(args) -> dict:
         alternatives.append(dict(label=f"vDNN_dyn greedy order: {label}",
                                  **_evaluation_json(model, floor)))
     if result is not None:
+        for key, label in (("greedy", "dyn's greedy search, one map at a time"),
+                           ("segments", "dyn's checkpointed segments")):
+            found = result.searches.get(key)
+            if found is not None:
+                alternatives.append(dict(label=label, **_evaluation_json(model, found)))
         alternatives.append(dict(label="dyn (minidnn planner)",
                                  **_evaluation_json(model, result.best)))
     if result is None and infeasible is not None:

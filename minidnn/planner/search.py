@@ -94,7 +94,9 @@ class PlanResult:
     vDNN_dyn's greedy order picks (None if it finds nothing); floor_trail: [(label,
     Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
     memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
-    + '/' + algo: Evaluation}; evaluations: decisions the model evaluated; seconds: time spent.
+    + '/' + algo: Evaluation}; searches: {'greedy' | 'segments': the fastest feasible decision
+    that search found, or None}; evaluations: decisions the model evaluated; seconds: time
+    spent.
     A planner in bulk (a very deep network) works out the floor and the baselines only when
     they are read.
     """
@@ -108,6 +110,7 @@ class PlanResult:
     evaluations: int = 0
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    searches: dict = field(default_factory=dict)   # {'greedy'|'segments': fastest found or None}
     planner: object = field(default=None, repr=False)
     vdnn_order: tuple | None = field(default=None, repr=False)   # (floor, floor_trail)
 
@@ -591,14 +594,13 @@ class Planner:
                 for algo in ("fastest", "min_workspace"):
                     baselines[f"{policy}/{algo}"] = self.baseline(policy, algo)
         vdnn_order = None if self.bulk else self.floor()   # in bulk, if read
-        notes = []
+        notes, searches = [], {}
         if self.budget is None:
             best = baselines["none/fastest"]
             notes.append("no memory budget: nothing is offloaded, every convolution runs its "
                          "fastest plan")
         else:
-            self.greedy()
-            self.segments()
+            searches = {"greedy": self.greedy(), "segments": self.segments()}
             # greedy() prunes only its own answer; the floor's or the segments' may be
             # faster, and pruning it can trade its offloads for recomputations on the plans it
             # chose (a map rebuilt by a convolution on its memory-optimal plan, say).
@@ -608,8 +610,8 @@ class Planner:
         return PlanResult(model=m, best=best, minimum=minimum,
                           minimum_budget=self.minimum_budget(), baselines=baselines,
                           budget=self.budget, usable=self.usable, evaluations=len(m.cache),
-                          seconds=time.perf_counter() - t0, notes=notes, planner=self,
-                          vdnn_order=vdnn_order)
+                          seconds=time.perf_counter() - t0, notes=notes, searches=searches,
+                          planner=self, vdnn_order=vdnn_order)
 
 
     def finish(self, result: PlanResult) -> PlanResult:

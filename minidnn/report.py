@@ -4,9 +4,9 @@ Fields (these names never change; new fields may be added):
     model, batch, image_size, device ('cpu' or 'gpu'), policy, memory_budget_bytes (null when
     none), steps (the step count reached), loss (one float per step of this run),
     step_time_s (one per step), images_per_s (steady state: the first `warmup_steps` steps
-    and the steps captured as CUDA graphs are left out), peak_device_bytes, peak_feature_map_bytes, offloaded_bytes and
-    prefetched_bytes (per step, last step), param_checksum (sha256 of all parameters after
-    the run).
+    and the steps captured as CUDA graphs are left out), peak_device_bytes,
+    peak_feature_map_bytes, offloaded_bytes and prefetched_bytes (per step, last step),
+    param_checksum (sha256 of all parameters after the run).
 Also: start_step, device_name, micro_batches (passes per step), math_mode, num_classes,
 num_params, data, seed, lr, momentum, weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,

@@ -275,9 +275,11 @@ def _decision_line(model, ev) -> str:
         chains = StepSchedule(model.plan, recompute=ev.recompute).chains()
         segments = sum(len(c) > 1 for c in chains)
         single = len(chains) - segments
-        how = (f": {segments} segment{'s' if segments > 1 else ''} of maps rebuilt one from "
-               f"another" + (f", {single} single map{'s' if single > 1 else ''}" if single
-                             else "") if segments else "")
+        how = ""
+        if segments:
+            how = f": {segments} segment{'s' * (segments > 1)} of maps rebuilt one from another"
+        if segments and single:
+            how += f", {single} single map{'s' * (single > 1)}"
         parts.append(f"recompute {len(names)} ({', '.join(names[:6])}"
                      f"{', ...' if len(names) > 6 else ''}: {fmt_bytes(nbytes)}) in "
                      f"backward{how}")

@@ -525,7 +525,9 @@ class Planner:
                     if nxt is not None and nxt.step_time_s < ev.step_time_s:
                         ev, improved = nxt, True
                         break
-            for sid in sorted(ev.recompute, key=lambda s: -est[("recompute", s)][0] / self._bytes[s]):
+            # the recomputation that costs the most time per byte it saves first
+            for sid in sorted(ev.recompute,
+                              key=lambda s: -est[("recompute", s)][0] / self._bytes[s]):
                 if out_of_evaluations():
                     break
                 nxt = m.evaluate_if_fits(ev.offload, ev.conv_algo, ev.recompute - {sid},
@@ -601,21 +603,20 @@ class Planner:
                          "fastest plan")
         else:
             searches = {"greedy": self.greedy(), "segments": self.segments()}
-            # greedy() prunes only its own answer; the floor's or the segments' may be
-            # faster, and pruning it can trade its offloads for recomputations on the plans it
-            # chose (a map rebuilt by a convolution on its memory-optimal plan, say).
-            if prune:
-                self.prune(self.fastest_feasible())
             best = self.fastest_feasible()
-        return PlanResult(model=m, best=best, minimum=minimum,
-                          minimum_budget=self.minimum_budget(), baselines=baselines,
-                          budget=self.budget, usable=self.usable, evaluations=len(m.cache),
-                          seconds=time.perf_counter() - t0, notes=notes, searches=searches,
-                          planner=self, vdnn_order=vdnn_order)
-
+        result = PlanResult(model=m, best=best, minimum=minimum,
+                            minimum_budget=self.minimum_budget(), baselines=baselines,
+                            budget=self.budget, usable=self.usable, evaluations=len(m.cache),
+                            seconds=time.perf_counter() - t0, notes=notes, searches=searches,
+                            planner=self, vdnn_order=vdnn_order)
+        return self.finish(result) if prune else result
 
     def finish(self, result: PlanResult) -> PlanResult:
-        """`result` (this planner's run(prune=False)) with its fastest decision pruned."""
+        """`result` (this planner's run(prune=False)) with its fastest decision pruned.
+
+        greedy() prunes only its own answer; the floor's or the segments' may be faster, and
+        pruning it can trade its offloads for recomputations on the plans it chose (a map
+        rebuilt by a convolution on its memory-optimal plan, say)."""
         if self.budget is None:
             return result
         t0 = time.perf_counter()

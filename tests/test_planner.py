@@ -97,11 +97,36 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     assert ev.offloaded_bytes == 0
 
 
-def test_a_host_slower_than_the_device_sets_the_step_time():
+def test_a_host_slower_than_the_device_sets_the_step_time_issued_layer_by_layer():
     net = conv_chain()
-    model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), input_batches=0)
+    model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), input_batches=0,
+                      graphs=False)
     assert model.evaluate(frozenset()).step_time_s == pytest.approx(2 * len(net.nodes) * 1e-3,
                                                                     rel=0.01)
+
+
+@pytest.mark.parametrize("static_layout", [True, False])
+def test_a_step_replayed_from_a_graph_costs_the_host_nothing_per_call(static_layout):
+    """The executor replays a step in a static layout, or one that moves nothing, from a CUDA
+    graph (step_graph.py): the device runs its calls back to back, however slow the host."""
+    net = conv_chain()
+    prof = flat_profile(net, 4, layer_s=1e-6, host_s=1e-3)
+    model = StepModel(net, 4, prof, input_batches=0, static_layout=static_layout)
+    calls = 2 * len(net.nodes)
+    assert model.evaluate(frozenset()).step_time_s == pytest.approx(calls * 1e-6 + 1e-4)
+    everything = get_policy("all").decide(model.plan).offload
+    moved = model.evaluate(everything).step_time_s
+    if static_layout:    # replayed: bounded by the copies, not by the host
+        assert moved < calls * 1e-3 / 2
+    else:                # issued layer by layer: the host's time per call
+        assert moved >= calls * 1e-3
+
+
+def test_a_cpu_profile_is_never_replayed():
+    net = conv_chain()
+    prof = dataclasses.replace(flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), synchronous=True)
+    model = StepModel(net, 4, prof, input_batches=0)
+    assert model.evaluate(frozenset()).step_time_s >= 2 * len(net.nodes) * 1e-3
 
 
 def test_copies_hide_behind_compute_only_when_the_link_is_fast():

@@ -11,8 +11,10 @@ memory for time (`fastest<=BYTES`, timed from the plan table's differences). It 
 host's time to issue each call, one SGD step, and the pinned copy bandwidth device -> host,
 host -> device and both at once.
 
-Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream (the
-host runs ahead, so this is device time) and the host clock for the time to issue them; on
+Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream,
+issued while the stream is held busy so that the host is ahead of the device (device time,
+even for calls the host issues more slowly than the GPU runs them), and the host clock for
+the time to issue them; on
 the CPU, where the host does the work, wall-clock time (and the host's issue time is the
 memory manager's bookkeeping alone, measured in a dry run).
 
@@ -141,32 +143,54 @@ def get_profile(net, batch: int, device: Device | str = "auto", refresh: bool = 
 # ---- measuring -----------------------------------------------------------------------------------
 class _Clock:
     """Times `repeats` back-to-back calls: device time by events (GPU) or wall clock (CPU),
-    and the host's time to issue them."""
+    and the host's time to issue them.
+
+    On a GPU the stream is held (kernels/cuda_hold.py) while the host issues the timed
+    calls, so that a call the host issues more slowly than the device runs it is still timed
+    at the device's rate: the hold lasts HOLD_MARGIN times the host's issue time of the
+    previous timing (at least MIN_HOLD_S), and a timing whose issue outlasted its hold is
+    taken again with a hold long enough."""
+
+    MIN_HOLD_S = 0.5e-3
+    HOLD_MARGIN = 2.0
 
     def __init__(self, device: Device):
         self.device = device
+        self._issue_s = 0.0      # the host's time to issue the last timing's calls
 
     def __call__(self, fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
-        dev = self.device
+        """(device seconds, host seconds) per call of fn()."""
         for _ in range(warmup):
             fn()
-        if dev.is_gpu:
-            import cupy
-            dev.compute.synchronize()
-            start, end = dev.timing_event(), dev.timing_event()
-            start.record(dev.compute)
+        if not self.device.is_gpu:
             t0 = time.perf_counter()
             for _ in range(repeats):
                 fn()
-            host = time.perf_counter() - t0
-            end.record(dev.compute)
-            end.synchronize()
-            return cupy.cuda.get_elapsed_time(start, end) / 1e3 / repeats, host / repeats
+            return (time.perf_counter() - t0) / repeats, 0.0
+        held = max(self.MIN_HOLD_S, self.HOLD_MARGIN * self._issue_s)
+        device_s, self._issue_s = self._time_held(fn, repeats, held)
+        if self._issue_s > held:     # the device caught up with the host: time it again
+            device_s, self._issue_s = self._time_held(
+                fn, repeats, self.HOLD_MARGIN * self._issue_s)
+        return device_s / repeats, self._issue_s / repeats
+
+    def _time_held(self, fn, repeats: int, held: float) -> tuple[float, float]:
+        """(device seconds, host seconds) of `repeats` calls issued behind a hold of `held`."""
+        import cupy
+        from ..kernels.cuda_hold import hold
+        dev = self.device
+        dev.compute.synchronize()
+        start, end = dev.timing_event(), dev.timing_event()
+        with dev.compute:
+            hold(held)
+        start.record(dev.compute)
         t0 = time.perf_counter()
         for _ in range(repeats):
             fn()
-        wall = (time.perf_counter() - t0) / repeats
-        return wall, 0.0
+        host = time.perf_counter() - t0
+        end.record(dev.compute)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / 1e3, host
 
 
 def _random(xp, shape, dtype, rng):

@@ -13,7 +13,8 @@ and are replayed from its log (planner/replay.py); the log is then played agains
 (costs.py):
 
 * the host issues the log in order; each layer call costs it the profile's host time (on a
-  synchronous device, the CPU, the host also waits for each operation it issues);
+  synchronous device, the CPU, the host also waits for each operation it issues), except in
+  a step the run replays from a CUDA graph, which the host issues in one call (`graphs`);
 * each stream (compute, offload, prefetch) runs its operations in order, an operation starting
   when the host has issued it, the stream is free and every event it waits on has happened
   (with the static layout, a block's next occupant waits for the copy still reading it);
@@ -460,13 +461,19 @@ class StepModel:
     option) at another prefetch lookahead. A decision that offloads nothing prefetches
     nothing, so the lookahead changes no operation of its walk: such decisions are evaluated
     once for both models (a planner that tries several lookaheads meets them in each).
+    graphs: the run replays its steps from CUDA graphs where the executor can
+    (minidnn/step_graph.py: on a GPU, a step in a static layout or one that offloads
+    nothing): the host then issues a step in one call, so such a decision's layer calls
+    cost the host nothing and the device runs them back to back. False: every call costs
+    the profile's host time, as a step issued layer by layer does.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
                  usable: int | None = None, prefetch_lookahead: int = 1,
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
                  static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1, replay: bool = True, shares_with=None):
+                 micro_batches: int = 1, replay: bool = True, shares_with=None,
+                 graphs: bool = True):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
@@ -479,6 +486,7 @@ class StepModel:
         self.replay = bool(replay)
         self.lookahead = int(prefetch_lookahead)
         self.static_layout = bool(static_layout)
+        self.graphs = bool(graphs) and not profile.synchronous
         probe = _dry_executor(net, batch, self._device(), self.lookahead, static_layout=False,
                               relu_bits=self.relu_bits, maps=self.maps,
                               global_batch=self.step_batch)
@@ -527,7 +535,7 @@ class StepModel:
         """What a walk depends on besides the decision and the prefetch lookahead."""
         return (self.net, self.batch, self.profile, self.micro_batches, self.budget,
                 self.usable, self.steps, self.replay, self.static_layout, self.relu_bits,
-                self.maps, self.extra_bytes, self.input_bytes)
+                self.maps, self.extra_bytes, self.input_bytes, self.graphs)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -724,7 +732,8 @@ class StepModel:
         required = int(candidates[peak_point])
         levels["optimizer"] = candidates["optimizer"]
 
-        t = self._timeline(log, costs, held)
+        replayed = self.graphs and (self.static_layout or not offload)
+        t = self._timeline(log, costs, held, issued=not replayed)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes
@@ -778,8 +787,9 @@ class StepModel:
         cost = self.profile.layer(name)
         return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
 
-    def _timeline(self, log: list, costs: dict, held: int) -> dict:
-        """Play `log` against the profile (module doc); costs: _call_costs()."""
+    def _timeline(self, log: list, costs: dict, held: int, issued: bool = True) -> dict:
+        """Play `log` against the profile (module doc); costs: _call_costs(). issued=False:
+        a step replayed from a CUDA graph, whose calls and update cost the host nothing."""
         prof = self.profile
         budget = math.inf if self.budget is None else float(self.budget)
         host = 0.0
@@ -870,7 +880,8 @@ class StepModel:
                         tail[s] = host
                 elif kind == "layer":
                     issue, dur, temp = costs[op.label]
-                    host += issue
+                    if issued:
+                        host += issue
                     if temp:
                         take(temp)
                         in_use -= temp  # dropped when the call is enqueued; reuse is ordered
@@ -889,7 +900,8 @@ class StepModel:
                     spans.append((s, op.label, start, end))
                     tail[s] = end
                 elif kind == "optimizer":
-                    host += prof.optimizer_host_s
+                    if issued:
+                        host += prof.optimizer_host_s
                     take(self.optimizer_transient)
                     in_use -= self.optimizer_transient
                     start = max(host, tail[s])

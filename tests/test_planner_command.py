@@ -6,6 +6,7 @@ import math
 import pytest
 
 from minidnn.errors import ConfigError, MinidnnError, fmt_bytes
+from minidnn.kernels.mapformat import MapFormat
 from minidnn.planner import command
 from minidnn.planner.search import InfeasibleBudgetError
 
@@ -160,16 +161,35 @@ def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path,
         def math_mode():
             return {"math": "tf32", "deterministic": False}
 
-    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset()):
+    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset(), maps=None):
+        configured["layout"] = maps.layout
         return analytic_profile(net, batch, "h200", configured["math"], relu_bits)
     with monkeypatch.context() as m:   # a GPU as far as the plan command can tell
         m.setattr(minidnn.backend, "gpu_available", lambda: True)
         m.setattr(minidnn.backend, "Device", lambda kind: kind)
         m.setattr(minidnn.kernels, "for_device", lambda device: FakeKernels)
         m.setattr(profiling, "get_profile", fake_get_profile)
-        prof, source = command._profile(args, net, 64, s["math"], report, s["deterministic"])
-    assert configured == {"math": "fp32", "deterministic": True}
+        prof, source = command._profile(args, net, 64, s["math"], report, s["deterministic"],
+                                        maps=MapFormat(s["layout"], s["precision"]))
+    # measured in the run's layout: the report has none, so the GPU's default
+    assert configured == {"math": "fp32", "deterministic": True, "layout": "nhwc"}
     assert prof.math == "fp32" and "measured profile of this" in source
+
+
+@pytest.mark.parametrize("reported, flag, planned", [
+    (None, None, "nhwc"), ("nchw", None, "nchw"), ("nhwc", None, "nhwc"),
+    ("nhwc", "nchw", "nchw")])
+def test_the_layout_of_a_report_is_planned_for(tmp_path, reported, flag, planned):
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "none",
+              "memory_budget_bytes": None, "peak_device_bytes": 1}
+    if reported:
+        report["layout"] = reported
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    extra = ("--layout", flag) if flag else ()
+    assert plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json",
+                              *extra))["layout"] == planned
 
 
 def test_missing_model_and_bad_report_are_config_errors(tmp_path):

@@ -66,9 +66,9 @@ def _logs(model, decision, monkeypatch) -> list:
     seen = []
     timeline = StepModel._timeline
 
-    def spy(self, log, *args):
+    def spy(self, log, *args, **kwargs):
         seen.append(list(log))
-        return timeline(self, log, *args)
+        return timeline(self, log, *args, **kwargs)
 
     monkeypatch.setattr(StepModel, "_timeline", spy)
     offload, algos, recompute = decision

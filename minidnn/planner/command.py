@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import argtypes
 from ..errors import ConfigError, fmt_bytes
-from ..kernels.mapformat import PRECISIONS, MapFormat
+from ..kernels.mapformat import GPU_DEFAULT_LAYOUT, LAYOUTS, PRECISIONS, MapFormat
 from ..memory.arena import GPU_SAFETY_MARGIN
 from ..memory.policy import CALL_PHASES
 from ..memory.schedule import StepSchedule
@@ -86,6 +86,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="feature maps in fp32 or bf16 (as train --precision; default: the "
                         "--report's, else fp32); bf16 maps plan at 2 bytes a value, their "
                         "times are the profile's")
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="how the run stores feature maps, as train --layout (default: the "
+                        "--report's, else the GPU's default, nhwc); a profile of this GPU is "
+                        "measured in it")
     p.add_argument("--host-link-gbps", type=argtypes.positive_float, default=None,
                    metavar="GB/S", help="pinned copies get at most this many GB/s each way, "
                    "e.g. what each GPU measured with several copying at once "
@@ -162,6 +166,7 @@ def _settings(args, report: dict | None) -> dict:
         "math": args.math or report_math or "tf32",
         "deterministic": deterministic,
         "precision": args.precision or r.get("precision") or "fp32",
+        "layout": args.layout or r.get("layout") or GPU_DEFAULT_LAYOUT,
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -173,10 +178,11 @@ def _settings(args, report: dict | None) -> dict:
 
 
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
-             deterministic: bool = False, relu_bits=frozenset()) -> tuple:
+             deterministic: bool = False, relu_bits=frozenset(), maps=None) -> tuple:
     """(Profile, a line saying where it comes from). deterministic: measure this GPU with
     deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
-    that keep bit masks in the run planned for."""
+    that keep bit masks in the run planned for. maps: the MapFormat the run stores its maps
+    in, which a profile of this GPU is measured in."""
     from ..backend import Device, gpu_available
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
@@ -196,7 +202,7 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
             mod.configure(math=math_mode,
                           deterministic=deterministic or mod.math_mode()["deterministic"])
         prof = get_profile(net, batch, device, refresh=args.refresh_profile,
-                           relu_bits=relu_bits)
+                           relu_bits=relu_bits, maps=maps)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
     if report and report.get("device") == "gpu":
@@ -360,12 +366,13 @@ def make_plan(args) -> dict:
     if args.relu_bits or (report or {}).get("relu_bits"):
         from ..memory.policy import relu_bits_for
         relu_bits = relu_bits_for(net)
-    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits)
+    maps = MapFormat(s["layout"], s["precision"])
+    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits,
+                            maps)
     if args.host_link_gbps:
         prof = prof.with_host_link(args.host_link_gbps)
         source += f"; host link {args.host_link_gbps:g} GB/s each way"
     notes = list(prof.notes)
-    maps = MapFormat(precision=s["precision"])
     if maps.precision != "fp32":
         notes.append(f"feature maps in {maps.precision}: planned at their bytes; the times are "
                      f"the profile's, as measured or modelled")
@@ -448,6 +455,7 @@ def make_plan(args) -> dict:
         "model": s["model"], "network": net.name, "batch": batch,
         "image_size": net.input_shape[-1], "num_classes": int(s["num_classes"]),
         "policy": s["policy"], "math": prof.math, "precision": maps.precision,
+        "layout": maps.layout,
         "profile_source": source,
         "gpu": prof.device_name, "memory_budget_bytes": int(budget),
         "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,

@@ -247,3 +247,25 @@ def test_a_plan_that_fits_carries_no_note_that_the_budget_is_too_small():
     assert not any("too small" in note for note in out["notes"]), out["notes"]
     text = run(*BASE, "--policy", "dyn", "--memory-budget", str(least))
     assert "too small" not in text
+
+
+def test_on_a_gpu_the_chosen_count_is_planned_again_from_its_own_measured_profile(monkeypatch):
+    """As a run's dyn policy does: the micro-batch count chosen from the step's profile, scaled,
+    is planned again from a profile measured at the pass's batch."""
+    from minidnn.planner.gpus import analytic_profile
+    loose = plan_json()
+    tight = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
+    assert tight["micro_batches"] > 1
+    measured = []
+
+    def fake_measured(net, batch, relu_bits, maps):
+        measured.append(batch)
+        return analytic_profile(net, batch, "h200", "tf32", relu_bits)
+    monkeypatch.setattr(command, "_measures_here", lambda args: True)
+    monkeypatch.setattr(command, "_measured_profile", fake_measured)
+    monkeypatch.setattr(command, "_profile", lambda args, net, batch, *a, **k: (
+        analytic_profile(net, batch, "h200", "tf32", frozenset()), "measured (test)"))
+    again = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
+    assert measured and set(measured) == {64 // tight["micro_batches"]}
+    assert again["micro_batches"] == tight["micro_batches"]
+    assert any("planned again from a profile measured" in n for n in again["notes"])

@@ -177,6 +177,20 @@ def _settings(args, report: dict | None) -> dict:
     return s
 
 
+def _measures_here(args) -> bool:
+    """Does the plan measure this machine's GPU (no --profile, no --gpu, a GPU present)?"""
+    from ..backend import gpu_available
+    return not args.profile and not args.gpu and gpu_available()
+
+
+def _measured_profile(net, batch: int, relu_bits, maps):
+    """This GPU's measured profile of `net` at `batch` (cached), under the math mode that
+    _profile configured."""
+    from ..backend import Device
+    from .profile import get_profile
+    return get_profile(net, batch, Device("gpu"), relu_bits=relu_bits, maps=maps)
+
+
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
              deterministic: bool = False, relu_bits=frozenset(), maps=None) -> tuple:
     """(Profile, a line saying where it comes from). deterministic: measure this GPU with
@@ -412,6 +426,17 @@ def make_plan(args) -> dict:
     if split.chosen is None and s["policy"] == "dyn":
         raise split.infeasible_error()
     option = split.chosen or split.options[0]
+    if option.micro_batches > 1 and _measures_here(args):
+        # As a run's dyn policy does (planner/dyn.py): the count chosen is planned again from
+        # a profile measured at its own pass batch, which is what the run's steps will run.
+        again = plan_split(net, batch, lambda b: _measured_profile(net, b, relu_bits, maps),
+                           int(budget), lookaheads, counts=[option.micro_batches],
+                           relu_bits=relu_bits, maps=maps)
+        if again.chosen is not None:
+            option = again.chosen
+            notes.append(f"{option.micro_batches} micro-batches planned again from a profile "
+                         f"measured at their batch of {option.batch}, as a run plans them "
+                         f"(the table of counts is from the scaled profile)")
     planner, result, infeasible = option.planner, option.result, option.error
     lookahead = option.lookahead
     if choose:

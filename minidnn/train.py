@@ -244,11 +244,8 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
     policy = cfg.policy
     if policy == "dyn":
-        # The run's input batches live outside the arena (a loader's host buffers, or the
-        # synthetic source's device batches made before it), so the plan counts none of them
-        # against the budget besides the step's own `data` buffer.
-        from .planner.dyn import DynPolicy
-        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=0)
+        from .planner.dyn import RUN_INPUT_BATCHES, DynPolicy
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES)
     return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
                           seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
                           prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,

@@ -32,6 +32,7 @@ from ..memory.schedule import StepSchedule
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
+from .dyn import RUN_INPUT_BATCHES
 from .split import PRUNE_WITHIN
 
 POLICIES = ("dyn", "none", "conv", "all")
@@ -422,7 +423,7 @@ def make_plan(args) -> dict:
     split = plan_split(net, batch,
                        lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
                        int(budget), lookaheads, counts=counts, relu_bits=relu_bits,
-                       maps=maps)
+                       maps=maps, input_batches=RUN_INPUT_BATCHES)
     if split.chosen is None and s["policy"] == "dyn":
         raise split.infeasible_error()
     option = split.chosen or split.options[0]
@@ -431,7 +432,7 @@ def make_plan(args) -> dict:
         # a profile measured at its own pass batch, which is what the run's steps will run.
         again = plan_split(net, batch, lambda b: _measured_profile(net, b, relu_bits, maps),
                            int(budget), lookaheads, counts=[option.micro_batches],
-                           relu_bits=relu_bits, maps=maps)
+                           relu_bits=relu_bits, maps=maps, input_batches=RUN_INPUT_BATCHES)
         if again.chosen is not None:
             option = again.chosen
             notes.append(f"{option.micro_batches} micro-batches planned again from a profile "

@@ -33,6 +33,12 @@ def _to_stderr(message: str) -> None:
     print(f"minidnn: {message}", file=sys.stderr)
 
 
+# A training run's input batches live outside the arena (a loader's host buffers, or the
+# synthetic source's device batches made before it), so a run's plan counts none of them
+# against the budget besides the step's own `data` buffer (minidnn train, minidnn plan).
+RUN_INPUT_BATCHES = 0
+
+
 @register_policy
 class DynPolicy(Policy):
     """vDNN_dyn with minidnn's planner (see the module docstring).

@@ -93,6 +93,14 @@ def test_a_corrupt_cached_profile_is_measured_again_and_replaced(net, cache):
     assert list(cache.glob("*.json")) == [path]
 
 
+def test_the_key_changes_with_the_way_layers_are_timed(net, monkeypatch):
+    versions, settings = {"minidnn": "0.1.0"}, {"math": "tf32"}
+    key, fields = profiling.profile_key(net, 8, "NVIDIA H200", versions, settings)
+    assert fields["timing"] == profiling.TIMING_METHOD
+    monkeypatch.setattr(profiling, "TIMING_METHOD", profiling.TIMING_METHOD + 1)
+    assert profiling.profile_key(net, 8, "NVIDIA H200", versions, settings)[0] != key
+
+
 def test_the_key_changes_with_batch_gpu_versions_math_and_structure(net):
     versions = {"minidnn": "0.1.0", "numpy": "2.0", "cupy": "14.2.0", "cudnn": 91900}
     settings = {"math": "tf32", "deterministic": False}

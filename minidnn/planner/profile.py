@@ -21,7 +21,8 @@ memory manager's bookkeeping alone, measured in a dry run).
 Cache: JSON files under `$MINIDNN_CACHE/profiles/` (default `~/.cache/minidnn/profiles/`),
 named by network, batch and device, keyed by a hash of the network's structure, the batch,
 the device's name, the library versions (CuPy, cuDNN, the cuDNN frontend, CUDA, NumPy,
-minidnn) and the math mode: a change to any of them measures again.
+minidnn), the math mode and the way layers are timed (TIMING_METHOD): a change to any of
+them measures again.
 """
 from __future__ import annotations
 
@@ -48,6 +49,9 @@ from ..report import kernel_settings
 from .costs import ALGOS, LayerCost, Profile, structure_hash
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
+# How layers are timed, in the cache key: a profile cached by an earlier way of timing them
+# is measured again (2: the stream held while the host issues the timed calls, _Clock).
+TIMING_METHOD = 2
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 
@@ -84,7 +88,8 @@ def profile_key(net, batch: int, device_name: str, versions: dict, settings: dic
                 relu_bits=frozenset()) -> tuple:
     """(key, fields): a 16-hex-digit hash of everything a profile depends on, and those things."""
     fields = {"structure": structure_hash(net, batch, relu_bits), "batch": int(batch),
-              "device": device_name, "versions": versions, "settings": settings}
+              "device": device_name, "versions": versions, "settings": settings,
+              "timing": TIMING_METHOD}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return key, fields
 

@@ -9,6 +9,7 @@ import pytest
 from minidnn.chunks import chunk_network
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
+from minidnn.kernels.mapformat import MapFormat
 from minidnn.layers import Add, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.layers.dropout import Dropout as DropoutLayer
 from minidnn.memory.plan import LivenessPlan
@@ -63,17 +64,20 @@ def batch(dtype, n=BATCH, image=8):
     return rng.standard_normal((n, 3, image, image)).astype(dtype), rng.integers(0, 5, n)
 
 
-def step(kind, dtype=np.float64, chunks=(), micro_batches=1, memory="keep", **options):
+def step(kind, dtype=np.float64, chunks=(), micro_batches=1, memory="keep", layout="nchw",
+         precision="fp32", **options):
     """One training step: {'loss', 'outputs' (None with micro-batches), 'grads', 'input'}.
     memory: 'keep' every map, 'offload' every candidate (vDNN_all), 'recompute' every
-    candidate, of the plan the executor runs."""
+    candidate, of the plan the executor runs. layout, precision: of the maps."""
     net = make_net(kind, dtype)
     net.init_params(0)
-    decision = replace(NO_DECISION, chunks=chunks, micro_batches=micro_batches)
+    decision = replace(NO_DECISION, chunks=chunks, micro_batches=micro_batches,
+                       layout=layout, precision=precision)
     plan = None
     if memory != "keep":
         graph = chunk_network(net, chunks) if chunks else net
-        plan = LivenessPlan(graph, BATCH // micro_batches, input_grad=True)
+        plan = LivenessPlan(graph, BATCH // micro_batches, input_grad=True,
+                            maps=MapFormat(layout, precision))
         if memory == "offload":
             decision = replace(decision, offload=OffloadAll().decide(plan).offload)
         else:
@@ -124,6 +128,20 @@ def test_float32_forward_loss_and_input_gradient_are_the_same_bits(kind):
     for name, g in whole["grads"].items():
         np.testing.assert_allclose(chunked["grads"][name], g, rtol=1e-5, atol=1e-6,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("layout, precision", [("nhwc", "fp32"), ("nchw", "bf16"),
+                                               ("nhwc", "bf16")])
+@pytest.mark.parametrize("kind", ["vgg", "skip", "dropout"])
+def test_channels_last_and_bf16_maps(kind, layout, precision):
+    """Row views of channels-last maps, and pieces widened to float32 and rounded: the same
+    bits as the unchunked step but for the weight gradients, recomputed or not."""
+    fmt = dict(layout=layout, precision=precision)
+    whole = step(kind, np.float32, **fmt)
+    chunked = step(kind, np.float32, chunks=RUNS[kind], **fmt)
+    assert_same_bits(chunked, whole, ("loss", "outputs", "input"))
+    assert_same_bits(step(kind, np.float32, chunks=RUNS[kind], memory="recompute", **fmt),
+                     chunked)
 
 
 def test_a_chunked_step_repeats_bit_for_bit():

@@ -36,6 +36,15 @@ partial sums, each over 64 images; the reported loss is the mean of 4 means), an
 kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
 shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
 
+Layer chunks: a decision with `chunks=(("conv1", "relu2", 4),)` runs those layers in 4
+pieces of a pass's batch, forward and backward (minidnn/chunks.py rewrites the network; the
+liveness plan, and so every storage id of the decision, is that of the chunked network).
+`self.net` stays the network given, whose parameters the pieces share; `self.plan.net` is
+the chunked one. The parameter gradients of every piece after the first are added into
+p.grad (the temporary-and-add of micro-batches), so a weight's gradient is a sum of the
+pieces' sums, in another order than the unchunked step's; everything else (outputs, loss,
+input gradients, dropout masks) is the same bits.
+
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
 far larger than this machine come out in seconds (parameters, gradients and the scratch
@@ -45,11 +54,13 @@ not).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from . import kernels
 from .backend import Device, select_device, to_numpy
+from .chunks import chunk_network
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .fusion import bias_relu_pairs, bn_relu_pairs
 from .kernels.mapformat import MapFormat, arrange, in_memory_order
@@ -57,6 +68,7 @@ from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
+from .layers.merge import BatchJoin
 from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import Arena, make_allocator
 from .memory.host import HostSlab, check_host_memory
@@ -190,11 +202,13 @@ class Executor:
         try:  # from here on, a failure must give the parameters, device memory and CuPy back
             self._check_relu_bits()
             self.maps = MapFormat(decision.layout, decision.precision)
+            graph = self._chunked(net)
             if plan is None:
-                plan = LivenessPlan(net, self.micro_batch, relu_bits=decision.relu_bits,
+                plan = LivenessPlan(graph, self.micro_batch, relu_bits=decision.relu_bits,
                                     input_grad=input_grad, maps=self.maps)
-            self._check_plan(plan, input_grad)
+            self._check_plan(plan, graph, input_grad)
             self.plan = plan
+            self._row_offsets = self._piece_offsets()
             self._check_conv_plans()
             self._bias_deferred, self._relu_bias = self._bias_relu()
             self._relu_in_bn, self._relu_done = self._bn_relu()
@@ -333,9 +347,37 @@ class Executor:
                 data[...] = values
             b.data = data
 
-    def _check_plan(self, plan: LivenessPlan, input_grad: bool) -> None:
-        """A plan given to the executor is the one it would have made itself."""
-        if plan.net is not self.net or plan.batch != self.micro_batch or \
+    def _chunked(self, net: Network) -> Network:
+        """The network a pass runs: `net`, or, with the decision's layer chunks, the chunked
+        network (minidnn/chunks.py), each chunk's pieces dividing the pass batch evenly."""
+        if not self.decision.chunks:
+            return net
+        graph = chunk_network(net, self.decision.chunks)
+        for first, last, pieces in self.decision.chunks:
+            if self.micro_batch % pieces:
+                raise ConfigError(f"layer chunk {first}..{last}: {pieces} pieces must divide "
+                                  f"the pass batch {self.micro_batch} into equal pieces")
+        # Shapes of `net` inferred here, so that reading its parameters later does not set
+        # its layers up again (the chunked plan set them up for the pieces' rows).
+        net.infer_shapes(self.micro_batch)
+        return graph
+
+    def _piece_offsets(self) -> dict:
+        """{node index: first row of its piece in the pass} for the pieces of layer chunks:
+        added to the pass's batch offset, so that dropout draws the pass's rows."""
+        return {i: node.piece[0] * (self.micro_batch // node.piece[1])
+                for i, node in enumerate(self.plan.nodes) if node.piece is not None}
+
+    def _check_plan(self, plan: LivenessPlan, graph: Network, input_grad: bool) -> None:
+        """A plan given to the executor is the one it would have made itself: of `graph`
+        (the network, or the same chunked network made by another call of chunk_network)."""
+        def nodes(g):   # the joins are new layers each time; every other layer is net's
+            return [(n.name, n.inputs, n.piece,
+                     type(n.layer) if isinstance(n.layer, BatchJoin) else n.layer)
+                    for n in g.nodes]
+
+        same = plan.net is graph or bool(self.decision.chunks) and nodes(plan.net) == nodes(graph)
+        if not same or plan.batch != self.micro_batch or \
                 plan.relu_bits != frozenset(self.decision.relu_bits) or \
                 plan.input_grad != bool(input_grad) or plan.maps != self.maps:
             raise ConfigError(f"the liveness plan given is not that of network "
@@ -360,15 +402,20 @@ class Executor:
                                   f"is not a ReLU of network {self.net.name!r}")
 
     def _workspace_blocks(self) -> dict:
-        """{(node index, phase): bytes} of the decision's planned workspaces."""
-        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        """{(node index, phase): bytes} of the decision's planned workspaces (a layer of a
+        chunk gets its block in each of its pieces)."""
+        calls = {}            # layer -> the plan's nodes that run it
+        for i, node in enumerate(self.plan.nodes):
+            calls.setdefault(id(node.layer), []).append(i)
+        index = {node.name: calls[id(node.layer)] for node in self.net.nodes}
         blocks = {}
         for (name, phase), nbytes in self.decision.workspace.items():
             if name not in index or phase not in CALL_PHASES:
                 raise ConfigError(f"memory decision plans a workspace for {name!r} ({phase}), "
                                   f"which is not a layer call of network {self.net.name!r}")
             if int(nbytes) > 0:
-                blocks[(index[name], phase)] = int(nbytes)
+                for i in index[name]:
+                    blocks[(i, phase)] = int(nbytes)
         return blocks
 
     def _scratch_blocks(self) -> dict:
@@ -561,6 +608,8 @@ class Executor:
             self._sample(t0, phase, node.name, "start")
         workspace = self.manager.acquire_workspace(i, phase)
         scratch = self.manager.acquire_scratch(i, phase)
+        if ctx is not None and i in self._row_offsets:   # a chunk's piece: its rows
+            ctx = replace(ctx, batch_offset=ctx.batch_offset + self._row_offsets[i])
         if ctx is not None:
             ctx.workspace, ctx.scratch = workspace, scratch
             try:
@@ -583,9 +632,11 @@ class Executor:
             self._sample(t1, phase, node.name, "end")
 
     def _layer_backward(self, node, buffers, ctx) -> None:
-        """node's backward; in a micro-batch after the first, the parameter gradients it
-        writes go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
-        params = self._gradients_written(node) if self._accumulate else []
+        """node's backward; in a micro-batch after the first, and in a piece of a layer chunk
+        after the first to run backward (the last piece), the parameter gradients it writes
+        go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
+        adds = self._accumulate or (node.piece is not None and node.piece[0] < node.piece[1] - 1)
+        params = self._gradients_written(node) if adds else []
         if not params:
             mixed.backward(node.layer, *buffers, ctx)
             return
@@ -593,7 +644,7 @@ class Executor:
         try:
             for p in params:
                 _, buf = self.allocator.empty(p.shape, p.grad.dtype,
-                                              f"gradient of {node.name} (micro-batch)")
+                                              f"gradient of {node.name} (summed)")
                 tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
                 held.append((p, p.grad, tmp, buf))
                 p.grad = tmp

@@ -35,12 +35,15 @@ from .memory.plan import LivenessPlan
 
 def _relu_after(plan: LivenessPlan, kind: str):
     """(ReLU node, the node it reads) for every ReLU that reads, alone and in place, the
-    output of a layer of `kind` (not the network's output), in a step planned as `plan`."""
+    output of a layer of `kind` (not the network's output), in a step planned as `plan`.
+    Pieces of a layer chunk (minidnn/chunks.py) are left out: the pairs are named by node,
+    and the layers they share look them up by their own name."""
     net = plan.net
     readers = net.consumers()
     producers = {n.name: n for n in plan.nodes}
     for i, node in enumerate(plan.nodes):
-        if node.layer.kind != "relu" or len(node.inputs) != 1 or not plan.inplace.get(i):
+        if node.layer.kind != "relu" or len(node.inputs) != 1 or not plan.inplace.get(i) \
+                or node.piece is not None:
             continue
         src = node.inputs[0]
         producer = producers.get(src)          # None: the network's input

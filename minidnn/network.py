@@ -28,10 +28,15 @@ DATA, LABEL = "data", "label"
 
 @dataclass
 class Node:
-    """One layer in the graph. Its output tensor has the node's name."""
+    """One layer in the graph. Its output tensor has the node's name.
+
+    piece: (j, p) for piece j of p of a layer chunk (minidnn/chunks.py), which runs the
+    node's layer on rows j*b .. (j+1)*b of the pass batch (b = batch / p); None otherwise.
+    """
     name: str
     layer: Layer
     inputs: list[str]
+    piece: tuple | None = None
 
     @property
     def output(self) -> str:
@@ -70,8 +75,24 @@ class Network:
             inputs = [self.nodes[-1].name if self.nodes else DATA]
         elif isinstance(inputs, str):
             inputs = [inputs]
-        inputs = list(inputs)
         name = name or layer.name or f"{type(layer).__name__.lower()}{len(self.nodes) + 1}"
+        self._check_node(name, list(inputs))
+        layer.name = name
+        layer.index = len(self.nodes)
+        return self.add_node(Node(name, layer, list(inputs)))
+
+    def add_node(self, node: Node) -> str:
+        """Append a node made elsewhere, leaving its layer's name and index as they are (the
+        pieces of a layer chunk share the layers of another network: minidnn/chunks.py).
+        Returns its name."""
+        self._check_node(node.name, node.inputs)
+        self.nodes.append(node)
+        self._by_name[node.name] = node
+        self.batch = None  # shapes must be inferred again
+        return node.name
+
+    def _check_node(self, name: str, inputs: list[str]) -> None:
+        """ConfigError unless `name` is new and every input is defined before it."""
         if name in self._by_name or name in (DATA, LABEL):
             raise ConfigError(f"network {self.name!r}: duplicate node name {name!r}")
         for i in inputs:
@@ -79,13 +100,6 @@ class Network:
                 raise ConfigError(f"network {self.name!r}: node {name!r} reads {i!r}, which is "
                                   f"not defined before it (known: data, label, "
                                   f"{', '.join(self._by_name) or 'no nodes yet'})")
-        layer.name = name
-        layer.index = len(self.nodes)
-        node = Node(name, layer, inputs)
-        self.nodes.append(node)
-        self._by_name[name] = node
-        self.batch = None  # shapes must be inferred again
-        return name
 
     def add_loss(self, logits: str | None = None) -> str:
         """Append softmax cross-entropy on `logits` (default: the last node) and `label`."""
@@ -133,7 +147,11 @@ class Network:
         self.loss_node  # raises if missing
         shapes = {DATA: (batch,) + self.input_shape, LABEL: (batch,)}
         for node in self.nodes:
-            shapes[node.name] = node.layer.setup([shapes[i] for i in node.inputs], self.dtype)
+            ins = [shapes[i] for i in node.inputs]
+            rows = self.input_rows(node, batch)
+            if rows is not None:        # a chunk's piece sees its rows of the run's input
+                ins[0] = (rows.stop - rows.start,) + tuple(ins[0][1:])
+            shapes[node.name] = node.layer.setup(ins, self.dtype)
         consumers = self.consumers()
         for node in self.nodes[:-1]:
             if not consumers[node.name]:
@@ -154,6 +172,25 @@ class Network:
             self.infer_shapes(previous)
         return shapes
 
+    def input_rows(self, node: Node, batch: int) -> slice | None:
+        """The rows of its input 0 that `node` reads at this batch, or None for all of them.
+
+        Piece j of p of a layer chunk (minidnn/chunks.py) reads rows j*b .. (j+1)*b
+        (b = batch / p) of the run's input, a tensor of the whole batch; the other nodes of
+        its piece read tensors of the piece, whole. ShapeError when p does not divide batch.
+        """
+        if node.piece is None:
+            return None
+        source = self._by_name.get(node.inputs[0])
+        if source is not None and source.piece == node.piece:
+            return None
+        j, p = node.piece
+        if batch % p:
+            raise ShapeError(f"network {self.name!r}: node {node.name!r} is piece {j} of {p} "
+                             f"of a layer chunk, and {p} does not divide the batch {batch}")
+        b = batch // p
+        return slice(j * b, (j + 1) * b)
+
     def consumers(self) -> dict[str, list[Node]]:
         """{tensor name: nodes that read it, in execution order}."""
         out: dict[str, list[Node]] = {DATA: [], LABEL: []}
@@ -170,39 +207,51 @@ class Network:
         return [n.name for n in self.nodes if getattr(n.layer, "batch_statistics", False)]
 
     # ---- parameters ------------------------------------------------------------------------
+    def layers(self) -> list[Layer]:
+        """Every layer once, in node order: the pieces of a layer chunk (minidnn/chunks.py)
+        share their layers, and so their parameters."""
+        seen, out = set(), []
+        for n in self.nodes:
+            if id(n.layer) not in seen:
+                seen.add(id(n.layer))
+                out.append(n.layer)
+        return out
+
     def parameters(self) -> list[tuple[str, object]]:
-        """[(qualified name 'conv1.weight', Parameter)] in a fixed order (node order, then
-        declaration order). Needs shapes inferred once."""
+        """[(qualified name 'conv1.weight', Parameter)] in a fixed order (layer order, then
+        declaration order), each once. Needs shapes inferred once."""
         if self.batch is None:
             self.infer_shapes(1)
-        return [(f"{n.name}.{k}", p) for n in self.nodes for k, p in n.layer.params.items()]
+        return [(f"{layer.name}.{k}", p) for layer in self.layers()
+                for k, p in layer.params.items()]
 
     def buffers(self) -> list[tuple[str, object]]:
         """[(qualified name 'bn1.running_mean', Buffer)]: layer state no gradient updates
         (layers/base.py Buffer), in the same order as `parameters()`."""
         if self.batch is None:
             self.infer_shapes(1)
-        return [(f"{n.name}.{k}", b) for n in self.nodes for k, b in n.layer.buffers.items()]
+        return [(f"{layer.name}.{k}", b) for layer in self.layers()
+                for k, b in layer.buffers.items()]
 
     def state(self) -> list[tuple[str, object]]:
         """Parameters and buffers in PyTorch's state dict order: by layer, its parameters
         then its buffers."""
         if self.batch is None:
             self.infer_shapes(1)
-        return [(f"{n.name}.{k}", v) for n in self.nodes
-                for k, v in list(n.layer.params.items()) + list(n.layer.buffers.items())]
+        return [(f"{layer.name}.{k}", v) for layer in self.layers()
+                for k, v in list(layer.params.items()) + list(layer.buffers.items())]
 
     def num_params(self) -> int:
         return sum(int(np.prod(p.shape)) for _, p in self.parameters())
 
     def init_params(self, seed: int = 0) -> None:
         """Deterministic initialization: each layer draws from its own stream (seed, index)."""
-        for node in self.nodes:
-            rng = np.random.default_rng([int(seed), node.layer.index])
-            for p in node.layer.params.values():
+        for layer in self.layers():
+            rng = np.random.default_rng([int(seed), layer.index])
+            for p in layer.params.values():
                 p.data = p.initial_value(rng, self.dtype)
                 p.grad = None
-            for b in node.layer.buffers.values():
+            for b in layer.buffers.values():
                 b.data = b.initial_value(self.dtype)
 
     def state_dict(self) -> dict[str, np.ndarray]:

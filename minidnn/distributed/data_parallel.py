@@ -106,6 +106,8 @@ class DataParallel:
     def attach(self, ex, optimizer):
         """Let the gradient buckets watch `ex`'s backward; returns `optimizer` wrapped so that
         its step() waits for the all-reduce first. Checks that all ranks start alike."""
+        if ex.decision.chunks:   # its buckets follow the backward calls of ex.net's nodes
+            raise ConfigError("data-parallel training does not run layer chunks yet")
         if self.reducer is None:
             self.connect(ex.device)
         self.net = ex.net

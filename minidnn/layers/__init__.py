@@ -7,9 +7,9 @@ from .flatten import Flatten
 from .linear import Linear
 from .loss import SoftmaxCrossEntropy
 from .lrn import LRN
-from .merge import Add, Concat
+from .merge import Add, BatchJoin, Concat
 from .pool import AvgPool2d, MaxPool2d
 from .relu import ReLU
 
-__all__ = ["Buffer", "Layer", "Parameter", "StepContext", "Add", "AvgPool2d", "BatchNorm2d",
-           "Concat", "Conv2d", "Dropout", "Flatten", "LRN", "Linear", "MaxPool2d", "ReLU", "SoftmaxCrossEntropy"]
+__all__ = ["Buffer", "Layer", "Parameter", "StepContext", "Add", "AvgPool2d", "BatchJoin",
+           "BatchNorm2d", "Concat", "Conv2d", "Dropout", "Flatten", "LRN", "Linear", "MaxPool2d", "ReLU", "SoftmaxCrossEntropy"]

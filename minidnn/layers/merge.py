@@ -1,6 +1,7 @@
-"""Layers that join branches: Concat (along the channel axis by default) and Add.
+"""Layers that join branches: Concat (along the channel axis by default), Add, and
+BatchJoin (the pieces of a layer chunk back into one batch, along the batch axis).
 
-Neither keeps anything for backward: the gradient of a concatenation is a slice of the output
+None keeps anything for backward: the gradient of a concatenation is a slice of the output
 gradient, that of a sum is the output gradient itself.
 """
 from __future__ import annotations
@@ -101,3 +102,36 @@ class Add(Layer):
         for d in self.out_shape:
             n *= d
         return n * (len(self.in_shapes) - 1)
+
+
+class BatchJoin(Layer):
+    """The p pieces of a layer chunk (minidnn/chunks.py) as one map of the whole batch:
+    input j (b, ...) is rows j*b .. (j+1)*b of the output (p*b, ...). Backward hands each
+    piece its rows of the output gradient. Pure copies: no bit changes."""
+    kind = "join"
+    recomputable = True
+    num_inputs = None
+
+    def infer(self, in_shapes):
+        first = tuple(in_shapes[0])
+        for k, s in enumerate(in_shapes[1:], start=1):
+            if tuple(s) != first:
+                raise ShapeError(f"layer {self.name!r} (BatchJoin) expected every piece to "
+                                 f"have the shape of piece 0 {first}, got piece {k} of shape "
+                                 f"{tuple(s)}")
+        return (first[0] * len(in_shapes),) + first[1:]
+
+    def forward(self, xs, y, aux, ctx):
+        """xs[j] (b, ...) -> y[j*b:(j+1)*b]."""
+        b = xs[0].shape[0]
+        for j, x in enumerate(xs):
+            y[j * b:(j + 1) * b] = x
+
+    def backward(self, xs, y, gy, gxs, aux, ctx):
+        b = gy.shape[0] // len(gxs)
+        for j, gx in enumerate(gxs):
+            if gx is not None:
+                gx[...] = gy[j * b:(j + 1) * b]
+
+    def describe(self):
+        return f"{len(self.in_shapes)} pieces"

@@ -44,6 +44,9 @@ Vocabulary, used in this sense throughout the package:
 * prefetch     copy an offloaded storage back to the device before the backward call that
                reads it, on the prefetch stream (the prefetch window, schedule.py); a fetch
                on demand is one nobody prefetched in time, and compute waits for it.
+* rows         the rows of its input a piece of a layer chunk reads (plan.rows; the chunked
+               network is minidnn/chunks.py's): a view of a whole-batch map along the batch
+               axis, whose gradient the pieces write row by row, with no sum.
 * free         a storage is dead: after its last read (liveness, plan.py) its device block
                and its host copy, wherever they are, are released for good.
 

@@ -6,7 +6,9 @@ The executor asks it for buffers around each layer call; it answers from the liv
 allocator (the arena), are viewed with each tensor's shape and dtype, and go back right after
 their last use: in forward when backward does not need them, in backward once consumed.
 Gradients of tensors read by several layers (branches) are summed here, so layers only ever
-write their own result.
+write their own result. The pieces of a layer chunk (plan.rows) read their rows of the run's
+input and write their rows of its gradient, views into the whole batch's buffers: disjoint
+rows, so nothing is summed.
 
 Offload and prefetch, and the stream/event rules that make them safe without ever blocking
 the host (on the CPU every stream and event is a no-op stand-in and copies happen at once, so
@@ -277,6 +279,7 @@ class MemoryManager:
         self.log: list[tuple[int, str, int]] = []
         self._last_time = 2 * plan.num_nodes - 1
         self._grad_written: set[str] = set()
+        self._grad_rows: dict[str, list] = {}   # gradient -> rows written by chunk pieces
         self._pending_sums: list[tuple[object, object, object, int]] = []
         self._window_at = None
         # (tensor, address) -> the array view of it there, when the allocator carves its
@@ -424,6 +427,7 @@ class MemoryManager:
         self.loss_gradient = loss_gradient
         self.keep = {self.plan.tensors[k].storage for k in keep}
         self._grad_written.clear()
+        self._grad_rows.clear()
         self.blocks.begin_step(self.device)
         self.stats = StepMemoryStats(peak_feature_map_bytes=self.resident_bytes)
         self.log = []
@@ -458,7 +462,7 @@ class MemoryManager:
                     self._offload(sid)
         node = self.plan.nodes[i]
         where = f"forward of {node.name}"
-        xs = [self.view(name, where) for name in node.inputs]
+        xs = self._rows(i, [self.view(name, where) for name in node.inputs])
         y = self.view(node.name, where)
         aux = {a: self.view(t, where) for a, t in self.plan.aux_tensors(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
@@ -510,7 +514,7 @@ class MemoryManager:
             sid = self.plan.tensors[name].storage
             self._ensure(sid, where)
             self.mover.wait(self.maps[sid])
-        xs = [self.view(name, where) for name in node.inputs]
+        xs = self._rows(j, [self.view(name, where) for name in node.inputs])
         y = self.view(node.name, where)
         self.stats.samples.append(("recompute", j, self.resident_bytes))
         return xs, y
@@ -526,7 +530,7 @@ class MemoryManager:
         self._prefetch_window(i)
         for sid in reads:
             self.mover.wait(self.maps[sid])
-        xs = [None if name is None else self.view(name) for name in retained]
+        xs = self._rows(i, [None if name is None else self.view(name) for name in retained])
         y = None if output is None else self.view(output)
         aux = {a: self.view(t) for a, t in self.plan.aux_tensors(i)}
         gy = self.view(grad_output, where)
@@ -534,25 +538,56 @@ class MemoryManager:
             gy[...] = self.loss_gradient  # d loss / d loss
         gxs = []
         self._pending_sums = []
-        for gname in grad_inputs:
+        for k, gname in enumerate(grad_inputs):
             if gname is None:
                 gxs.append(None)
                 continue
-            if gname not in self._grad_written:
-                self._grad_written.add(gname)
-                gxs.append(self.view(gname, where))
+            rows = self.plan.rows[i] if k == 0 else None
+            if self._first_write(gname, rows):
+                gxs.append(self._cut(self.view(gname, where), rows))
             else:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
-                tmp, tmp_buf = self.allocator.empty(t.shape, t.dtype, where)
+                shape = t.shape if rows is None else (rows.stop - rows.start,) + t.shape[1:]
+                tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
                 if tmp is not None:  # laid out as the gradient it is added to
-                    tmp = self.plan.maps.view(tmp_buf, t.shape, t.dtype)
-                nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+                    tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)
+                nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
-                self._pending_sums.append((self.view(gname), tmp, tmp_buf, nbytes))
+                self._pending_sums.append((self._cut(self.view(gname), rows), tmp, tmp_buf,
+                                           nbytes))
                 gxs.append(tmp)
         self.stats.samples.append(("backward", i, self.resident_bytes))
         return xs, y, gy, gxs, aux
+
+    def _rows(self, i: int, arrays: list) -> list:
+        """Node i's inputs (`arrays`), input 0 cut to the rows it reads when node i is a piece
+        of a layer chunk (plan.rows)."""
+        if arrays:
+            arrays[0] = self._cut(arrays[0], self.plan.rows[i])
+        return arrays
+
+    @staticmethod
+    def _cut(array, rows: slice | None):
+        """array[rows], a view along the batch axis (axis 0 in either layout: contiguous
+        rows of a contiguous map); the array itself for rows None, None in a dry run."""
+        return array if rows is None or array is None else array[rows]
+
+    def _first_write(self, gname: str, rows: slice | None) -> bool:
+        """Is this the first write of gradient `gname` (of these rows of it, for a piece of
+        a layer chunk) in the step? Then it goes straight into the gradient's buffer; else
+        into a temporary that after_backward adds to it."""
+        if gname not in self._grad_written:
+            self._grad_written.add(gname)
+            if rows is not None:
+                self._grad_rows[gname] = [rows]
+            return True
+        written = self._grad_rows.get(gname)   # None: a whole reader wrote it
+        if rows is None or written is None or \
+                any(rows.start < r.stop and r.start < rows.stop for r in written):
+            return False
+        written.append(rows)
+        return True
 
     def buffers(self, call):
         """The buffers of a schedule call (memory/schedule.Call): forward_buffers,

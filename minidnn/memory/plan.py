@@ -78,6 +78,11 @@ class LivenessPlan:
     `data` compute it in backward; it lives until the step ends, so it can be read after).
     maps: the MapFormat the feature maps are stored in (kernels/mapformat.py); the manager
     views buffers by it.
+    rows [node index -> slice or None]: the rows of its input 0 a node reads, None for all:
+    piece j of a layer chunk (minidnn/chunks.py) reads its rows of the run's input, and in
+    backward writes its rows of that input's gradient (a buffer of the whole batch, whose
+    rows the pieces share out: no piece sums into another's). Such a node never runs in
+    place, nor writes that gradient over its input or its output gradient.
     """
 
     def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
@@ -100,6 +105,7 @@ class LivenessPlan:
         self.storages: list[StoragePlan] = []
         dtype = net.dtype
         index = {node.name: i for i, node in enumerate(self.nodes)}
+        self.rows: list[slice | None] = [net.input_rows(node, batch) for node in self.nodes]
 
         def new_storage(name, shape, dt, kind, producer):
             nbytes = math.prod(int(d) for d in shape) * np.dtype(dt).itemsize
@@ -126,7 +132,8 @@ class LivenessPlan:
             layer = node.layer
             shape = shapes[node.name]
             src = node.inputs[0] if node.inputs else None
-            if layer.inplace and src is not None and self._may_overwrite(i, src, consumers, index):
+            if layer.inplace and src is not None and self.rows[i] is None and \
+                    self._may_overwrite(i, src, consumers, index):
                 s = self.storages[self.tensors[src].storage]
                 self.tensors[node.name] = TensorPlan(node.name, shape, dtype_of(node), s.id)
                 s.tensors.append(node.name)
@@ -179,6 +186,12 @@ class LivenessPlan:
                     continue
                 gname = f"grad:{inp}"
                 if gname in self.tensors:      # a later consumer wrote it first
+                    continue
+                if k == 0 and self.rows[i] is not None:
+                    # Pieces write their rows of the whole gradient: its own buffer, taken
+                    # by the first piece in backward (the last piece).
+                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
+                    s.alloc_time = self.backward_time(i)
                     continue
                 if k == 0 and node.layer.inplace:
                     # The input gradient overwrites the output gradient (ReLU, Flatten, ...).

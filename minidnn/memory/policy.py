@@ -55,6 +55,10 @@ class MemoryDecision:
     the GPU: the deterministic math mode, or plans without atomics).
     micro_batches: passes a training step runs, each over batch / micro_batches images
     (executor.py); the storage ids and bytes above are those of one pass.
+    chunks: ((first node, last node, pieces), ...): runs of layers each pass executes piece
+    by piece over its batch (minidnn/chunks.py, which checks them). With chunks, the storage
+    ids above are those of the liveness plan of the chunked network (chunk_network), whose
+    piece nodes are named 'conv1@0', ...; weight-gradient sums change order.
     """
     offload: frozenset = frozenset()
     conv_algo: dict = field(default_factory=dict)
@@ -67,8 +71,6 @@ class MemoryDecision:
     relu_bits: frozenset = frozenset()
     policy: str = ""
     micro_batches: int = 1
-    # Room for what the executor does not run yet (it refuses other values with a
-    # ConfigError): chunks: runs of layers executed chunk by chunk (tuples of node names).
     chunks: tuple = ()
     # How feature maps are stored (kernels/mapformat.py): precision 'fp32' or 'bf16' (mixed:
     # bf16 maps and map gradients), layout 'nchw' or 'nhwc' (channels last). decide.py fills
@@ -93,7 +95,8 @@ NO_DECISION = MemoryDecision(prefetch_lookahead=1, policy="none")
 def check_runnable(decision: MemoryDecision) -> None:
     """Raise ConfigError unless an executor can run `decision` as it is: a finished decision
     (minidnn/decide.py fills in its prefetch lookahead) with only the choices it supports.
-    (Its micro-batch count the executor checks against the batch and the network.)"""
+    (Its micro-batch count and layer chunks the executor checks against the batch and the
+    network.)"""
     if not isinstance(decision, MemoryDecision):
         raise ConfigError(f"an executor runs a memory.policy.MemoryDecision (see "
                           f"minidnn/decide.py), got {decision!r}")
@@ -101,10 +104,6 @@ def check_runnable(decision: MemoryDecision) -> None:
     if lookahead is None or isinstance(lookahead, bool) or int(lookahead) < 0:
         raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
                           f"got {lookahead!r}")
-    for what, value, supported in (("chunks", tuple(decision.chunks), ()),):
-        if value != supported:
-            raise ConfigError(f"the executor does not support {what}={value!r} yet "
-                              f"(only {supported!r})")
     MapFormat(decision.layout, decision.precision)     # ConfigError for an unknown one
 
 

@@ -1,0 +1,83 @@
+"""Layer chunks on the GPU (minidnn/chunks.py): a chunked step against the unchunked one and
+against the CPU, with row-slice views in cuDNN and the raw kernels, the join's copies, dropout
+per piece, and steps replayed from CUDA graphs. Skipped without a CUDA GPU."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+from minidnn.executor import Executor  # noqa: E402
+from minidnn.memory.policy import NO_DECISION  # noqa: E402
+from minidnn.optim import SGD  # noqa: E402
+
+from test_chunks import BATCH, RUNS, batch, make_net  # noqa: E402
+
+
+def gpu_step(kind, chunks=(), layout="nhwc", device="gpu"):
+    """loss, outputs, weight gradients and input gradient of one float32 step."""
+    net = make_net(kind, np.float32)
+    net.init_params(0)
+    decision = replace(NO_DECISION, chunks=chunks, layout=layout if device == "gpu" else "nchw")
+    x, y = batch(np.float32)
+    with Executor(net, BATCH, device=device, seed=3, decision=decision, input_grad=True,
+                  deterministic=True if device == "gpu" else None) as ex:
+        loss = ex.forward(x, y, keep_outputs=True)
+        out = {"loss": float(loss), "outputs": cp.asnumpy(ex.outputs()) if device == "gpu"
+               else ex.outputs()}
+        ex.backward()
+        out["grads"] = ex.gradients()
+        out["input"] = np.asarray(cp.asnumpy(ex.input_gradient()) if device == "gpu"
+                                  else ex.input_gradient())
+    return out
+
+
+def assert_close(a, b, rtol=1e-4, atol=1e-5):
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    np.testing.assert_allclose(a["outputs"], b["outputs"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(a["input"], b["input"], rtol=rtol, atol=atol)
+    assert a["grads"].keys() == b["grads"].keys()
+    for name in a["grads"]:
+        np.testing.assert_allclose(a["grads"][name], b["grads"][name], rtol=rtol, atol=atol,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("kind", ["pool", "dropout", "vgg", "skip"])
+def test_a_chunked_gpu_step_matches_the_unchunked_one_and_the_cpu(kind, layout):
+    chunked = gpu_step(kind, RUNS[kind], layout)
+    assert_close(chunked, gpu_step(kind, (), layout))
+    assert_close(chunked, gpu_step(kind, RUNS[kind], device="cpu"))
+
+
+def test_a_chunked_gpu_step_repeats_bit_for_bit():
+    a, b = gpu_step("vgg", RUNS["vgg"]), gpu_step("vgg", RUNS["vgg"])
+    assert a["loss"] == b["loss"]
+    np.testing.assert_array_equal(a["input"], b["input"])
+    for name in a["grads"]:
+        np.testing.assert_array_equal(a["grads"][name], b["grads"][name])
+
+
+@pytest.mark.parametrize("kind", ["dropout", "vgg"])
+def test_chunked_training_steps_replayed_from_graphs_match_the_plain_ones(kind):
+    """Six steps with an optimizer: replayed from a CUDA graph after the capture, against the
+    same chunked steps issued layer by layer."""
+    x, y = batch(np.float32)
+    params = {}
+    for graphs in (True, False):
+        net = make_net(kind, np.float32)
+        net.init_params(0)
+        decision = replace(NO_DECISION, chunks=RUNS[kind], layout="nhwc")
+        with Executor(net, BATCH, device="gpu", seed=3, decision=decision, graphs=graphs,
+                      deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+            for _ in range(6):
+                ex.train_step(x, y, opt)
+            if graphs:
+                assert ex.graph_stats()["replayed_steps"] >= 1
+        params[graphs] = net.state_dict()
+    for name in params[True]:
+        np.testing.assert_array_equal(params[True][name], params[False][name], err_msg=name)

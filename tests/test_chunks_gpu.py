@@ -17,14 +17,24 @@ from minidnn.optim import SGD  # noqa: E402
 from test_chunks import BATCH, RUNS, batch, make_net  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def default_kernels_after():
+    """The math mode is a setting of the kernel module: give later tests the default back."""
+    yield
+    from minidnn import kernels
+    from minidnn.backend import Device
+    kernels.for_device(Device("gpu")).configure()
+
+
 def gpu_step(kind, chunks=(), layout="nhwc", device="gpu"):
     """loss, outputs, weight gradients and input gradient of one float32 step."""
     net = make_net(kind, np.float32)
     net.init_params(0)
     decision = replace(NO_DECISION, chunks=chunks, layout=layout if device == "gpu" else "nchw")
     x, y = batch(np.float32)
+    gpu = dict(deterministic=True, math="fp32") if device == "gpu" else {}
     with Executor(net, BATCH, device=device, seed=3, decision=decision, input_grad=True,
-                  deterministic=True if device == "gpu" else None) as ex:
+                  **gpu) as ex:
         loss = ex.forward(x, y, keep_outputs=True)
         out = {"loss": float(loss), "outputs": cp.asnumpy(ex.outputs()) if device == "gpu"
                else ex.outputs()}
@@ -72,12 +82,13 @@ def test_chunked_training_steps_replayed_from_graphs_match_the_plain_ones(kind):
         net.init_params(0)
         decision = replace(NO_DECISION, chunks=RUNS[kind], layout="nhwc")
         with Executor(net, BATCH, device="gpu", seed=3, decision=decision, graphs=graphs,
-                      deterministic=True) as ex:
-            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+                      deterministic=True, math="fp32") as ex:
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
             for _ in range(6):
                 ex.train_step(x, y, opt)
             if graphs:
                 assert ex.graph_stats()["replayed_steps"] >= 1
+            del opt
         params[graphs] = net.state_dict()
     for name in params[True]:
         np.testing.assert_array_equal(params[True][name], params[False][name], err_msg=name)

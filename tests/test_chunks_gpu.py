@@ -60,7 +60,8 @@ def assert_close(a, b, rtol=1e-4, atol=1e-5):
 def test_a_chunked_gpu_step_matches_the_unchunked_one_and_the_cpu(kind, layout):
     chunked = gpu_step(kind, RUNS[kind], layout)
     assert_close(chunked, gpu_step(kind, (), layout))
-    assert_close(chunked, gpu_step(kind, RUNS[kind], device="cpu"))
+    if kind != "dropout":    # the GPU draws its masks from its own generator (cuda_random.py)
+        assert_close(chunked, gpu_step(kind, RUNS[kind], device="cpu"))
 
 
 def test_a_chunked_gpu_step_repeats_bit_for_bit():

@@ -12,7 +12,8 @@ from minidnn.decide import build_executor
 from minidnn.memory.policy import MemoryDecision, recompute_inputs
 from minidnn.planner.dyn import FixedDecision
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.search import Planner
+from minidnn.planner.search import SEGMENT_MULTIPLES, Planner
+from minidnn.planner.simulate import Unfit
 
 
 def planner(name: str, batch: int, image: int, budget=None) -> Planner:
@@ -92,3 +93,48 @@ def test_segments_fit_a_budget_with_maps_rebuilt_from_one_another():
     assert ev is not None and ev.fits
     assert any(set(recompute_inputs(p.plan, s)) & ev.recompute for s in ev.recompute)
     assert ev.step_time_s > none.step_time_s      # the forwards run again
+
+
+
+def ladder_in_full(p: Planner):
+    """Planner.segments as it was, every size evaluated in full: the fastest first fit."""
+    m, found = p.model, []
+    runs = p.runs()
+    largest = max(p._bytes[s] for run in runs for s in run)
+    for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
+                                        (True, SEGMENT_MULTIPLES[::-1])):
+        for multiple in ladder:
+            offload, recompute = p.segment_decision(runs, largest * multiple,
+                                                    offload_checkpoints)
+            ev = m.evaluate(offload, m.algos("fastest"), recompute)
+            if ev.fits:
+                found.append(ev)
+                break
+    return min(found, key=lambda ev: ev.step_time_s, default=None)
+
+
+def test_segments_finds_what_evaluating_every_size_in_full_finds():
+    """The ladder asks only whether each size fits (StepModel.evaluate_if_fits): the same
+    sizes are weighed, the same one chosen, and a size shown not to fit by the bound is kept
+    as Unfit instead of being packed and timed."""
+    def make(budget):
+        net = chain_net()
+        prof = dataclasses.replace(analytic_profile(net, 64, "h200"), generator_bytes=0)
+        return Planner(net, 64, prof, budget=budget, input_batches=0)
+
+    free = make(None).model
+    none = free.evaluate(frozenset(), free.algos("fastest"))
+    unfit = 0
+    for fraction in (0.45, 0.6, 0.8):
+        budget = int(none.required_bytes * fraction)
+        p, full = make(budget), make(budget)
+        want, got = ladder_in_full(full), p.segments()
+        assert (got is None) == (want is None), fraction
+        if want is not None:
+            assert (got.offload, got.recompute) == (want.offload, want.recompute)
+            assert got.step_time_s == want.step_time_s
+        assert p.model.cache.keys() == full.model.cache.keys()
+        for key, entry in p.model.cache.items():
+            assert entry.fits == full.model.cache[key].fits
+        unfit += sum(isinstance(e, Unfit) for e in p.model.cache.values())
+    assert unfit > 0      # some sizes were only walked

@@ -490,8 +490,10 @@ class Planner:
                     break
                 offload, recompute = self.segment_decision(runs, largest * multiple,
                                                            offload_checkpoints)
-                ev = m.evaluate(offload, m.algos("fastest"), recompute)
-                if ev.fits:
+                # Only the first size that fits is kept: one that a bound shows cannot fit
+                # is walked, not packed or timed (StepModel.evaluate_if_fits).
+                ev = m.evaluate_if_fits(offload, m.algos("fastest"), recompute)
+                if ev is not None:
                     found.append(ev)
                     break
         return min(found, key=lambda ev: ev.step_time_s, default=None)

@@ -37,10 +37,10 @@ The step time is the distance between the compute stream's ends of the last two 
 (back-to-back steps, the host free to run ahead into the next one), as the training loop's
 step timer measures it.
 
-A caller that only wants a decision that fits (the planner's pruning) asks
-`evaluate_if_fits`: one dry walk records the decision's blocks, and when even the most bytes
-they have alive at once, with the parameters and the optimizer's share, are over the budget,
-nothing more is walked, packed or timed (`least_required`, `Unfit`).
+A caller that only wants a decision that fits (the planner's pruning, the segments search)
+asks `evaluate_if_fits`: one dry walk records the decision's blocks, and when even the most
+bytes they have alive at once, with the parameters and the optimizer's share, are over the
+budget, nothing more is walked, packed or timed (`least_required`, `Unfit`).
 """
 from __future__ import annotations
 

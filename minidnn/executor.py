@@ -80,7 +80,7 @@ from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runna
 from .memory.record import layout_for_step
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
-from .step_graph import StepGraphs
+from .step_graph import StepGraphs, capturable
 
 
 def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
@@ -263,7 +263,7 @@ class Executor:
         captured: on the GPU, from the arena, and, when maps move to host memory, in a static
         layout; else None."""
         if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
-                or (self.manager.offload and self.layout is None):
+                or not capturable(bool(self.manager.offload), self.layout is not None):
             return None
         draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
         return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,

@@ -47,6 +47,13 @@ MAX_GRAPHS = 4       # graphs kept (one per input address); past that, plain ste
 LOSS_SLOTS = 4096    # a replay's loss stays readable for this many later steps
 
 
+def capturable(offloads: bool, static_layout: bool) -> bool:
+    """Can a GPU step of a decision be captured: one that moves no map to host memory, or
+    one whose blocks have planned addresses (see above)? The executor asks before it makes
+    its StepGraphs, and the planner's step model to know which steps replay."""
+    return static_layout or not offloads
+
+
 class StepGraphs:
     """The captured steps of one executor.
 

@@ -187,17 +187,15 @@ class LivenessPlan:
                 gname = f"grad:{inp}"
                 if gname in self.tensors:      # a later consumer wrote it first
                     continue
-                if k == 0 and self.rows[i] is not None:
-                    # Pieces write their rows of the whole gradient: its own buffer, taken
-                    # by the first piece in backward (the last piece).
-                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
-                    s.alloc_time = self.backward_time(i)
-                    continue
-                if k == 0 and node.layer.inplace:
+                # Input 0 read whole may share a buffer with its gradient; a chunk's piece
+                # writes its rows of the gradient's own buffer, which the first piece in
+                # backward (the last piece) takes.
+                whole_input = k == 0 and self.rows[i] is None
+                if whole_input and node.layer.inplace:
                     # The input gradient overwrites the output gradient (ReLU, Flatten, ...).
                     s = self.storage_of(f"grad:{node.name}")
                     self.grad_alias[i] = True
-                elif k == 0 and self._may_take_input(i, inp):
+                elif whole_input and self._may_take_input(i, inp):
                     # The input's buffer, read by this backward alone, takes its gradient.
                     s = self.storage_of(inp)
                     s.gradient_from = self.backward_time(i)

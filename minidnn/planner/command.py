@@ -184,12 +184,13 @@ def _measures_here(args) -> bool:
     return not args.profile and not args.gpu and gpu_available()
 
 
-def _measured_profile(net, batch: int, relu_bits, maps):
-    """This GPU's measured profile of `net` at `batch` (cached), under the math mode that
-    _profile configured."""
+def _measured_profile(net, batch: int, relu_bits, maps, refresh: bool = False):
+    """This GPU's measured profile of `net` at `batch` (cached; refresh: measure again),
+    under the math mode that _profile configured."""
     from ..backend import Device
     from .profile import get_profile
-    return get_profile(net, batch, Device("gpu"), relu_bits=relu_bits, maps=maps)
+    return get_profile(net, batch, Device("gpu"), refresh=refresh, relu_bits=relu_bits,
+                       maps=maps)
 
 
 def _profile(args, net, batch: int, math_mode: str, report: dict | None,
@@ -198,7 +199,7 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
     deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
     that keep bit masks in the run planned for. maps: the MapFormat the run stores its maps
     in, which a profile of this GPU is measured in."""
-    from ..backend import Device, gpu_available
+    from ..backend import Device
     from .gpus import analytic_profile, preset_for_device_name
     if args.profile:
         from .profile import load_profile
@@ -208,16 +209,13 @@ def _profile(args, net, batch: int, math_mode: str, report: dict | None,
     if args.gpu:
         prof = analytic_profile(net, batch, args.gpu, math_mode, relu_bits)
         return prof, f"analytic model of the {prof.device_name} ({prof.math})"
-    if gpu_available():
+    if _measures_here(args):
         from .. import kernels
-        from .profile import get_profile
-        device = Device("gpu")
-        mod = kernels.for_device(device)
+        mod = kernels.for_device(Device("gpu"))
         if hasattr(mod, "configure"):
             mod.configure(math=math_mode,
                           deterministic=deterministic or mod.math_mode()["deterministic"])
-        prof = get_profile(net, batch, device, refresh=args.refresh_profile,
-                           relu_bits=relu_bits, maps=maps)
+        prof = _measured_profile(net, batch, relu_bits, maps, refresh=args.refresh_profile)
         return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
     preset = None
     if report and report.get("device") == "gpu":

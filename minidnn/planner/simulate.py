@@ -55,6 +55,7 @@ import numpy as np
 
 from ..backend import Device
 from ..executor import Executor
+from ..step_graph import capturable
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import CountingAllocator, aligned, wait_until_fits
@@ -732,7 +733,7 @@ class StepModel:
         required = int(candidates[peak_point])
         levels["optimizer"] = candidates["optimizer"]
 
-        replayed = self.graphs and (self.static_layout or not offload)
+        replayed = self.graphs and capturable(bool(offload), self.static_layout)
         t = self._timeline(log, costs, held, issued=not replayed)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s

@@ -43,3 +43,22 @@ def size(text: str) -> int:
         return parse_bytes(text)
     except MinidnnError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def layer_chunks(text: str) -> tuple:
+    """'conv1_1:pool1:2' (or several, comma-separated) -> (('conv1_1', 'pool1', 2),);
+    'none' -> (): the layer chunks of MemoryDecision.chunks (minidnn/chunks.py checks the
+    names against the network)."""
+    if text.strip().lower() == "none":
+        return ()
+    chunks = []
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        if len(fields) != 3 or not all(fields):
+            raise argparse.ArgumentTypeError(
+                f"expected FIRST:LAST:PIECES (e.g. conv1_1:pool1:2), comma-separated, or "
+                f"'none', got {text!r}")
+        first, last, pieces = fields
+        chunks.append((first, last, _number(pieces, int, lambda v: v >= 2,
+                                            "PIECES, an integer >= 2")))
+    return tuple(chunks)

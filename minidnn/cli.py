@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run each step as K passes over equal parts of the batch (K divides "
                         "it), gradients accumulated, one update: the memory of batch/K at "
                         "about the speed of the whole batch (default: 1)")
+    t.add_argument("--chunks", type=argtypes.layer_chunks, default=None,
+                   metavar="FIRST:LAST:PIECES",
+                   help="run the layers FIRST..LAST of each pass in PIECES pieces of its "
+                        "batch, forward and backward (comma-separate several runs; 'none': "
+                        "no chunks); needs --policy dyn, which otherwise weighs chunks "
+                        "itself under a budget")
     t.add_argument("--split-batch-statistics", action="store_true",
                    help="allow --micro-batches in a network with BatchNorm, which then "
                         "normalizes each micro-batch with its own statistics")
@@ -260,6 +266,7 @@ def _run_training(args, argv: list[str]) -> int:
         policy=args.policy, memory_budget=args.memory_budget,
         prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
         micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
+        chunks=args.chunks,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
         graphs=not args.no_graphs, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .backend import Device, select_device
+from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .executor import Executor, check_micro_batches
 from .kernels.mapformat import MapFormat, map_layout
@@ -45,7 +46,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
            relu_bits: bool = False, prefetch_lookahead: int = 1, device=None,
            static_layout: bool | None = None, precision: str = "fp32",
            layout: str | None = None, micro_batches: int | None = None,
-           split_batch_statistics: bool = False, fuse: bool = True) -> MemoryDecision:
+           split_batch_statistics: bool = False, fuse: bool = True,
+           chunks=None) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
     memory_budget: bytes (or '12GiB') the step must fit, for the policies that plan (dyn).
@@ -60,7 +62,11 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     as this many passes of batch / micro_batches images (None: one, or what a planning
     policy chooses: dyn weighs the counts with a budget); split_batch_statistics: allow a
     split of a network with BatchNorm (see Executor). fuse: ReLUs add the bias of the
-    convolution before them where that gives the same bits (minidnn/fusion.py).
+    convolution before them where that gives the same bits (minidnn/fusion.py). chunks:
+    ((first node, last node, pieces), ...): runs of layers each pass executes piece by piece
+    (minidnn/chunks.py; None: none, or what a planning policy chooses: dyn weighs them with
+    a budget; (): none). Forcing chunks needs a planning policy: the maps it offloads or
+    recomputes are the chunked network's.
 
     Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
     filled in.
@@ -76,14 +82,19 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
         check_micro_batches(net, int(batch), micro_batches, split_batch_statistics)
     chosen = get_policy(policy)
     relus = relu_bits_for(net) if relu_bits else frozenset()
-    planning = hasattr(chosen, "bind")
+    planning = chosen.plans
+    if chunks and not planning:
+        raise ConfigError(f"layer chunks are planned: policy {chosen.name!r} decides for the "
+                          f"unchunked network; use the dyn policy (--policy dyn)")
+    if chunks:
+        chunk_network(net, chunks)      # ConfigError for a run that cannot be chunked
     if planning:  # a planning policy learns what it plans for
         # A network with whole-batch statistics is not split unless the user allows it.
         whole = micro_batches is None and not split_batch_statistics and \
             bool(net.batch_statistics_layers())
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
                     static_layout=static_layout, batch=int(batch),
-                    micro_batches=1 if whole else micro_batches)
+                    micro_batches=1 if whole else micro_batches, chunks=chunks)
     if isinstance(device, str):
         device = select_device(device)
     maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
@@ -97,6 +108,9 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
         decision = replace(decision, micro_batches=int(micro_batches))
     check_micro_batches(net, int(batch), decision.micro_batches, split_batch_statistics)
     lookahead = decision.prefetch_lookahead
+    if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
+        plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
+                            maps=maps)
     return replace(decision, prefetch_lookahead=int(prefetch_lookahead) if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
@@ -113,7 +127,7 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                    layout: str | None = None, micro_batches: int | None = None,
                    split_batch_statistics: bool = False, batch_offset: int = 0,
                    global_batch: int | None = None, fuse: bool = True,
-                   graphs: bool = True) -> Executor:
+                   graphs: bool = True, chunks=None) -> Executor:
     """`decide(...)`, then an Executor of that decision (the arguments as there; batch is
     the executor's, one rank's share of `global_batch` in data-parallel training)."""
     device = device if isinstance(device, Device) else select_device(device)
@@ -121,7 +135,7 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                       prefetch_lookahead=prefetch_lookahead, device=device,
                       static_layout=static_layout, precision=precision, layout=layout,
                       micro_batches=micro_batches, split_batch_statistics=split_batch_statistics,
-                      fuse=fuse)
+                      fuse=fuse, chunks=chunks)
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,

@@ -40,6 +40,7 @@ from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
+from .planner.chunking import describe
 from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 
@@ -90,7 +91,9 @@ class TrainConfig:
     num_classes None: what the data has (Shapes 10, CIFAR-10 10, a folder its class count,
     synthetic 1000). memory_budget: bytes (None: no budget). micro_batches: run each step as
     this many passes over equal parts of the batch (None: one); split_batch_statistics: allow
-    that for networks with BatchNorm (see Executor). math: 'tf32' or 'fp32' for the GPU
+    that for networks with BatchNorm (see Executor). chunks: layer chunks each pass runs
+    (MemoryDecision.chunks; None: none, or what --policy dyn weighs under a budget; ():
+    none); data-parallel runs take none. math: 'tf32' or 'fp32' for the GPU
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
@@ -117,6 +120,7 @@ class TrainConfig:
     relu_bits: bool = False
     micro_batches: int | None = None
     split_batch_statistics: bool = False
+    chunks: tuple | None = None
     math: str | None = None
     deterministic: bool = False
     precision: str = "fp32"
@@ -245,12 +249,14 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     policy = cfg.policy
     if policy == "dyn":
         from .planner.dyn import RUN_INPUT_BATCHES, DynPolicy
-        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES)
+        # A data-parallel step does not run layer chunks (distributed/data_parallel.py).
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES,
+                           chunks=() if dp and cfg.chunks is None else None)
     return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
                           seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
                           prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
                           deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
-                          micro_batches=cfg.micro_batches,
+                          micro_batches=cfg.micro_batches, chunks=cfg.chunks,
                           split_batch_statistics=cfg.split_batch_statistics,
                           precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
                           **share)
@@ -449,6 +455,11 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         if cfg.memory_budget is not None:
             # Say what the number means: '12G' and '12GB' are 10^9 bytes, '12GiB' 2^30.
             log(f"memory budget {fmt_bytes(cfg.memory_budget)} ({cfg.memory_budget:,} bytes)")
+        if ex.micro_batches > 1 or ex.decision.chunks:
+            log("each step: " + ", ".join(
+                ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
+                 if ex.micro_batches > 1 else [])
+                + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")

@@ -270,4 +270,4 @@ def test_on_a_gpu_the_chosen_count_is_planned_again_from_its_own_measured_profil
     again = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
     assert measured and set(measured) == {64 // tight["micro_batches"]}
     assert again["micro_batches"] == tight["micro_batches"]
-    assert any("planned again from a profile measured" in n for n in again["notes"])
+    assert any("planned again from profiles measured" in n for n in again["notes"])

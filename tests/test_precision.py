@@ -230,8 +230,9 @@ def test_dyn_plans_bf16_maps_at_half_the_bytes():
     budget = (least["bf16"] + least["fp32"]) // 2
     decision = decide(net, 64, DynPolicy(profile=prof), budget, precision="bf16")
     assert decision.precision == "bf16" and decision.layout == "nchw"
-    with pytest.raises(InfeasibleBudgetError):     # in one pass (dyn would split the batch)
-        decide(net, 64, DynPolicy(profile=prof), budget, precision="fp32", micro_batches=1)
+    with pytest.raises(InfeasibleBudgetError):     # in one pass, no layer chunks (dyn would
+        decide(net, 64, DynPolicy(profile=prof), budget, precision="fp32",   # split the batch)
+               micro_batches=1, chunks=())
 
 
 def test_dyn_counts_the_bf16_weight_copies_on_the_gpu():

@@ -1,8 +1,8 @@
 """Steps replayed from CUDA graphs (minidnn/step_graph.py) on a GPU: the same losses and
 parameters, bit for bit, as the same steps issued layer by layer, with dropout (its keys read
-from device memory), micro-batches, batch norm, bf16 maps, a static layout under a budget and
-two input batches in turn (one graph each), and maps offloaded to host memory and prefetched
-back in a static layout (the copies captured on their own streams)."""
+from device memory), micro-batches, batch norm, bf16 maps, a static layout under a budget,
+two input batches in turn (one graph each), layer chunks, and maps offloaded to host memory
+and prefetched back in a static layout (the copies captured on their own streams)."""
 import numpy as np
 import pytest
 
@@ -45,6 +45,9 @@ def train(model, graphs, steps=7, batch=16, size=64, **options):
     ("alexnet", {"memory_budget": "1GiB", "policy": "all", "micro_batches": 2,
                  "precision": "bf16"}),
     ("resnet18", {"memory_budget": "1GiB", "policy": "all"}),
+    ("alexnet", {"policy": "dyn", "chunks": (("conv1", "pool2", 2),)}),
+    ("alexnet", {"memory_budget": "1GiB", "policy": "dyn", "micro_batches": 2,
+                 "chunks": (("conv1", "pool1", 4),)}),
 ])
 def test_a_replayed_step_is_the_step_issued_layer_by_layer(model, options):
     plain_losses, plain, plain_graphs, _ = train(model, False, **options)

@@ -227,10 +227,21 @@ def relu_bits_for(net) -> frozenset:
 
 
 class Policy:
-    """Base of every policy. Subclasses set `name` and override `decide`."""
+    """Base of every policy. Subclasses set `name` and override `decide`.
+
+    A policy that plans (`plans = True`: the planner's dyn) is told, before it decides, what
+    the executor will run with (`bind`); it may choose the micro-batch count and layer
+    chunks itself. Every other policy decides from the liveness plan alone.
+    """
 
     name = ""
     description = ""
+    plans = False
+
+    def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
+             micro_batches=None, chunks=None) -> None:
+        """What the executor will run with (minidnn/decide.py); a policy that does not plan
+        needs none of it."""
 
     def decide(self, plan: LivenessPlan, budget: int | None = None) -> MemoryDecision:
         raise NotImplementedError

@@ -32,6 +32,7 @@ from ..memory.schedule import StepSchedule
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
+from .chunking import describe
 from .dyn import RUN_INPUT_BATCHES
 from .split import PRUNE_WITHIN
 
@@ -78,6 +79,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
                    help="plan a step as K passes of batch/K images (as train --micro-batches; "
                         "default: dyn chooses K, the other policies run one pass)")
+    p.add_argument("--chunks", type=argtypes.layer_chunks, default=None,
+                   metavar="FIRST:LAST:PIECES",
+                   help="plan each pass with the layers FIRST..LAST run in PIECES pieces of "
+                        "its batch (as train --chunks; comma-separate several; 'none': no "
+                        "chunks; default: dyn weighs the chunks around each plan's peak)")
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="let dyn split the batch of a network with BatchNorm (as train "
                         "--split-batch-statistics; otherwise such a network runs one pass)")
@@ -269,7 +275,7 @@ def layer_rows(model, ev) -> list[dict]:
                 row["offload_s"] += prof_copy(nbytes, "offload")
                 row["prefetch_s"] += prof_copy(nbytes, "prefetch")
         cost = prof.layer(node.name)
-        algo = ev.conv_algo.get(node.name, "")
+        algo = ev.conv_algo.get(node.layer.name, "")     # a chunk's pieces: their layer's
         a = algo or "fastest"
         row.update(algo=algo, workspace=max(cost.workspace("forward", a),
                                             cost.workspace("backward", a)),
@@ -346,11 +352,13 @@ def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str,
     return scale_profile(prof, net, pass_batch, relu_bits)
 
 
-def _option_json(option) -> dict:
-    """One micro-batch count the planner weighed (planner/split.py: SplitOption)."""
+def _option_json(option, chosen) -> dict:
+    """One micro-batch count (with layer chunks or without) the planner weighed
+    (planner/split.py: SplitOption); chosen: the option the plan runs."""
     best = option.best
     return {
         "micro_batches": option.micro_batches, "micro_batch": option.batch,
+        "chunks": [list(c) for c in option.chunks], "chosen": option is chosen,
         "prefetch_lookahead": option.lookahead,
         "fits": best is not None,
         "step_time_s": best.step_time_s if best else None,
@@ -418,33 +426,46 @@ def make_plan(args) -> dict:
                          f"normalize with the whole batch's statistics (--split-batch-"
                          f"statistics allows a split)")
         counts = [1]
+    # dyn weighs layer chunks too, unless --chunks fixes them.
+    if args.chunks and s["policy"] != "dyn":
+        raise ConfigError(f"--chunks is planned by --policy dyn; policy {s['policy']!r} "
+                          f"decides for the unchunked network")
+    chunks = args.chunks if args.chunks is not None else (None if s["policy"] == "dyn"
+                                                          else ())
     split = plan_split(net, batch,
                        lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
-                       int(budget), lookaheads, counts=counts, relu_bits=relu_bits,
-                       maps=maps, input_batches=RUN_INPUT_BATCHES)
+                       int(budget), lookaheads, counts=counts, chunks=chunks,
+                       relu_bits=relu_bits, maps=maps, input_batches=RUN_INPUT_BATCHES)
     if split.chosen is None and s["policy"] == "dyn":
         raise split.infeasible_error()
     option = split.chosen or split.options[0]
-    if option.micro_batches > 1 and _measures_here(args):
-        # As a run's dyn policy does (planner/dyn.py): the count chosen is planned again from
-        # a profile measured at its own pass batch, which is what the run's steps will run.
+    chosen = option
+    if (option.micro_batches > 1 or option.chunks) and _measures_here(args):
+        # As a run's dyn policy does (planner/dyn.py): the option chosen is planned again from
+        # profiles measured at its own batches, which is what the run's steps will run.
         again = plan_split(net, batch, lambda b: _measured_profile(net, b, relu_bits, maps),
                            int(budget), lookaheads, counts=[option.micro_batches],
-                           relu_bits=relu_bits, maps=maps, input_batches=RUN_INPUT_BATCHES)
+                           chunks=option.chunks, relu_bits=relu_bits, maps=maps,
+                           input_batches=RUN_INPUT_BATCHES)
         if again.chosen is not None:
             option = again.chosen
-            notes.append(f"{option.micro_batches} micro-batches planned again from a profile "
-                         f"measured at their batch of {option.batch}, as a run plans them "
-                         f"(the table of counts is from the scaled profile)")
+            notes.append(f"{option.micro_batches} micro-batches of {option.batch}"
+                         + (f", layers {describe(option.chunks)}," if option.chunks else "")
+                         + " planned again from profiles measured at their own batches, as "
+                           "a run plans them (the table of options is from the scaled "
+                           "profile)")
     planner, result, infeasible = option.planner, option.result, option.error
     lookahead = option.lookahead
     if choose:
         tried = ", ".join(map(str, LOOKAHEADS))
         notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
-    if len(counts) > 1:
-        notes.append(f"the step runs as {option.micro_batches} micro-batches of "
-                     f"{option.batch}: of {', '.join(map(str, counts))} micro-batches, the "
-                     f"fastest that fits (see the table of micro-batch counts)")
+    if len(counts) > 1 or len(split.options) > 1:
+        runs = (f"{option.micro_batches} micro-batches of {option.batch}"
+                if option.micro_batches > 1 else f"one pass of {option.batch}")
+        notes.append(f"the step runs as {runs}"
+                     + (f", layers {describe(option.chunks)}" if option.chunks else "")
+                     + f": of {', '.join(map(str, counts))} micro-batches, with layer chunks "
+                       f"or without, the fastest that fits (see the table of options)")
     lookahead = lookahead if lookahead is not None else lookaheads[0]
     minimum_budget = split.minimum_budget
     model = planner.model
@@ -484,8 +505,9 @@ def make_plan(args) -> dict:
         "gpu": prof.device_name, "memory_budget_bytes": int(budget),
         "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,
         "micro_batches": option.micro_batches, "micro_batch": option.batch,
+        "chunks": [list(c) for c in option.chunks],
         "minimum_budget_bytes": minimum_budget,
-        "micro_batch_options": [_option_json(o) for o in split.options],
+        "micro_batch_options": [_option_json(o, chosen) for o in split.options],
         "plan": _evaluation_json(model, ev),
         "decision": _decision_line(model, ev),
         "layers": layer_rows(model, ev),
@@ -543,6 +565,8 @@ def format_plan(out: dict) -> str:
     split = (f" as {out['micro_batches']} micro-batches of {out['micro_batch']} (the layer "
              f"table and memory are one pass's; step times are the whole step's)"
              if out["micro_batches"] > 1 else "")
+    if out["chunks"]:
+        split += f", layers {describe(out['chunks'])} (the table lists each piece)"
     lines = [f"{out['network']}: batch {out['batch']}{split}, {out['image_size']}x"
              f"{out['image_size']} images, {out['num_classes']} classes; costs from the "
              f"{out['profile_source']}",
@@ -589,14 +613,17 @@ def format_plan(out: dict) -> str:
                      f"{fmt_bytes(a['peak_device_bytes']):>12}{a['step_time_s'] * 1e3:>10.1f}"
                      f"{a['images_per_s']:>9.0f}  {'yes' if a['fits'] else 'no'}")
     if len(out["micro_batch_options"]) > 1:
-        lines += ["", "micro-batch counts weighed (dyn's plan at each; the least budget each "
-                      "can train in):",
-                  f"  {'micro-batches':<22}{'lookahead':>10}{'needs':>12}{'peak':>12}"
-                  f"{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
-        for o in out["micro_batch_options"]:
-            label = f"{o['micro_batches']} x {o['micro_batch']}" + \
-                (" (chosen)" if o["micro_batches"] == out["micro_batches"] else "") + \
-                ("" if o["pruned"] or not o["fits"] else " *")
+        labels = [f"{o['micro_batches']} x {o['micro_batch']}"
+                  + (f", {describe(o['chunks'])}" if o["chunks"] else "")
+                  + (" (chosen)" if o["chosen"] else "")
+                  + ("" if o["pruned"] or not o["fits"] else " *")
+                  for o in out["micro_batch_options"]]
+        label_w = max([22] + [len(label) + 2 for label in labels])
+        lines += ["", "micro-batch counts and layer chunks weighed (dyn's plan at each; the "
+                      "least budget each can train in):",
+                  f"  {'micro-batches, layer chunks':<{label_w}}{'lookahead':>10}"
+                  f"{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
+        for o, label in zip(out["micro_batch_options"], labels):
             if o["fits"]:
                 cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
                         f"{fmt_bytes(o['peak_device_bytes']):>12}"
@@ -604,10 +631,10 @@ def format_plan(out: dict) -> str:
             else:
                 why = o["skipped"] or "does not fit"
                 cols = f"  {why[:51]:<51}"
-            lines.append(f"  {label:<22}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
+            lines.append(f"  {label:<{label_w}}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
         if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
             lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
-                         f"count before pruning")
+                         f"option before pruning")
     dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
     floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
     if dyn and floor and dyn["step_time_s"] > 0:

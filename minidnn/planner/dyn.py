@@ -53,13 +53,16 @@ class DynPolicy(Policy):
     measured profiles are kept (default profile.cache_dir()). log: where a one-line notice
     of a profiling pass goes (default: standard error). recompute: the planner may drop maps
     after forward and run their layers again in backward (default); False: offload only.
-    micro_batches: the count a step runs (None: the planner chooses it, split.py).
+    micro_batches: the count a step runs (None: the planner chooses it, split.py). chunks:
+    the layer chunks each pass runs (MemoryDecision.chunks; None: the planner weighs them,
+    planner/chunking.py; (): none).
     batch: images per step (None: the batch of the plan `decide` is given); an executor
     binds both.
     host_link_gbps: plan with pinned copies limited to this many GB/s each way (the share of
     the host link each GPU gets when several offload at once: Profile.with_host_link).
     """
     name = "dyn"
+    plans = True
     description = ("vDNN_dyn: profile the network, then choose per layer what to offload or "
                    "recompute and which convolution plan to run, to fit the budget at the best "
                    "step time")
@@ -69,7 +72,7 @@ class DynPolicy(Policy):
                  reserve: float | None = None, cache_dir=None, static_layout: bool = True,
                  log=None, choose_lookahead: bool = True, recompute: bool = True,
                  micro_batches: int | None = None, batch: int | None = None,
-                 host_link_gbps: float | None = None):
+                 host_link_gbps: float | None = None, chunks=None):
         self.profile = profile
         self.gpu = gpu
         self.device = device
@@ -84,6 +87,7 @@ class DynPolicy(Policy):
         self.choose_lookahead = bool(choose_lookahead)
         self.recompute = bool(recompute)
         self.micro_batches = micro_batches
+        self.chunks = None if chunks is None else tuple(tuple(c) for c in chunks)
         self.batch = batch
         self.host_link_gbps = host_link_gbps
         self.result = None
@@ -91,14 +95,17 @@ class DynPolicy(Policy):
         self.remeasured = None   # the chosen count planned again from its own measured profile
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
-             micro_batches=None, **_) -> None:
+             micro_batches=None, chunks=None) -> None:
         """What the executor the decision is for will run with (minidnn/decide.py calls this
         before `decide`): the device to profile, its prefetch lookahead and layout, the
-        step's batch and the micro-batch count it forces (None: the plan chooses)."""
+        step's batch, and the micro-batch count and layer chunks it forces (None: the plan
+        chooses)."""
         if batch is not None:
             self.batch = int(batch)
         if micro_batches is not None:
             self.micro_batches = int(micro_batches)
+        if chunks is not None:
+            self.chunks = tuple(tuple(c) for c in chunks)
         if device is not None and self.device is None:
             self.device = device
         if prefetch_lookahead is not None:
@@ -139,7 +146,8 @@ class DynPolicy(Policy):
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
         if budget is None:
             self.result = self.split = None
-            return MemoryDecision(conv_algo=convs, micro_batches=self.micro_batches or 1)
+            return MemoryDecision(conv_algo=convs, micro_batches=self.micro_batches or 1,
+                                  chunks=self.chunks or ())
         # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=self.momentum, input_batches=self.input_batches,
                        static_layout=self.static_layout, recompute=self.recompute,
@@ -149,19 +157,21 @@ class DynPolicy(Policy):
         counts = None if self.micro_batches is None else [self.micro_batches]
         self.split = plan_split(
             net, batch, lambda b: self.profile_at(net, batch, b, plan.relu_bits, plan.maps),
-            int(budget), lookaheads, counts=counts, **options)
+            int(budget), lookaheads, counts=counts, chunks=self.chunks, **options)
         chosen = self.split.chosen
         if chosen is None:
             raise self.split.infeasible_error()
-        if chosen.micro_batches > 1 and self.gpu is None and self.profile is None:
-            # A profile measured at the step's batch was scaled to the pass's batch by a rule
-            # (split.py); the plans cuDNN offers at the pass's batch, and their workspaces, can
-            # differ. So the count chosen is planned again from a profile measured at its own
-            # pass batch, which is what its steps will run.
+        if (chosen.micro_batches > 1 or chosen.chunks) and self.gpu is None and \
+                self.profile is None:
+            # A profile measured at the step's batch was scaled to the pass's (and a chunk's
+            # pieces') batch by a rule (split.py); the plans cuDNN offers there, and their
+            # workspaces, can differ. So the option chosen is planned again from profiles
+            # measured at its own batches, which is what its steps will run.
             measured = plan_split(
                 net, batch, lambda b: self.profile_for(
                     net, b, plan.relu_bits, plan.maps).with_host_link(self.host_link_gbps),
-                int(budget), lookaheads, counts=[chosen.micro_batches], **options)
+                int(budget), lookaheads, counts=[chosen.micro_batches], chunks=chosen.chunks,
+                **options)
             if measured.chosen is not None:
                 self.remeasured = measured
                 chosen = measured.chosen

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
     recompute_inputs
+from .chunking import describe
 from .costs import Profile
 from .simulate import Evaluation, StepModel
 
@@ -54,7 +55,9 @@ from .simulate import Evaluation, StepModel
 # (a very deep network, where moving one map per round would take hundreds of rounds): each
 # round first applies, in one evaluation, as many of the most promising moves at the peak as the
 # estimates say cover the deficit, and the pruning afterwards tries at most BULK_PRUNE decisions.
-# Networks below it (every built-in model but the very deep VGGs) plan exactly as before.
+# A step with layer chunks plans in bulk too (its chunks have a map per piece, each a p-th
+# of the layer's). Other networks (every built-in model but the very deep VGGs) plan one
+# move at a time.
 BULK_CANDIDATES = 128
 BULK_PRUNE = 24
 
@@ -65,6 +68,11 @@ SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 # Fraction of the budget left unplanned: the arena's free blocks come in pieces
 # (fragmentation), so a plan that fills the budget to the byte may still not find a block.
 DEFAULT_RESERVE = 0.01
+
+
+class NothingFaster(Exception):
+    """Planner.run(bound=...) found no decision that fits and is faster than the bound: the
+    caller already has a better plan (planner/split.py: another micro-batch count)."""
 
 
 class InfeasibleBudgetError(MemoryBudgetError):
@@ -147,6 +155,8 @@ class Planner:
     profile is at `batch`). relu_bits: the ReLUs that keep bit masks in the run (see
     StepModel). shares_with: a Planner of the same step at another prefetch lookahead, whose
     step model shares the evaluations of decisions that offload nothing (StepModel).
+    chunks: the layer chunks the step runs (MemoryDecision.chunks; `profile` is then the
+    chunked step's, planner/chunking.chunk_profile); the decisions found carry them.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
@@ -154,7 +164,7 @@ class Planner:
                  reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
                  max_evaluations: int = 400, static_layout: bool = True,
                  recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
-                 maps=None, shares_with: Planner | None = None):
+                 maps=None, shares_with: Planner | None = None, chunks=()):
         if not 0 <= reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {reserve}")
         self.net, self.batch, self.profile = net, int(batch), profile
@@ -165,7 +175,7 @@ class Planner:
                                prefetch_lookahead=prefetch_lookahead, momentum=momentum,
                                input_batches=input_batches, steps=steps,
                                static_layout=static_layout, micro_batches=micro_batches,
-                               relu_bits=relu_bits, maps=maps,
+                               relu_bits=relu_bits, maps=maps, chunks=chunks,
                                shares_with=None if shares_with is None else shares_with.model)
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
@@ -181,9 +191,11 @@ class Planner:
         self._bytes = {s.id: s.nbytes for s in self.plan.storages}
         self.shortlist = int(shortlist)
         self.max_evaluations = int(max_evaluations)
-        self.bulk = len(self.candidates) > BULK_CANDIDATES
+        self.bulk = len(self.candidates) > BULK_CANDIDATES or bool(chunks)
         self._estimate_cache = None
         self._leaner_of: dict = {}         # (conv name, setting) -> _leaner's answer
+        self._least_pass = None            # see least_step_s
+        self._forward_s: list = []
 
     # ---- building blocks ---------------------------------------------------------------------
     def policy_offload(self, name: str) -> frozenset:
@@ -194,7 +206,7 @@ class Planner:
         return self.model.evaluate(self.policy_offload(policy), self.model.algos(algo))
 
     def _conv_workspace(self, name: str) -> int:
-        cost = self.profile.layer(name)
+        cost = self.model.conv_cost(name)
         return max(cost.workspace("forward", "fastest"), cost.workspace("backward", "fastest"))
 
     def minimum(self) -> Evaluation:
@@ -216,7 +228,8 @@ class Planner:
             if ev.fits:
                 return ev, trail
         offload = self.policy_offload("all")
-        order = sorted(m.conv_names, key=lambda n: (-self._conv_workspace(n), m.index[n]))
+        order = sorted(m.conv_names, key=lambda n: (-self._conv_workspace(n),
+                                                    m.conv_nodes[n][0]))
         tried: dict = {}
 
         def fits(count: int) -> bool:
@@ -276,7 +289,7 @@ class Planner:
         now = ev.conv_algo.get(name, "fastest")
         key = (name, now)
         if key not in self._leaner_of:
-            cost = self.profile.layer(name)
+            cost = self.model.conv_cost(name)
             nxt = cost.leaner(now)
             if nxt is not None and cost.max_workspace(nxt) >= cost.max_workspace(now):
                 nxt = None
@@ -289,7 +302,7 @@ class Planner:
         what, x = move
         if what in ("offload", "recompute"):
             return self._estimates()[move]
-        cost = self.profile.layer(x)
+        cost = self.model.conv_cost(x)
         now, nxt = ev.conv_algo.get(x, "fastest"), self._leaner(ev, x)
         extra = sum(cost.time(p, nxt) - cost.time(p, now) for p in ("forward", "backward"))
         return max(extra, 0.0), cost.max_workspace(now) - cost.max_workspace(nxt)
@@ -315,9 +328,9 @@ class Planner:
             rebuilds = [sid for sid in rebuilds if sid in resident]
             names = []
             if isinstance(ev.peak_point, tuple):
-                names.append(self.plan.nodes[ev.peak_point[1]].name)
+                names.append(self.plan.nodes[ev.peak_point[1]].layer.name)
             if fast:
-                names.append(max(fast, key=lambda n: self.profile.layer(n).max_workspace(
+                names.append(max(fast, key=lambda n: self.model.conv_cost(n).max_workspace(
                     ev.conv_algo.get(n, "fastest"))))
             names = [n for n in dict.fromkeys(names) if n in fast]
         moves = [("offload", sid) for sid in offloads] + \
@@ -373,18 +386,20 @@ class Planner:
         nxt = self._apply(ev, bundle)
         return nxt if nxt.required_bytes < ev.required_bytes else None
 
-    def greedy(self) -> Evaluation | None:
+    def greedy(self, bound: float | None = None) -> Evaluation | None:
         """Greedy by step time per byte saved at the peak, then pruning (see module doc).
 
         Each round evaluates exactly the `shortlist` most promising moves at the point of the
         peak (by `_estimates`), takes the one with the least added step time per byte it
         saves there, and, while the step is still far over the budget, the next best ones
-        with it. None if the budget cannot be met or `max_evaluations` runs out first.
+        with it. None if the budget cannot be met or `max_evaluations` runs out first, or
+        once the step, still over the budget, is slower than `bound` (seconds): each move
+        only adds time.
         """
         m = self.model
         ev = m.evaluate(frozenset(), m.algos("fastest"))
         while not ev.fits:
-            if self._out_of_evaluations():
+            if self._out_of_evaluations() or (bound is not None and ev.step_time_s > bound):
                 return None
             bulk = self._bulk_round(ev) if self.bulk else None
             if bulk is not None:
@@ -467,7 +482,7 @@ class Planner:
                 held += self._bytes[sid]
         return frozenset(offload), frozenset(recompute)
 
-    def segments(self) -> Evaluation | None:
+    def segments(self, bound: float | None = None) -> Evaluation | None:
         """Checkpointed segments: each run of candidates cut into segments of a target size
         (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
         offloaded; the fastest that fits, or None.
@@ -476,7 +491,8 @@ class Planner:
         take less memory, but the segment rebuilt at once takes more; offloaded, fewer bytes
         cross the link (faster) and the segment takes more memory. So kept checkpoints are
         tried from the shortest segments up, offloaded ones from the longest down, each up to
-        the first that fits."""
+        the first that fits. A size whose compute alone (every layer's fastest time and the
+        writers of its recomputed maps run again) is slower than `bound` is not walked."""
         runs = self.runs()
         if not runs:
             return None
@@ -490,6 +506,8 @@ class Planner:
                     break
                 offload, recompute = self.segment_decision(runs, largest * multiple,
                                                            offload_checkpoints)
+                if bound is not None and self.least_step_s(recompute) > bound:
+                    continue
                 # Only the first size that fits is kept: one that a bound shows cannot fit
                 # is walked, not packed or timed (StepModel.evaluate_if_fits).
                 ev = m.evaluate_if_fits(offload, m.algos("fastest"), recompute)
@@ -537,7 +555,7 @@ class Planner:
                 if nxt is not None and nxt.step_time_s < ev.step_time_s:
                     ev, improved = nxt, True
             for name in m.conv_names:
-                faster = self.profile.layer(name).faster(ev.conv_algo.get(name, "fastest"))
+                faster = self.model.conv_cost(name).faster(ev.conv_algo.get(name, "fastest"))
                 if faster is not None and not out_of_evaluations():
                     nxt = m.evaluate_if_fits(ev.offload, dict(ev.conv_algo, **{name: faster}),
                                              ev.recompute, near=ev)
@@ -558,7 +576,7 @@ class Planner:
                               input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
                               // m.micro_batches,
                               static_layout=m.static_layout, micro_batches=m.micro_batches,
-                              relu_bits=m.relu_bits, maps=m.maps)
+                              relu_bits=m.relu_bits, maps=m.maps, chunks=m.chunks)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -576,11 +594,28 @@ class Planner:
                                          ev.required_bytes))
 
     # ---- everything --------------------------------------------------------------------------
-    def run(self, prune: bool = True) -> PlanResult:
+    def least_step_s(self, recompute=frozenset()) -> float:
+        """No decision recomputing `recompute` is faster: every call on its fastest setting,
+        the writers of those maps run again, no copy exposed (all the step's passes)."""
+        if self._least_pass is None:
+            prof = self.profile
+            self._least_pass = sum(
+                min(c.time("forward", s) for s in c.forward_s) +
+                min(c.time("backward", s) for s in c.backward_s)
+                for c in (prof.layer(node.name) for node in self.plan.nodes))
+            self._forward_s = [min(c.time("forward", s) for s in c.forward_s)
+                               for c in (prof.layer(node.name) for node in self.plan.nodes)]
+        again = sum(self._forward_s[j] for j in
+                    {j for sid in recompute for j in self.plan.writers(sid)})
+        return self.model.micro_batches * (self._least_pass + again) + self.profile.optimizer_s
+
+    def run(self, prune: bool = True, bound: float | None = None) -> PlanResult:
         """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False
         leaves the fastest decision found unpruned when it is not the greedy search's own
         (which the search prunes itself): `finish` prunes it, for a caller that weighs several
-        planners and prunes only those that can still win (planner/split.py)."""
+        planners and prunes only those that can still win (planner/split.py). bound: the
+        searches give up on decisions slower than this many seconds (the caller has a plan
+        that fast); NothingFaster when none that fits is left."""
         t0 = time.perf_counter()
         m = self.model
         minimum = self.minimum()
@@ -588,6 +623,8 @@ class Planner:
         if m.micro_batches > 1:
             what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
                     f"micro-batches of {self.batch}")
+        if m.chunks:
+            what += f", layers {describe(m.chunks)}"
         if not minimum.fits:
             static = m.param_grad_bytes + m.extra_bytes
             raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
@@ -604,7 +641,15 @@ class Planner:
             notes.append("no memory budget: nothing is offloaded, every convolution runs its "
                          "fastest plan")
         else:
-            searches = {"greedy": self.greedy(), "segments": self.segments()}
+            greedy = self.greedy(bound)
+            # Segments recompute maps: never faster than a step that fits moving nothing.
+            unmoved = greedy is not None and not greedy.offload and not greedy.recompute
+            searches = {"greedy": greedy,
+                        "segments": None if unmoved else self.segments(bound)}
+            if bound is not None and not any(ev.fits and ev.step_time_s <= bound
+                                             for ev in self.model.cache.values()):
+                raise NothingFaster(f"no decision of {what} that fits is faster than "
+                                    f"{bound * 1e3:.1f} ms")
             best = self.fastest_feasible()
         result = PlanResult(model=m, best=best, minimum=minimum,
                             minimum_budget=self.minimum_budget(), baselines=baselines,

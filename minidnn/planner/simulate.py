@@ -287,7 +287,8 @@ class _Recorder(StepObserver):
 def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                   offload=frozenset(), static_layout: bool = True, workspace=None,
                   recompute=frozenset(), relu_bits=frozenset(), maps=None,
-                  global_batch: int | None = None, plan=None, blocks=None) -> Executor:
+                  global_batch: int | None = None, plan=None, blocks=None,
+                  chunks=()) -> Executor:
     """A dry-run executor on the recording device, with the recording allocator. With the
     static layout (the executor's default) its feature-map region is packed for this offload
     set, exactly as a real run's would be. The decision carries the offload and recompute
@@ -297,12 +298,14 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
     step's images when `batch` is one micro-batch of it (random draws are the step's).
     plan: the LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor
     makes one). blocks: the feature-map blocks to take instead of a packed layout
-    (recorded.StepRecording: Executor takes them)."""
+    (recorded.StepRecording: Executor takes them). chunks: the decision's layer chunks
+    (MemoryDecision.chunks)."""
     maps = maps if maps is not None else MapFormat()
     decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
                               recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
                               prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
-                              precision=maps.precision, layout=maps.layout)
+                              precision=maps.precision, layout=maps.layout,
+                              chunks=tuple(chunks))
     return Executor(net, batch, device=device, decision=decision, memory_budget=None,
                     compute=False, static_layout=static_layout,
                     allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
@@ -392,6 +395,7 @@ class Evaluation:
     over_budget: bool = False
     workspace: dict = field(repr=False, default_factory=dict)
     recompute: frozenset = frozenset()
+    chunks: tuple = ()
 
     @property
     def decision(self) -> MemoryDecision:
@@ -405,7 +409,7 @@ class Evaluation:
                 settings[name] = plan_setting("fastest", planned)
         return MemoryDecision(offload=frozenset(self.offload), conv_algo=settings,
                               workspace=dict(self.workspace),
-                              recompute=frozenset(self.recompute))
+                              recompute=frozenset(self.recompute), chunks=self.chunks)
 
     def level_at(self, point) -> int:
         return self.levels.get(point, 0)
@@ -467,6 +471,11 @@ class StepModel:
     nothing): the host then issues a step in one call, so such a decision's layer calls
     cost the host nothing and the device runs them back to back. False: every call costs
     the profile's host time, as a step issued layer by layer does.
+    chunks: the layer chunks every decision runs (MemoryDecision.chunks): the model walks
+    the chunked network, whose storage ids the decisions name, and `profile` must be the
+    chunked step's (planner/chunking.chunk_profile). Convolution plan settings and
+    workspaces stay per convolution layer (`conv_names`): every piece of a layer runs its
+    setting.
     """
 
     def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
@@ -474,10 +483,14 @@ class StepModel:
                  momentum: bool = True, input_batches: int = 2, steps: int = 2,
                  static_layout: bool = True, relu_bits=frozenset(), maps=None,
                  micro_batches: int = 1, replay: bool = True, shares_with=None,
-                 graphs: bool = True):
+                 graphs: bool = True, chunks=()):
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
+        self.chunks = tuple(tuple(c) for c in chunks)
+        if self.chunks and profile.key_fields.get("chunks") != repr(self.chunks):
+            raise ValueError(f"the profile is not that of the step chunked as {self.chunks} "
+                             f"(planner/chunking.chunk_profile makes it)")
         self.net, self.batch, self.profile = net, int(batch), profile
         self.micro_batches = int(micro_batches)
         self.step_batch = self.batch * self.micro_batches   # images per step
@@ -490,12 +503,17 @@ class StepModel:
         self.graphs = bool(graphs) and not profile.synchronous
         probe = _dry_executor(net, batch, self._device(), self.lookahead, static_layout=False,
                               relu_bits=self.relu_bits, maps=self.maps,
-                              global_batch=self.step_batch)
+                              global_batch=self.step_batch, chunks=self.chunks)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.scratch = dict(probe.manager.scratch)   # random draws' blocks: every decision's
         self.nodes = self.plan.nodes
         self.index = {node.name: i for i, node in enumerate(self.nodes)}
-        self.conv_names = [n.name for n in self.nodes if n.layer.kind == "conv"]
+        # {convolution layer name: the node indices that run it} (a chunk's pieces share it)
+        self.conv_nodes: dict = {}
+        for i, node in enumerate(self.nodes):
+            if node.layer.kind == "conv":
+                self.conv_nodes.setdefault(node.layer.name, []).append(i)
+        self.conv_names = list(self.conv_nodes)
         self.param_grad_bytes = int(probe.allocator.in_use)
         # the storages a run's static layout holds to the step's end (recorded.py)
         self._layout_kept = frozenset(self.plan.tensors[t].storage for t in probe.layout_keep())
@@ -536,7 +554,7 @@ class StepModel:
         """What a walk depends on besides the decision and the prefetch lookahead."""
         return (self.net, self.batch, self.profile, self.micro_batches, self.budget,
                 self.usable, self.steps, self.replay, self.static_layout, self.relu_bits,
-                self.maps, self.extra_bytes, self.input_bytes, self.graphs)
+                self.maps, self.extra_bytes, self.input_bytes, self.graphs, self.chunks)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
@@ -546,6 +564,11 @@ class StepModel:
     def key(self, offload, conv_algo, recompute=frozenset()) -> tuple:
         return (frozenset(offload), tuple(conv_algo.get(n, "fastest") for n in self.conv_names),
                 frozenset(recompute))
+
+    def conv_cost(self, name: str):
+        """The LayerCost of one call of convolution layer `name` (of its first piece, in a
+        chunk: every piece costs the same)."""
+        return self.profile.layer(self.nodes[self.conv_nodes[name][0]].name)
 
     def algos(self, algo: str) -> dict:
         """Every convolution on one plan setting."""
@@ -608,8 +631,9 @@ class StepModel:
         workspace = None
         if algos != near_key[1]:
             settings = dict(zip(self.conv_names, algos))
-            workspace = {(self.index[name], phase): nbytes for (name, phase), nbytes
-                         in self.workspace_blocks(settings, recompute).items()}
+            workspace = {(i, phase): nbytes for (name, phase), nbytes
+                         in self.workspace_blocks(settings, recompute).items()
+                         for i in self.conv_nodes[name]}
         region = region_bound(blocks, self.plan, (near_key[0], near_key[2], near_key[1]),
                               (offload, recompute, algos), workspace)
         if region is None:
@@ -640,14 +664,14 @@ class StepModel:
         convolution run again to rebuild a recomputed map gets its forward's workspace."""
         if not self.static_layout:
             return {}
-        rerun = frozenset(self.nodes[j].name for sid in recompute
+        rerun = frozenset(self.nodes[j].layer.name for sid in recompute
                           for j in self.plan.writers(sid))
         key = (tuple(conv_algo.get(name, "fastest") for name in self.conv_names), rerun)
         blocks = self._workspace_cache.get(key)
         if blocks is None:      # the bound and the full evaluation of a decision both ask
             blocks = self._workspace_cache[key] = {}
             for name in self.conv_names:
-                cost = self.profile.layer(name)
+                cost = self.conv_cost(name)
                 for phase in CALL_PHASES:
                     if phase == "recompute" and name not in rerun:
                         continue
@@ -665,7 +689,7 @@ class StepModel:
         ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
                            self.static_layout, planned, recompute, self.relu_bits,
                            maps=self.maps, global_batch=self.step_batch, plan=self.plan,
-                           blocks=recording)
+                           blocks=recording, chunks=self.chunks)
         held = int(ex.allocator.in_use)
         device.log.clear()     # parameters were taken before the step: `held`
         rec = _Recorder(device.log, ex.manager, self.index)
@@ -740,7 +764,7 @@ class StepModel:
         # The timeline steps are passes, each with its optimizer update; a step has k passes
         # and one update.
         step, compute = (k * t["step"] - (k - 1) * opt, k * t["compute"] - (k - 1) * opt)
-        return Evaluation(workspace=planned, recompute=recompute,
+        return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
             peak_bytes=int(t["peak"]), fits=fits, step_time_s=step,
             compute_s=compute, offloaded_bytes=k * int(stats["offloaded_bytes"]),
@@ -765,7 +789,7 @@ class StepModel:
             self._fixed_costs = {}
             for (phase, i), transient in self._transient.items():
                 name = self.nodes[i].name
-                if name in convs:
+                if self.nodes[i].layer.name in convs:
                     self._conv_calls.append((phase, i, name, transient))
                 else:
                     host, dur, ws = self._cost_of(phase, i, name, "fastest")
@@ -773,8 +797,9 @@ class StepModel:
         out = dict(self._fixed_costs)
         cache = self._cost_cache
         for phase, i, name, transient in self._conv_calls:
-            algo = conv_algo.get(name, "fastest")
-            inside = (name, phase) in planned
+            layer = self.nodes[i].layer.name        # a chunk's pieces run their layer's setting
+            algo = conv_algo.get(layer, "fastest")
+            inside = (layer, phase) in planned
             got = cache.get((phase, i, algo, inside))
             if got is None:
                 host, dur, ws = self._cost_of(phase, i, name, algo)

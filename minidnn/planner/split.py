@@ -11,6 +11,12 @@ So the planner plans each pass at B/k for k in 1, 2, 4, 8, ... (offload, recompu
 convolution plans and lookahead as for an unsplit step) and keeps the fastest step that fits;
 the least feasible budget is the least over k.
 
+Layer chunks are weighed with the counts (planner/chunking.py): a count whose plan has to
+move maps, or does not fit, is planned again with each chunk of the layers around its peak
+call (a few runs, in 2 or 4 pieces): the pass keeps its batch, and only the chunk's layers
+run a piece at a time. Every option, a count with or without chunks, is one SplitOption;
+the fastest that fits is chosen, and the least budget is the least over all of them.
+
 Costs at B/k. The analytic model of a GPU computes them at B/k directly. A measured profile is
 taken at one batch, so it is scaled by one rule: a layer call's device time is a fixed part,
 FIXED_CALL_S (launches, the tail of a kernel that does not fill the GPU), plus a part
@@ -29,7 +35,11 @@ import math
 import time
 from dataclasses import dataclass
 
+from ..chunks import chunk_network
+from ..errors import ConfigError
+from .chunking import CHUNK_GAIN, CHUNK_PLANS, candidates, chunk_profile, describe
 from .collector import collector_paused
+from .search import InfeasibleBudgetError, NothingFaster, Planner
 from .costs import LayerCost, Profile, structure_hash
 
 FIXED_CALL_S = 20e-6
@@ -103,16 +113,18 @@ PRUNE_WITHIN = 0.10
 
 @dataclass
 class SplitOption:
-    """One micro-batch count the planner weighed.
+    """One micro-batch count the planner weighed, with layer chunks or without.
 
     batch: images per pass; planner: the Planner of the chosen lookahead (or the first tried,
     when nothing fits); result: its PlanResult (None: the budget is too small at this count,
     `error` says so, or it was not planned, `skipped` says why); minimum_budget: the least
     budget at this count over the lookaheads tried; pruned: whether the result's fastest
-    decision was pruned (only counts within PRUNE_WITHIN of the fastest are).
+    decision was pruned (only counts within PRUNE_WITHIN of the fastest are). chunks: the
+    layer chunks each pass runs (MemoryDecision.chunks; () for none).
     """
     micro_batches: int
     batch: int
+    chunks: tuple = ()
     planner: object = None
     result: object = None
     lookahead: int | None = None
@@ -141,20 +153,23 @@ class SplitPlan:
         return min(errors, key=lambda e: e.minimum) if errors else None
 
 
-def least_step_s(profile: Profile, micro_batches: int) -> float:
-    """No decision at this count is faster: k passes of every layer's fastest device time,
-    one optimizer update."""
+def least_step_s(profile: Profile, micro_batches: int, names=None) -> float:
+    """No decision at this count is faster: k passes of every layer's fastest device time
+    (of the layers `names`, default every layer of the profile), one optimizer update."""
+    costs = profile.layers.values() if names is None else [profile.layer(n) for n in names]
     pass_s = sum(min(cost.time(phase, s) for s in cost.forward_s)
                  if phase == "forward" else min(cost.time(phase, s) for s in cost.backward_s)
-                 for cost in profile.layers.values() for phase in ("forward", "backward"))
+                 for cost in costs for phase in ("forward", "backward"))
     return micro_batches * pass_s + profile.optimizer_s
 
 
 def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
-               **options) -> SplitPlan:
+               chunks=None, **options) -> SplitPlan:
     """Plan `net` at `batch` under `budget` for each micro-batch count in `counts` (default
     micro_batch_counts(batch)) and each prefetch lookahead; profile_at(b) gives the Profile
-    at pass batch b. A count whose least step time (least_step_s) cannot beat the best found
+    at pass batch b. chunks: None weighs layer chunks too (each count that must move maps
+    or does not fit, with the chunks around its peak call: planner/chunking.py); a tuple
+    (MemoryDecision.chunks, () for none) plans every count with exactly those. A count whose least step time (least_step_s) cannot beat the best found
     is not planned, only its least budget measured (at the least lookahead); so is every
     count after one whose plan moves nothing and runs every convolution's fastest plan (more
     passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
@@ -163,10 +178,11 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     # Planning makes next to no cyclic garbage: its step models, profiles and searches are
     # freed by reference counting, so the cyclic collector only costs time here (collector.py).
     with collector_paused():
-        return _plan_split(net, batch, profile_at, budget, lookaheads, counts, options)
+        return _plan_split(net, batch, profile_at, budget, lookaheads, counts, chunks,
+                           options)
 
 
-def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
+def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, chunks: bool,
                 options: dict) -> SplitPlan:
     """plan_split's work (see there)."""
     from ..memory.plan import LivenessPlan
@@ -181,35 +197,62 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
         return profiles[pass_batch]
 
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
+    forced = () if chunks is None else tuple(tuple(c) for c in chunks)
+    if forced:      # pieces divide each pass evenly
+        counts = [k for k in counts if all((batch // k) % p == 0 for _, _, p in forced)]
+        if not counts:
+            raise ConfigError(f"layer chunks {describe(forced)}: no micro-batch count weighed "
+                              f"leaves passes of the batch {batch} that the pieces divide")
     lookaheads = list(lookaheads)
     staged = len(lookaheads) > 1 and \
         len(offload_candidates(LivenessPlan(net, batch // counts[0],
                                             options.get("relu_bits", frozenset())))) \
         > BULK_CANDIDATES
-    chosen, done, found = None, False, []
-    for k in counts:
-        option = SplitOption(micro_batches=k, batch=batch // k)
-        found.append(option)
-        prof = profile_of(option.batch)
-        if done:
+    tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
+    found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced) for k in counts]
+    # The fewest passes whose step fits moving nothing are found first, one evaluation per
+    # count: no count after them is faster (more passes only add time), and their step
+    # bounds the searches of the counts before them, which are planned from the most
+    # passes down.
+    unmoved = None
+    for option in found:
+        prof, _ = _option_profile(option, net, profile_of)
+        option.planner = Planner(net, option.batch, prof, budget=budget,
+                                 prefetch_lookahead=tried[0], micro_batches=option.micro_batches,
+                                 chunks=option.chunks, **options)
+        model = option.planner.model
+        if model.evaluate(frozenset(), model.algos("fastest")).fits:
+            unmoved = option
+            break
+    order = [unmoved] + found[found.index(unmoved) - 1::-1] if unmoved else list(found)
+    chosen, planned = None, []
+    for option in found:
+        prof, names = _option_profile(option, net, profile_of)
+        if option not in order:
             option.skipped = "a plan with fewer passes moves nothing"
-        elif chosen is not None and least_step_s(prof, k) >= chosen.best.step_time_s:
+            _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
+    for option in order:
+        prof, names = _option_profile(option, net, profile_of)
+        if chosen is not None and \
+                least_step_s(prof, option.micro_batches, names) >= chosen.best.step_time_s:
             option.skipped = "its compute alone is slower than the plan chosen"
-        if option.skipped:
             _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
             continue
-        tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
-        _plan_option(option, net, prof, budget, tried, options)
-        if option.result is None:
-            continue
-        if chosen is None or option.best.step_time_s < chosen.best.step_time_s:
-            chosen = option
-        best = option.best
-        if not best.offload and not best.recompute and \
-                all(a == "fastest" for a in best.conv_algo.values()):
-            done = True
+        _plan_option(option, net, prof, budget, tried, options, bound=_bound(chosen))
+        chosen = _faster(option, chosen)
+        planned.append(option)
+    if chunks is None:
+        # Chunks are weighed where they may help: at the counts that do not fit (to fit), and
+        # at the chosen count and the one with half its passes (to move fewer maps, or run
+        # fewer passes).
+        near = [o for o in planned if o.error is not None or chosen is not None and
+                o.micro_batches in (chosen.micro_batches, chosen.micro_batches // 2)]
+        more = _chunk_options(near, net, profile_of, budget, lookaheads, options, chosen)
+        found += more
+        for option in more:
+            chosen = _faster(option, chosen)
     if staged and chosen is not None:
-        _plan_option(chosen, net, profile_of(chosen.batch), budget,
+        _plan_option(chosen, net, _option_profile(chosen, net, profile_of)[0], budget,
                      [la for la in lookaheads if la != chosen.lookahead], options)
     # Pruning a plan (the segments' one, with hundreds of maps recomputed, tries 24 decisions
     # on a very deep network) gains a few percent: only the counts that can still win it.
@@ -226,21 +269,98 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts,
                      seconds=time.perf_counter() - t0)
 
 
+def _option_profile(option: SplitOption, net, profile_of) -> tuple:
+    """(the Profile `option` plans from, the names of its step's layers): the profile at its
+    pass batch, or, with layer chunks, the chunked step's (planner/chunking.py)."""
+    prof = profile_of(option.batch)
+    if not option.chunks:
+        return prof, None
+    prof = chunk_profile(prof, net, option.chunks,
+                         lambda pieces: profile_of(option.batch // pieces))
+    return prof, [node.name for node in chunk_network(net, option.chunks).nodes]
+
+
+def _bound(chosen: SplitOption | None) -> float | None:
+    """The step time beyond which a search may give up (search.Planner.run): a plan found
+    slower than `chosen` by more than pruning has gained (PRUNE_WITHIN) cannot win."""
+    return None if chosen is None else chosen.best.step_time_s * (1 + PRUNE_WITHIN)
+
+
+def _faster(option: SplitOption, chosen: SplitOption | None) -> SplitOption | None:
+    """`option` if it fits and is faster than `chosen` (or nothing was chosen), else
+    `chosen`."""
+    if option.result is None:
+        return chosen
+    if chosen is None or option.best.step_time_s < chosen.best.step_time_s:
+        return option
+    return chosen
+
+
+def _moves_nothing(ev) -> bool:
+    """Does decision `ev` keep every map and run every convolution's fastest plan?"""
+    return not ev.offload and not ev.recompute and \
+        all(a == "fastest" for a in ev.conv_algo.values())
+
+
+def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, options: dict,
+                   chosen) -> list:
+    """The options with layer chunks (planner/chunking.py) of the counts `planned` whose
+    plan must move maps or does not fit: one per chunk that planner/chunking.py weighs (of
+    the chains with the largest maps). Each one's least budget is measured; the CHUNK_PLANS
+    whose compute alone (least_step_s) is least are planned, at the lookahead their count
+    chose (the least, where nothing fit), among those that fit the budget, lower their
+    count's least budget by CHUNK_GAIN at least (pieces cost time: a chunk is for a call
+    whose working set sets the peak) and whose compute can beat `chosen`."""
+    out, ranked = [], []
+    for option in planned:
+        if option.result is not None and _moves_nothing(option.best):
+            continue
+        for chunks in candidates(net, option.batch):
+            more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
+                               chunks=chunks)
+            prof, names = _option_profile(more, net, profile_of)
+            lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
+            _plan_option(more, net, prof, budget, [lookahead], options, run=False)
+            compute = least_step_s(prof, more.micro_batches, names)
+            out.append(more)
+            if more.minimum_budget > budget:
+                more.skipped = "does not fit"
+            elif more.minimum_budget > option.minimum_budget * (1 - CHUNK_GAIN):
+                more.skipped = f"lowers the least budget by less than {CHUNK_GAIN:.0%}"
+            elif chosen is not None and compute >= chosen.best.step_time_s:
+                more.skipped = "its compute alone is slower than the plan chosen"
+            else:
+                ranked.append((compute, len(out), more, prof, lookahead))
+    for n, (_, _, more, prof, lookahead) in enumerate(sorted(ranked, key=lambda r: r[:2])):
+        if n >= CHUNK_PLANS:
+            more.skipped = f"not among the {CHUNK_PLANS} chunked options of least compute"
+            continue
+        _plan_option(more, net, prof, budget, [lookahead], options, bound=_bound(chosen))
+        chosen = _faster(more, chosen)
+    return out
+
+
 def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, options: dict,
-                 run: bool = True) -> None:
+                 run: bool = True, bound: float | None = None) -> None:
     """Plan `option` at each of `lookaheads` (run=False: only its least budget), keeping the
-    fastest result (or the InfeasibleBudgetError with the least minimum)."""
-    from .search import InfeasibleBudgetError, Planner
+    fastest result (or the InfeasibleBudgetError with the least minimum); bound: as
+    Planner.run takes it (when no plan beats it, `skipped` says so)."""
     for lookahead in lookaheads:
-        planner = Planner(net, option.batch, prof, budget=budget, prefetch_lookahead=lookahead,
-                          micro_batches=option.micro_batches, shares_with=option.planner,
-                          **options)
+        planner = option.planner     # the one made to find the unmoved count, if unused yet
+        if planner is None or planner.lookahead != lookahead or option.result is not None:
+            planner = Planner(net, option.batch, prof, budget=budget,
+                              prefetch_lookahead=lookahead, micro_batches=option.micro_batches,
+                              shares_with=option.planner, chunks=option.chunks, **options)
         option.planner = option.planner or planner
         option.minimum_budget = min(option.minimum_budget, planner.minimum_budget())
         if not run:
             continue
         try:
-            result = planner.run(prune=False)
+            result = planner.run(prune=False, bound=bound)
+        except NothingFaster:
+            if option.result is None:
+                option.skipped = "no plan that fits is faster than the one chosen"
+            continue
         except InfeasibleBudgetError as e:
             if option.result is None and (option.error is None
                                           or e.minimum < option.error.minimum):

@@ -352,6 +352,12 @@ def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str,
     return scale_profile(prof, net, pass_batch, relu_bits)
 
 
+def _passes(option) -> str:
+    """'2 micro-batches of 128', or 'one pass of 256'."""
+    return (f"{option.micro_batches} micro-batches of {option.batch}"
+            if option.micro_batches > 1 else f"one pass of {option.batch}")
+
+
 def _option_json(option, chosen) -> dict:
     """One micro-batch count (with layer chunks or without) the planner weighed
     (planner/split.py: SplitOption); chosen: the option the plan runs."""
@@ -449,7 +455,7 @@ def make_plan(args) -> dict:
                            input_batches=RUN_INPUT_BATCHES)
         if again.chosen is not None:
             option = again.chosen
-            notes.append(f"{option.micro_batches} micro-batches of {option.batch}"
+            notes.append(f"{_passes(option)}"
                          + (f", layers {describe(option.chunks)}," if option.chunks else "")
                          + " planned again from profiles measured at their own batches, as "
                            "a run plans them (the table of options is from the scaled "
@@ -460,9 +466,7 @@ def make_plan(args) -> dict:
         tried = ", ".join(map(str, LOOKAHEADS))
         notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
     if len(counts) > 1 or len(split.options) > 1:
-        runs = (f"{option.micro_batches} micro-batches of {option.batch}"
-                if option.micro_batches > 1 else f"one pass of {option.batch}")
-        notes.append(f"the step runs as {runs}"
+        notes.append(f"the step runs as {_passes(option)}"
                      + (f", layers {describe(option.chunks)}" if option.chunks else "")
                      + f": of {', '.join(map(str, counts))} micro-batches, with layer chunks "
                        f"or without, the fastest that fits (see the table of options)")

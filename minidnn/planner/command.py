@@ -468,8 +468,10 @@ def make_plan(args) -> dict:
     if len(counts) > 1 or len(split.options) > 1:
         notes.append(f"the step runs as {_passes(option)}"
                      + (f", layers {describe(option.chunks)}" if option.chunks else "")
-                     + f": of {', '.join(map(str, counts))} micro-batches, with layer chunks "
-                       f"or without, the fastest that fits (see the table of options)")
+                     + (f": of {', '.join(map(str, counts))} micro-batches, with layer "
+                        f"chunks or without," if len(counts) > 1 else
+                        ": with layer chunks or without,")
+                     + " the fastest that fits (see the table of options)")
     lookahead = lookahead if lookahead is not None else lookaheads[0]
     minimum_budget = split.minimum_budget
     model = planner.model

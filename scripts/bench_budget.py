@@ -203,6 +203,7 @@ def minidnn_worker(spec: dict) -> dict:
         if cap is not None:   # what dyn planned
             result.update(_planned(policy))
         result.update(micro_batches=ex.micro_batches, prefetch_lookahead=ex.prefetch_lookahead,
+                      chunks=[list(c) for c in ex.decision.chunks],
                       planned_precision=ex.decision.precision)   # the maps dyn planned for
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
@@ -293,6 +294,9 @@ def markdown(results: dict) -> str:
                 note = (f"{r.get('micro_batches', 1)} micro-batches, lookahead "
                         f"{r.get('prefetch_lookahead')}, offload {r.get('offloaded_storages', 0)}"
                         f", recompute {r.get('recomputed_storages', 0)}")
+                if r.get("chunks"):
+                    note += "; layers " + ", ".join(f"{a}..{b} in {p} pieces"
+                                                    for a, b, p in r["chunks"])
                 if r.get("predicted_step_time_s"):
                     note += f"; predicted {r['predicted_step_time_s'] * 1e3:.1f} ms"
                 graphs = r.get("step_graphs")

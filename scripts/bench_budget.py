@@ -80,15 +80,26 @@ def float32_math(config: dict) -> str:
     return "tf32" if config["math"] == "bf16" else config["math"]
 
 
+def forced_chunks(spec: dict) -> dict:
+    """build_executor's options for a minidnn row with --minidnn-chunks: one pass, the layer
+    chunks given (dyn plans the rest); none for the other rows."""
+    if not spec.get("forced_chunks"):
+        return {}
+    from minidnn.argtypes import layer_chunks
+    return {"micro_batches": 1, "chunks": layer_chunks(spec["forced_chunks"])}
+
+
 def describe(config: dict) -> str:
     """'channels_last, accumulation 4, checkpoint_sequential 8' and the like."""
     bf16 = config.get("precision") == "bf16"
     if config.get("framework") == "minidnn" and config.get("cap") is None:
         return "minidnn, no budget" + (" --precision bf16" if bf16 else "")
     if config.get("framework") == "minidnn":
+        forced = config.get("forced_chunks")
         return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "") + \
             (" --split-batch-statistics" if config.get("split_statistics") else "") + \
-            (" --precision bf16" if bf16 else "")
+            (" --precision bf16" if bf16 else "") + \
+            (f" --micro-batches 1 --chunks {forced}" if forced else "")
     parts = ["NCHW" if config["layout"] == "nchw" else "channels_last"]
     if config["accumulate"] > 1:
         parts.append(f"accumulation {config['accumulate']}")
@@ -195,7 +206,8 @@ def minidnn_worker(spec: dict) -> dict:
         ex = build_executor(net, batch, device=spec.get("device", "gpu"), seed=0,
                             policy=policy, memory_budget=cap, math=float32_math(spec),
                             precision=spec["precision"], relu_bits=spec.get("relu_bits", False),
-                            split_batch_statistics=spec.get("split_statistics", False))
+                            split_batch_statistics=spec.get("split_statistics", False),
+                            **forced_chunks(spec))
     except MemoryBudgetError as e:
         return dict(result, error=str(e))
     result["planning_s"] = time.perf_counter() - t0
@@ -334,6 +346,9 @@ def parse_args(argv):
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="also run minidnn allowed to split the batch of a network with "
                         "BatchNorm (PyTorch's gradient accumulation splits its statistics)")
+    p.add_argument("--minidnn-chunks", default="", metavar="FIRST:LAST:PIECES;...",
+                   help="also run minidnn in one pass with these layer chunks (as train "
+                        "--micro-batches 1 --chunks; ';' between runs of minidnn)")
     p.add_argument("--only", choices=("minidnn", "torch"), default=None)
     p.add_argument("--warmup", type=int, default=4,
                    help="untimed steps; minidnn captures a CUDA graph per input batch (two "
@@ -373,6 +388,7 @@ def specs_for(args, cap: int, image: int) -> list[dict]:
         specs.append(mini)
         if args.split_batch_statistics:   # as PyTorch's accumulation splits them
             specs.append(dict(mini, split_statistics=True))
+        specs += [dict(mini, forced_chunks=c) for c in args.minidnn_chunks.split(";") if c]
     if args.only != "minidnn":
         specs += [dict(base, **c)
                   for c in torch_configs(ints(args.accumulate), ints(args.segments),

@@ -10,9 +10,11 @@ Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models o
 profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
 memory manager's dry run, timed against a Profile; recorded.py: one walk of it gives the
 static layout too, replay.py: the later steps from the first's log, collector.py: the
-cyclic collector paused meanwhile), search.py (the planner), dyn.py (the
-`dyn` memory policy, and FixedDecision for a decision made beforehand), command.py
-(`minidnn plan`), timeline.py (its figures: the stream timeline and the bytes per layer).
+cyclic collector paused meanwhile), search.py (the planner), split.py (micro-batch counts
+and layer chunks weighed together; chunking.py: which chunks, and what their calls cost),
+dyn.py (the `dyn` memory policy, and FixedDecision for a decision made beforehand),
+command.py (`minidnn plan`), timeline.py (its figures: the stream timeline and the bytes per
+layer).
 """
 from .costs import LayerCost, Profile
 from .dyn import DynPolicy, FixedDecision

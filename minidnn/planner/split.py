@@ -106,9 +106,12 @@ def scale_profile(profile: Profile, net, batch: int, relu_bits=frozenset()) -> P
 
 
 # ---- the joint search ------------------------------------------------------------------------
-# The counts whose plan, before its final pruning, is within this fraction of the fastest
-# count's are pruned (Planner.finish); pruning has gained at most a few percent.
-PRUNE_WITHIN = 0.10
+# The options whose plan, before its final pruning, is within this fraction of the fastest
+# one's are pruned (Planner.finish), and a search gives up on decisions slower than the best
+# plan found by more than it (`_bound`): pruning has gained at most a few percent (VGG-416's
+# chosen plan from its H200 profile: 0.3%). At 0.10 instead, the plans of scripts/
+# bench_plan.py's five cases are the same, and VGG-416's from that profile takes 29 s, not 20.
+PRUNE_WITHIN = 0.05
 
 
 @dataclass
@@ -244,8 +247,10 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
     if chunks is None:
         # Chunks are weighed where they may help: at the counts that do not fit (to fit), and
         # at the chosen count and the one with half its passes (to move fewer maps, or run
-        # fewer passes).
+        # fewer passes). A very deep network (planned in bulk, `staged`) weighs them only to
+        # fit: each of its plans costs seconds, and one run's share of its step is small.
         near = [o for o in planned if o.error is not None or chosen is not None and
+                not staged and
                 o.micro_batches in (chosen.micro_batches, chosen.micro_batches // 2)]
         more = _chunk_options(near, net, profile_of, budget, lookaheads, options, chosen)
         found += more
@@ -253,7 +258,8 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
             chosen = _faster(option, chosen)
     if staged and chosen is not None:
         _plan_option(chosen, net, _option_profile(chosen, net, profile_of)[0], budget,
-                     [la for la in lookaheads if la != chosen.lookahead], options)
+                     [la for la in lookaheads if la != chosen.lookahead], options,
+                     bound=_bound(chosen))
     # Pruning a plan (the segments' one, with hundreds of maps recomputed, tries 24 decisions
     # on a very deep network) gains a few percent: only the counts that can still win it.
     for option in found:

@@ -207,10 +207,11 @@ def plan_numbers(stamp: str) -> dict:
     cmd = f"minidnn plan {' '.join(base)} --gpu k40|h200 --timeline FILE.png"
     draw_timeline([k40, h200], DOCS / "figures" / "timeline_vgg16_b256_all_k40_h200.png",
                   caption=f"{cmd}; made by {COMMAND} at {stamp}")
-    # One pass: the chapter on reading a plan shows offload, recomputation and convolution
-    # plans at work (split into micro-batches, this step keeps every map: the splitting chapter)
+    # One pass, no layer chunks: the chapter on reading a plan shows offload, recomputation
+    # and convolution plans at work (split into micro-batches or chunks, this step moves far
+    # less: the splitting chapter)
     dyn_args = ["--model", "vgg16", "--batch", str(BATCH), "--memory-budget", BUDGET,
-                "--relu-bits", "--micro-batches", "1", "--profile",
+                "--relu-bits", "--micro-batches", "1", "--chunks", "none", "--profile",
                 str(PROFILE.relative_to(ROOT))]
     dyn = plan(*dyn_args)
     (DOCS / "plan_vgg16_b256_12GiB.txt").write_text(

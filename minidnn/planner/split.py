@@ -37,9 +37,11 @@ from dataclasses import dataclass
 
 from ..chunks import chunk_network
 from ..errors import ConfigError
+from ..memory.plan import LivenessPlan
+from ..memory.policy import offload_candidates
 from .chunking import CHUNK_GAIN, CHUNK_PLANS, candidates, chunk_profile, describe
 from .collector import collector_paused
-from .search import InfeasibleBudgetError, NothingFaster, Planner
+from .search import BULK_CANDIDATES, InfeasibleBudgetError, NothingFaster, Planner
 from .costs import LayerCost, Profile, structure_hash
 
 FIXED_CALL_S = 20e-6
@@ -185,12 +187,9 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
                            options)
 
 
-def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, chunks: bool,
+def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, chunks,
                 options: dict) -> SplitPlan:
     """plan_split's work (see there)."""
-    from ..memory.plan import LivenessPlan
-    from ..memory.policy import offload_candidates
-    from .search import BULK_CANDIDATES
     t0 = time.perf_counter()
     profiles: dict = {}   # pass batch -> its Profile, made once (staged lookaheads ask again)
 
@@ -199,41 +198,20 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
             profiles[pass_batch] = profile_at(pass_batch)
         return profiles[pass_batch]
 
-    counts = list(counts) if counts is not None else micro_batch_counts(batch)
     forced = () if chunks is None else tuple(tuple(c) for c in chunks)
-    if forced:      # pieces divide each pass evenly
-        counts = [k for k in counts if all((batch // k) % p == 0 for _, _, p in forced)]
-        if not counts:
-            raise ConfigError(f"layer chunks {describe(forced)}: no micro-batch count weighed "
-                              f"leaves passes of the batch {batch} that the pieces divide")
+    found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
+             for k in _counts(batch, counts, forced)]
     lookaheads = list(lookaheads)
-    staged = len(lookaheads) > 1 and \
-        len(offload_candidates(LivenessPlan(net, batch // counts[0],
-                                            options.get("relu_bits", frozenset())))) \
-        > BULK_CANDIDATES
+    staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
+        net, found[0].batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
     tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
-    found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced) for k in counts]
-    # The fewest passes whose step fits moving nothing are found first, one evaluation per
-    # count: no count after them is faster (more passes only add time), and their step
-    # bounds the searches of the counts before them, which are planned from the most
-    # passes down.
-    unmoved = None
-    for option in found:
-        prof, _ = _option_profile(option, net, profile_of)
-        option.planner = Planner(net, option.batch, prof, budget=budget,
-                                 prefetch_lookahead=tried[0], micro_batches=option.micro_batches,
-                                 chunks=option.chunks, **options)
-        model = option.planner.model
-        if model.evaluate(frozenset(), model.algos("fastest")).fits:
-            unmoved = option
-            break
-    order = [unmoved] + found[found.index(unmoved) - 1::-1] if unmoved else list(found)
+    order = _planning_order(found, net, profile_of, budget, tried[0], options)
     chosen, planned = None, []
     for option in found:
-        prof, names = _option_profile(option, net, profile_of)
         if option not in order:
             option.skipped = "a plan with fewer passes moves nothing"
-            _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
+            _plan_option(option, net, _option_profile(option, net, profile_of)[0], budget,
+                         [min(lookaheads)], options, run=False)
     for option in order:
         prof, names = _option_profile(option, net, profile_of)
         if chosen is not None and \
@@ -260,19 +238,55 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
         _plan_option(chosen, net, _option_profile(chosen, net, profile_of)[0], budget,
                      [la for la in lookaheads if la != chosen.lookahead], options,
                      bound=_bound(chosen))
-    # Pruning a plan (the segments' one, with hundreds of maps recomputed, tries 24 decisions
-    # on a very deep network) gains a few percent: only the counts that can still win it.
+    chosen = _prune_the_close(found, chosen)
+    least = min(o.minimum_budget for o in found)
+    return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
+                     seconds=time.perf_counter() - t0)
+
+
+def _counts(batch: int, counts, forced: tuple) -> list:
+    """The micro-batch counts to weigh (default micro_batch_counts(batch)), those whose
+    passes the `forced` chunks' pieces divide."""
+    counts = list(counts) if counts is not None else micro_batch_counts(batch)
+    if forced:
+        counts = [k for k in counts if all((batch // k) % p == 0 for _, _, p in forced)]
+        if not counts:
+            raise ConfigError(f"layer chunks {describe(forced)}: no micro-batch count weighed "
+                              f"leaves passes of the batch {batch} that the pieces divide")
+    return counts
+
+
+def _planning_order(found: list, net, profile_of, budget: int, lookahead: int,
+                    options: dict) -> list:
+    """The options (fewest passes first) in the order to plan them. The fewest passes whose
+    step fits moving nothing are found first, one evaluation per count (each option keeps
+    the Planner made for it): no count after them is faster (more passes only add time), and
+    their step bounds the searches of the counts before them, planned from the most passes
+    down. Where no count fits moving nothing, every count, fewest passes first."""
+    for n, option in enumerate(found):
+        prof, _ = _option_profile(option, net, profile_of)
+        option.planner = Planner(net, option.batch, prof, budget=budget,
+                                 prefetch_lookahead=lookahead,
+                                 micro_batches=option.micro_batches, chunks=option.chunks,
+                                 **options)
+        model = option.planner.model
+        if model.evaluate(frozenset(), model.algos("fastest")).fits:
+            return [option] + found[n - 1::-1] if n else [option]
+    return list(found)
+
+
+def _prune_the_close(found: list, chosen: SplitOption | None) -> SplitOption | None:
+    """Prune the plans within PRUNE_WITHIN of `chosen` (Planner.finish: pruning a very deep
+    network's segments tries 24 decisions and gains a few percent, so only the plans that can
+    still win it); returns the fastest option after."""
+    if chosen is None:
+        return None
     for option in found:
         if option.result is not None and \
                 option.best.step_time_s <= chosen.best.step_time_s * (1 + PRUNE_WITHIN):
             option.result = option.planner.finish(option.result)
             option.pruned = True
-    if chosen is not None:
-        chosen = min((o for o in found if o.result is not None),
-                     key=lambda o: o.best.step_time_s)
-    least = min(o.minimum_budget for o in found)
-    return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
-                     seconds=time.perf_counter() - t0)
+    return min((o for o in found if o.result is not None), key=lambda o: o.best.step_time_s)
 
 
 def _option_profile(option: SplitOption, net, profile_of) -> tuple:

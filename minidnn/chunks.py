@@ -81,6 +81,58 @@ def chunk_network(net: Network, chunks) -> Network:
     return out
 
 
+def as_chunks(chunks) -> tuple:
+    """`chunks` as MemoryDecision.chunks holds them: a tuple of (first, last, pieces)
+    tuples (a list of lists, from JSON or a caller, becomes one)."""
+    return tuple(tuple(c) for c in chunks)
+
+
+def describe(chunks) -> str:
+    """'conv1_1..pool1 in 2 pieces' (and ', ...' for more chunks); '' for none."""
+    return ", ".join(f"{first}..{last} in {pieces} pieces" for first, last, pieces in chunks)
+
+
+def chains(net: Network) -> list[list[int]]:
+    """The maximal runs of node indices of `net` that chunk_network accepts as one chunk
+    (any sub-run of one is a chunk too), in node order."""
+    consumers = net.consumers()
+    out, run = [], None
+    for i, node in enumerate(net.nodes):
+        if _node_problem(node):
+            run = None
+        elif run is not None and not _link_problem(net.nodes[run[-1]], node, consumers):
+            run.append(i)
+        else:
+            run = [i]
+            out.append(run)
+    return out
+
+
+def _node_problem(node) -> str | None:
+    """Why `node` cannot be a layer of a chunk (None: it can)."""
+    if len(node.inputs) != 1 or node.inputs[0] == LABEL:
+        return f"its first node must read one map, {node.name!r} reads {node.inputs}"
+    if node.layer.kind == "loss":
+        return f"the loss {node.name!r} cannot run in pieces"
+    if node.layer.batch_statistics:
+        return (f"{node.name!r} normalizes with the whole batch's statistics "
+                f"({type(node.layer).__name__}); in pieces it would see smaller batches")
+    if node.piece is not None:
+        return f"{node.name!r} is already a piece of a layer chunk"
+    return None
+
+
+def _link_problem(before, node, consumers: dict) -> str | None:
+    """Why `node` cannot follow `before` in a chunk (None: it can)."""
+    if node.inputs != [before.name]:
+        return f"not a chain: {node.name!r} reads {node.inputs}, not {before.name!r} alone"
+    others = [c.name for c in consumers[before.name] if c is not node]
+    if others:
+        return (f"{before.name!r} is also read by {others}, outside the run (only the last "
+                f"node's output may be)")
+    return None
+
+
 def _check_run(net: Network, chunk) -> tuple[int, int, int]:
     """(index of first, index of last, pieces) of one chunk of `net`; ConfigError when it
     cannot run in pieces."""
@@ -100,26 +152,10 @@ def _check_run(net: Network, chunk) -> tuple[int, int, int]:
     if stop < start:
         raise ConfigError(f"{what}: {last!r} comes before {first!r}")
     run = net.nodes[start:stop + 1]
-    if len(run[0].inputs) != 1 or run[0].inputs[0] == LABEL:
-        raise ConfigError(f"{what}: its first node must read one map, {first!r} reads "
-                          f"{run[0].inputs}")
-    for before, node in zip(run, run[1:]):
-        if node.inputs != [before.name]:
-            raise ConfigError(f"{what} is not a chain: {node.name!r} reads {node.inputs}, "
-                              f"not {before.name!r} alone")
     consumers = net.consumers()
-    for before, node in zip(run, run[1:]):
-        others = [c.name for c in consumers[before.name] if c is not node]
-        if others:
-            raise ConfigError(f"{what}: {before.name!r} is also read by {others}, outside "
-                              f"the run (only the last node's output may be)")
-    for node in run:
-        if node.layer.kind == "loss":
-            raise ConfigError(f"{what}: the loss {node.name!r} cannot run in pieces")
-        if node.layer.batch_statistics:
-            raise ConfigError(f"{what}: {node.name!r} normalizes with the whole batch's "
-                              f"statistics ({type(node.layer).__name__}); in pieces it would "
-                              f"see {pieces} smaller batches")
-        if node.piece is not None:
-            raise ConfigError(f"{what}: {node.name!r} is already a piece of a layer chunk")
+    problems = [_link_problem(before, node, consumers) for before, node in zip(run, run[1:])]
+    problems += [_node_problem(node) for node in run]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise ConfigError(f"{what}: {problem}")
     return start, stop, pieces

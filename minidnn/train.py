@@ -35,12 +35,12 @@ from . import models
 from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
+from .chunks import describe
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
-from .planner.chunking import describe
 from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 

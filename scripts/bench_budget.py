@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from minidnn.chunks import describe as describe_chunks  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
 
@@ -307,8 +308,7 @@ def markdown(results: dict) -> str:
                         f"{r.get('prefetch_lookahead')}, offload {r.get('offloaded_storages', 0)}"
                         f", recompute {r.get('recomputed_storages', 0)}")
                 if r.get("chunks"):
-                    note += "; layers " + ", ".join(f"{a}..{b} in {p} pieces"
-                                                    for a, b, p in r["chunks"])
+                    note += f"; layers {describe_chunks(r['chunks'])}"
                 if r.get("predicted_step_time_s"):
                     note += f"; predicted {r['predicted_step_time_s'] * 1e3:.1f} ms"
                 graphs = r.get("step_graphs")

@@ -2,9 +2,9 @@
 what the calls of a chunked step cost.
 
 A layer chunk (minidnn/chunks.py) runs a chain of layers piece by piece over a pass's batch,
-so that only a piece's maps need the device at once. Where the step needs the most memory
-(its peak call), a chunk over the layers around it lowers that need about p-fold, while the
-rest of the network keeps the pass's whole batch. The price: each piece call runs at a
+so that a call inside it works on a p-th of the batch: its input, output, gradients and
+workspace shrink about p-fold (the maps kept for backward do not: every piece's are kept),
+while the rest of the network keeps the pass's whole batch. The price: each piece call runs at a
 p-th of the batch (less efficient on a GPU), and a join copies the pieces into one map of
 the whole batch, forward and backward.
 
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..chunks import chunk_network
+from ..chunks import as_chunks, chains, chunk_network, describe
 from ..layers.merge import BatchJoin
-from ..network import LABEL
 from .costs import LayerCost, Profile, numel
 
 # Pieces a chunk is weighed in, and how many ends of a run (see the module docstring).
@@ -42,32 +41,6 @@ CHUNK_ENDS = 2
 CHUNK_PLANS = 2
 # A chunk is planned only where it lowers its count's least budget by this fraction at least.
 CHUNK_GAIN = 0.05
-
-
-def _chunkable(node) -> bool:
-    """Can `node` be a layer of a chunk (minidnn/chunks.py's rules for one node)?"""
-    return (len(node.inputs) == 1 and node.inputs[0] != LABEL and node.layer.kind != "loss"
-            and not node.layer.batch_statistics and node.piece is None)
-
-
-def chains(net) -> list[list[int]]:
-    """The maximal runs of node indices that chunk_network accepts as one chunk: each node
-    chunkable, each after the first reading the one before it alone, and read by nothing
-    else."""
-    consumers = net.consumers()
-    out, run = [], []
-    for i, node in enumerate(net.nodes):
-        if not _chunkable(node):
-            run = []
-            continue
-        before = net.nodes[run[-1]] if run else None
-        if before is not None and node.inputs == [before.name] and \
-                [c.name for c in consumers[before.name]] == [node.name]:
-            run.append(i)
-        else:
-            run = [i]
-            out.append(run)
-    return [r for r in out if r]
 
 
 def candidates(net, pass_batch: int) -> list[tuple]:
@@ -91,11 +64,6 @@ def candidates(net, pass_batch: int) -> list[tuple]:
     return found
 
 
-def describe(chunks) -> str:
-    """'conv1_1..pool1 in 2 pieces' (and ', ...' for more chunks); '' for none."""
-    return ", ".join(f"{first}..{last} in {pieces} pieces" for first, last, pieces in chunks)
-
-
 def chunk_profile(profile: Profile, net, chunks, piece_profile) -> Profile:
     """The Profile of `net` run with layer chunks `chunks`, named by the chunked network's
     nodes (see the module docstring).
@@ -111,7 +79,7 @@ def chunk_profile(profile: Profile, net, chunks, piece_profile) -> Profile:
         named like the run's last node); its key_fields record the chunks (StepModel checks
         them).
     """
-    chunks = tuple(tuple(c) for c in chunks)
+    chunks = as_chunks(chunks)
     graph = chunk_network(net, chunks)
     shapes = net.shapes_at(profile.batch)
     relus = [(numel(shapes[n.name]), profile.layer(n.name)) for n in net.nodes

@@ -24,6 +24,7 @@ import json
 import numpy as np
 
 from .. import argtypes
+from ..chunks import describe
 from ..errors import ConfigError, fmt_bytes
 from ..kernels.mapformat import GPU_DEFAULT_LAYOUT, LAYOUTS, PRECISIONS, MapFormat
 from ..memory.arena import GPU_SAFETY_MARGIN
@@ -32,7 +33,6 @@ from ..memory.schedule import StepSchedule
 from ..report import MATH_MODES, json_safe, parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
-from .chunking import describe
 from .dyn import RUN_INPUT_BATCHES
 from .split import PRUNE_WITHIN
 
@@ -83,7 +83,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    metavar="FIRST:LAST:PIECES",
                    help="plan each pass with the layers FIRST..LAST run in PIECES pieces of "
                         "its batch (as train --chunks; comma-separate several; 'none': no "
-                        "chunks; default: dyn weighs the chunks around each plan's peak)")
+                        "chunks; default: dyn weighs a few runs of the layers with the "
+                        "largest maps)")
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="let dyn split the batch of a network with BatchNorm (as train "
                         "--split-batch-statistics; otherwise such a network runs one pass)")

@@ -61,6 +61,11 @@ class LayerCost:
         return float(self._pick(self.forward_s if phase in FORWARD_LIKE else self.backward_s,
                                 algo))
 
+    def least_time(self, phase: str) -> float:
+        """The call's device time on its fastest setting (no plan setting runs it faster)."""
+        return min(self.time(phase, s)
+                   for s in (self.forward_s if phase in FORWARD_LIKE else self.backward_s))
+
     def workspace(self, phase: str, algo: str = "fastest") -> int:
         table = self.workspace_forward if phase in FORWARD_LIKE else self.workspace_backward
         return int(self._pick(table, algo))
@@ -187,6 +192,14 @@ class Profile:
         d.pop("format")
         d["layers"] = {k: LayerCost(**v) for k, v in d["layers"].items()}
         return cls(**d)
+
+
+def least_step_s(profile: Profile, micro_batches: int, names=None) -> float:
+    """No decision at this count is faster: k passes of every layer's fastest device time
+    (of the layers `names`, default every layer of the profile), one optimizer update."""
+    costs = profile.layers.values() if names is None else [profile.layer(n) for n in names]
+    pass_s = sum(cost.least_time(phase) for cost in costs for phase in PHASES)
+    return micro_batches * pass_s + profile.optimizer_s
 
 
 def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:

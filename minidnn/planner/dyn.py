@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import sys
 
+from ..chunks import as_chunks
 from ..memory.policy import MemoryDecision, Policy, register_policy
 
 
@@ -87,7 +88,7 @@ class DynPolicy(Policy):
         self.choose_lookahead = bool(choose_lookahead)
         self.recompute = bool(recompute)
         self.micro_batches = micro_batches
-        self.chunks = None if chunks is None else tuple(tuple(c) for c in chunks)
+        self.chunks = None if chunks is None else as_chunks(chunks)
         self.batch = batch
         self.host_link_gbps = host_link_gbps
         self.result = None
@@ -105,7 +106,7 @@ class DynPolicy(Policy):
         if micro_batches is not None:
             self.micro_batches = int(micro_batches)
         if chunks is not None:
-            self.chunks = tuple(tuple(c) for c in chunks)
+            self.chunks = as_chunks(chunks)
         if device is not None and self.device is None:
             self.device = device
         if prefetch_lookahead is not None:

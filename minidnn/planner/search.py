@@ -44,11 +44,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ..chunks import describe
 from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
     recompute_inputs
-from .chunking import describe
-from .costs import Profile
+from .costs import Profile, least_step_s
 from .simulate import Evaluation, StepModel
 
 # A network with more offload candidates than this plans in bulk while it is over the budget
@@ -194,8 +194,7 @@ class Planner:
         self.bulk = len(self.candidates) > BULK_CANDIDATES or bool(chunks)
         self._estimate_cache = None
         self._leaner_of: dict = {}         # (conv name, setting) -> _leaner's answer
-        self._least_pass = None            # see least_step_s
-        self._forward_s: list = []
+        self._least_step = None            # see least_step_s
 
     # ---- building blocks ---------------------------------------------------------------------
     def policy_offload(self, name: str) -> frozenset:
@@ -597,17 +596,13 @@ class Planner:
     def least_step_s(self, recompute=frozenset()) -> float:
         """No decision recomputing `recompute` is faster: every call on its fastest setting,
         the writers of those maps run again, no copy exposed (all the step's passes)."""
-        if self._least_pass is None:
-            prof = self.profile
-            self._least_pass = sum(
-                min(c.time("forward", s) for s in c.forward_s) +
-                min(c.time("backward", s) for s in c.backward_s)
-                for c in (prof.layer(node.name) for node in self.plan.nodes))
-            self._forward_s = [min(c.time("forward", s) for s in c.forward_s)
-                               for c in (prof.layer(node.name) for node in self.plan.nodes)]
-        again = sum(self._forward_s[j] for j in
+        nodes = self.plan.nodes
+        if self._least_step is None:
+            self._least_step = least_step_s(self.profile, self.model.micro_batches,
+                                            [node.name for node in nodes])
+        again = sum(self.profile.layer(nodes[j].name).least_time("forward") for j in
                     {j for sid in recompute for j in self.plan.writers(sid)})
-        return self.model.micro_batches * (self._least_pass + again) + self.profile.optimizer_s
+        return self._least_step + self.model.micro_batches * again
 
     def run(self, prune: bool = True, bound: float | None = None) -> PlanResult:
         """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False

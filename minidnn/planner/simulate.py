@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import Device
+from ..chunks import as_chunks
 from ..executor import Executor
 from ..step_graph import capturable
 from ..kernels.mapformat import MapFormat
@@ -487,7 +488,7 @@ class StepModel:
         self.relu_bits = frozenset(relu_bits)
         self.maps = maps if maps is not None else MapFormat()
         profile.check_matches(net, batch, self.relu_bits)
-        self.chunks = tuple(tuple(c) for c in chunks)
+        self.chunks = as_chunks(chunks)
         if self.chunks and profile.key_fields.get("chunks") != repr(self.chunks):
             raise ValueError(f"the profile is not that of the step chunked as {self.chunks} "
                              f"(planner/chunking.chunk_profile makes it)")

@@ -12,10 +12,10 @@ convolution plans and lookahead as for an unsplit step) and keeps the fastest st
 the least feasible budget is the least over k.
 
 Layer chunks are weighed with the counts (planner/chunking.py): a count whose plan has to
-move maps, or does not fit, is planned again with each chunk of the layers around its peak
-call (a few runs, in 2 or 4 pieces): the pass keeps its batch, and only the chunk's layers
-run a piece at a time. Every option, a count with or without chunks, is one SplitOption;
-the fastest that fits is chosen, and the least budget is the least over all of them.
+move maps, or does not fit, is planned again with the chunks chunking.py names (a few runs of
+the layers with the largest maps, in 2 or 4 pieces): the pass keeps its batch, and only the
+chunk's layers run a piece at a time. Every option, a count with or without chunks, is one
+SplitOption; the fastest that fits is chosen, and the least budget is the least over all.
 
 Costs at B/k. The analytic model of a GPU computes them at B/k directly. A measured profile is
 taken at one batch, so it is scaled by one rule: a layer call's device time is a fixed part,
@@ -35,14 +35,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..chunks import chunk_network
+from ..chunks import as_chunks, chunk_network, describe
 from ..errors import ConfigError
 from ..memory.plan import LivenessPlan
 from ..memory.policy import offload_candidates
-from .chunking import CHUNK_GAIN, CHUNK_PLANS, candidates, chunk_profile, describe
+from .chunking import CHUNK_GAIN, CHUNK_PLANS, candidates, chunk_profile
 from .collector import collector_paused
 from .search import BULK_CANDIDATES, InfeasibleBudgetError, NothingFaster, Planner
-from .costs import LayerCost, Profile, structure_hash
+from .costs import LayerCost, Profile, least_step_s, structure_hash
 
 FIXED_CALL_S = 20e-6
 # Micro-batch counts tried: powers of two (that divide the batch), up to this many.
@@ -158,24 +158,13 @@ class SplitPlan:
         return min(errors, key=lambda e: e.minimum) if errors else None
 
 
-def least_step_s(profile: Profile, micro_batches: int, names=None) -> float:
-    """No decision at this count is faster: k passes of every layer's fastest device time
-    (of the layers `names`, default every layer of the profile), one optimizer update."""
-    costs = profile.layers.values() if names is None else [profile.layer(n) for n in names]
-    pass_s = sum(min(cost.time(phase, s) for s in cost.forward_s)
-                 if phase == "forward" else min(cost.time(phase, s) for s in cost.backward_s)
-                 for cost in costs for phase in ("forward", "backward"))
-    return micro_batches * pass_s + profile.optimizer_s
-
-
 def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
                chunks=None, **options) -> SplitPlan:
     """Plan `net` at `batch` under `budget` for each micro-batch count in `counts` (default
     micro_batch_counts(batch)) and each prefetch lookahead; profile_at(b) gives the Profile
-    at pass batch b. chunks: None weighs layer chunks too (each count that must move maps
-    or does not fit, with the chunks around its peak call: planner/chunking.py); a tuple
-    (MemoryDecision.chunks, () for none) plans every count with exactly those. A count whose least step time (least_step_s) cannot beat the best found
-    is not planned, only its least budget measured (at the least lookahead); so is every
+    at pass batch b. chunks: None weighs layer chunks too (_chunk_options); a tuple
+    (MemoryDecision.chunks, () for none) plans every count with exactly those. A count whose
+    least step time (least_step_s) cannot beat the best found is not planned, only its least budget measured (at the least lookahead); so is every
     count after one whose plan moves nothing and runs every convolution's fastest plan (more
     passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
     deep one) plans each count at one lookahead (1, where offered) and tries the others only
@@ -198,7 +187,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
             profiles[pass_batch] = profile_at(pass_batch)
         return profiles[pass_batch]
 
-    forced = () if chunks is None else tuple(tuple(c) for c in chunks)
+    forced = () if chunks is None else as_chunks(chunks)
     found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
              for k in _counts(batch, counts, forced)]
     lookaheads = list(lookaheads)

@@ -138,7 +138,7 @@ def same_bits(a, b) -> bool:
     """Equal bit patterns (so NaN == NaN and 0.0 != -0.0), on the device."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    view = {1: np.uint8, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
     return bool(cp.array_equal(a.view(view), b.view(view)))
 
 
@@ -434,3 +434,44 @@ def test_bf16_pooling_keeps_the_contract(spec, layout):
                 for g, w in zip(got, want):
                     np.testing.assert_array_equal(g, w, err_msg=f"{shape} {kind}")
 
+
+
+def _max_pool_nhwc(x, gy, spec, offset=0):
+    """Max-pool forward and backward on channels-last copies of x and gy (logical NCHW device
+    arrays) whose memory starts `offset` values past an aligned address: (y, argmax, gx)."""
+    def place(a, dtype=None):
+        dtype = np.dtype(dtype or a.dtype)
+        n, c, h, w = a.shape
+        flat = cp.empty(a.size + offset, dtype)[offset:]
+        out = flat.reshape(n, h, w, c).transpose(0, 3, 1, 2)
+        if a.dtype == dtype:
+            out[...] = a
+        return out
+    y, arg = place(gy), place(gy, np.uint8)
+    cuda_pool.maxpool2d_forward(place(x), y, arg, spec)
+    gx = place(x)
+    cuda_pool.maxpool2d_backward(place(gy), arg, gx, spec)
+    return [cp.ascontiguousarray(a) for a in (y, arg, gx)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_vector_kernels_give_the_bits_of_the_per_value_ones(spec, dtype, monkeypatch):
+    """The channels-last max-pool kernels that move a 16-byte vector of channels per thread
+    (channels a multiple of it, maps aligned) against the per-value ones, bit for bit; maps
+    that start off a vector's alignment run the per-value kernels."""
+    rng = np.random.default_rng(21)
+    for shape in [(2, 16, 9, 8), (1, 32, 17, 13), (3, 8, 4, 6)]:
+        y_shape = out_shape(shape, spec)
+        if min(y_shape[2:]) < 1:
+            continue
+        for kind in ("ties", "special"):
+            x = cp.asarray(make_data(rng, shape, np.float32, kind).astype(dtype))
+            gy = cp.asarray(make_data(rng, y_shape, np.float32, "special").astype(dtype))
+            vector = _max_pool_nhwc(x, gy, spec)
+            off_alignment = _max_pool_nhwc(x, gy, spec, offset=1)
+            with monkeypatch.context() as m:
+                m.setattr(cuda_pool, "_vector", lambda *a: 1)
+                per_value = _max_pool_nhwc(x, gy, spec)
+            for name, a, b, c in zip(("y", "argmax", "gx"), vector, per_value, off_alignment):
+                assert same_bits(a, b) and same_bits(c, b), f"{spec} {shape} {kind}: {name}"

@@ -265,9 +265,10 @@ def _planning_order(found: list, net, profile_of, budget: int, lookahead: int,
 
 
 def _prune_the_close(found: list, chosen: SplitOption | None) -> SplitOption | None:
-    """Prune the plans within PRUNE_WITHIN of `chosen` (Planner.finish: pruning a very deep
-    network's segments tries 24 decisions and gains a few percent, so only the plans that can
-    still win it); returns the fastest option after."""
+    """Prune the plans within PRUNE_WITHIN of `chosen` (Planner.finish; the searches leave
+    their plans unpruned, run(prune=False): pruning a very deep network's segments tries
+    BULK_PRUNE decisions, each a walk of the step, and gains under 1%, so only the plans that
+    can still win are pruned); returns the fastest option after."""
     if chosen is None:
         return None
     for option in found:

@@ -7,7 +7,7 @@ import sys
 def _checkout_models() -> None:
     """Make `minidnn.models` the top-level models/ folder of a source checkout.
 
-    Installed, the folder is the package minidnn/models (setup.py maps it there). Run
+    Installed, the folder is the package minidnn.models (pyproject.toml maps it there). Run
     from a checkout (`python3 -m ...` at its root, or an editable install of another one),
     the checkout's own folder must win, so it is loaded here by path.
     """
@@ -36,6 +36,6 @@ from .errors import MinidnnError  # noqa: E402
 from .executor import Executor  # noqa: E402
 from .network import Network  # noqa: E402
 from .optim import SGD  # noqa: E402
+from .version import __version__  # noqa: E402
 
-__version__ = "0.3.0"
 __all__ = ["layers", "models", "Device", "select_device", "MinidnnError", "Executor", "Network", "SGD"]

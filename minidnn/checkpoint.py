@@ -33,6 +33,7 @@ from typing import BinaryIO, Callable
 import numpy as np
 
 from .errors import CheckpointError
+from .version import __version__
 
 FORMAT = "minidnn-checkpoint"
 FORMAT_VERSION = 1
@@ -178,7 +179,7 @@ def save_checkpoint(path: str, net, optimizer=None, step: int = 0, model: str | 
     opt_state = optimizer.state_dict() if optimizer is not None else None
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "minidnn_version": _version(),
+        "minidnn_version": __version__,
         "model": model if model is not None else net.name,
         "network": net.name,
         "num_classes": net.num_classes,
@@ -309,7 +310,3 @@ def restore_optimizer(ckpt: Checkpoint, optimizer) -> None:
              "velocity": ckpt.momentum}
     optimizer.load_state_dict(state)
 
-
-def _version() -> str:
-    from . import __version__
-    return __version__

@@ -26,7 +26,7 @@ import sys
 from . import argtypes
 from .errors import MinidnnError, fmt_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
-from .report import MATH_MODES
+from .kernels.math_mode import MATH_MODES
 from .train import Interrupted, TrainConfig
 
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     parser = _Parser(prog="minidnn", description="A small deep-learning framework whose memory "
                      "manager virtualizes GPU memory (vDNN).")
-    from . import __version__
+    from .version import __version__
     parser.add_argument("--version", action="version", version=f"minidnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 

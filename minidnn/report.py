@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 
 from .checkpoint import atomic_write
+from .jsonsafe import json_safe
+from .kernels.math_mode import describe as describe_math
+from .version import __version__
 
 REQUIRED_FIELDS = ("model", "batch", "image_size", "device", "policy", "memory_budget_bytes",
                    "steps", "loss", "step_time_s", "images_per_s", "peak_device_bytes",
@@ -56,38 +58,6 @@ def memory_figures(ex) -> dict:
     return dict(ex.memory_stats())
 
 
-# ---- the GPU's float32 math mode -----------------------------------------------------------------
-#: What `--math` accepts: TF32 tensor-core math for float32 convolutions and matrix products,
-#: or strict FP32.
-MATH_MODES = ("tf32", "fp32")
-
-
-def kernel_settings(kernels) -> dict:
-    """{'math': ..., 'deterministic': ...} of a kernel module (the CPU's is strict FP32)."""
-    mode = getattr(kernels, "math_mode", None)
-    if callable(mode):
-        return dict(mode())
-    return {"math": "fp32", "deterministic": True}
-
-
-def math_mode(ex) -> str:
-    """How the device does float32 math: 'fp32' on the CPU; on a GPU the kernels' setting
-    ('tf32' or 'fp32', with ' deterministic' when only deterministic algorithms run)."""
-    if not ex.device.is_gpu:
-        return "fp32"
-    state = kernel_settings(ex.kernels)
-    return str(state.get("math", "unknown")) + (" deterministic"
-                                                if state.get("deterministic") else "")
-
-
-def parse_math_mode(text) -> tuple:
-    """(math, deterministic) of a report's `math_mode` ('fp32 deterministic' -> ('fp32',
-    True)); math is None when the text names no mode of MATH_MODES."""
-    words = str(text or "").split()
-    math = words[0] if words and words[0] in MATH_MODES else None
-    return math, "deterministic" in words[1:]
-
-
 def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
                  start_step: int, losses: list[float], step_times: list[float],
                  evals: list[dict], memory: dict, wall_time_s: float) -> dict:
@@ -95,7 +65,6 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
 
     memory: `memory_figures(ex)` taken right after the last training step.
     """
-    from . import __version__
     mem = memory
     report = {
         "model": cfg.model,
@@ -128,7 +97,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "data": data,
         "seed": cfg.seed,
         "lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
-        "math_mode": math_mode(ex),
+        "math_mode": describe_math(ex.kernels, ex.device.is_gpu),
         "eval": evals,
         "final_eval_accuracy": evals[-1]["accuracy"] if evals else None,
         "memory": mem,
@@ -138,20 +107,6 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return report
-
-
-def json_safe(value):
-    """`value` with NaN and infinities as None (JSON has neither) and NumPy scalars as Python
-    numbers, inside dicts, lists and tuples too."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # NumPy scalars
-        return json_safe(value.item())
-    return value
 
 
 def write_report(path: str, report: dict) -> None:

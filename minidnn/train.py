@@ -41,7 +41,8 @@ from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
-from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
+from .kernels.math_mode import MATH_MODES
+from .report import build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).

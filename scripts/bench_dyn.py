@@ -51,7 +51,7 @@ from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
 from minidnn.memory.policy import MemoryDecision, relu_bits_for  # noqa: E402
 from minidnn.planner.dyn import FixedDecision  # noqa: E402
-from minidnn.report import MATH_MODES  # noqa: E402
+from minidnn.kernels.math_mode import MATH_MODES  # noqa: E402
 
 DEFAULT_CONFIGS = "vgg16:256,vgg16:128,vgg16:64,alexnet:128,overfeat:128"
 PLAN_LABELS = {"fastest": "fastest", "min_workspace": "memory-optimal", "planned": "planned",

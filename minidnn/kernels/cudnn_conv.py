@@ -32,6 +32,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
+from .math_mode import MATH_MODES
 
 OPS = ("fprop", "dgrad", "wgrad")
 # Plans whose kernels cuDNN compiles at run time (NVRTC) cost seconds to build, per shape; the
@@ -47,7 +48,6 @@ MEASURED_PLANS = 10
 # Steady-state calls go straight to the lowered graph's execute (see CudnnConvGraph.runner);
 # False uses the frontend's public execute_plan_at_index, about 40 us slower per call.
 DIRECT_EXECUTE = True
-MATH_MODES = ("tf32", "fp32")
 ALGOS = ("fastest", "min_workspace")
 DTYPES = ("float32", "float64", "bfloat16")
 

@@ -30,7 +30,8 @@ from ..kernels.mapformat import GPU_DEFAULT_LAYOUT, LAYOUTS, PRECISIONS, MapForm
 from ..memory.arena import GPU_SAFETY_MARGIN
 from ..memory.policy import CALL_PHASES
 from ..memory.schedule import StepSchedule
-from ..report import MATH_MODES, json_safe, parse_math_mode
+from ..jsonsafe import json_safe
+from ..kernels.math_mode import MATH_MODES, parse as parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
 from .dyn import RUN_INPUT_BATCHES

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..memory.plan import LivenessPlan
 from ..network import Network
-from ..report import MATH_MODES
+from ..kernels.math_mode import MATH_MODES
 from .costs import ALGOS, LayerCost, Profile, numel, structure_hash
 
 GB = 1e9

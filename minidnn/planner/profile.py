@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, kernels as kernel_modules
+from .. import kernels as kernel_modules
 from ..backend import Device, select_device
 from ..errors import ConfigError
 from ..kernels import mapformat
@@ -45,7 +45,8 @@ from ..layers.base import Parameter, StepContext
 from ..layers.conv import parse_plan_setting, plan_setting
 from ..memory.plan import LivenessPlan
 from ..network import LABEL
-from ..report import kernel_settings
+from ..kernels.math_mode import kernel_settings
+from ..version import __version__
 from .costs import ALGOS, LayerCost, Profile, structure_hash
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}

@@ -14,7 +14,10 @@ cached memory):
     NCHW and channels_last, each micro-batch's loss divided by k (the batch's mean);
   - torch.utils.checkpoint.checkpoint_sequential at each segment count of --segments
     (non-reentrant), alone and with accumulation, channels_last;
-  - torch.autograd.graph.save_on_cpu(pin_memory=True), NCHW.
+  - torch.autograd.graph.save_on_cpu(pin_memory=True), NCHW;
+  - torch.compile (default mode) of the channels_last plain and accumulation steps (unless
+    --no-compile): the first warm-up step compiles, its time is reported as compile_s and no
+    timed step includes it.
   A configuration that runs out of memory under the cap is recorded as such.
 
 --math tf32 (default) or fp32 sets how float32 computes in both frameworks. --math bf16 is mixed
@@ -42,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,29 +52,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minidnn.chunks import describe as describe_chunks  # noqa: E402
+from benchlib import emit, run_worker  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
 
 # ---- configurations -------------------------------------------------------------------------------
 def torch_configs(accumulate: list[int], segments: list[int],
-                  layouts=("nchw", "channels_last"), whole_batch: bool = True) -> list[dict]:
+                  layouts=("nchw", "channels_last"), whole_batch: bool = True,
+                  compiled: bool = True) -> list[dict]:
     """The PyTorch configurations tried under every cap, in order. whole_batch=False leaves
     out the steps over the whole batch at once (plain and save_on_cpu), for caps where they are
-    known to run out of memory."""
+    known to run out of memory; compiled: also each channels_last plain and accumulation
+    step under torch.compile."""
+    plain = {"segments": 0, "save_on_cpu": False, "compiled": False}
     configs = []
     for layout in layouts:
-        if whole_batch:
-            configs.append({"layout": layout, "accumulate": 1, "segments": 0,
-                            "save_on_cpu": False})
-        for k in accumulate:
-            configs.append({"layout": layout, "accumulate": k, "segments": 0,
-                            "save_on_cpu": False})
+        counts = ([1] if whole_batch else []) + list(accumulate)
+        configs += [dict(plain, layout=layout, accumulate=k) for k in counts]
+        if compiled and layout == "channels_last":
+            configs += [dict(plain, layout=layout, accumulate=k, compiled=True) for k in counts]
     for s in segments:
         for k in [1] + accumulate:
-            configs.append({"layout": "channels_last", "accumulate": k, "segments": s,
-                            "save_on_cpu": False})
+            configs.append(dict(plain, layout="channels_last", accumulate=k, segments=s))
     if whole_batch:
-        configs.append({"layout": "nchw", "accumulate": 1, "segments": 0, "save_on_cpu": True})
+        configs.append(dict(plain, layout="nchw", accumulate=1, save_on_cpu=True))
     return configs
 
 
@@ -108,6 +111,8 @@ def describe(config: dict) -> str:
         parts.append(f"checkpoint_sequential {config['segments']}")
     if config["save_on_cpu"]:
         parts.append("save_on_cpu")
+    if config.get("compiled"):
+        parts.append("torch.compile")
     if bf16:
         parts.append("bf16 autocast")
     return ", ".join(parts)
@@ -138,6 +143,8 @@ def torch_worker(spec: dict) -> dict:
         if spec["layout"] == "channels_last":
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
+        if spec.get("compiled"):
+            model = torch.compile(model)
         segments = min(spec["segments"], len(model)) if spec["segments"] else 0
         if segments:
             # A segment that starts with an in-place ReLU would overwrite the previous
@@ -169,7 +176,12 @@ def torch_worker(spec: dict) -> dict:
             opt.step()
             return total_loss
 
-        for _ in range(spec["warmup"]):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if spec.get("compiled"):     # the first step compiles: paid once, timed apart
+            result["compile_s"] = time.perf_counter() - t0
+        for _ in range(max(spec["warmup"] - 1, 1 if spec.get("compiled") else 0)):
             step()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -263,21 +275,14 @@ def worker(argv: list) -> None:
     """--worker JSON: run one configuration, print 'RESULT {json}'."""
     spec = json.loads(argv[0])
     run = minidnn_worker if spec.get("framework") == "minidnn" else torch_worker
-    print("RESULT " + json.dumps(run(spec)), flush=True)
+    emit(run(spec))
 
 
 def launch(spec: dict, timeout: int) -> dict:
     """Run one configuration in its own process; its result, or why there is none."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(spec, error=f"timed out after {timeout} s")
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
-        return dict(spec, error=" | ".join(tail) or f"exit status {proc.returncode}")
-    return json.loads(line[len("RESULT "):])
+    result, why = run_worker(cmd, timeout)
+    return result if result is not None else dict(spec, error=why)
 
 
 # ---- output ---------------------------------------------------------------------------------------
@@ -303,6 +308,8 @@ def markdown(results: dict) -> str:
                 continue
             ratio = f"{r['images_per_s'] / anchor['images_per_s']:.2f}x" if anchor else "-"
             note = "anchor" if r is anchor else ""
+            if r.get("compile_s") is not None:
+                note += ("; " if note else "") + f"compiled in {r['compile_s']:.0f} s"
             if r.get("framework") == "minidnn":
                 note = (f"{r.get('micro_batches', 1)} micro-batches, lookahead "
                         f"{r.get('prefetch_lookahead')}, offload {r.get('offloaded_storages', 0)}"
@@ -343,6 +350,8 @@ def parse_args(argv):
                    help="leave out PyTorch's plain and save_on_cpu steps of the whole batch "
                         "(they run out of memory under the caps of VGG-16 b256)")
     p.add_argument("--no-relu-bits", action="store_true", help="minidnn without --relu-bits")
+    p.add_argument("--no-compile", action="store_true",
+                   help="leave out PyTorch's torch.compile configurations")
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="also run minidnn allowed to split the batch of a network with "
                         "BatchNorm (PyTorch's gradient accumulation splits its statistics)")
@@ -379,7 +388,7 @@ def specs_for(args, cap: int, image: int) -> list[dict]:
             specs.append(dict(base, framework="minidnn", device=args.device))
         if args.only != "minidnn":
             specs += [dict(base, **c) for c in torch_configs([], [], args.layouts.split(","),
-                                                             True)
+                                                             True, not args.no_compile)
                       if c["accumulate"] == 1 and not c["save_on_cpu"]]
         return specs
     if args.only != "torch":
@@ -392,7 +401,8 @@ def specs_for(args, cap: int, image: int) -> list[dict]:
     if args.only != "minidnn":
         specs += [dict(base, **c)
                   for c in torch_configs(ints(args.accumulate), ints(args.segments),
-                                         args.layouts.split(","), not args.no_whole_batch)]
+                                         args.layouts.split(","), not args.no_whole_batch,
+                                         not args.no_compile)]
     return specs
 
 

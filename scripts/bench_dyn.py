@@ -38,7 +38,6 @@ import dataclasses
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minidnn import SGD, models  # noqa: E402
+from benchlib import emit, run_worker  # noqa: E402
 from minidnn.backend import select_device  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 from minidnn.decide import build_executor  # noqa: E402
@@ -253,24 +253,17 @@ def torch_worker(argv: list) -> None:
     except torch.cuda.OutOfMemoryError as e:
         result["error"] = f"out of memory{' under ' + fmt_bytes(budget) if budget else ''}: " \
                           f"{str(e).splitlines()[0]}"
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)
 
 
 def run_torch(name: str, batch: int, image: int, mode: str, budget, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", name, str(batch),
            str(image), mode, "none" if budget is None else str(budget), str(args.warmup),
            str(args.steps), args.math]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.torch_timeout)
-        out = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        return {"framework": "pytorch", "mode": mode, "budget_bytes": budget,
-                "error": f"timed out after {args.torch_timeout} s"}
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
-        return {"framework": "pytorch", "mode": mode, "budget_bytes": budget,
-                "error": " | ".join(out.strip().splitlines()[-6:])}
-    return json.loads(line[len("RESULT "):])
+    result, why = run_worker(cmd, args.torch_timeout)
+    if result is None:
+        return {"framework": "pytorch", "mode": mode, "budget_bytes": budget, "error": why}
+    return result
 
 
 def torch_rows(name: str, batch: int, image: int, args, deadline: float) -> list:

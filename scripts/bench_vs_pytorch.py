@@ -33,75 +33,160 @@ Configurations (--frameworks), each run in a process of its own:
   pytorch          PyTorch as it runs by default (NCHW)
   pytorch-cl       PyTorch with the model and the batch in channels_last
   pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
+  pytorch-cl-compiled, pytorch-cl-bf16-compiled
+                   the same under torch.compile (default mode): the first warm-up step
+                   compiles; its time is reported as compile_s and is in no timed step
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchlib import emit, run_worker  # noqa: E402
 
 DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32", "resnet50:256:tf32")
 GiB = 1024 ** 3
 
 
 # ---- the network in PyTorch -------------------------------------------------------------------
-def torch_model(net):
-    """torch.nn.Sequential equivalent of a chain-shaped minidnn Network (loss excluded), and
-    the list of (minidnn parameter name, torch parameter) pairs for copying weights."""
+class GraphStep(NamedTuple):
+    """One node of a network in the order it runs: its name, its inputs' names, its layer,
+    and the names of the values no later step reads (freed once it has run)."""
+    name: str
+    inputs: tuple
+    layer: object
+    frees: tuple
+
+
+def graph_steps(net) -> list:
+    """The layers of a minidnn Network, the loss left out, as GraphSteps in the network's
+    topological order: any DAG (Concat and Add joins included), not only chains. The input
+    batch is named network.DATA."""
+    from minidnn.network import DATA
+    steps = [(n.name, tuple(n.inputs), n.layer) for n in net.nodes if n.layer.kind != "loss"]
+    last_use = {DATA: -1}
+    for k, (_, inputs, _) in enumerate(steps):
+        for i in inputs:
+            last_use[i] = k
+    output = steps[-1][0]
+    frees = [[] for _ in steps]
+    for value, k in last_use.items():
+        if k >= 0 and value != output:
+            frees[k].append(value)
+    return [GraphStep(name, inputs, layer, tuple(frees[k]))
+            for k, (name, inputs, layer) in enumerate(steps)]
+
+
+def overwritable(steps) -> set:
+    """Names of the steps that may overwrite their one input in place (a ReLU's twin with
+    inplace=True): no other step reads that input, and it is not the input batch."""
+    from minidnn.network import DATA
+    readers: dict = {}
+    for step in steps:
+        for i in step.inputs:
+            readers[i] = readers.get(i, 0) + 1
+    return {step.name for step in steps
+            if len(step.inputs) == 1 and step.inputs[0] != DATA and readers[step.inputs[0]] == 1}
+
+
+def torch_module(layer, in_place: bool):
+    """The torch.nn twin of one minidnn layer (None for the joins, Concat and Add, which
+    the graph runs itself); in_place: a ReLU may overwrite its input (no other reader)."""
     import torch.nn as nn
     from minidnn.layers import Flatten, Linear, ReLU
+    from minidnn.layers.batchnorm import BatchNorm2d
     from minidnn.layers.conv import Conv2d
     from minidnn.layers.dropout import Dropout
     from minidnn.layers.lrn import LRN
+    from minidnn.layers.merge import Add, Concat
     from minidnn.layers.pool import AvgPool2d, MaxPool2d
-    from minidnn.network import DATA
+    if isinstance(layer, (Add, Concat)):
+        return None
+    if isinstance(layer, Conv2d):
+        return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
+                         layer.padding, layer.dilation, layer.groups, layer.bias)
+    if isinstance(layer, ReLU):
+        return nn.ReLU(inplace=in_place)
+    if isinstance(layer, BatchNorm2d):
+        return nn.BatchNorm2d(layer.in_shapes[0][1], eps=layer.eps, momentum=layer.momentum)
+    if isinstance(layer, LRN):
+        s = layer.spec
+        return nn.LocalResponseNorm(s.size, s.alpha, s.beta, s.k)
+    if isinstance(layer, MaxPool2d):
+        return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding,
+                            ceil_mode=layer.ceil_mode)
+    if isinstance(layer, AvgPool2d):
+        return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding,
+                            ceil_mode=layer.ceil_mode, count_include_pad=layer.count_include_pad)
+    if isinstance(layer, Flatten):
+        return nn.Flatten()
+    if isinstance(layer, Linear):
+        return nn.Linear(layer.in_features, layer.out_features, layer.bias)
+    if isinstance(layer, Dropout):
+        return nn.Dropout(layer.p)
+    raise SystemExit(f"bench_vs_pytorch: no PyTorch twin for {type(layer).__name__} "
+                     f"({layer.name})")
 
-    modules, pairs, prev = [], [], DATA
-    for node in net.nodes:
-        layer = node.layer
-        if layer.kind == "loss":
-            break
-        if list(node.inputs) != [prev]:
-            raise SystemExit(f"bench_vs_pytorch: {net.name} is not a chain at {node.name}")
-        prev = node.name
-        if isinstance(layer, Conv2d):
-            m = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
-                          layer.padding, layer.dilation, layer.groups, layer.bias)
-        elif isinstance(layer, ReLU):
-            m = nn.ReLU(inplace=True)
-        elif isinstance(layer, LRN):
-            s = layer.spec
-            m = nn.LocalResponseNorm(s.size, s.alpha, s.beta, s.k)
-        elif isinstance(layer, MaxPool2d):
-            m = nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding,
-                             ceil_mode=layer.ceil_mode)
-        elif isinstance(layer, AvgPool2d):
-            m = nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding,
-                             ceil_mode=layer.ceil_mode, count_include_pad=layer.count_include_pad)
-        elif isinstance(layer, Flatten):
-            m = nn.Flatten()
-        elif isinstance(layer, Linear):
-            m = nn.Linear(layer.in_features, layer.out_features, layer.bias)
-        elif isinstance(layer, Dropout):
-            m = nn.Dropout(layer.p)
-        else:
-            raise SystemExit(f"bench_vs_pytorch: no PyTorch twin for {type(layer).__name__} "
-                             f"({node.name})")
-        for pname, p in m.named_parameters():
-            pairs.append((f"{node.name}.{pname}", p))
-        modules.append(m)
-    return nn.Sequential(*modules), pairs
+
+def torch_model(net):
+    """A torch.nn.Module equivalent of a minidnn Network (loss excluded): nn.Sequential for a
+    chain, else a module that runs graph_steps; and the list of (minidnn parameter or buffer
+    name, torch tensor) pairs for copying weights."""
+    import torch
+    import torch.nn as nn
+    from minidnn.layers.merge import Add
+    from minidnn.network import DATA
+    steps = graph_steps(net)
+    in_place = overwritable(steps)
+    modules, pairs = {}, []
+    for step in steps:
+        m = torch_module(step.layer, in_place=step.name in in_place)
+        if m is None:
+            continue
+        for pname, p in list(m.named_parameters()) + list(m.named_buffers()):
+            pairs.append((f"{step.name}.{pname}", p))
+        modules[step.name] = m
+    chain = all(len(s.inputs) == 1 and s.name in modules for s in steps) and \
+        all(s.inputs[0] == (steps[k - 1].name if k else DATA) for k, s in enumerate(steps))
+    if chain:
+        return nn.Sequential(*modules.values()), pairs
+
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            # ModuleDict keys may not hold dots; minidnn's node names may.
+            self.layers = nn.ModuleDict({k.replace(".", "__"): m for k, m in modules.items()})
+
+        def forward(self, x):
+            values = {DATA: x}
+            for step in steps:
+                xs = [values[i] for i in step.inputs]
+                if step.name in modules:
+                    y = self.layers[step.name.replace(".", "__")](xs[0])
+                elif isinstance(step.layer, Add):
+                    y = xs[0] + xs[1]
+                    for more in xs[2:]:
+                        y = y + more
+                else:                                   # Concat
+                    y = torch.cat(xs, dim=step.layer.axis)
+                values[step.name] = y
+                for value in step.frees:
+                    del values[value]
+            return values[steps[-1].name]
+
+    return Graph(), pairs
 
 
 def torch_reference(name, net):
     """The PyTorch model of a minidnn network, with its weights: torchvision's own ResNet for
-    resnetN (the same state dict keys and layouts, running statistics included), any
-    chain-shaped network translated by torch_model otherwise."""
+    resnetN (the same state dict keys and layouts, running statistics included), any other
+    network translated by torch_model."""
     import torch
     weights = net.state_dict()
     if name.startswith("resnet"):
@@ -142,8 +227,10 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
 
 
 FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "minidnn-unfused", "minidnn-nographs",
-              "pytorch", "pytorch-cl", "pytorch-cl-bf16")
-DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16")
+              "pytorch", "pytorch-cl", "pytorch-cl-bf16", "pytorch-cl-compiled",
+              "pytorch-cl-bf16-compiled")
+DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16",
+                      "pytorch-cl-compiled", "pytorch-cl-bf16-compiled")
 
 
 def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fuse=True,
@@ -238,13 +325,15 @@ def torch_kernel_profile(step, top=16) -> dict:
 
 
 def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=False,
-              bf16=False):
+              bf16=False, compiled=False):
     import contextlib
     import torch
     import torch.nn.functional as F
     model, opt, x, labels = torch_training(name, batch, image_size(name),
                                            "tf32" if bf16 else math, lr=0.01, momentum=0.9,
                                            channels_last=channels_last)
+    if compiled:
+        model = torch.compile(model)
 
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -259,7 +348,10 @@ def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=Fal
         return loss.detach()
 
     t0 = time.perf_counter()
-    losses = [step() for _ in range(warmup)]
+    losses = [step()]
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0 if compiled else None
+    losses += [step() for _ in range(max(warmup - 1, 1 if compiled else 0))]
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
@@ -269,6 +361,7 @@ def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=Fal
     dt = (time.perf_counter() - t0) / steps
     extra = {"kernels": torch_kernel_profile(step)} if profile else {}
     return {**extra, "framework": "pytorch", "ms_per_iter": dt * 1e3, "images_per_s": batch / dt,
+            "compile_s": compile_s,
             "peak_bytes": int(torch.cuda.max_memory_allocated()), "warmup_s": warm_s,
             "loss_first": float(losses[0]), "loss_last": float(losses[-1])}
 
@@ -283,9 +376,10 @@ def child(args) -> None:
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
                         channels_last=fw != "pytorch",
-                        bf16=fw == "pytorch-cl-bf16" or math == "bf16")
+                        bf16=fw.startswith("pytorch-cl-bf16") or math == "bf16",
+                        compiled=fw.endswith("-compiled"))
     res.update(network=name, batch=batch, math=math, framework=fw)
-    print("RESULT " + json.dumps(res), flush=True)
+    emit(res)
 
 
 def train_bench(args) -> list:
@@ -297,22 +391,12 @@ def train_bench(args) -> list:
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--profile"] if args.profile else []
             t0 = time.time()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                out, err = proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                def text(b):
-                    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-                out, err = text(exc.stdout), text(exc.stderr) + \
-                    f"\ntimed out after {args.timeout} s"
-            line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-            if line is None:
-                tail = (out + err).strip().splitlines()[-12:]
+            res, why = run_worker(cmd, args.timeout, tail=12)
+            if res is None:
                 res = {"framework": fw, "network": name, "batch": int(batch), "math": math,
-                       "error": " | ".join(tail)}
-                print(f"{fw} {run}: FAILED\n  " + "\n  ".join(tail), flush=True)
+                       "error": why}
+                print(f"{fw} {run}: FAILED\n  " + "\n  ".join(why.split(" | ")), flush=True)
             else:
-                res = json.loads(line[len("RESULT "):])
                 print(f"{fw} {run}: {res['ms_per_iter']:.1f} ms/iter, "
                       f"{res['images_per_s']:.0f} img/s, peak {res['peak_bytes'] / GiB:.2f} GiB "
                       f"({time.time() - t0:.0f} s with start-up)", flush=True)

@@ -1,0 +1,50 @@
+"""The benchmark scripts' worker protocol, written once.
+
+Each configuration runs in a child process of its own, so that two frameworks' allocators
+never share the card and a crash or a hang costs one row. The child prints one line
+`RESULT {json}`; the parent runs it with a timeout and reads that line, or, when there is
+none, the last lines of the child's output as the reason.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+PREFIX = "RESULT "
+
+
+def emit(result: dict) -> None:
+    """Child side: print the result line (flushed: the parent may be reading a pipe)."""
+    print(PREFIX + json.dumps(result), flush=True)
+
+
+def parse(output: str) -> dict | None:
+    """The result in a child's standard output, or None when it printed none."""
+    line = next((ln for ln in output.splitlines() if ln.startswith(PREFIX)), None)
+    return None if line is None else json.loads(line[len(PREFIX):])
+
+
+def _text(stream) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else (stream or "")
+
+
+def run_worker(cmd: list, timeout: float, tail: int = 6) -> tuple[dict | None, str]:
+    """Parent side: run `cmd` (argv) for at most `timeout` seconds.
+
+    Returns:
+        (result, "") when the child printed a result line, else (None, why): its last
+        `tail` lines of output joined with ' | ' (or its exit status), and on a timeout
+        'timed out after N s' after them.
+    """
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out, err, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, err, code = _text(exc.stdout), _text(exc.stderr), None
+    result = parse(out)
+    if result is not None:
+        return result, ""
+    lines = (out + err).strip().splitlines()[-tail:]
+    if code is None:
+        lines.append(f"timed out after {timeout:g} s")
+    return None, " | ".join(lines) or f"exit status {code}"

@@ -1,0 +1,76 @@
+"""The benchmark scripts' shared parts that run without a GPU or PyTorch: the worker
+protocol (scripts/benchlib.py) and the walk of a network's graph that bench_vs_pytorch
+translates into PyTorch (any DAG: Concat and Add joins)."""
+import sys
+import pathlib
+
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import benchlib  # noqa: E402
+import bench_vs_pytorch  # noqa: E402
+from minidnn import models  # noqa: E402
+from minidnn.network import DATA  # noqa: E402
+
+
+def _child(code: str) -> list:
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); {code}"]
+
+
+def test_a_worker_result_comes_back():
+    result, why = benchlib.run_worker(
+        _child("import benchlib; print('noise'); benchlib.emit({'images_per_s': 12.5})"), 30)
+    assert result == {"images_per_s": 12.5} and why == ""
+
+
+def test_a_worker_without_a_result_says_why():
+    result, why = benchlib.run_worker(
+        _child("print('first'); print('out of memory', file=sys.stderr); sys.exit(3)"), 30)
+    assert result is None and why == "first | out of memory"
+    result, why = benchlib.run_worker(_child("import time; print('started', flush=True); "
+                                             "time.sleep(30)"), 1)
+    assert result is None and why.endswith("timed out after 1 s")
+
+
+@pytest.mark.parametrize("name,size", [("googlenet", 47), ("resnet18", 16), ("vgg11", 32)])
+def test_graph_steps_run_every_layer_once_in_an_order_that_works(name, size):
+    net = models.build(name, num_classes=10, image_size=size)
+    steps = bench_vs_pytorch.graph_steps(net)
+    layers = [n.name for n in net.nodes if n.layer.kind != "loss"]
+    assert [s.name for s in steps] == layers
+    live, freed = {DATA}, []
+    for step in steps:
+        assert set(step.inputs) <= live, f"{step.name} reads a value not made or already freed"
+        live.add(step.name)
+        live -= set(step.frees)
+        freed += step.frees
+    assert live == {steps[-1].name}            # only the logits remain
+    assert sorted(freed) == sorted(set(freed))  # each value freed once
+    joins = [s for s in steps if len(s.inputs) > 1]
+    assert bool(joins) == (name != "vgg11")
+
+
+def test_a_layer_overwrites_its_input_only_where_nothing_else_reads_it():
+    from minidnn.layers import Conv2d, ReLU
+    from minidnn.layers.merge import Add
+    from minidnn.network import Network
+    net = Network((3, 8, 8), name="fork")
+    conv = net.add(Conv2d(4, 3, padding=1), name="conv")
+    a = net.add(ReLU(), conv, name="relu_a")
+    b = net.add(ReLU(), conv, name="relu_b")
+    join = net.add(Add(), [a, b], name="join")
+    net.add(ReLU(), join, name="relu_c")
+    steps = bench_vs_pytorch.graph_steps(net)
+    assert bench_vs_pytorch.overwritable(steps) == {"relu_c"}
+
+
+def test_the_capped_benchmark_compiles_each_channels_last_step_it_runs_eagerly():
+    import bench_budget
+    configs = bench_budget.torch_configs([2, 4], [], ("nchw", "channels_last"))
+    compiled = [(c["layout"], c["accumulate"]) for c in configs if c["compiled"]]
+    assert compiled == [("channels_last", 1), ("channels_last", 2), ("channels_last", 4)]
+    assert not any(c["compiled"] for c in bench_budget.torch_configs([2], [], compiled=False))
+    assert bench_budget.describe(dict(configs[-2], math="tf32")) == \
+        "channels_last, accumulation 4, torch.compile"

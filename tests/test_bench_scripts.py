@@ -74,3 +74,16 @@ def test_the_capped_benchmark_compiles_each_channels_last_step_it_runs_eagerly()
     assert not any(c["compiled"] for c in bench_budget.torch_configs([2], [], compiled=False))
     assert bench_budget.describe(dict(configs[-2], math="tf32")) == \
         "channels_last, accumulation 4, torch.compile"
+
+
+def test_a_layers_floor_is_its_bytes_or_its_flops():
+    import layer_times
+    net = models.build("vgg16", num_classes=10, image_size=32)
+    net.infer_shapes(256)
+    relu, conv = net.node("relu1_1").layer, net.node("conv1_2").layer
+    n = 256 * 64 * 32 * 32
+    assert layer_times.layer_bytes(relu, 2) == (2 * n * 2, 3 * n * 2)
+    fwd, bwd = layer_times.floors(relu, layer_times.PEAK_FLOPS["bf16"], 2)
+    assert fwd == 2 * n * 2 / layer_times.HBM_BYTES_PER_S
+    fwd, bwd = layer_times.floors(conv, layer_times.PEAK_FLOPS["tf32"], 4)
+    assert fwd == conv.flops() / layer_times.PEAK_FLOPS["tf32"] and bwd == 2 * fwd

@@ -388,7 +388,7 @@ class Planner:
         return nxt if nxt.required_bytes < ev.required_bytes else None
 
     def greedy(self, bound: float | None = None, prune: bool = True) -> Evaluation | None:
-        """Greedy by step time per byte saved at the peak, then (prune=False: not) pruning
+        """Greedy by step time per byte saved at the peak, then pruning unless prune=False
         (see module doc).
 
         Each round evaluates exactly the `shortlist` most promising moves at the point of the
@@ -611,9 +611,9 @@ class Planner:
         """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False
         leaves every decision found unpruned (the greedy search's too): `finish` prunes the
         fastest, for a caller that weighs several planners and prunes only those that can
-        still win (planner/split.py). bound: the
-        searches give up on decisions slower than this many seconds (the caller has a plan
-        that fast); NothingFaster when none that fits is left."""
+        still win (planner/split.py). bound: the searches give up on decisions slower than
+        this many seconds (the caller has a plan that fast); NothingFaster when none that fits
+        is left."""
         t0 = time.perf_counter()
         m = self.model
         minimum = self.minimum()

@@ -18,6 +18,15 @@ the mean over the whole batch: what one process at the global batch computes. Al
 start from the same parameters (same seed, or the same checkpoint) and apply the same
 gradients, so they stay the same; `check_parameters` compares their checksums (at the
 start, every `check_every` steps, and at the end).
+
+Buffers (BatchNorm's running mean and variance) are no gradient: each rank moves them with
+the statistics of its own rows, so they would drift apart. As PyTorch's
+DistributedDataParallel does by default, rank 0's buffers are broadcast to every rank once
+per step: in the optimizer wrapper, after the gradient all-reduce has finished and before
+the update (`broadcast_buffers`). By then the step's forward has moved them for the last
+time (a recomputation in backward leaves them alone), the socket group is free (the buckets'
+worker is done), and the next forward, an evaluation, a checkpoint or the final checksum
+comparison all see rank 0's values.
 """
 from __future__ import annotations
 
@@ -120,6 +129,13 @@ class DataParallel:
         return SynchronizedOptimizer(optimizer, self)
 
     # ---- during the run ------------------------------------------------------------------
+    def broadcast_buffers(self) -> None:
+        """Rank 0's layer buffers (running statistics, counters) on every rank, in place (see
+        the module docstring for where in the step and why)."""
+        arrays = [b.data for _, b in self.net.buffers()]
+        if arrays:
+            self.reducer.broadcast(arrays)
+
     def after_step(self, step: int) -> None:
         """Called by the optimizer wrapper after each update (step: updates so far)."""
         self._alive()
@@ -195,6 +211,7 @@ class SynchronizedOptimizer:
 
     def step(self) -> None:
         self.dp.buckets.finish()
+        self.dp.broadcast_buffers()
         self.optimizer.step()
         self.updates += 1
         self.dp.after_step(self.updates)

@@ -233,6 +233,13 @@ class CpuReducer:
             trace[0].copy("allreduce", trace[1], t0, trace[0].mark(None),
                           sum(a.nbytes for a in arrays))
 
+    def all_reduce_now(self, arrays: list) -> None:
+        """Sum `arrays` over the ranks, in place, and return when done (the batch statistics
+        of sync_batchnorm.py). It runs on the buckets' worker after every bucket already
+        started, so each rank makes its exchanges in one order and none interleave."""
+        self._pool.submit(self.group.all_reduce_sum, list(arrays),
+                          "the batch statistics").result()
+
     def broadcast(self, arrays: list) -> None:
         """Rank 0's values of `arrays` on every rank, in place, now (between steps: no bucket
         is travelling then, so the socket group is free)."""

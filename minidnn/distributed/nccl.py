@@ -132,6 +132,19 @@ class NcclReducer:
                           sum(a.nbytes for a in arrays))
         self._started = True
 
+    def all_reduce_now(self, arrays: list) -> None:
+        """Sum `arrays` (device arrays, contiguous) over the ranks, in place, for the compute
+        stream's next work (the batch statistics of sync_batchnorm.py): on the communication
+        stream, behind every bucket started, so each rank's NCCL calls keep one order; the
+        compute stream waits for it."""
+        ready = self.device.event()
+        ready.record(self.device.compute)
+        self.stream.wait_event(ready)
+        self._all_reduce(arrays)
+        done = self.device.event()
+        done.record(self.stream)
+        self.device.compute.wait_event(done)
+
     def broadcast(self, arrays: list) -> None:
         """Rank 0's values of `arrays` (device arrays, contiguous) on every rank, in place, on
         the compute stream: behind the forward that wrote them, before the next one reads

@@ -35,6 +35,9 @@ class BatchNorm2d(Layer):
     retain_inputs = (0,)
     recomputable = True
     batch_statistics = True
+    #: Kernels with the global batch's statistics in a data-parallel run under
+    #: --sync-batchnorm (distributed/sync_batchnorm.py); None: the device's, this batch's.
+    statistics_sync = None
 
     def __init__(self, eps: float = 1e-5, momentum: float = 0.1, name: str | None = None):
         super().__init__(name)
@@ -94,13 +97,14 @@ class BatchNorm2d(Layer):
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,
                        self.momentum)
             self.buffers["num_batches_tracked"].data += 1
-        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
+        (self.statistics_sync or k).batchnorm_training_forward(x, w, b, y, mean, invstd,
+                                                               self.eps, running, relu)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]
         b = self.params["bias"]
-        self._kernels(ctx).batchnorm_backward(xs[0], gy, aux["mean"], aux["invstd"], w.data,
-                                              gxs[0], w.grad, b.grad)
+        (self.statistics_sync or self._kernels(ctx)).batchnorm_backward(
+            xs[0], gy, aux["mean"], aux["invstd"], w.data, gxs[0], w.grad, b.grad)
 
     def flops(self):
         # statistics (sum, square, sum) and the scale and shift.

@@ -385,6 +385,35 @@ def test_two_gpus_train_alike_over_nccl(tmp_path):
     assert report["collective"] == "nccl" and report["ranks_agree"]
 
 
+@pytest.mark.gpu
+def test_two_gpus_step_as_one_gpu_at_the_global_batch_over_nccl(tmp_path):
+    """The NCCL path's mean (sum, then mean.divide_by_ranks on its stream): after one step
+    two GPUs hold one GPU's parameters at the same global batch, to within 1e-3 of the
+    step's size (float32, other convolution plans at another batch). Without the division
+    the two-GPU step would be twice as long: a difference as large as the step itself."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    from minidnn import models
+    from minidnn.checkpoint import load_checkpoint
+    common = ["train", "--model", "tiny_cnn", "--image-size", "32", "--batch", "64",
+              "--steps", "1", "--device", "gpu", "--no-progress", "--eval-every", "0",
+              "--math", "fp32", "--lr", "0.05", "--momentum", "0"]
+    ckpt = {n: str(tmp_path / f"{n}.npz") for n in ("one", "two")}
+    r = minidnn(*common, "--checkpoint", ckpt["one"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = minidnn(*common, "--ranks", "2", "--checkpoint", ckpt["two"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    one, two = (load_checkpoint(ckpt[n]).params for n in ("one", "two"))
+    net = models.build("tiny_cnn", num_classes=10, image_size=32)
+    net.init_params(0)
+    start = net.state_dict()
+    for name, value in one.items():
+        step = np.abs(value - start[name]).max()
+        assert step > 0, name
+        assert np.abs(two[name] - value).max() <= 1e-3 * step, name
+
+
 WATCHDOG = """
 import time
 from minidnn.distributed.data_parallel import _Watchdog

@@ -99,7 +99,8 @@ def recv_frame(sock: socket.socket, kinds: tuple, like: list = ()) -> Frame:
     specs = header.pop("arrays", None)
     expected = [_spec(x) for x in (() if kind == "abort" else like)]
     if specs != expected:
-        raise FrameError(f"arrays {_shorten(specs)} in a {kind} frame (expected {expected})")
+        raise FrameError(f"arrays {_shorten(specs)} in a {kind} frame (expected "
+                         f"{_shorten(expected)})")
     if kind == "abort" and not (isinstance(header.get("rank"), int)
                                 and isinstance(header.get("message"), str)):
         raise FrameError("an abort frame without an integer rank and a message")

@@ -201,15 +201,16 @@ def test_strangers_are_refused_in_one_line_each_while_rank_0_waits_for_its_rank(
     assert reasons[1].startswith("not a hello: a header that is not JSON")
     assert reasons[2] == "no hello within 0.3 s"
     assert reasons[3] == "a hello as rank 1 under another secret (not this run's)"
-    # The run goes on: the admitted rank and rank 0 add up.
-    a = np.array([1.0, 2.0])
+    # The run goes on: the admitted rank and rank 0 add up, into the arrays given even where
+    # they are not contiguous (a gradient laid out channels last).
+    a = np.arange(6.0).reshape(2, 3).T
     t2 = threading.Thread(target=group.all_reduce_sum, args=([a],))
     t2.start()
-    b = np.array([10.0, 20.0])
+    b = 10 * np.arange(6.0).reshape(2, 3).T
     peer.all_reduce_sum([b])
     t2.join()
-    np.testing.assert_array_equal(a, [11.0, 22.0])
-    np.testing.assert_array_equal(b, [11.0, 22.0])
+    np.testing.assert_array_equal(a, 11 * np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_array_equal(b, a)
     group.close()
     peer.close()
 

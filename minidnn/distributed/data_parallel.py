@@ -128,6 +128,10 @@ class DataParallel:
         if self.reducer is None:
             self.connect(ex.device)
         self.net = ex.net
+        if self.sync_batchnorm and ex.device.is_gpu and ex.decision.precision == "bf16":
+            # Its kernels are built on the fp32 batch-norm kernels; bf16 maps are not tried.
+            raise ConfigError("--sync-batchnorm with --precision bf16 on GPUs is not built "
+                              "yet: use --precision fp32, or leave --sync-batchnorm out")
         if self.sync_batchnorm:
             self.synchronized = synchronize_batchnorm(ex.net, self.reducer, self.size)
             if not self.synchronized:

@@ -64,9 +64,11 @@ class BatchNorm2d(Layer):
         c = self.in_shapes[0][1]
         return {"mean": ((c,), self.dtype), "invstd": ((c,), self.dtype)}
 
-    @staticmethod
-    def _kernels(ctx):
-        """The batch-norm kernels of the step's device (their own modules; see kernels/)."""
+    def _kernels(self, ctx):
+        """The batch-norm kernels of the step's device (their own modules; see kernels/); in
+        training under --sync-batchnorm, statistics_sync's (the global batch's statistics)."""
+        if self.statistics_sync is not None and ctx.train:
+            return self.statistics_sync
         if ctx.xp is np:
             from ..kernels import cpu_batchnorm
             return cpu_batchnorm
@@ -97,14 +99,13 @@ class BatchNorm2d(Layer):
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,
                        self.momentum)
             self.buffers["num_batches_tracked"].data += 1
-        (self.statistics_sync or k).batchnorm_training_forward(x, w, b, y, mean, invstd,
-                                                               self.eps, running, relu)
+        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]
         b = self.params["bias"]
-        (self.statistics_sync or self._kernels(ctx)).batchnorm_backward(
-            xs[0], gy, aux["mean"], aux["invstd"], w.data, gxs[0], w.grad, b.grad)
+        self._kernels(ctx).batchnorm_backward(xs[0], gy, aux["mean"], aux["invstd"], w.data,
+                                              gxs[0], w.grad, b.grad)
 
     def flops(self):
         # statistics (sum, square, sum) and the scale and shift.

@@ -180,14 +180,18 @@ def _add_ranks_arguments(t, d: TrainConfig) -> None:
                         "LOCAL_RANK)")
     g.add_argument("--rendezvous", default=None, metavar="tcp://HOST:PORT|file:PATH",
                    help="where the ranks meet: rank 0's address and a free port, or a file "
-                        "every host sees (default: MASTER_ADDR and MASTER_PORT)")
+                        "every host sees (default: MASTER_ADDR and MASTER_PORT). Ranks prove "
+                        "they belong to the run with the secret in MINIDNN_RUN_SECRET, the same "
+                        "on every rank (--ranks N alone draws one; a file rendezvous carries "
+                        "rank 0's)")
     g.add_argument("--sync-batchnorm", action="store_true",
                    help="BatchNorm normalizes with the mean and variance of the whole global "
                         "batch, summed over the ranks in forward and backward, so N ranks "
                         "train what one process trains at --batch (costs 3 small exchanges "
-                        "per BatchNorm layer and step). Default: each rank normalizes with its "
-                        "own rows, and rank 0's running mean and variance go to every rank "
-                        "after each step, as PyTorch's DistributedDataParallel does")
+                        "per BatchNorm layer and step; not with --precision bf16 on GPUs yet). "
+                        "Default: each rank normalizes with its own rows, and rank 0's running "
+                        "mean and variance go to every rank after each step, as PyTorch's "
+                        "DistributedDataParallel does")
     g.add_argument("--collective-timeout", type=argtypes.positive_float,
                    default=d.collective_timeout, metavar="S",
                    help=f"seconds a rank waits for the others before it gives up (default "

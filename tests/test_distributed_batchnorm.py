@@ -4,7 +4,6 @@ ranks at a global batch train what one process trains at that batch; and the gra
 divides by the number of ranks (two ranks at batch B against one process at B)."""
 import json
 import multiprocessing
-import re
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from minidnn import Executor, Network, SGD
 from minidnn.distributed import DataParallel, World
 from minidnn.distributed.mean import divide_by_ranks
 from minidnn.distributed.rendezvous import free_port
+from minidnn.errors import ConfigError
 from minidnn.layers import BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ReLU
 
 from test_distributed import minidnn
@@ -52,17 +52,17 @@ def _rank_main(rank, size, port, out, steps, sync):
     ex = Executor(net, dp.local_batch, device="cpu", seed=5, batch_offset=dp.batch_offset,
                   global_batch=GLOBAL_BATCH)
     opt = dp.attach(ex, sgd(net))
-    for x, y in batches(steps):
+    for step, (x, y) in enumerate(batches(steps), 1):
         ex.train_step(x[dp.rows], y[dp.rows], opt)
-    dp.check_parameters("at the end")
+        dp.check_parameters(f"after step {step}")
+        np.savez(f"{out}.rank{rank}.step{step}.npz", **net.state_dict())
     ex.close()
     dp.close()
-    np.savez(f"{out}.rank{rank}.npz", **net.state_dict())
 
 
-def run_ranks(tmp_path, steps, sync, size=2) -> list:
-    """Every rank's state dict after `steps` steps at GLOBAL_BATCH."""
-    port, out = free_port(), str(tmp_path / "run")
+def run_ranks(folder, steps, sync, size=2) -> list:
+    """[[every rank's state dict] after step 1, ... after step `steps`] at GLOBAL_BATCH."""
+    port, out = free_port(), str(folder / "run")
     procs = [SPAWN.Process(target=_rank_main, args=(r, size, port, out, steps, sync))
              for r in range(size)]
     for p in procs:
@@ -70,7 +70,20 @@ def run_ranks(tmp_path, steps, sync, size=2) -> list:
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * size
-    return [dict(np.load(f"{out}.rank{r}.npz")) for r in range(size)]
+    return [[dict(np.load(f"{out}.rank{r}.step{k}.npz")) for r in range(size)]
+            for k in range(1, steps + 1)]
+
+
+@pytest.fixture(scope="module")
+def synchronized(tmp_path_factory):
+    """Two ranks, two steps, synchronized statistics."""
+    return run_ranks(tmp_path_factory.mktemp("sync"), 2, sync=True)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """Two ranks, one step, each rank's own statistics."""
+    return run_ranks(tmp_path_factory.mktemp("plain"), 1, sync=False)
 
 
 def one_process(steps) -> dict:
@@ -83,22 +96,20 @@ def one_process(steps) -> dict:
     return net.state_dict()
 
 
-def test_synchronized_statistics_train_what_one_process_trains_at_the_global_batch(tmp_path):
+def test_synchronized_statistics_train_what_one_process_trains_at_the_global_batch(
+        synchronized):
     """Tolerance 1e-12 in float64: only the order of the sums differs (each rank sums its
-    half, rank 0 adds the halves). Per-rank statistics would differ by far more."""
-    ranks = run_ranks(tmp_path, 2, sync=True)
+    half, the halves are then added). Per-rank statistics differ by far more (below)."""
+    ranks = synchronized[-1]
     one = one_process(2)
     for name, value in one.items():
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
         np.testing.assert_allclose(ranks[0][name], value, rtol=0, atol=1e-12, err_msg=name)
     assert int(ranks[0]["bn1.num_batches_tracked"]) == 2
-    # The check can fail: without synchronized statistics the same run ends elsewhere.
-    plain = run_ranks(tmp_path, 2, sync=False)
-    assert max(np.abs(plain[0][n] - one[n]).max() for n in one) > 1e-4
 
 
-def test_without_synchronized_statistics_every_rank_ends_with_rank_0s_buffers(tmp_path):
-    ranks = run_ranks(tmp_path, 1, sync=False)
+def test_without_synchronized_statistics_every_rank_ends_with_rank_0s_buffers(plain):
+    ranks = plain[0]
     for name in ranks[0]:
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name])
     # Rank 0's own statistics: the running mean one process moves with rows 0..3 alone.
@@ -109,14 +120,17 @@ def test_without_synchronized_statistics_every_rank_ends_with_rank_0s_buffers(tm
     ex.close()
     np.testing.assert_allclose(ranks[0]["bn1.running_mean"],
                                net.state_dict()["bn1.running_mean"], rtol=1e-12)
+    # Each rank's statistics make another step than one process's at the global batch.
+    one = one_process(1)
+    assert max(np.abs(ranks[0][n] - one[n]).max() for n in one) > 1e-4
 
 
 def test_two_ranks_step_as_one_process_at_the_global_batch_so_the_mean_divides_by_ranks(
-        tmp_path):
+        synchronized):
     """No BatchNorm statistics in the way (synchronized): after one step the parameters are
     one process's within 1e-12. A gradient mean that forgot to divide by the number of ranks
     would step twice as far."""
-    ranks = run_ranks(tmp_path, 1, sync=True)
+    ranks = synchronized[0]
     one = one_process(1)
     initial = bn_net()
     initial.init_params(5)
@@ -154,12 +168,14 @@ def test_sync_batchnorm_needs_ranks_and_a_batchnorm():
                                 "(one process normalizes with its whole batch already)")
 
 
-def test_sync_batchnorm_refuses_a_network_without_batchnorm(tmp_path):
-    r = minidnn("train", "--model", "tiny_cnn", "--image-size", "16", "--batch", "4",
-                "--steps", "1", "--device", "cpu", "--ranks", "2", "--sync-batchnorm",
-                "--no-progress")
-    assert r.returncode == 2
-    errors = [line for line in r.stderr.splitlines() if "error" in line]
-    assert len(errors) == 1, r.stderr    # every rank finds it; the first one is printed
-    assert re.fullmatch(r"minidnn: error: rank [01]: --sync-batchnorm: network 'tiny_cnn' has "
-                        r"no BatchNorm layer to synchronize", errors[0])
+def test_sync_batchnorm_refuses_a_network_without_batchnorm():
+    from test_distributed import tiny_net
+    net = tiny_net()
+    dp = DataParallel(World(1, 0, 0, "tcp://127.0.0.1:1"), 4, sync_batchnorm=True)
+    dp.connect(dp.select_device("cpu"))
+    ex = Executor(net, 4, device="cpu")
+    with pytest.raises(ConfigError, match="--sync-batchnorm: network 'tiny' has no BatchNorm "
+                                          "layer to synchronize"):
+        dp.attach(ex, sgd(net))
+    ex.close()
+    dp.close()

@@ -28,6 +28,8 @@ from .rendezvous import World, connect_star
 
 #: Default seconds a collective waits for a peer before it gives up.
 DEFAULT_TIMEOUT_S = 600.0
+#: The longest error message an abort carries to the other ranks.
+ABORT_MESSAGE_CHARS = 4000
 
 
 class SocketGroup:
@@ -166,6 +168,7 @@ class SocketGroup:
             rank, message = error.rank, error.message
         else:
             rank, message = self.rank, _one_line(error)
+        message = message[:ABORT_MESSAGE_CHARS]   # a header has room for it
         for peer in list(self.peers):
             try:
                 self.peers[peer].settimeout(1.0)

@@ -177,11 +177,21 @@ def connect(port):
             time.sleep(0.05)
 
 
+def listening_addresses(port) -> list:
+    """The local IPv4 addresses (hex, as the kernel lists them) listening on `port`."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return [r[1].split(":")[0] for r in rows
+            if r[3] == "0A" and int(r[1].split(":")[1], 16) == port]
+
+
 def test_strangers_are_refused_in_one_line_each_while_rank_0_waits_for_its_rank(monkeypatch):
     monkeypatch.setattr(rendezvous, "HELLO_TIMEOUT_S", 0.3)
     port, warnings = free_port(), []
     t, out = start_rank0(f"tcp://127.0.0.1:{port}", SECRET, warnings)
     connect(port).close()                                      # no hello
+    if os.path.exists("/proc/net/tcp"):                       # Linux: who may connect
+        assert listening_addresses(port) == ["0100007F"]       # 127.0.0.1, not 0.0.0.0
     with connect(port) as s:
         s.sendall(b"\x00\x00\x00\x05hello")                     # garbage
         time.sleep(0.1)

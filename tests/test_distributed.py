@@ -385,68 +385,59 @@ def test_two_gpus_train_alike_over_nccl(tmp_path):
     assert report["collective"] == "nccl" and report["ranks_agree"]
 
 
-@pytest.mark.gpu
-def test_two_gpus_step_as_one_gpu_at_the_global_batch_over_nccl(tmp_path):
-    """The NCCL path's mean (sum, then mean.divide_by_ranks on its stream): after one step
-    two GPUs hold one GPU's parameters at the same global batch, to within 1e-3 of the
-    step's size (float32, other convolution plans at another batch). Without the division
-    the two-GPU step would be twice as long: a difference as large as the step itself."""
+def one_step_on_one_and_two_gpus(tmp_path, model, image_size, batch, *two_gpu_flags):
+    """({name: array} after one step on one GPU, the same on two GPUs at the same global
+    batch, the initial values); float32 without TF32, no momentum."""
     import cupy
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs two GPUs")
     from minidnn import models
     from minidnn.checkpoint import load_checkpoint
-    common = ["train", "--model", "tiny_cnn", "--image-size", "32", "--batch", "64",
+    common = ["train", "--model", model, "--image-size", str(image_size), "--batch", str(batch),
               "--steps", "1", "--device", "gpu", "--no-progress", "--eval-every", "0",
-              "--math", "fp32", "--lr", "0.05", "--momentum", "0"]
+              "--math", "fp32", "--deterministic", "--momentum", "0", "--lr", "0.05"]
     ckpt = {n: str(tmp_path / f"{n}.npz") for n in ("one", "two")}
     r = minidnn(*common, "--checkpoint", ckpt["one"], timeout=300)
     assert r.returncode == 0, r.stderr
-    r = minidnn(*common, "--ranks", "2", "--checkpoint", ckpt["two"], timeout=300)
+    r = minidnn(*common, "--ranks", "2", *two_gpu_flags, "--checkpoint", ckpt["two"],
+                timeout=300)
     assert r.returncode == 0, r.stderr
-    one, two = (load_checkpoint(ckpt[n]).params for n in ("one", "two"))
-    net = models.build("tiny_cnn", num_classes=10, image_size=32)
+    net = models.build(model, num_classes=10, image_size=image_size)
     net.init_params(0)
-    start = net.state_dict()
+    one, two = (load_checkpoint(ckpt[n]).params for n in ("one", "two"))
+    return one, two, net.state_dict()
+
+
+def assert_the_same_step(one, two, start):
+    """Every parameter and buffer of `two` is `one`'s within 1e-3 of the step's size and two
+    float32 spacings near the values (a BatchNorm weight near 1 moves by 1e-4: one rounding
+    is 1e-3 of that step; on the CPU the largest difference is one such rounding)."""
     for name, value in one.items():
+        if name.endswith("num_batches_tracked"):
+            continue
         step = np.abs(value - start[name]).max()
         spacing = np.finfo(np.float32).eps * np.abs(value).max()
-        assert step > 0, name
         assert np.abs(two[name] - value).max() <= 1e-3 * step + 2 * spacing, name
+
+
+@pytest.mark.gpu
+def test_two_gpus_step_as_one_gpu_at_the_global_batch_over_nccl(tmp_path):
+    """The NCCL path's mean (sum, then mean.divide_by_ranks on its stream): after one step
+    two GPUs hold one GPU's parameters at the same global batch. Without the division the
+    two-GPU step would be twice as long: a difference as large as the step itself."""
+    one, two, start = one_step_on_one_and_two_gpus(tmp_path, "tiny_cnn", 32, 64)
+    assert all(np.abs(one[n] - start[n]).max() > 0 for n in one)
+    assert_the_same_step(one, two, start)
 
 
 @pytest.mark.gpu
 def test_two_gpus_with_synchronized_batchnorm_step_as_one_gpu(tmp_path):
-    """--sync-batchnorm over NCCL: a ResNet's step on two GPUs at a global batch is one GPU's
-    at that batch, to within 1e-3 of the step's size and two float32 spacings. Each GPU's own
-    statistics make another step (on the CPU: 1.8 times the step's size apart)."""
-    import cupy
-    if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs two GPUs")
-    from minidnn.checkpoint import load_checkpoint
-    common = ["train", "--model", "resnet18", "--image-size", "32", "--batch", "16",
-              "--steps", "1", "--device", "gpu", "--no-progress", "--eval-every", "0",
-              "--math", "fp32", "--deterministic", "--momentum", "0"]
-    ckpt = {n: str(tmp_path / f"{n}.npz") for n in ("one", "two")}
-    r = minidnn(*common, "--checkpoint", ckpt["one"], timeout=300)
-    assert r.returncode == 0, r.stderr
-    r = minidnn(*common, "--ranks", "2", "--sync-batchnorm", "--checkpoint", ckpt["two"],
-                timeout=300)
-    assert r.returncode == 0, r.stderr
-    one, two = (load_checkpoint(ckpt[n]).params for n in ("one", "two"))
-    from minidnn import models
-    net = models.build("resnet18", num_classes=10, image_size=32)
-    net.init_params(0)
-    start = net.state_dict()
-    for name, value in one.items():
-        if name.endswith("num_batches_tracked"):
-            continue
-        # A step's size, and the spacing of float32 numbers near the values (a BatchNorm
-        # weight near 1 moves by 1e-4: one rounding is 1e-3 of that step; on the CPU the
-        # largest difference is one such rounding, 9.6e-4 of the step).
-        step = np.abs(value - start[name]).max()
-        spacing = np.finfo(np.float32).eps * np.abs(value).max()
-        assert np.abs(two[name] - value).max() <= 1e-3 * step + 2 * spacing, name
+    """--sync-batchnorm over NCCL: a ResNet's step on two GPUs is one GPU's at the global
+    batch. Each GPU's own statistics make another step (on the CPU: 1.8 times the step's
+    size apart)."""
+    one, two, start = one_step_on_one_and_two_gpus(tmp_path, "resnet18", 32, 16,
+                                                   "--sync-batchnorm")
+    assert_the_same_step(one, two, start)
 
 
 WATCHDOG = """

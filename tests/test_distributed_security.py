@@ -138,7 +138,7 @@ def test_a_rank_refuses_a_rank_0_that_does_not_know_the_secret():
             join(b, SECRET, 1, 2, "127.0.0.1:1")
 
 
-# ---- rank 0 refuses, waits on, and the run goes on ------------------------------------------------
+# ---- rank 0 refuses, waits on, and the run goes on -------------------------------------------
 def test_a_one_host_rendezvous_listens_on_loopback_only():
     assert listen_host("127.0.0.1") == "127.0.0.1"
     assert listen_host("localhost") == "127.0.0.1"

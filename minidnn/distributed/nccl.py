@@ -1,8 +1,9 @@
 """Gradient all-reduce between GPUs with NCCL, through CuPy's bindings (cupy.cuda.nccl).
 
 One communicator per rank (one GPU per process). Rank 0 draws NCCL's unique id and hands it
-to the others over the socket group (cpu_collective.py, as an array of 128 int8 values), which is how ranks on several hosts
-find each other. Every all-reduce runs on a communication stream of its own:
+to the others over the socket group (cpu_collective.py, as an array of 128 int8 values),
+which is how ranks on several hosts find each other. Every all-reduce runs on a
+communication stream of its own:
 
     compute stream   ... backward of layer k+1 | backward of layer k | ...  | optimizer
                                                ^ event                      ^ waits for

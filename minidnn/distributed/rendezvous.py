@@ -15,8 +15,9 @@ run's secret, in a file only the user can read. It listens on loopback alone whe
 is this host's loopback (a one-host run), on every interface otherwise. Every other rank
 connects to it and proves it belongs to the run (an HMAC under the run's secret,
 handshake.py; MINIDNN_RUN_SECRET), which gives a star of TCP connections with rank 0 at the
-centre; rank 0 refuses any other connection in one line and goes on waiting. The CPU collective (cpu_collective.py) runs over that star, and the NCCL unique
-id (nccl.py) is handed out over it.
+centre; rank 0 refuses any other connection in one line and goes on waiting. The CPU
+collective (cpu_collective.py) runs over that star, and the NCCL unique id (nccl.py) is
+handed out over it.
 """
 from __future__ import annotations
 

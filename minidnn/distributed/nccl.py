@@ -13,7 +13,13 @@ communication stream of its own:
 and makes the communication stream wait for it, so the bucket travels while backward computes
 earlier layers; `finish()` makes the compute stream wait for every bucket before the
 optimizer reads the gradients. Gradients are summed (NCCL_SUM, all arrays of a bucket in one
-NCCL group call) and then divided by the number of ranks on the same stream.
+NCCL group call) and then divided by the number of ranks on the same stream (mean.py).
+
+Two more exchanges: `broadcast(arrays)` sends rank 0's BatchNorm buffers to every rank once a
+step, on the compute stream (between the finished all-reduce and the update);
+`all_reduce_now(arrays)` sums the per-channel figures of --sync-batchnorm on the communication
+stream, behind every bucket started, and makes the compute stream wait for it. Every rank
+issues its NCCL calls in one order, as NCCL requires.
 
 NCCL's own device buffers are not part of the memory budget: the communicator is made, and
 warmed up, before the executor takes its arena, so those buffers are in place by then.

@@ -321,5 +321,5 @@ def test_a_tcp_rendezvous_without_the_secret_is_one_error():
                       f"tcp://127.0.0.1:{free_port()}", "--steps", "1", secret=None)
     assert p.wait(60) == 2
     err = p.stderr.read().strip()
-    assert err.startswith(f"minidnn: error: ranks meeting at tcp://127.0.0.1:") and \
+    assert err.startswith("minidnn: error: ranks meeting at tcp://127.0.0.1:") and \
         SECRET_ENV in err and err.count("\n") == 0

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import socket
 
-import numpy as np
-
 from ..errors import CollectiveError, RankFailedError
 from .frames import Frame, FrameError, recv_frame, send_frame
 from .mean import divide_by_ranks

@@ -219,7 +219,6 @@ class DataParallel:
             self.reducer.close()
         self.group.close()
 
-
     def _detach(self) -> None:
         """The network's BatchNorm layers back to their own statistics (the reducer ends)."""
         if self.net is not None and self.synchronized:

@@ -174,6 +174,7 @@ def _train_steps(ex, opt, data, rows):
 
 def _rank_main(rank, size, rendezvous, out, fail_at=None, failing_rank=1):
     """One rank: the tiny net in float64 on its rows of each global batch."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"   # rank 0 of a file rendezvous: loopback only
     world = World(size, rank, rank, rendezvous)
     net = tiny_net()
     dp = DataParallel(world, GLOBAL_BATCH, timeout=20, check_every=1)
@@ -240,12 +241,14 @@ def test_a_rank_that_raises_ends_the_other_with_its_error(tmp_path):
 
 
 def _silent_rank(rendezvous):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
     group = SocketGroup(World(2, 1, 1, rendezvous), timeout=10)
     time.sleep(8)          # connected, but never takes part
     group.close()
 
 
-def test_a_collective_gives_up_after_its_timeout(tmp_path):
+def test_a_collective_gives_up_after_its_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")   # rank 0 listens on loopback only
     rendezvous = f"file:{tmp_path / 'rendezvous'}"
     peer = SPAWN.Process(target=_silent_rank, args=(rendezvous,))
     peer.start()

@@ -180,7 +180,18 @@ def _add_ranks_arguments(t, d: TrainConfig) -> None:
                         "LOCAL_RANK)")
     g.add_argument("--rendezvous", default=None, metavar="tcp://HOST:PORT|file:PATH",
                    help="where the ranks meet: rank 0's address and a free port, or a file "
-                        "every host sees (default: MASTER_ADDR and MASTER_PORT)")
+                        "every host sees (default: MASTER_ADDR and MASTER_PORT). Ranks prove "
+                        "they belong to the run with the secret in MINIDNN_RUN_SECRET, the same "
+                        "on every rank (--ranks N alone draws one; a file rendezvous carries "
+                        "rank 0's)")
+    g.add_argument("--sync-batchnorm", action="store_true",
+                   help="BatchNorm normalizes with the mean and variance of the whole global "
+                        "batch, summed over the ranks in forward and backward, so N ranks "
+                        "train what one process trains at --batch (costs 3 small exchanges "
+                        "per BatchNorm layer and step; not with --precision bf16 on GPUs yet). "
+                        "Default: each rank normalizes with its own rows, and rank 0's running "
+                        "mean and variance go to every rank after each step, as PyTorch's "
+                        "DistributedDataParallel does")
     g.add_argument("--collective-timeout", type=argtypes.positive_float,
                    default=d.collective_timeout, metavar="S",
                    help=f"seconds a rank waits for the others before it gives up (default "
@@ -195,7 +206,12 @@ def _world(args):
     """(this process's distributed.World or None, whether to start --ranks processes)."""
     from .distributed import resolve_world
     world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
-    return world, world is None and (args.ranks or 1) > 1
+    start = world is None and (args.ranks or 1) > 1
+    if args.sync_batchnorm and world is None and not start:
+        from .errors import ConfigError
+        raise ConfigError("--sync-batchnorm needs --ranks N with N > 1 (one process "
+                          "normalizes with its whole batch already)")
+    return world, start
 
 
 class _PipeSafeOutput:
@@ -273,7 +289,7 @@ def _run_training(args, argv: list[str]) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
         log_every=args.log_every, collective_timeout=args.collective_timeout,
-        host_link_gbps=args.host_link_gbps)
+        sync_batchnorm=args.sync_batchnorm, host_link_gbps=args.host_link_gbps)
     report = train(cfg, world=world)
     if world is not None and not world.is_main:
         return 0   # rank 0 speaks for the run

@@ -100,7 +100,8 @@ class TrainConfig:
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
     the device's default). eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
     is read back from the device. collective_timeout: seconds a rank of a data-parallel run
-    waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
+    waits for the others in any exchange before it gives up; sync_batchnorm: its BatchNorm
+    layers normalize with the whole global batch's statistics. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
     offload at once, scripts/bench_host_link.py).
     """
@@ -139,6 +140,7 @@ class TrainConfig:
     log_every: int = 10
     warmup_steps: int = 2
     collective_timeout: float = 600.0
+    sync_batchnorm: bool = False
     host_link_gbps: float | None = None
 
 
@@ -399,7 +401,8 @@ def _rank(cfg: TrainConfig, log, world):
     if world is None or world.size == 1:
         return cfg, log, None
     from .distributed import DataParallel
-    dp = DataParallel(world, cfg.batch, timeout=cfg.collective_timeout)
+    dp = DataParallel(world, cfg.batch, timeout=cfg.collective_timeout,
+                      sync_batchnorm=cfg.sync_batchnorm)
     if not dp.is_main:
         cfg = dataclasses.replace(cfg, progress=False, report=None, trace=None, plot=None)
         log = _silent

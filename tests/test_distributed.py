@@ -174,6 +174,7 @@ def _train_steps(ex, opt, data, rows):
 
 def _rank_main(rank, size, rendezvous, out, fail_at=None, failing_rank=1):
     """One rank: the tiny net in float64 on its rows of each global batch."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"   # rank 0 of a file rendezvous: loopback only
     world = World(size, rank, rank, rendezvous)
     net = tiny_net()
     dp = DataParallel(world, GLOBAL_BATCH, timeout=20, check_every=1)
@@ -240,12 +241,14 @@ def test_a_rank_that_raises_ends_the_other_with_its_error(tmp_path):
 
 
 def _silent_rank(rendezvous):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
     group = SocketGroup(World(2, 1, 1, rendezvous), timeout=10)
     time.sleep(8)          # connected, but never takes part
     group.close()
 
 
-def test_a_collective_gives_up_after_its_timeout(tmp_path):
+def test_a_collective_gives_up_after_its_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")   # rank 0 listens on loopback only
     rendezvous = f"file:{tmp_path / 'rendezvous'}"
     peer = SPAWN.Process(target=_silent_rank, args=(rendezvous,))
     peer.start()
@@ -383,6 +386,61 @@ def test_two_gpus_train_alike_over_nccl(tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert report["collective"] == "nccl" and report["ranks_agree"]
+
+
+def one_step_on_one_and_two_gpus(tmp_path, model, image_size, batch, *two_gpu_flags):
+    """({name: array} after one step on one GPU, the same on two GPUs at the same global
+    batch, the initial values); float32 without TF32, no momentum."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    from minidnn import models
+    from minidnn.checkpoint import load_checkpoint
+    common = ["train", "--model", model, "--image-size", str(image_size), "--batch", str(batch),
+              "--steps", "1", "--device", "gpu", "--no-progress", "--eval-every", "0",
+              "--math", "fp32", "--deterministic", "--momentum", "0", "--lr", "0.05"]
+    ckpt = {n: str(tmp_path / f"{n}.npz") for n in ("one", "two")}
+    r = minidnn(*common, "--checkpoint", ckpt["one"], timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = minidnn(*common, "--ranks", "2", *two_gpu_flags, "--checkpoint", ckpt["two"],
+                timeout=300)
+    assert r.returncode == 0, r.stderr
+    net = models.build(model, num_classes=10, image_size=image_size)
+    net.init_params(0)
+    one, two = (load_checkpoint(ckpt[n]).params for n in ("one", "two"))
+    return one, two, net.state_dict()
+
+
+def assert_the_same_step(one, two, start):
+    """Every parameter and buffer of `two` is `one`'s within 1e-3 of the step's size and two
+    float32 spacings near the values (a BatchNorm weight near 1 moves by 1e-4: one rounding
+    is 1e-3 of that step; on the CPU the largest difference is one such rounding)."""
+    for name, value in one.items():
+        if name.endswith("num_batches_tracked"):
+            continue
+        step = np.abs(value - start[name]).max()
+        spacing = np.finfo(np.float32).eps * np.abs(value).max()
+        assert np.abs(two[name] - value).max() <= 1e-3 * step + 2 * spacing, name
+
+
+@pytest.mark.gpu
+def test_two_gpus_step_as_one_gpu_at_the_global_batch_over_nccl(tmp_path):
+    """The NCCL path's mean (sum, then mean.divide_by_ranks on its stream): after one step
+    two GPUs hold one GPU's parameters at the same global batch. Without the division the
+    two-GPU step would be twice as long: a difference as large as the step itself."""
+    one, two, start = one_step_on_one_and_two_gpus(tmp_path, "tiny_cnn", 32, 64)
+    assert all(np.abs(one[n] - start[n]).max() > 0 for n in one)
+    assert_the_same_step(one, two, start)
+
+
+@pytest.mark.gpu
+def test_two_gpus_with_synchronized_batchnorm_step_as_one_gpu(tmp_path):
+    """--sync-batchnorm over NCCL: a ResNet's step on two GPUs is one GPU's at the global
+    batch. Each GPU's own statistics make another step (on the CPU: 1.8 times the step's
+    size apart)."""
+    one, two, start = one_step_on_one_and_two_gpus(tmp_path, "resnet18", 32, 16,
+                                                   "--sync-batchnorm")
+    assert_the_same_step(one, two, start)
 
 
 WATCHDOG = """

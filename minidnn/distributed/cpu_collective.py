@@ -10,44 +10,43 @@ Every receive has a timeout, so a rank that hangs ends the others with an error 
 wait forever. A rank that fails sends an abort message (its rank and error) before it closes;
 the others raise RankFailedError with that message, and rank 0 passes it on to the rest.
 
-Frames: a header (kind, payload length) and the payload: DATA (raw array bytes or a pickle)
-or ABORT (the failed rank and its message).
+Messages are frames (frames.py): a JSON header and raw array bytes, checked against what the
+receiver expects. Arrays travel as arrays, other values (checksums, the losses' count) as
+JSON; nothing received is unpickled. A frame that is not what was expected ends the run with
+one error naming the rank that sent it.
 """
 from __future__ import annotations
 
-import json
-import pickle
 import socket
-import struct
-
-import numpy as np
 
 from ..errors import CollectiveError, RankFailedError
-from .rendezvous import World, _recv_exact, connect_star
-
-_HEADER = struct.Struct("!BQ")
-_DATA, _ABORT = 1, 2
+from .frames import Frame, FrameError, recv_frame, send_frame
+from .mean import divide_by_ranks
+from .rendezvous import World, connect_star
 
 #: Default seconds a collective waits for a peer before it gives up.
 DEFAULT_TIMEOUT_S = 600.0
+#: The longest error message an abort carries to the other ranks.
+ABORT_MESSAGE_CHARS = 4000
 
 
 class SocketGroup:
     """The ranks of `world`, connected (see the module docstring).
 
     timeout: seconds every receive may wait; connect_timeout: seconds the ranks may take to
-    meet (default: timeout). Use as a context manager or call close(); abort(error) instead
-    when this rank failed.
+    meet (default: timeout); warn: where rank 0 says it refused a connection that is not one
+    of the run's ranks (one line; default stderr). Use as a context manager or call close();
+    abort(error) instead when this rank failed.
     """
 
     def __init__(self, world: World, timeout: float = DEFAULT_TIMEOUT_S,
-                 connect_timeout: float | None = None):
+                 connect_timeout: float | None = None, warn=None):
         if not timeout > 0:
             raise CollectiveError(f"collective timeout must be positive, got {timeout!r}")
         self.world = world
         self.timeout = float(timeout)
         self.peers: dict[int, socket.socket] = connect_star(
-            world, self.timeout if connect_timeout is None else float(connect_timeout))
+            world, self.timeout if connect_timeout is None else float(connect_timeout), warn)
         for sock in self.peers.values():
             sock.settimeout(self.timeout)
         self._closed = False
@@ -61,32 +60,39 @@ class SocketGroup:
         return self.world.size
 
     # ---- frames ----------------------------------------------------------------------------
-    def _send(self, peer: int, payload, kind: int = _DATA) -> None:
-        sock = self.peers[peer]
-        data = memoryview(payload).cast("B")
+    def _send(self, peer: int, kind: str = "data", fields: dict | None = None,
+              arrays: list = ()) -> None:
         try:
-            sock.sendall(_HEADER.pack(kind, data.nbytes))
-            sock.sendall(data)
+            send_frame(self.peers[peer], kind, fields, arrays)
         except OSError as e:
             raise CollectiveError(f"rank {self.rank}: cannot send to rank {peer}: "
                                   f"{e.strerror or e} (did it fail?)") from None
 
-    def _recv(self, peer: int, what: str) -> bytes:
-        sock = self.peers[peer]
+    def _recv(self, peer: int, what: str, like: list = ()) -> Frame:
+        """A data frame from `peer` whose arrays are like `like` (see frames.recv_frame)."""
         try:
-            kind, n = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-            payload = _recv_exact(sock, n)
+            frame = recv_frame(self.peers[peer], ("data",), like)
         except socket.timeout:
             raise CollectiveError(f"rank {self.rank}: rank {peer} sent nothing for "
                                   f"{self.timeout:g} s during {what} (collective timeout; is it "
                                   f"stuck?)") from None
+        except FrameError as e:
+            raise CollectiveError(f"rank {self.rank}: rank {peer} sent a malformed message "
+                                  f"during {what}: {e}") from None
         except (OSError, CollectiveError) as e:
             raise CollectiveError(f"rank {self.rank}: lost the connection to rank {peer} "
                                   f"during {what} ({e}); that rank ended") from None
-        if kind == _ABORT:
-            info = json.loads(payload.decode())
-            raise RankFailedError(info["rank"], info["message"])
-        return payload
+        if frame.kind == "abort":
+            raise RankFailedError(frame.fields["rank"], frame.fields["message"])
+        return frame
+
+    def _recv_value(self, peer: int, what: str):
+        frame = self._recv(peer, what)
+        if set(frame.fields) != {"value"}:
+            raise CollectiveError(f"rank {self.rank}: rank {peer} sent a malformed message "
+                                  f"during {what}: fields {sorted(frame.fields)[:5]} (expected "
+                                  f"'value')")
+        return frame.fields["value"]
 
     # ---- collectives ---------------------------------------------------------------------
     def all_reduce_sum(self, arrays: list, what: str = "all-reduce") -> None:
@@ -94,43 +100,55 @@ class SocketGroup:
         on every rank. Rank 0 adds in rank order, so all ranks get identical bits."""
         if self.size == 1:
             return
-        arrays = [np.ascontiguousarray(a) if not a.flags.c_contiguous else a for a in arrays]
         if self.rank != 0:
-            for a in arrays:
-                self._send(0, a)
-            for a in arrays:
-                _fill(a, self._recv(0, what))
+            self._send(0, arrays=arrays)
+            for a, total in zip(arrays, self._recv(0, what, arrays).arrays):
+                a[...] = total
             return
-        incoming = {r: [self._recv(r, what) for _ in arrays] for r in range(1, self.size)}
+        incoming = {r: self._recv(r, what, arrays).arrays for r in range(1, self.size)}
         for k, a in enumerate(arrays):
             for r in range(1, self.size):
-                a += np.frombuffer(incoming[r][k], dtype=a.dtype).reshape(a.shape)
+                a += incoming[r][k]
         for r in range(1, self.size):
-            for a in arrays:
-                self._send(r, a)
+            self._send(r, arrays=arrays)
+
+    def broadcast_arrays(self, arrays: list, what: str = "broadcast") -> None:
+        """Rank 0's values of `arrays` (NumPy, the same shapes and dtypes on every rank) into
+        every rank's, in place."""
+        if self.size == 1:
+            return
+        if self.rank == 0:
+            for r in range(1, self.size):
+                self._send(r, arrays=arrays)
+            return
+        for a, value in zip(arrays, self._recv(0, what, arrays).arrays):
+            a[...] = value
 
     def broadcast_object(self, obj=None, what: str = "broadcast"):
-        """Rank 0's `obj` on every rank (a picklable value; others pass None)."""
+        """Rank 0's `obj` on every rank (a JSON value: None, numbers, strings, lists, dicts
+        with string keys; others pass None). Tuples arrive as lists."""
         if self.size == 1:
             return obj
         if self.rank == 0:
-            data = pickle.dumps(obj)
             for r in range(1, self.size):
-                self._send(r, data)
+                self._send(r, fields={"value": obj})
             return obj
-        return pickle.loads(self._recv(0, what))
+        return self._recv_value(0, what)
 
     def gather_objects(self, obj, what: str = "gather") -> list:
-        """[rank 0's obj, rank 1's, ...] on every rank."""
+        """[rank 0's obj, rank 1's, ...] on every rank (JSON values, as broadcast_object)."""
         if self.size == 1:
             return [obj]
         if self.rank != 0:
-            self._send(0, pickle.dumps(obj))
-            return pickle.loads(self._recv(0, what))
-        objs = [obj] + [pickle.loads(self._recv(r, what)) for r in range(1, self.size)]
-        data = pickle.dumps(objs)
+            self._send(0, fields={"value": obj})
+            objs = self._recv_value(0, what)
+            if not isinstance(objs, list) or len(objs) != self.size:
+                raise CollectiveError(f"rank {self.rank}: rank 0 sent a malformed message "
+                                      f"during {what}: not a list of {self.size} values")
+            return objs
+        objs = [obj] + [self._recv_value(r, what) for r in range(1, self.size)]
         for r in range(1, self.size):
-            self._send(r, data)
+            self._send(r, fields={"value": objs})
         return objs
 
     def barrier(self, what: str = "barrier") -> None:
@@ -148,11 +166,11 @@ class SocketGroup:
             rank, message = error.rank, error.message
         else:
             rank, message = self.rank, _one_line(error)
-        payload = json.dumps({"rank": rank, "message": message}).encode()
+        message = message[:ABORT_MESSAGE_CHARS]   # a header has room for it
         for peer in list(self.peers):
             try:
                 self.peers[peer].settimeout(1.0)
-                self._send(peer, payload, _ABORT)
+                self._send(peer, "abort", {"rank": rank, "message": message})
             except (CollectiveError, OSError):
                 pass   # that peer is gone already
         self.close()
@@ -175,10 +193,6 @@ class SocketGroup:
         else:
             self.close()
         return False
-
-
-def _fill(a: np.ndarray, payload: bytes) -> None:
-    a[...] = np.frombuffer(payload, dtype=a.dtype).reshape(a.shape)
 
 
 def _one_line(error) -> str:
@@ -215,12 +229,22 @@ class CpuReducer:
     def _reduce(self, arrays: list, trace) -> None:
         t0 = trace[0].mark(None) if trace else None
         self.group.all_reduce_sum(arrays, "the gradient all-reduce")
-        size = self.group.size
-        for a in arrays:
-            a /= a.dtype.type(size)
+        divide_by_ranks(arrays, self.group.size)
         if trace:
             trace[0].copy("allreduce", trace[1], t0, trace[0].mark(None),
                           sum(a.nbytes for a in arrays))
+
+    def all_reduce_now(self, arrays: list) -> None:
+        """Sum `arrays` over the ranks, in place, and return when done (the batch statistics
+        of sync_batchnorm.py). It runs on the buckets' worker after every bucket already
+        started, so each rank makes its exchanges in one order and none interleave."""
+        self._pool.submit(self.group.all_reduce_sum, list(arrays),
+                          "the batch statistics").result()
+
+    def broadcast(self, arrays: list) -> None:
+        """Rank 0's values of `arrays` on every rank, in place, now (between steps: no bucket
+        is travelling then, so the socket group is free)."""
+        self.group.broadcast_arrays(arrays, "the buffer broadcast")
 
     def finish(self) -> None:
         pending, self._pending = self._pending, []

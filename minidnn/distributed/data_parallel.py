@@ -18,6 +18,17 @@ the mean over the whole batch: what one process at the global batch computes. Al
 start from the same parameters (same seed, or the same checkpoint) and apply the same
 gradients, so they stay the same; `check_parameters` compares their checksums (at the
 start, every `check_every` steps, and at the end).
+
+Buffers (BatchNorm's running mean and variance) are no gradient: each rank moves them with
+the statistics of its own rows, so they would drift apart. As PyTorch's
+DistributedDataParallel does by default, rank 0's buffers are broadcast to every rank once
+per step: in the optimizer wrapper, after the gradient all-reduce has finished and before
+the update (`broadcast_buffers`). By then the step's forward has moved them for the last
+time (a recomputation in backward leaves them alone), the socket group is free (the buckets'
+worker is done), and the next forward, an evaluation, a checkpoint or the final checksum
+comparison all see rank 0's values. With `sync_batchnorm` (--sync-batchnorm) the statistics
+themselves are the whole global batch's (sync_batchnorm.py): N ranks at a global batch B then
+train what one process trains at B; the broadcast stays, and changes nothing.
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ from ..errors import CollectiveError, ConfigError, DeviceError
 from .buckets import BUCKET_BYTES, GradientBuckets
 from .cpu_collective import DEFAULT_TIMEOUT_S, CpuReducer, SocketGroup
 from .rendezvous import World
+from .sync_batchnorm import synchronize_batchnorm, unsynchronize
 
 #: Steps between two comparisons of the ranks' parameter checksums.
 CHECK_EVERY = 100
@@ -51,11 +63,14 @@ class DataParallel:
 
     timeout: seconds any collective waits for a peer (and the ranks wait for each other to
     start). check_every: steps between parameter checksum comparisons (0: only at the start
-    and by `check_parameters`). bucket_bytes: size of the gradient buckets.
+    and by `check_parameters`). bucket_bytes: size of the gradient buckets. sync_batchnorm:
+    BatchNorm layers normalize with the statistics of the whole global batch
+    (sync_batchnorm.py); False: each rank's own rows, running estimates from rank 0.
     """
 
     def __init__(self, world: World, global_batch: int, timeout: float = DEFAULT_TIMEOUT_S,
-                 check_every: int = CHECK_EVERY, bucket_bytes: int = BUCKET_BYTES):
+                 check_every: int = CHECK_EVERY, bucket_bytes: int = BUCKET_BYTES,
+                 sync_batchnorm: bool = False):
         self.world = world
         self.global_batch = int(global_batch)
         self.local_batch = split_batch(self.global_batch, world.size)
@@ -64,6 +79,8 @@ class DataParallel:
         self.timeout = float(timeout)
         self.check_every = int(check_every)
         self.bucket_bytes = int(bucket_bytes)
+        self.sync_batchnorm = bool(sync_batchnorm)
+        self.synchronized: list[str] = []   # the BatchNorm layers sync_batchnorm made global
         self.group = SocketGroup(world, self.timeout)
         self.reducer = None
         self.buckets = None
@@ -111,6 +128,15 @@ class DataParallel:
         if self.reducer is None:
             self.connect(ex.device)
         self.net = ex.net
+        if self.sync_batchnorm and ex.device.is_gpu and ex.decision.precision == "bf16":
+            # Its kernels are built on the fp32 batch-norm kernels; bf16 maps are not tried.
+            raise ConfigError("--sync-batchnorm with --precision bf16 on GPUs is not built "
+                              "yet: use --precision fp32, or leave --sync-batchnorm out")
+        if self.sync_batchnorm:
+            self.synchronized = synchronize_batchnorm(ex.net, self.reducer, self.size)
+            if not self.synchronized:
+                raise ConfigError(f"--sync-batchnorm: network {ex.net.name!r} has no "
+                                  f"BatchNorm layer to synchronize")
         self.buckets = GradientBuckets(ex.net, self.reducer, self.bucket_bytes,
                                        tracer=lambda: ex.tracer, passes=ex.micro_batches)
         ex.add_observer(self.buckets)   # after each backward call: buckets complete
@@ -120,6 +146,13 @@ class DataParallel:
         return SynchronizedOptimizer(optimizer, self)
 
     # ---- during the run ------------------------------------------------------------------
+    def broadcast_buffers(self) -> None:
+        """Rank 0's layer buffers (running statistics, counters) on every rank, in place (see
+        the module docstring for where in the step and why)."""
+        arrays = [b.data for _, b in self.net.buffers()]
+        if arrays:
+            self.reducer.broadcast(arrays)
+
     def after_step(self, step: int) -> None:
         """Called by the optimizer wrapper after each update (step: updates so far)."""
         self._alive()
@@ -157,6 +190,7 @@ class DataParallel:
         return {"world_size": self.size, "batch_per_rank": self.local_batch,
                 "gradient_buckets": len(self.buckets.buckets) if self.buckets else None,
                 "collective": self.reducer.name,
+                "sync_batchnorm": self.sync_batchnorm,
                 "rank_param_checksums": list(self.checksums),
                 "ranks_agree": len(set(self.checksums)) == 1}
 
@@ -168,6 +202,7 @@ class DataParallel:
     # ---- ending ----------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:
         """This rank failed: tell the others (they end with this error), release NCCL."""
+        self._detach()
         if self._watchdog is not None:
             self._watchdog.stop()
         self.group.abort(error)
@@ -177,11 +212,17 @@ class DataParallel:
             self.reducer.close()
 
     def close(self) -> None:
+        self._detach()
         if self._watchdog is not None:
             self._watchdog.stop()
         if self.reducer is not None:
             self.reducer.close()
         self.group.close()
+
+    def _detach(self) -> None:
+        """The network's BatchNorm layers back to their own statistics (the reducer ends)."""
+        if self.net is not None and self.synchronized:
+            unsynchronize(self.net)
 
 
 class SynchronizedOptimizer:
@@ -195,6 +236,7 @@ class SynchronizedOptimizer:
 
     def step(self) -> None:
         self.dp.buckets.finish()
+        self.dp.broadcast_buffers()
         self.optimizer.step()
         self.updates += 1
         self.dp.after_step(self.updates)

@@ -2,8 +2,10 @@
 
 Each rank is `python -m minidnn train ...` with the same arguments and the environment
 torchrun would give it (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, WORLD_SIZE=N, RANK=r,
-LOCAL_RANK=r), so it uses GPU r; the ranks meet by themselves (rendezvous.py). Rank 0 prints
-progress and writes the checkpoint and the report; the others print nothing.
+LOCAL_RANK=r), so it uses GPU r, and a secret drawn for this run (MINIDNN_RUN_SECRET); the
+ranks meet by themselves on loopback, and rank 0 admits only those that prove they know the
+secret (rendezvous.py, handshake.py). Rank 0 prints progress and writes the checkpoint and
+the report; the others print nothing.
 
 Supervision: a rank that fails writes its one-line error into a file the launcher gave it
 (MINIDNN_ERROR_FILE) instead of printing it, and exits; the other ranks learn of it through
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 
+from .handshake import SECRET_ENV, new_secret
 from .rendezvous import free_port
 
 #: Environment variable naming the file where a launched rank records its error.
@@ -70,6 +73,7 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
     (0 when all succeed, else the first failure's), after printing that failure once."""
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     port = free_port()
+    secret = new_secret()   # this run's alone: only the ranks started here can join it
     folder = tempfile.mkdtemp(prefix="minidnn-ranks-")
     path = os.pathsep.join([_package_root()] + [p for p in
                                                 os.environ.get("PYTHONPATH", "").split(
@@ -81,7 +85,7 @@ def launch(argv: list[str], ranks: int, log=None) -> int:
         for r in range(ranks):
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        WORLD_SIZE=str(ranks), RANK=str(r), LOCAL_RANK=str(r),
-                       LOCAL_WORLD_SIZE=str(ranks), PYTHONPATH=path,
+                       LOCAL_WORLD_SIZE=str(ranks), PYTHONPATH=path, **{SECRET_ENV: secret},
                        **{ERROR_FILE_ENV: os.path.join(folder, f"rank{r}.json")})
             env.pop("TORCHELASTIC_RUN_ID", None)   # we are the launcher here, not torchrun
             procs.append(subprocess.Popen([sys.executable, "-m", "minidnn"] + list(argv),

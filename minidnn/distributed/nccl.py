@@ -1,8 +1,9 @@
 """Gradient all-reduce between GPUs with NCCL, through CuPy's bindings (cupy.cuda.nccl).
 
 One communicator per rank (one GPU per process). Rank 0 draws NCCL's unique id and hands it
-to the others over the socket group (cpu_collective.py), which is how ranks on several hosts
-find each other. Every all-reduce runs on a communication stream of its own:
+to the others over the socket group (cpu_collective.py, as an array of 128 int8 values),
+which is how ranks on several hosts find each other. Every all-reduce runs on a
+communication stream of its own:
 
     compute stream   ... backward of layer k+1 | backward of layer k | ...  | optimizer
                                                ^ event                      ^ waits for
@@ -12,7 +13,13 @@ find each other. Every all-reduce runs on a communication stream of its own:
 and makes the communication stream wait for it, so the bucket travels while backward computes
 earlier layers; `finish()` makes the compute stream wait for every bucket before the
 optimizer reads the gradients. Gradients are summed (NCCL_SUM, all arrays of a bucket in one
-NCCL group call) and then divided by the number of ranks on the same stream.
+NCCL group call) and then divided by the number of ranks on the same stream (mean.py).
+
+Two more exchanges: `broadcast(arrays)` sends rank 0's BatchNorm buffers to every rank once a
+step, on the compute stream (between the finished all-reduce and the update);
+`all_reduce_now(arrays)` sums the per-channel figures of --sync-batchnorm on the communication
+stream, behind every bucket started, and makes the compute stream wait for it. Every rank
+issues its NCCL calls in one order, as NCCL requires.
 
 NCCL's own device buffers are not part of the memory budget: the communicator is made, and
 warmed up, before the executor takes its arena, so those buffers are in place by then.
@@ -24,6 +31,7 @@ import os
 import numpy as np
 
 from ..errors import CollectiveError
+from .mean import divide_by_ranks
 
 
 def _nccl():
@@ -37,16 +45,30 @@ def _nccl():
     return nccl
 
 
+#: Bytes of NCCL's unique id (NCCL_UNIQUE_ID_BYTES).
+UNIQUE_ID_BYTES = 128
+
+
+def unique_id_array(uid) -> np.ndarray:
+    """NCCL's unique id (CuPy's get_unique_id: a tuple of 128 signed chars) as the int8 array
+    that travels to the other ranks (a plain array, checked for its dtype and shape)."""
+    a = np.array(uid, dtype=np.int64)
+    if a.shape != (UNIQUE_ID_BYTES,) or a.min() < -128 or a.max() > 127:
+        raise CollectiveError(f"NCCL's unique id is not {UNIQUE_ID_BYTES} bytes")
+    return a.astype(np.int8)
+
+
 def nccl_dtype(dtype) -> int:
     """The NCCL data type of a NumPy dtype."""
     nccl = _nccl()
     table = {np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL_FLOAT64",
-             np.dtype(np.float16): "NCCL_FLOAT16"}
+             np.dtype(np.float16): "NCCL_FLOAT16", np.dtype(np.int64): "NCCL_INT64",
+             np.dtype(np.int32): "NCCL_INT32"}
     name = table.get(np.dtype(dtype))
     if name is None and str(dtype) == "bfloat16" and hasattr(nccl, "NCCL_BFLOAT16"):
         name = "NCCL_BFLOAT16"
     if name is None:
-        raise CollectiveError(f"no NCCL all-reduce for gradients of dtype {dtype}")
+        raise CollectiveError(f"no NCCL data type for arrays of dtype {dtype}")
     return getattr(nccl, name)
 
 
@@ -68,10 +90,11 @@ class NcclReducer:
         # Connect every channel now, before the executor's arena takes the free memory (NCCL
         # 2.22+ would otherwise connect, and allocate, at the first large all-reduce).
         os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-        uid = nccl.get_unique_id() if control.rank == 0 else None
-        uid = control.broadcast_object(uid, "the NCCL unique id")
+        uid = unique_id_array(nccl.get_unique_id()) if control.rank == 0 else \
+            np.zeros(UNIQUE_ID_BYTES, np.int8)
+        control.broadcast_arrays([uid], "the NCCL unique id")
         try:
-            self.comm = nccl.NcclCommunicator(control.size, uid, control.rank)
+            self.comm = nccl.NcclCommunicator(control.size, tuple(uid.tolist()), control.rank)
         except Exception as e:
             raise CollectiveError(f"rank {control.rank}: NCCL communicator: {e}") from None
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -110,12 +133,37 @@ class NcclReducer:
         t0 = trace[0].mark(self.stream) if trace else None
         self._all_reduce(arrays)
         with self.stream:
-            for a in arrays:
-                a /= a.dtype.type(self.size)
+            divide_by_ranks(arrays, self.size)
         if trace:
             trace[0].copy("allreduce", trace[1], t0, trace[0].mark(self.stream),
                           sum(a.nbytes for a in arrays))
         self._started = True
+
+    def all_reduce_now(self, arrays: list) -> None:
+        """Sum `arrays` (device arrays, contiguous) over the ranks, in place, for the compute
+        stream's next work (the batch statistics of sync_batchnorm.py): on the communication
+        stream, behind every bucket started, so each rank's NCCL calls keep one order; the
+        compute stream waits for it."""
+        ready = self.device.event()
+        ready.record(self.device.compute)
+        self.stream.wait_event(ready)
+        self._all_reduce(arrays)
+        done = self.device.event()
+        done.record(self.stream)
+        self.device.compute.wait_event(done)
+
+    def broadcast(self, arrays: list) -> None:
+        """Rank 0's values of `arrays` (device arrays, contiguous) on every rank, in place, on
+        the compute stream: behind the forward that wrote them, before the next one reads
+        them (all arrays in one NCCL group)."""
+        nccl = self.nccl
+        nccl.groupStart()
+        try:
+            for a in arrays:
+                self.comm.bcast(a.data.ptr, a.size, nccl_dtype(a.dtype), 0,
+                                self.device.compute.ptr)
+        finally:
+            nccl.groupEnd()
 
     def finish(self) -> None:
         """The compute stream waits for every all-reduce started (the optimizer comes next)."""

@@ -10,26 +10,32 @@ arguments or from the environment that `torchrun` (and `minidnn train --ranks N`
 
 Meeting: rank 0 listens on an address and port (`tcp://HOST:PORT`, or MASTER_ADDR and
 MASTER_PORT), or on a free port that it writes into a shared file (`file:PATH`, for
-clusters where every host sees one file system but no port is agreed beforehand). Every other
-rank connects to it and says who it is, which gives a star of TCP connections with rank 0
-at the centre. The CPU collective (cpu_collective.py) runs over that star, and the NCCL unique
-id (nccl.py) is handed out over it.
+clusters where every host sees one file system but no port is agreed beforehand), with the
+run's secret, in a file only the user can read. It listens on loopback alone when the address
+is this host's loopback (a one-host run), on every interface otherwise. Every other rank
+connects to it and proves it belongs to the run (an HMAC under the run's secret,
+handshake.py; MINIDNN_RUN_SECRET), which gives a star of TCP connections with rank 0 at the
+centre; rank 0 refuses any other connection in one line and goes on waiting. The CPU
+collective (cpu_collective.py) runs over that star, and the NCCL unique id (nccl.py) is
+handed out over it.
 """
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import socket
-import struct
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import CollectiveError, ConfigError
+from .handshake import HELLO_TIMEOUT_S, Refused, admit, join, new_secret, require_secret, \
+    secret_from_env
 
 #: Environment variables of torchrun that describe a rank.
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
 
-_HELLO = struct.Struct("!4sII")   # magic, rank, world size
-_MAGIC = b"mdnn"
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,14 @@ class World:
 
     size: number of ranks; rank: this one (0 .. size - 1); local_rank: its GPU on its host.
     rendezvous: 'tcp://HOST:PORT' or 'file:PATH' (see the module docstring).
+    secret: the run's secret (handshake.py), or None: a file rendezvous then carries rank
+    0's, a tcp one refuses to start. Never printed (repr leaves it out).
     """
     size: int
     rank: int
     local_rank: int
     rendezvous: str
+    secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.size < 1:
@@ -94,7 +103,7 @@ def world_from_env(env=None, rendezvous: str | None = None) -> World | None:
             # torchrun's agent already listens on MASTER_PORT (its own store): take the next.
             port += 1
         rendezvous = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{port}"
-    return World(size, rank, local, rendezvous)
+    return World(size, rank, local, rendezvous, secret_from_env(env))
 
 
 def parse_rendezvous(spec: str) -> tuple:
@@ -119,40 +128,72 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def connect_star(world: World, timeout: float) -> dict:
+def connect_star(world: World, timeout: float, warn=None) -> dict:
     """Connect the ranks in a star around rank 0; returns {peer rank: socket}.
 
     Rank 0 gets one socket per other rank; every other rank one socket, to rank 0 (key 0).
-    Waits at most `timeout` seconds for the others (CollectiveError after that).
+    Every connection proves it belongs to the run first (handshake.py); rank 0 refuses any
+    other with one line through `warn` (default: stderr) and keeps waiting. Waits at most
+    `timeout` seconds for the others (CollectiveError after that).
     """
     if world.size == 1:
         return {}
     kind, where, port = parse_rendezvous(world.rendezvous)
     deadline = time.monotonic() + timeout
     if world.rank == 0:
-        return _accept_all(world, kind, where, port, deadline, timeout)
+        return _accept_all(world, kind, where, port, deadline, timeout, warn or _warn)
     if kind == "file":
         # Re-read on every attempt: a file left by an earlier run names a dead address.
-        return {0: _connect(world, lambda: _read_address_file(where, deadline, timeout),
-                            deadline, timeout)}
-    return {0: _connect(world, lambda: (where, port), deadline, timeout)}
+        def from_file():   # the run's secret from the environment, when given, else the file's
+            host, port_, secret = _read_address_file(where, deadline, timeout)
+            return host, port_, world.secret or secret
+        return {0: _connect(world, from_file, deadline, timeout)}
+    secret = require_secret(world.secret, world.rendezvous)
+    return {0: _connect(world, lambda: (where, port, secret), deadline, timeout)}
 
 
-def _accept_all(world, kind, where, port, deadline, timeout) -> dict:
+def _warn(message: str) -> None:
+    print(f"minidnn: warning: {message}", file=sys.stderr, flush=True)
+
+
+def listen_host(host: str) -> str:
+    """The interface rank 0 listens on for a rendezvous at `host`: loopback (127.0.0.1) when
+    `host` is this host's loopback name or address, so a one-host run is out of reach of
+    every other machine; every interface (0.0.0.0) otherwise, since the other hosts' ranks
+    must reach it (the handshake keeps strangers out)."""
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return "0.0.0.0"
+    return "127.0.0.1" if ipaddress.ip_address(address).is_loopback else "0.0.0.0"
+
+
+def _accept_all(world, kind, where, port, deadline, timeout, warn) -> dict:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    peers: dict = {}
     try:
         if kind == "file":
-            server.bind(("0.0.0.0", 0))
-            _write_address_file(where, socket.gethostname(), server.getsockname()[1])
+            # MASTER_ADDR, when set, names the interface (a one-host run: 127.0.0.1).
+            host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+            server.bind((listen_host(host), 0))
+            secret = world.secret or new_secret()
+            _write_address_file(where, host, server.getsockname()[1], secret)
         else:
-            try:   # every interface: MASTER_ADDR may name this host by an outside address
-                server.bind(("0.0.0.0", port))
+            secret = require_secret(world.secret, world.rendezvous)
+            try:
+                server.bind((listen_host(where), port))
             except OSError as e:
                 raise CollectiveError(f"rank 0 cannot listen on port {port}: "
                                       f"{e.strerror or e} (is another run using it?)")
         server.listen(world.size)
-        peers: dict = {}
+
+        def check(rank, size):   # a proven rank of this run with a wrong place is a mistake
+            if size != world.size or not 0 < rank < world.size or rank in peers:
+                raise CollectiveError(f"rank 0: a rank of this run connected as rank {rank} "
+                                      f"of {size}, expected one of ranks 1..{world.size - 1} "
+                                      f"of {world.size} (a rank started twice?)")
+
         while len(peers) < world.size - 1:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -161,26 +202,24 @@ def _accept_all(world, kind, where, port, deadline, timeout) -> dict:
                                       f"{timeout:g} s (rendezvous {world.rendezvous})")
             server.settimeout(left)
             try:
-                sock, _ = server.accept()
+                sock, address = server.accept()
             except socket.timeout:
                 continue
-            sock.settimeout(max(deadline - time.monotonic(), 0.1))
+            sock.settimeout(max(min(deadline - time.monotonic(), HELLO_TIMEOUT_S), 0.1))
             try:
-                magic, rank, size = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
-            except (OSError, CollectiveError):
-                sock.close()  # not one of ours, or it gave up: keep waiting for the ranks
-                continue
-            if magic != _MAGIC or size != world.size or not 0 < rank < world.size \
-                    or rank in peers:
+                rank = admit(sock, secret, check)
+            except Refused as e:
                 sock.close()
-                raise CollectiveError(f"rank 0: a process connected as rank {rank} of "
-                                      f"{size}, expected one of ranks 1..{world.size - 1} "
-                                      f"of {world.size} (two runs on one rendezvous?)")
+                warn(f"rank 0 refused a connection from {address[0]}:{address[1]}: {e}")
+                continue
+            except BaseException:
+                sock.close()
+                raise
             _tune(sock)
             peers[rank] = sock
         return peers
     except BaseException:
-        for s in locals().get("peers", {}).values():
+        for s in peers.values():
             s.close()
         raise
     finally:
@@ -188,10 +227,11 @@ def _accept_all(world, kind, where, port, deadline, timeout) -> dict:
 
 
 def _connect(world, address, deadline, timeout) -> socket.socket:
-    """Connect to rank 0 at `address()` -> (host, port), retrying until the deadline."""
+    """Connect to rank 0 at `address()` -> (host, port, secret), retrying until the deadline
+    while nobody listens there; then meet it (handshake.join)."""
     last, host, port = None, "?", 0
     while time.monotonic() < deadline:
-        host, port = address()
+        host, port, secret = address()
         try:
             sock = socket.create_connection((host, port), timeout=max(
                 min(deadline - time.monotonic(), 5.0), 0.1))
@@ -200,7 +240,24 @@ def _connect(world, address, deadline, timeout) -> socket.socket:
             time.sleep(0.05)
             continue
         _tune(sock)
-        sock.sendall(_HELLO.pack(_MAGIC, world.rank, world.size))
+        sock.settimeout(max(deadline - time.monotonic(), 0.1))
+        try:
+            join(sock, secret, world.rank, world.size, f"{host}:{port}")
+        except socket.timeout:
+            sock.close()
+            raise CollectiveError(f"rank {world.rank}: the process at {host}:{port} did not "
+                                  f"answer within {timeout:g} s") from None
+        except OSError as e:
+            sock.close()
+            raise CollectiveError(f"rank {world.rank}: lost the connection to rank 0 at "
+                                  f"{host}:{port} while meeting it ({e})") from None
+        except CollectiveError as e:
+            sock.close()
+            if str(e) == "connection closed":
+                raise CollectiveError(f"rank {world.rank}: rank 0 at {host}:{port} closed the "
+                                      f"connection while meeting this rank (see rank 0's "
+                                      f"error)") from None
+            raise
         return sock
     raise CollectiveError(f"rank {world.rank}: cannot reach rank 0 at {host}:{port} within "
                           f"{timeout:g} s ({last})")
@@ -210,39 +267,34 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _write_address_file(path: str, host: str, port: int) -> None:
+def _write_address_file(path: str, host: str, port: int, secret: str) -> None:
+    """Rank 0's address and the run's secret into `path`, readable by this user alone."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{host}:{port}\n")
-    os.replace(tmp, path)   # readers never see half a line
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)   # whatever the umask, or a tmp file left before
+            json.dump({"host": host, "port": port, "secret": secret}, f)
+        os.replace(tmp, path)   # readers never see half a file
+    except OSError as e:
+        raise CollectiveError(f"rank 0 cannot write the rendezvous file {path!r}: "
+                              f"{e.strerror or e}") from None
 
 
 def _read_address_file(path: str, deadline: float, timeout: float) -> tuple:
+    """(host, port, secret) from rank 0's rendezvous file, waiting for it until the deadline."""
     while time.monotonic() < deadline:
         try:
             with open(path) as f:
-                text = f.read().strip()
-        except FileNotFoundError:
-            text = ""
-        if text:
-            _, host, port = parse_rendezvous("tcp://" + text)
-            return host, port
+                entry = json.load(f)
+            host, port, secret = entry["host"], entry["port"], entry["secret"]
+            if isinstance(host, str) and type(port) is int and isinstance(secret, str):
+                return host, port, secret
+        except (OSError, ValueError, KeyError, TypeError):
+            pass   # not written yet (or a file of an earlier minidnn): wait for rank 0's
         time.sleep(0.05)
     raise CollectiveError(f"rendezvous file {path!r} did not get rank 0's address within "
                           f"{timeout:g} s")
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    """n bytes from sock (CollectiveError when the peer closes first)."""
-    out = bytearray(n)
-    view = memoryview(out)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise CollectiveError("connection closed")
-        got += k
-    return bytes(out)
 
 
 def resolve_world(ranks: int | None = None, rank: int | None = None,
@@ -266,7 +318,7 @@ def resolve_world(ranks: int | None = None, rank: int | None = None,
                                   "MASTER_ADDR and MASTER_PORT in the environment)")
             rendezvous = f"tcp://{env['MASTER_ADDR']}:{_int_env(env, 'MASTER_PORT')}"
         return World(int(ranks), int(rank), int(rank if local_rank is None else local_rank),
-                     rendezvous)
+                     rendezvous, secret_from_env(env))
     world = world_from_env(env, rendezvous)
     if world is not None and ranks is not None and ranks != world.size:
         raise ConfigError(f"--ranks {ranks} disagrees with WORLD_SIZE={world.size} from the "

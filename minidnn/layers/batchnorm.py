@@ -35,6 +35,9 @@ class BatchNorm2d(Layer):
     retain_inputs = (0,)
     recomputable = True
     batch_statistics = True
+    #: Kernels with the global batch's statistics in a data-parallel run under
+    #: --sync-batchnorm (distributed/sync_batchnorm.py); None: the device's, this batch's.
+    statistics_sync = None
 
     def __init__(self, eps: float = 1e-5, momentum: float = 0.1, name: str | None = None):
         super().__init__(name)
@@ -61,9 +64,11 @@ class BatchNorm2d(Layer):
         c = self.in_shapes[0][1]
         return {"mean": ((c,), self.dtype), "invstd": ((c,), self.dtype)}
 
-    @staticmethod
-    def _kernels(ctx):
-        """The batch-norm kernels of the step's device (their own modules; see kernels/)."""
+    def _kernels(self, ctx):
+        """The batch-norm kernels of the step's device (their own modules; see kernels/); in
+        training under --sync-batchnorm, statistics_sync's (the global batch's statistics)."""
+        if self.statistics_sync is not None and ctx.train:
+            return self.statistics_sync
         if ctx.xp is np:
             from ..kernels import cpu_batchnorm
             return cpu_batchnorm

@@ -60,11 +60,11 @@ def resnet_net() -> Network:
     return net
 
 
-def train(make_net, **options) -> dict:
+def train(make_net, device="cpu", **options) -> dict:
     """The state dict (parameters and buffers) after STEPS SGD steps from seed 0."""
     net = make_net()
     rng = np.random.default_rng(1)
-    with build_executor(net, BATCH, device="cpu", seed=0, **options) as ex:
+    with build_executor(net, BATCH, device=device, seed=0, **options) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3,
                   allocator=ex.allocator)
         for _ in range(STEPS):

@@ -1,43 +1,21 @@
 """Deterministic mode on a CUDA GPU (layers/slices.py): the slices go through the same cuDNN
 and cuBLAS calls on views of S images, so micro-batches 1, 2 and 4 (and layer chunks) give
 the same bits, for a small VGG and a small ResNet with BatchNorm."""
-import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("default_gpu_kernels_after")]
 cupy = pytest.importorskip("cupy")
 
-from minidnn import SGD  # noqa: E402
-from minidnn.backend import Device, gpu_available  # noqa: E402
-from minidnn.decide import build_executor  # noqa: E402
-from test_deterministic import BATCH, differing, resnet_net, vgg_net  # noqa: E402
+from minidnn.backend import gpu_available  # noqa: E402
+from test_deterministic import differing, resnet_net, train, vgg_net  # noqa: E402
 
 if not gpu_available():  # collected on a machine with CuPy but no GPU: conftest skips them
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
-def default_kernels_after():
-    yield
-    from minidnn import kernels
-    mod = kernels.for_device(Device("gpu"))
-    if hasattr(mod, "configure"):
-        mod.configure()
-
-
-def train_on_gpu(make_net, steps=3, **options) -> dict:
-    """The state dict after `steps` deterministic SGD steps on the GPU, from seed 0."""
-    net = make_net()
-    rng = np.random.default_rng(1)
-    with build_executor(net, BATCH, device="gpu", seed=0, deterministic=True, math="fp32",
-                        **options) as ex:
-        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3,
-                  allocator=ex.allocator)
-        for _ in range(steps):
-            x = rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32)
-            ex.train_step(x, rng.integers(0, 10, BATCH), opt)
-        del opt
-    return net.state_dict()
+def train_on_gpu(make_net, **options) -> dict:
+    """The state dict after a few deterministic SGD steps on the GPU in strict fp32 math."""
+    return train(make_net, device="gpu", deterministic=True, math="fp32", **options)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -35,6 +35,9 @@ unsplit step: the order of the sums over the batch (a weight or bias gradient is
 partial sums, each over 64 images; the reported loss is the mean of 4 means), and whatever a
 kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
 shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+Under `deterministic=True` nothing does: the layers compute in fixed slices of the batch and
+sum them in one order, and the passes run last to first (layers/slices.py), so every count
+and layer chunk gives the same bits; a split into parts smaller than a slice is refused.
 
 Layer chunks: a decision with `chunks=(("conv1", "relu2", 4),)` runs those layers in 4
 pieces of a pass's batch, forward and backward (minidnn/chunks.py rewrites the network; the
@@ -124,7 +127,8 @@ class Executor:
     through the StepContext; the layers keep their own setting.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
-    the kernel module, so it stays in force for later executors too).
+    the kernel module, so it stays in force for later executors too); deterministic=True
+    also sums over the batch in fixed slices on every device (layers/slices.py).
     allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
     use instead of the ones the executor would make (the planner's step model gives a dry run
     its recording allocator this way).

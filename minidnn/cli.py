@@ -115,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same bits under every policy, budget and split: sums over the "
                         "batch run in fixed slices of batch/8 images (batch over its largest "
                         "power-of-two divisor up to 8), added in one order, so a step splits "
-                        "into at most 8 parts, micro-batches times chunk pieces (dyn "
-                        "weighs no finer split; a forced one is refused); with --split-batch-statistics BatchNorm then "
-                        "normalizes each slice with its own statistics, split or not. GPU: "
+                        "into at most 8 parts, micro-batches times chunk pieces (dyn weighs "
+                        "no finer split; a forced one is refused); with "
+                        "--split-batch-statistics BatchNorm then normalizes each slice with "
+                        "its own statistics, split or not. GPU: "
                         "also only deterministic algorithms, each convolution on its "
                         "memory-optimal plan (slower). Not promised across --ranks, "
                         "--precision or --layout")

@@ -112,9 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU float32 math: tf32 (the kernels' default, as PyTorch's convs) or "
                         "strict fp32")
     t.add_argument("--deterministic", action="store_true",
-                   help="GPU: only algorithms that give the same bits every run, and each "
-                        "convolution on its memory-optimal plan under every budget, so that "
-                        "every policy and budget gives the same bits (slower convolutions)")
+                   help="the same bits under every policy, budget and split: sums over the "
+                        "batch run in fixed slices of batch/8 images (batch over its largest "
+                        "power-of-two divisor up to 8), added in one order, so a step splits "
+                        "into at most 8 parts, micro-batches times chunk pieces (dyn weighs "
+                        "no finer split; a forced one is refused); with "
+                        "--split-batch-statistics BatchNorm then normalizes each slice with "
+                        "its own statistics, split or not. GPU: "
+                        "also only deterministic algorithms, each convolution on its "
+                        "memory-optimal plan (slower). Not promised across --ranks, "
+                        "--precision or --layout")
     t.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default) or bf16: mixed precision, bf16 feature maps and their "
                         "gradients, float32 weights, weight gradients, optimizer state and loss")

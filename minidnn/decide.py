@@ -25,6 +25,7 @@ from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .executor import Executor, check_micro_batches
 from .kernels.mapformat import MapFormat, map_layout
+from .layers.slices import check_split, deterministic_slice
 from .fusion import bias_relu_pairs, bn_relu_pairs
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
@@ -47,7 +48,7 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
            static_layout: bool | None = None, precision: str = "fp32",
            layout: str | None = None, micro_batches: int | None = None,
            split_batch_statistics: bool = False, fuse: bool = True,
-           chunks=None) -> MemoryDecision:
+           chunks=None, deterministic: bool = False) -> MemoryDecision:
     """The finished decision for `net` at `batch` under `policy` (a name or a Policy).
 
     memory_budget: bytes (or '12GiB') the step must fit, for the policies that plan (dyn).
@@ -66,7 +67,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
     ((first node, last node, pieces), ...): runs of layers each pass executes piece by piece
     (minidnn/chunks.py; None: none, or what a planning policy chooses: dyn weighs them with
     a budget; (): none). Forcing chunks needs a planning policy: the maps it offloads or
-    recomputes are the chunked network's.
+    recomputes are the chunked network's. deterministic: every micro-batch and chunk piece
+    must be whole slices of the batch (layers/slices.py); a planning policy weighs only those.
 
     Returns a MemoryDecision with prefetch_lookahead, relu_bits, policy, precision and layout
     filled in.
@@ -80,6 +82,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
         static_layout = memory_budget is not None
     if micro_batches is not None:   # checked before any planning
         check_micro_batches(net, int(batch), micro_batches, split_batch_statistics)
+        if deterministic:
+            check_split(int(batch), int(micro_batches), chunks or ())
     chosen = get_policy(policy)
     relus = relu_bits_for(net) if relu_bits else frozenset()
     planning = chosen.plans
@@ -94,7 +98,8 @@ def decide(net, batch: int, policy="none", memory_budget: int | str | None = Non
             bool(net.batch_statistics_layers())
         chosen.bind(device=device, prefetch_lookahead=int(prefetch_lookahead),
                     static_layout=static_layout, batch=int(batch),
-                    micro_batches=1 if whole else micro_batches, chunks=chunks)
+                    micro_batches=1 if whole else micro_batches, chunks=chunks,
+                    batch_slice=deterministic_slice(batch) if deterministic else None)
     if isinstance(device, str):
         device = select_device(device)
     maps = MapFormat(map_layout(device, layout) if device is not None else layout or "nchw",
@@ -135,7 +140,7 @@ def build_executor(net, batch: int, device: str | Device = "auto", seed: int = 0
                       prefetch_lookahead=prefetch_lookahead, device=device,
                       static_layout=static_layout, precision=precision, layout=layout,
                       micro_batches=micro_batches, split_batch_statistics=split_batch_statistics,
-                      fuse=fuse, chunks=chunks)
+                      fuse=fuse, chunks=chunks, deterministic=bool(deterministic))
     return Executor(net, batch, device=device, seed=seed, memory_budget=memory_budget,
                     decision=decision, trace=trace, compute=compute, host_limit=host_limit,
                     math=math, deterministic=deterministic, static_layout=static_layout,

@@ -35,6 +35,9 @@ unsplit step: the order of the sums over the batch (a weight or bias gradient is
 partial sums, each over 64 images; the reported loss is the mean of 4 means), and whatever a
 kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
 shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+Under `deterministic=True` nothing does: the layers compute in fixed slices of the batch and
+sum them in one order, and the passes run last to first (layers/slices.py), so every count
+and layer chunk gives the same bits; a split into parts smaller than a slice is refused.
 
 Layer chunks: a decision with `chunks=(("conv1", "relu2", 4),)` runs those layers in 4
 pieces of a pass's batch, forward and backward (minidnn/chunks.py rewrites the network; the
@@ -68,6 +71,7 @@ from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
+from .layers.slices import check_split, deterministic_slice
 from .layers.merge import BatchJoin
 from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import Arena, make_allocator
@@ -123,7 +127,8 @@ class Executor:
     through the StepContext; the layers keep their own setting.
     host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
     math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
-    the kernel module, so it stays in force for later executors too).
+    the kernel module, so it stays in force for later executors too); deterministic=True
+    also sums over the batch in fixed slices on every device (layers/slices.py).
     allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
     use instead of the ones the executor would make (the planner's step model gives a dry run
     its recording allocator this way).
@@ -187,6 +192,12 @@ class Executor:
         self.micro_batches = check_micro_batches(net, self.batch, decision.micro_batches,
                                                  split_batch_statistics)
         self.micro_batch = self.batch // self.micro_batches  # images in one pass
+        # Deterministic: sums over the batch in fixed slices, passes last to first
+        # (layers/slices.py); BatchNorm with split statistics normalizes each slice.
+        self.batch_slice = deterministic_slice(self.batch) if deterministic else None
+        if self.batch_slice is not None:
+            check_split(self.batch, self.micro_batches, decision.chunks)
+        self._statistics_slice = self.batch_slice if split_batch_statistics else None
         self.prefetch_lookahead = int(decision.prefetch_lookahead)
         self.memory_budget = memory_budget
         self.kernels = kernels.for_device(self.device)
@@ -571,7 +582,9 @@ class Executor:
                            global_batch=self.global_batch,
                            bias_deferred=self._bias_deferred,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
-                           relu_done=self._relu_done, step_keys=self._step_keys)
+                           relu_done=self._relu_done, step_keys=self._step_keys,
+                           batch_slice=self.batch_slice,
+                           statistics_slice=self._statistics_slice)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -636,6 +649,9 @@ class Executor:
         after the first to run backward (the last piece), the parameter gradients it writes
         go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
         adds = self._accumulate or (node.piece is not None and node.piece[0] < node.piece[1] - 1)
+        if self.batch_slice is not None:    # the layer adds slice by slice (layers/slices.py)
+            mixed.backward(node.layer, *buffers, replace(ctx, add_grads=adds) if adds else ctx)
+            return
         params = self._gradients_written(node) if adds else []
         if not params:
             mixed.backward(node.layer, *buffers, ctx)
@@ -679,6 +695,13 @@ class Executor:
         """[(offset, slice of rows)] of the step's passes."""
         b = self.micro_batch
         return [(o, slice(o, o + b)) for o in range(0, self.batch, b)]
+
+    def _training_passes(self):
+        """_micro_slices in the order a training step runs them: last to first under
+        deterministic mode, the order in which backward meets the slices of a chunk's
+        pieces (layers/slices.py)."""
+        passes = self._micro_slices()
+        return passes[::-1] if self.batch_slice is not None else passes
 
     def _step_inputs(self, x, labels):
         """x and labels as arrays, checked against the step's batch."""
@@ -756,11 +779,11 @@ class Executor:
             raise RuntimeError("backward() needs a forward(..., train=True) before it")
         self._input_grad = self._backward_pass()
 
-    def _backward_pass(self, offset: int = 0):
-        """backward() of the open pass (rows from `offset`); a pass after the first adds its
-        parameter gradients to p.grad. Returns a copy of the pass's input gradient (None
-        unless the plan computes it)."""
-        self._accumulate = offset > 0
+    def _backward_pass(self, offset: int = 0, accumulate: bool = False):
+        """backward() of the open pass (rows from `offset`); accumulate: a pass after the
+        first, which adds its parameter gradients to p.grad. Returns a copy of the pass's
+        input gradient (None unless the plan computes it)."""
+        self._accumulate = accumulate
         input_grad = None
         try:
             with self.device.compute:
@@ -784,11 +807,12 @@ class Executor:
         x, labels = self._step_inputs(x, labels)
         losses, input_grads = [], []
         with self.kernels.shared_weight_copies():     # the weights hold still until the update
-            for offset, rows in self._micro_slices():
+            for n, (offset, rows) in enumerate(self._training_passes()):
                 losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
                                                  offset))
-                input_grads.append(self._backward_pass(offset))
+                input_grads.append((offset, self._backward_pass(offset, accumulate=n > 0)))
         if self.plan.input_grad:
+            input_grads = [grad for _, grad in sorted(input_grads, key=lambda p: p[0])]
             self._input_grad = input_grads[0] if len(input_grads) == 1 else \
                 self.xp.concatenate(input_grads)
         return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)

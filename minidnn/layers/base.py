@@ -109,6 +109,14 @@ class StepContext:
     them; relu_done: names of those ReLUs, whose forward has nothing left to do (the
     decision's bn_relu). step_keys: while a step is captured as a CUDA graph, the device
     table its draws read their keys from (kernels/cuda_random.StepKeys); else None.
+    batch_slice: under deterministic mode, the images of one slice (layers/slices.py):
+    convolutions and fully connected layers run slice by slice and sum their parameter
+    gradients in slice order; None (the default): one call over the call's rows.
+    statistics_slice: the rows a BatchNorm normalizes with statistics of their own, each
+    slice of that many (deterministic mode with split statistics); None: all the call's.
+    add_grads: under batch_slice, the call adds its parameter gradients to p.grad, which
+    holds the sum of the slices before it (a micro-batch or chunk piece after the first);
+    without batch_slice the executor adds them itself.
     """
     xp: Any
     kernels: Any = cpu_kernels
@@ -128,6 +136,9 @@ class StepContext:
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
     step_keys: Any = None
+    batch_slice: int | None = None
+    statistics_slice: int | None = None
+    add_grads: bool = False
     extras: dict = field(default_factory=dict)
 
     def rng(self, layer: "Layer"):
@@ -251,7 +262,8 @@ class Layer:
 
     def backward(self, xs: list, y, gy, gxs: list, aux: dict, ctx: StepContext) -> None:
         """Write input gradients into `gxs` (None where none is wanted) and parameter
-        gradients into `p.grad` (overwritten, not accumulated).
+        gradients into `p.grad` (overwritten, not accumulated; added to under
+        ctx.add_grads, in slices of ctx.batch_slice: layers/slices.py).
 
         xs[i] is None unless i is in retain_inputs; y is None unless retain_output.
         gxs[0] may be gy itself when `inplace`.

@@ -21,6 +21,15 @@ reduce in a fixed order) and leaves the running estimates alone, so they move on
 
 The statistics are the whole batch's (`batch_statistics`): a step split into micro-batches
 would normalize each part with its own, which is a different network.
+
+Deterministic mode (layers/slices.py). With whole-batch statistics the layer always sees the
+whole batch (a split needs split_batch_statistics, and layer chunks leave batch norms out),
+so its sums have the same operands in every plan and it runs as above. With split statistics
+(ctx.statistics_slice) every slice of S images is normalized with its own statistics, in
+every plan, split or not ("ghost" batches of S), and its running estimates move once per
+slice; the gradients of weight and bias are summed over the slices in slice order. Backward
+computes each slice's statistics again from x with the forward's own kernel (the aux buffers
+hold one slice's), so they are the forward's bits.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError, ShapeError
 from .base import Layer
+from .slices import in_order, sum_in_slices
 
 
 class BatchNorm2d(Layer):
@@ -87,10 +97,11 @@ class BatchNorm2d(Layer):
             invstd = 1.0 / xp.sqrt(running["running_var"].data + x.dtype.type(self.eps))
             k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu)
             return
-        count = x.size // x.shape[1]
-        if count < 2:
+        rows = ctx.statistics_slice or x.shape[0]    # normalized with statistics of their own
+        if rows * x[0, 0].size < 2:
             raise ShapeError(f"layer {self.name!r} (BatchNorm2d) needs more than one value per "
-                             f"channel in training, got input shape {tuple(x.shape)}")
+                             f"channel in training, got input shape {tuple(x.shape)}"
+                             + (f" in slices of {rows}" if rows < x.shape[0] else ""))
         c = x.shape[1]
         mean = aux["mean"] if aux is not None else xp.empty(c, x.dtype)
         invstd = aux["invstd"] if aux is not None else xp.empty(c, x.dtype)
@@ -98,14 +109,44 @@ class BatchNorm2d(Layer):
         if aux is not None:   # the step's own forward; a recomputation leaves them alone
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,
                        self.momentum)
-            self.buffers["num_batches_tracked"].data += 1
-        k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
+        if ctx.statistics_slice is None:
+            if running is not None:
+                self.buffers["num_batches_tracked"].data += 1
+            k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
+            return
+        for part in in_order(x.shape[0], rows):   # deterministic: each slice on its own
+            if running is not None:
+                self.buffers["num_batches_tracked"].data += 1
+            k.batchnorm_training_forward(x[part], w, b, y[part], mean, invstd, self.eps,
+                                         running, relu)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]
         b = self.params["bias"]
-        self._kernels(ctx).batchnorm_backward(xs[0], gy, aux["mean"], aux["invstd"], w.data,
-                                              gxs[0], w.grad, b.grad)
+        k, x, gx = self._kernels(ctx), xs[0], gxs[0]
+        if ctx.batch_slice is None:
+            k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, w.grad, b.grad)
+            return
+        if ctx.statistics_slice is None:
+            # Deterministic with whole-batch statistics: the call is the whole batch, one slice.
+            def whole_batch(part, out):
+                k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, *out)
+
+            sum_in_slices(ctx, x.shape[0], [w.grad, b.grad], whole_batch, size=x.shape[0])
+            return
+        mean, invstd = ctx.xp.empty_like(aux["mean"]), ctx.xp.empty_like(aux["invstd"])
+
+        def slice_gradients(part, out):
+            # The slice's statistics again, as forward made them; its normalized values go
+            # to gx's rows (or a temporary), which the gradient then overwrites.
+            scratch = gx[part] if gx is not None else ctx.xp.empty_like(x[part])
+            k.batchnorm_training_forward(x[part], w.data, b.data, scratch, mean, invstd,
+                                         self.eps)
+            k.batchnorm_backward(x[part], gy[part], mean, invstd, w.data,
+                                 None if gx is None else gx[part], *out)
+
+        sum_in_slices(ctx, x.shape[0], [w.grad, b.grad], slice_gradients,
+                      size=ctx.statistics_slice)
 
     def flops(self):
         # statistics (sum, square, sum) and the scale and shift.

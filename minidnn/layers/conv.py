@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..kernels import ConvSpec, out_size
 from .base import Layer
+from .slices import row_slices, sum_in_slices
 
 CONV_ALGOS = ("fastest", "min_workspace")
 # A plan setting names how a convolution layer picks its cuDNN plans, in one string (the
@@ -174,8 +175,12 @@ class Conv2d(Layer):
         layer adds it (ctx.bias_deferred; minidnn/fusion.py)."""
         bias = self._own_bias(ctx)
         b = None if bias is None else bias.data
-        ctx.kernels.conv2d_forward(xs[0], self.params["weight"].data, b, y, self.spec_for(ctx),
-                                   workspace=ctx.workspace)
+        x, w, spec = xs[0], self.params["weight"].data, self.spec_for(ctx)
+        if ctx.batch_slice is None:
+            ctx.kernels.conv2d_forward(x, w, b, y, spec, workspace=ctx.workspace)
+            return
+        for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: slice by slice
+            ctx.kernels.conv2d_forward(x[part], w, b, y[part], spec, workspace=ctx.workspace)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         spec = self.spec_for(ctx)
@@ -184,9 +189,20 @@ class Conv2d(Layer):
         # weight gradient first: gxs[0] may be x's own buffer (grad_over_input).
         bias = self._own_bias(ctx)            # its gradient too: the ReLU's, when it adds it
         gb = None if bias is None else bias.grad
-        ctx.kernels.conv2d_backward_filter(xs[0], gy, w.grad, gb, spec, workspace=ctx.workspace)
-        if gxs[0] is not None:
-            ctx.kernels.conv2d_backward_data(gy, w.data, gxs[0], spec, workspace=ctx.workspace)
+        x, gx, k, ws = xs[0], gxs[0], ctx.kernels, ctx.workspace
+        if ctx.batch_slice is None:
+            k.conv2d_backward_filter(x, gy, w.grad, gb, spec, workspace=ws)
+            if gx is not None:
+                k.conv2d_backward_data(gy, w.data, gx, spec, workspace=ws)
+            return
+        # Deterministic (layers/slices.py): every slice's gradients, then every slice's gx.
+        def filter_gradients(part, out):
+            k.conv2d_backward_filter(x[part], gy[part], out[0], out[1], spec, workspace=ws)
+
+        sum_in_slices(ctx, x.shape[0], [w.grad, gb], filter_gradients)
+        if gx is not None:
+            for part in row_slices(x.shape[0], ctx.batch_slice):
+                k.conv2d_backward_data(gy[part], w.data, gx[part], spec, workspace=ws)
 
     def _own_bias(self, ctx):
         """The bias Parameter this layer adds itself: None without a bias, or when the ReLU

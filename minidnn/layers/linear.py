@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .base import Layer
 from .conv import check_init
+from .slices import row_slices, sum_in_slices
 
 
 class Linear(Layer):
@@ -39,12 +40,26 @@ class Linear(Layer):
     def forward(self, xs, y, aux, ctx):
         """x: (N, in), y: (N, out)."""
         b = self.params["bias"].data if self.bias else None
-        ctx.kernels.linear_forward(xs[0], self.params["weight"].data, b, y)
+        x, w = xs[0], self.params["weight"].data
+        if ctx.batch_slice is None:
+            ctx.kernels.linear_forward(x, w, b, y)
+            return
+        for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: slice by slice
+            ctx.kernels.linear_forward(x[part], w, b, y[part])
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]
         gb = self.params["bias"].grad if self.bias else None
-        ctx.kernels.linear_backward(xs[0], gy, w.data, w.grad, gb, gxs[0])
+        x, gx = xs[0], gxs[0]
+        if ctx.batch_slice is None:
+            ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx)
+            return
+        # Deterministic (layers/slices.py): each slice's gx with its share of the gradients.
+        def slice_gradients(part, out):
+            ctx.kernels.linear_backward(x[part], gy[part], w.data, out[0], out[1],
+                                        None if gx is None else gx[part])
+
+        sum_in_slices(ctx, x.shape[0], [w.grad, gb], slice_gradients)
 
     def flops(self):
         return 2 * self.out_shape[0] * self.in_features * self.out_features

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..kernels import relu_mask_bytes
 from .base import Layer
+from .slices import sum_in_slices
 
 KEEP = ("output", "bits")
 
@@ -82,10 +83,15 @@ class ReLU(Layer):
             if gb is not None:
                 raise ValueError(f"ReLU {self.name!r} adds a bias but gets no input gradient")
             return
+        gx = gxs[0]
+        sliced = gb is not None and ctx.batch_slice is not None   # deterministic: gb below
         if self.keep_in(ctx.relu_bits) == "bits":  # gxs[0] may be gy itself
-            ctx.kernels.relu_backward_bits(aux["mask"], gy, gxs[0], gb)
+            ctx.kernels.relu_backward_bits(aux["mask"], gy, gx, None if sliced else gb)
         else:
-            ctx.kernels.relu_backward(y, gy, gxs[0], gb)
+            ctx.kernels.relu_backward(y, gy, gx, None if sliced else gb)
+        if sliced:   # the bias gradient summed slice by slice (layers/slices.py)
+            sum_in_slices(ctx, gx.shape[0], [gb],
+                          lambda part, out: ctx.kernels.bias_grad(gx[part], out[0]))
 
     def flops(self):
         return int(np.prod(self.out_shape))

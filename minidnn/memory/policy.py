@@ -239,7 +239,7 @@ class Policy:
     plans = False
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
-             micro_batches=None, chunks=None) -> None:
+             micro_batches=None, chunks=None, batch_slice=None) -> None:
         """What the executor will run with (minidnn/decide.py); a policy that does not plan
         needs none of it."""
 

@@ -90,17 +90,20 @@ class DynPolicy(Policy):
         self.micro_batches = micro_batches
         self.chunks = None if chunks is None else as_chunks(chunks)
         self.batch = batch
+        self.batch_slice = None     # deterministic mode's slice (layers/slices.py); bind sets it
         self.host_link_gbps = host_link_gbps
         self.result = None
         self.split = None
         self.remeasured = None   # the chosen count planned again from its own measured profile
 
     def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
-             micro_batches=None, chunks=None) -> None:
+             micro_batches=None, chunks=None, batch_slice=None) -> None:
         """What the executor the decision is for will run with (minidnn/decide.py calls this
         before `decide`): the device to profile, its prefetch lookahead and layout, the
         step's batch, and the micro-batch count and layer chunks it forces (None: the plan
-        chooses)."""
+        chooses); batch_slice: under deterministic mode, the images of a slice, which every
+        micro-batch and chunk piece of the plan must be whole slices of."""
+        self.batch_slice = batch_slice
         if batch is not None:
             self.batch = int(batch)
         if micro_batches is not None:
@@ -158,7 +161,8 @@ class DynPolicy(Policy):
         counts = None if self.micro_batches is None else [self.micro_batches]
         self.split = plan_split(
             net, batch, lambda b: self.profile_at(net, batch, b, plan.relu_bits, plan.maps),
-            int(budget), lookaheads, counts=counts, chunks=self.chunks, **options)
+            int(budget), lookaheads, counts=counts, chunks=self.chunks,
+            batch_slice=self.batch_slice, **options)
         chosen = self.split.chosen
         if chosen is None:
             raise self.split.infeasible_error()
@@ -172,7 +176,7 @@ class DynPolicy(Policy):
                 net, batch, lambda b: self.profile_for(
                     net, b, plan.relu_bits, plan.maps).with_host_link(self.host_link_gbps),
                 int(budget), lookaheads, counts=[chosen.micro_batches], chunks=chosen.chunks,
-                **options)
+                batch_slice=self.batch_slice, **options)
             if measured.chosen is not None:
                 self.remeasured = measured
                 chosen = measured.chosen

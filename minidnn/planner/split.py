@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..chunks import as_chunks, chunk_network, describe
 from ..errors import ConfigError
+from ..layers.slices import whole_slices
 from ..memory.plan import LivenessPlan
 from ..memory.policy import offload_candidates
 from .chunking import CHUNK_GAIN, CHUNK_PLANS, candidates, chunk_profile
@@ -159,7 +160,7 @@ class SplitPlan:
 
 
 def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
-               chunks=None, **options) -> SplitPlan:
+               chunks=None, batch_slice: int | None = None, **options) -> SplitPlan:
     """Plan `net` at `batch` under `budget` for each micro-batch count in `counts` (default
     micro_batch_counts(batch)) and each prefetch lookahead; profile_at(b) gives the Profile
     at pass batch b. chunks: None weighs layer chunks too (_chunk_options); a tuple
@@ -168,16 +169,18 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     count after one whose plan moves nothing and runs every convolution's fastest plan (more
     passes only add time). A network that plans in bulk (search.BULK_CANDIDATES: a very
     deep one) plans each count at one lookahead (1, where offered) and tries the others only
-    for the count chosen. options: as Planner takes them."""
+    for the count chosen. batch_slice: under deterministic mode, the images of one slice
+    (layers/slices.py): only the counts and chunk pieces whose parts are whole slices are
+    weighed. options: as Planner takes them."""
     # Planning makes next to no cyclic garbage: its step models, profiles and searches are
     # freed by reference counting, so the cyclic collector only costs time here (collector.py).
     with collector_paused():
         return _plan_split(net, batch, profile_at, budget, lookaheads, counts, chunks,
-                           options)
+                           options, batch_slice)
 
 
 def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, chunks,
-                options: dict) -> SplitPlan:
+                options: dict, batch_slice: int | None = None) -> SplitPlan:
     """plan_split's work (see there)."""
     t0 = time.perf_counter()
     profiles: dict = {}   # pass batch -> its Profile, made once (staged lookaheads ask again)
@@ -189,7 +192,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
 
     forced = () if chunks is None else as_chunks(chunks)
     found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
-             for k in _counts(batch, counts, forced)]
+             for k in _counts(batch, counts, forced, batch_slice)]
     lookaheads = list(lookaheads)
     staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
         net, found[0].batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
@@ -219,7 +222,8 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
         near = [o for o in planned if o.error is not None or chosen is not None and
                 not staged and
                 o.micro_batches in (chosen.micro_batches, chosen.micro_batches // 2)]
-        more = _chunk_options(near, net, profile_of, budget, lookaheads, options, chosen)
+        more = _chunk_options(near, net, profile_of, budget, lookaheads, options, chosen,
+                              batch_slice)
         found += more
         for option in more:
             chosen = _faster(option, chosen)
@@ -233,10 +237,16 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                      seconds=time.perf_counter() - t0)
 
 
-def _counts(batch: int, counts, forced: tuple) -> list:
+def _counts(batch: int, counts, forced: tuple, batch_slice: int | None = None) -> list:
     """The micro-batch counts to weigh (default micro_batch_counts(batch)), those whose
-    passes the `forced` chunks' pieces divide."""
+    passes the `forced` chunks' pieces divide (into whole slices of `batch_slice`, given)."""
     counts = list(counts) if counts is not None else micro_batch_counts(batch)
+    if batch_slice is not None:
+        counts = [k for k in counts if all(whole_slices(batch // k // p, batch_slice)
+                                           for p in [1] + [c[2] for c in forced])]
+        if not counts:
+            raise ConfigError(f"--deterministic: no micro-batch count weighed splits the batch "
+                              f"{batch} into whole slices of {batch_slice} images")
     if forced:
         counts = [k for k in counts if all((batch // k) % p == 0 for _, _, p in forced)]
         if not counts:
@@ -313,19 +323,23 @@ def _moves_nothing(ev) -> bool:
 
 
 def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, options: dict,
-                   chosen) -> list:
+                   chosen, batch_slice: int | None = None) -> list:
     """The options with layer chunks (planner/chunking.py) of the counts `planned` whose
     plan must move maps or does not fit: one per chunk that planner/chunking.py weighs (of
     the chains with the largest maps). Each one's least budget is measured; the CHUNK_PLANS
     whose compute alone (least_step_s) is least are planned, at the lookahead their count
     chose (the least, where nothing fit), among those that fit the budget, lower their
     count's least budget by CHUNK_GAIN at least (pieces cost time: a chunk is for a call
-    whose working set sets the peak) and whose compute can beat `chosen`."""
+    whose working set sets the peak) and whose compute can beat `chosen`. batch_slice: only
+    chunks whose pieces are whole slices of it (deterministic mode)."""
     out, ranked = [], []
     for option in planned:
         if option.result is not None and _moves_nothing(option.best):
             continue
         for chunks in candidates(net, option.batch):
+            if batch_slice is not None and \
+                    not whole_slices(option.batch // chunks[0][2], batch_slice):
+                continue
             more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
                                chunks=chunks)
             prof, names = _option_profile(more, net, profile_of)

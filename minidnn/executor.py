@@ -63,7 +63,7 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .fusion import bias_relu_pairs, bn_relu_pairs
-from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
@@ -419,15 +419,22 @@ class Executor:
         return blocks
 
     def _scratch_blocks(self) -> dict:
-        """{(node index, phase): bytes} of the scratch blocks of the calls that draw random
-        numbers (layers/draws.py): the whole batch's draws and this device's generator."""
+        """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
+        maps to float32 (layers/precision.py: the copies, first in the block) or draw random
+        numbers (layers/draws.py: the whole batch's draws and this device's generator)."""
+        # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
+        kind = getattr(self.device, "planned_kind", self.device.kind)
+        bf16_ops = BF16_OPS[kind]
         blocks = {}
         for i, node in enumerate(self.plan.nodes):
-            for phase in ("forward", "backward"):
-                shape = node.layer.random_draws(phase)
+            for phase in CALL_PHASES:
+                nbytes = mixed.temporary_bytes(node.layer, bf16_ops, self.plan.call_maps(i, phase))
+                shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
-                    blocks[(i, phase)] = scratch_bytes(shape, self.global_batch,
-                                                       self.device.generator_bytes)
+                    nbytes += scratch_bytes(shape, self.global_batch,
+                                            self.device.generator_bytes)
+                if nbytes:
+                    blocks[(i, phase)] = nbytes
         return blocks
 
     def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):

@@ -35,6 +35,8 @@ class BatchNorm2d(Layer):
     retain_inputs = (0,)
     recomputable = True
     batch_statistics = True
+    # Computed by cpu_batchnorm / cuda_batchnorm (_kernels), under these names.
+    kernel_ops = ("batchnorm_training_forward", "batchnorm_forward", "batchnorm_backward")
 
     def __init__(self, eps: float = 1e-5, momentum: float = 0.1, name: str | None = None):
         super().__init__(name)

@@ -258,6 +258,33 @@ class LivenessPlan:
                 for j, node in enumerate(self.nodes)]
         return self._backward_tensors[i]
 
+    def call_maps(self, i: int, phase: str) -> list:
+        """[(shape, dtype)] of the arrays node i's `phase` call ('forward', 'recompute' or
+        'backward') is handed and writes, in the memory manager's order (its *_buffers): the
+        inputs and the output in forward; the retained inputs and output, the output's
+        gradient and the input gradients it writes in backward. Input 0 and its gradient
+        are the node's rows of them (a piece of a layer chunk). The call's temporaries are
+        declared from these (layers/precision.py: temporary_bytes); aux buffers stay in the
+        network's dtype and are not among them."""
+        node, rows = self.nodes[i], self.rows[i]
+
+        def entry(name, k):
+            t = self.tensors[name]
+            shape = t.shape
+            if k == 0 and rows is not None:
+                shape = (rows.stop - rows.start,) + tuple(shape[1:])
+            return tuple(shape), t.dtype
+
+        if phase in ("forward", "recompute"):
+            return [entry(name, k) for k, name in enumerate(node.inputs)] + \
+                [entry(node.name, None)]
+        retained, output, grad_output, grad_inputs = self.backward_tensors(i)
+        out = [entry(name, k) for k, name in enumerate(retained) if name is not None]
+        if output is not None:
+            out.append(entry(output, None))
+        out.append(entry(grad_output, None))
+        return out + [entry(name, k) for k, name in enumerate(grad_inputs) if name is not None]
+
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i
 

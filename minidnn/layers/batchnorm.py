@@ -81,7 +81,7 @@ class BatchNorm2d(Layer):
         relu = self.name in ctx.relu_in_bn    # the ReLU after it too (minidnn/fusion.py)
         if not ctx.train:
             running = self.buffers
-            invstd = 1.0 / xp.sqrt(running["running_var"].data + x.dtype.type(self.eps))
+            invstd = 1.0 / xp.sqrt(running["running_var"].data + self.dtype.type(self.eps))
             k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu)
             return
         count = x.size // x.shape[1]
@@ -89,8 +89,9 @@ class BatchNorm2d(Layer):
             raise ShapeError(f"layer {self.name!r} (BatchNorm2d) needs more than one value per "
                              f"channel in training, got input shape {tuple(x.shape)}")
         c = x.shape[1]
-        mean = aux["mean"] if aux is not None else xp.empty(c, x.dtype)
-        invstd = aux["invstd"] if aux is not None else xp.empty(c, x.dtype)
+        # per-channel arrays in the layer's dtype (float32 beside bf16 maps)
+        mean = aux["mean"] if aux is not None else xp.empty(c, self.dtype)
+        invstd = aux["invstd"] if aux is not None else xp.empty(c, self.dtype)
         running = None
         if aux is not None:   # the step's own forward; a recomputation leaves them alone
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,

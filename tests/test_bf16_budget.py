@@ -175,8 +175,8 @@ def test_the_device_kinds_bf16_ops_are_the_kernel_modules():
 
 
 def test_a_plan_for_the_gpu_widens_what_the_gpu_widens(tmp_path):
-    """Planned on this CPU for an H200: BatchNorm and LRN take bf16 maps there (no copies in
-    their calls' blocks), a residual add does not."""
+    """Planned on this CPU for an H200: BatchNorm and a residual add take bf16 maps there
+    (no copies in their calls' blocks); the loss does not."""
     net = bn_resnet()
     policy = DynPolicy(gpu="h200", input_batches=0)
     build_executor(net, BATCH, device="cpu", policy=policy, memory_budget="1GiB",
@@ -186,8 +186,11 @@ def test_a_plan_for_the_gpu_widens_what_the_gpu_widens(tmp_path):
     assert (index["bn1"], "forward") not in model.scratch
     assert (index["bn1"], "backward") not in model.scratch
     add = next(n.name for n in model.nodes if n.layer.kind == "add")
-    per_map = 4 * int(np.prod(model.plan.tensors[add].shape))
-    assert model.scratch[(index[add], "forward")] == 3 * per_map
+    assert (index[add], "forward") not in model.scratch
+    loss = model.nodes[-1].name
+    logits = model.plan.tensors[model.nodes[-1].inputs[0]]
+    assert model.scratch[(index[loss], "forward")] == \
+        mixed.ALIGN * -(-4 * int(np.prod(logits.shape)) // mixed.ALIGN)
 
 
 def test_a_call_given_too_small_a_block_refuses_to_widen():

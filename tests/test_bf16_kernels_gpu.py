@@ -1,5 +1,5 @@
-"""BatchNorm and LRN on bf16 maps as they are, and the layers that only move values (Concat,
-BatchJoin), on the GPU.
+"""BatchNorm, LRN and a two-input Add on bf16 maps as they are, and the layers that only
+move values (Concat, BatchJoin), on the GPU.
 
 The bf16 kernels widen each value in registers, compute as the float32 kernels do and round
 each output once, so they must give the bits of the widening path (layers/precision.py: the
@@ -18,7 +18,7 @@ from minidnn.layers import StepContext
 from minidnn.layers import precision as mixed
 from minidnn.layers.batchnorm import BatchNorm2d
 from minidnn.layers.lrn import LRN
-from minidnn.layers.merge import BatchJoin, Concat
+from minidnn.layers.merge import Add, BatchJoin, Concat
 
 pytestmark = pytest.mark.gpu
 
@@ -178,3 +178,32 @@ def test_concat_and_batch_join_move_bf16_maps_as_they_are(gpu, layout):
         np.testing.assert_array_equal(got_y.view(np.uint16), want_y.view(np.uint16))
         for g, w in zip(got_gxs, want_gxs):
             np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_two_input_add_on_bf16_maps_gives_the_widening_paths_bits(gpu, layout):
+    cp, device, gpu_kernels = gpu
+    rng = np.random.default_rng(2)
+    layer = Add(name="add")
+    shape = (4, 8, 5, 5)
+    layer.setup([shape, shape], np.float32)
+    assert mixed.takes_bf16(layer, gpu_kernels)
+    three = Add(name="add3")
+    three.setup([shape] * 3, np.float32)
+    assert not mixed.takes_bf16(three, gpu_kernels)   # rounding between adds: widened
+    xs = [rng.standard_normal(shape).astype(BF16) for _ in range(2)]
+    gy = rng.standard_normal(shape).astype(BF16)
+    results = []
+    for module in (gpu_kernels, Widening(gpu_kernels, ("add",))):
+        with device.compute:
+            ctx = StepContext(cp, kernels=module, device=device)
+            y = to_device(cp, np.zeros(shape, BF16), layout)
+            mixed.forward(layer, [to_device(cp, x, layout) for x in xs], y, None, ctx)
+            gxs = [to_device(cp, np.zeros(shape, BF16), layout) for _ in xs]
+            mixed.backward(layer, [None, None], None, to_device(cp, gy, layout), gxs, None, ctx)
+            results.append([to_host(cp, a).view(np.uint16) for a in (y, *gxs)])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
+    want_y = (xs[0].astype(np.float32) + xs[1].astype(np.float32)).astype(BF16)
+    np.testing.assert_array_equal(results[0][0], want_y.view(np.uint16))
+    np.testing.assert_array_equal(results[0][1], gy.view(np.uint16))

@@ -48,8 +48,8 @@ input gradients, dropout masks) is the same bits.
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
 far larger than this machine come out in seconds (parameters, gradients and the scratch
-blocks of random draws are counted; other temporaries inside layers and optimizer state are
-not).
+blocks of calls are counted: random draws, and bf16 maps widened to float32; other
+temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 

@@ -10,8 +10,6 @@ no fused multiply-adds) they agree within bf16 tolerance.
 import numpy as np
 import pytest
 
-from minidnn import kernels
-from minidnn.backend import Device
 from minidnn.kernels import cpu as cpu_kernels
 from minidnn.kernels import mapformat
 from minidnn.layers import StepContext
@@ -19,19 +17,12 @@ from minidnn.layers import precision as mixed
 from minidnn.layers.batchnorm import BatchNorm2d
 from minidnn.layers.lrn import LRN
 from minidnn.layers.merge import Add, BatchJoin, Concat
+from test_bf16_gpu import BF16, gpu, to_device  # noqa: F401, F811  (gpu: the fixture)
 
 pytestmark = pytest.mark.gpu
 
-BF16 = mapformat.bfloat16()
 # Against NumPy: a few bf16 roundings of max |value| (8 significant bits).
 LOOSE = 3e-2
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    cp = pytest.importorskip("cupy")
-    device = Device("gpu")
-    return cp, device, kernels.for_device(device)
 
 
 class Widening:
@@ -46,15 +37,9 @@ class Widening:
         return getattr(self._module, name)
 
 
-def to_device(cp, a, layout):
-    """Host array `a` on the GPU in `layout` (through its raw bytes: any dtype)."""
-    host = mapformat.arrange(a, layout)
-    flat = cp.asarray(host.reshape(-1).view(np.uint8))
-    return mapformat.shaped(flat, a.shape, a.dtype, layout)
-
-
 def to_host(cp, a):
-    """A GPU array (any dense layout and dtype) as a host array of its logical shape."""
+    """A GPU array (any dense layout and dtype) as a host array of its logical shape and
+    dtype (test_bf16_gpu's widens to float32, which hides the sign of a zero)."""
     flat = cp.asnumpy(mapformat.in_memory_order(a).view(np.uint8)).view(a.dtype)
     if a.ndim == 4 and not a.flags.c_contiguous:
         n, c, h, w = a.shape

@@ -263,7 +263,7 @@ __global__ void bn_grad_last(const M* x, const M* gy, M* gx, const acc_t<M>* mea
 }
 
 // NCHW bf16 maps (float32 and float64 ones take the elementwise kernels below): the value i
-// lies in channel (i / HW) % C; a grid-stride loop over the n values.
+// lies in channel (i / HW) mod C; a grid-stride loop over the n values.
 template<typename M, bool RELU>
 __global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* scale,
                                  const acc_t<M>* shift, int C, long long HW, long long n) {

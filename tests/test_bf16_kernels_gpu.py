@@ -101,7 +101,8 @@ def assert_same_bits_and_close(native, widened, numpy_emulation):
     for key, want in widened.items():
         got = native[key]
         assert got.dtype == want.dtype and got.shape == want.shape, key
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+        np.testing.assert_array_equal(np.atleast_1d(got).view(np.uint8),
+                                      np.atleast_1d(want).view(np.uint8),
                                       err_msg=f"{key}: not the widening path's bits")
         ref = numpy_emulation[key].astype(np.float64)
         value = got.astype(np.float64)

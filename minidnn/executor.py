@@ -265,7 +265,9 @@ class Executor:
         if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
                 or not capturable(bool(self.manager.offload), self.layout is not None):
             return None
-        draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
+        draw_layers = {self.plan.nodes[i].layer.index for i, phase in scratch
+                       if phase != "recompute" and
+                       self.plan.nodes[i].layer.random_draws(phase) is not None}
         return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
                           self.kernels.bind_libraries, self.manager.ordered_by_streams)
 

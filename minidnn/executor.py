@@ -427,10 +427,12 @@ class Executor:
         # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
         kind = getattr(self.device, "planned_kind", self.device.kind)
         bf16_ops = BF16_OPS[kind]
+        widens = self.plan.maps.precision == "bf16"
         blocks = {}
         for i, node in enumerate(self.plan.nodes):
             for phase in CALL_PHASES:
-                nbytes = mixed.temporary_bytes(node.layer, bf16_ops, self.plan.call_maps(i, phase))
+                nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
+                                               self.plan.call_maps(i, phase)) if widens else 0
                 shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
                     nbytes += scratch_bytes(shape, self.global_batch,

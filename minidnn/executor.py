@@ -51,8 +51,8 @@ input gradients, dropout masks) is the same bits.
 Dry run: `Executor(..., compute=False).simulate_step()` walks a whole step through the memory
 manager with receipts instead of memory and no layer compute, so the memory figures of networks
 far larger than this machine come out in seconds (parameters, gradients and the scratch
-blocks of random draws are counted; other temporaries inside layers and optimizer state are
-not).
+blocks of calls are counted: random draws, and bf16 maps widened to float32; other
+temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, DataError, ShapeError, parse_bytes
 from .fusion import bias_relu_pairs, bn_relu_pairs
-from .kernels.mapformat import MapFormat, arrange, in_memory_order
+from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.conv import parse_plan_setting
@@ -276,7 +276,9 @@ class Executor:
         if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
                 or not capturable(bool(self.manager.offload), self.layout is not None):
             return None
-        draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
+        draw_layers = {self.plan.nodes[i].layer.index for i, phase in scratch
+                       if phase != "recompute" and
+                       self.plan.nodes[i].layer.random_draws(phase) is not None}
         return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
                           self.kernels.bind_libraries, self.manager.ordered_by_streams)
 
@@ -430,15 +432,24 @@ class Executor:
         return blocks
 
     def _scratch_blocks(self) -> dict:
-        """{(node index, phase): bytes} of the scratch blocks of the calls that draw random
-        numbers (layers/draws.py): the whole batch's draws and this device's generator."""
+        """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
+        maps to float32 (layers/precision.py: the copies, first in the block) or draw random
+        numbers (layers/draws.py: the whole batch's draws and this device's generator)."""
+        # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
+        kind = getattr(self.device, "planned_kind", self.device.kind)
+        bf16_ops = BF16_OPS[kind]
+        widens = self.plan.maps.precision == "bf16"
         blocks = {}
         for i, node in enumerate(self.plan.nodes):
-            for phase in ("forward", "backward"):
-                shape = node.layer.random_draws(phase)
+            for phase in CALL_PHASES:
+                nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
+                                               self.plan.call_maps(i, phase)) if widens else 0
+                shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
-                    blocks[(i, phase)] = scratch_bytes(shape, self.global_batch,
-                                                       self.device.generator_bytes)
+                    nbytes += scratch_bytes(shape, self.global_batch,
+                                            self.device.generator_bytes)
+                if nbytes:
+                    blocks[(i, phase)] = nbytes
         return blocks
 
     def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):

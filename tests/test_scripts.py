@@ -102,8 +102,9 @@ def test_bench_budget_bf16_reaches_minidnn_and_every_pytorch_configuration():
 
 
 def test_bench_budget_on_the_cpu_plans_and_runs_bf16_maps(tmp_path):
-    """minidnn's worker on the CPU: dyn decides for the precision asked (bf16 maps plan fewer
-    bytes than fp32 ones), and the table's title says bf16."""
+    """minidnn's worker on the CPU: dyn decides for the precision asked, and the table's title
+    says bf16. (On the CPU every layer widens bf16 maps to float32 copies, which the plan
+    counts: a bf16 step there plans more bytes than an fp32 one, not fewer.)"""
     peaks = {}
     for math in ("fp32", "bf16"):
         out = tmp_path / math
@@ -117,7 +118,7 @@ def test_bench_budget_on_the_cpu_plans_and_runs_bf16_maps(tmp_path):
                                                                  else "fp32"), row
         assert row["images_per_s"] > 0
         peaks[math] = row["predicted_peak_bytes"]
-    assert peaks["bf16"] < peaks["fp32"]
+    assert peaks["bf16"] > peaks["fp32"]
     assert "bf16 mixed precision" in proc.stdout and "--precision bf16" in proc.stdout
     refused = run("scripts/bench_budget.py", "--device", "cpu")
     assert refused.returncode == 2 and "--only minidnn" in refused.stderr

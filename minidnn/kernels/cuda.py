@@ -35,6 +35,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
+from .mapformat import BF16_OPS as MAP_OPS
 from .cuda_linear import bind_stream as bind_cublas, linear_backward, linear_forward, \
     set_math as _linear_math
 from .cuda_lrn import lrn_backward, lrn_forward
@@ -58,11 +59,7 @@ __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "
 
 #: The ops that take bf16 feature maps as they are (layers/precision.py calls a layer whose
 #: kernel ops are all here on its bf16 maps; the others see them widened to float32).
-BF16_OPS = frozenset({"conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
-                      "linear_forward", "linear_backward", "relu_forward", "relu_backward",
-                      "relu_forward_bits", "relu_backward_bits", "maxpool2d_forward",
-                      "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
-                      "scale_by_mask"})
+BF16_OPS = MAP_OPS["gpu"]
 
 # Measuring a plan: one run to load its kernels, timed, then one timed run that counts. When
 # the first run alone took more than SLOW_FACTOR times the best plan so far (and more than

@@ -19,8 +19,15 @@ Two kinds of pass, each at memory speed for both layouts:
   run_per_pixel: a value's channel is its memory index modulo C), CuPy elementwise kernels
   over logical indices in NCHW.
 
-Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32 or float64; per-channel
-arrays (C,) of the same dtype.
+Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32, float64 or bfloat16;
+per-channel arrays (C,) in the dtype the maps compute in (float32 beside bf16 maps).
+
+bf16 maps (mixed precision, kernels/mapformat.py) are read and written as they are: each
+value is widened (exactly) in registers, every sum and product is the float32 kernel's, and
+each output is rounded once to bf16 (cuda_pointwise's STORAGE_SOURCE). So a call gives the
+bits of the float32 kernels on bf16_to_float of its maps followed by float_to_bf16 of its
+outputs, with no float32 map in memory: the sums run in the same order, in double, over the
+same values.
 """
 from __future__ import annotations
 
@@ -28,7 +35,8 @@ import cupy as cp
 import numpy as np
 
 from .cuda_divide import DIVIDE_SOURCE
-from .cuda_pointwise import VECTOR_SOURCE, relu_forward, run_per_pixel
+from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, relu_forward, \
+    run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256
@@ -38,7 +46,7 @@ _TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GP
 _PART_THREADS = 128         # threads adding one channel's parts (a power of two)
 
 # mode 0: (x, x^2); mode 1: (gy, gy * (x - center)).
-_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + r"""
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
 // (a, b) summed over the block's threads (blockDim.x of them, a power of two, at most the
 // length of the shared arrays sa, sb) in a fixed tree; every thread gets the totals.
 __device__ __forceinline__ void block_sums(double* sa, double* sb, double& a, double& b) {
@@ -70,10 +78,13 @@ __device__ __forceinline__ void accumulate(int mode, T x, T g, T m, double& a, d
 }
 
 // NCHW (or any map whose pixels are one run): block (c, part) adds part `part` of channel c.
-template<typename T>
-__global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double* partial,
-                                int mode, long long HW, long long count, long long per_block,
-                                long long stride_n, long long stride_c, long long stride_p) {
+// Maps are M (float, double or bf16), per-channel arrays and arithmetic T = acc_t<M>.
+template<typename M>
+__global__ void bn_partial_sums(const M* x, const M* gy, const acc_t<M>* center,
+                                double* partial, int mode, long long HW, long long count,
+                                long long per_block, long long stride_n, long long stride_c,
+                                long long stride_p) {
+    typedef acc_t<M> T;
     const int c = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
     const long long begin = (long long)part * per_block;
     const long long end = min(count, begin + per_block);
@@ -82,7 +93,7 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
     for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const long long n = k / HW, hw = k - n * HW;
         const long long o = n * stride_n + c * stride_c + hw * stride_p;
-        accumulate<T>(mode, x[o], mode == 0 ? (T)0 : gy[o], m, a, b);
+        accumulate<T>(mode, widen(x[o]), mode == 0 ? (T)0 : widen(gy[o]), m, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
     block_sums(sa, sb, a, b);
@@ -95,10 +106,11 @@ __global__ void bn_partial_sums(const T* x, const T* gy, const T* center, double
 // NHWC: x is (rows, C). Block (part, j) adds rows [part * per_part, ...) of channels
 // 32j ... 32j + 31; thread (tx, ty) takes channel 32j + tx and every 8th row from ty; the 8
 // row lanes are then added in a fixed order.
-template<typename T>
-__global__ void bn_column_partial_sums(const T* __restrict__ x, const T* __restrict__ gy,
-                                       const T* __restrict__ center, double* partial, int mode,
-                                       long long rows, int C, long long per_part) {
+template<typename M>
+__global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restrict__ gy,
+                                       const acc_t<M>* __restrict__ center, double* partial,
+                                       int mode, long long rows, int C, long long per_part) {
+    typedef acc_t<M> T;
     const int c = blockIdx.y * 32 + threadIdx.x, part = blockIdx.x, parts = gridDim.x;
     const long long r0 = (long long)part * per_part;
     const long long r1 = min(rows, r0 + per_part);
@@ -108,7 +120,7 @@ __global__ void bn_column_partial_sums(const T* __restrict__ x, const T* __restr
         #pragma unroll 4
         for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
             const long long o = r * C + c;
-            accumulate<T>(mode, x[o], mode == 0 ? (T)0 : gy[o], m, a, b);
+            accumulate<T>(mode, widen(x[o]), mode == 0 ? (T)0 : widen(gy[o]), m, a, b);
         }
     }
     __shared__ double sa[8][32], sb[8][32];
@@ -190,73 +202,112 @@ __global__ void bn_finish_backward(const double* partial, int parts, double coun
 // Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c], then, with RELU, the
 // ReLU after the batch norm (minidnn/fusion.py) as cuda_pointwise's relu_forward computes it
 // on the stored value: the bits of the two passes. The launch starts at a pixel boundary and
-// C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1.
-template<typename T, int VEC, bool RELU>
-__device__ __forceinline__ void affine_pass(const T* x, T* y, const T* scale, const T* shift,
-                                            unsigned int C, unsigned int c_mul,
-                                            unsigned int c_shift, unsigned int n) {
+// C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1. The value is
+// computed in T = acc_t<M> and stored once (narrow: rounded once for bf16 maps).
+template<typename M, int VEC, bool RELU>
+__device__ __forceinline__ void affine_pass(const M* x, M* y, const acc_t<M>* scale,
+                                            const acc_t<M>* shift, unsigned int C,
+                                            unsigned int c_mul, unsigned int c_shift,
+                                            unsigned int n) {
+    typedef acc_t<M> T;
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
-    Pack<T, VEC> a = load<T, VEC>(x, k);
+    Pack<M, VEC> a = load<M, VEC>(x, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        const T v = a.v[j] * scale[c + j] + shift[c + j];
-        a.v[j] = RELU ? (v > (T)0 ? v : (T)0) : v;
+        const T v = widen(a.v[j]) * scale[c + j] + shift[c + j];
+        a.v[j] = narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
     }
-    store<T, VEC>(y, k, a);
+    store<M, VEC>(y, k, a);
 }
 
-template<typename T, int VEC>
-__global__ void bn_affine_last(const T* x, T* y, const T* scale, const T* shift,
-                               unsigned int C, unsigned int c_mul, unsigned int c_shift,
-                               unsigned int n) {
-    affine_pass<T, VEC, false>(x, y, scale, shift, C, c_mul, c_shift, n);
+template<typename M, int VEC>
+__global__ void bn_affine_last(const M* x, M* y, const acc_t<M>* scale,
+                               const acc_t<M>* shift, unsigned int C, unsigned int c_mul,
+                               unsigned int c_shift, unsigned int n) {
+    affine_pass<M, VEC, false>(x, y, scale, shift, C, c_mul, c_shift, n);
 }
 
-template<typename T, int VEC>
-__global__ void bn_affine_relu_last(const T* x, T* y, const T* scale, const T* shift,
-                                    unsigned int C, unsigned int c_mul, unsigned int c_shift,
-                                    unsigned int n) {
-    affine_pass<T, VEC, true>(x, y, scale, shift, C, c_mul, c_shift, n);
+template<typename M, int VEC>
+__global__ void bn_affine_relu_last(const M* x, M* y, const acc_t<M>* scale,
+                                    const acc_t<M>* shift, unsigned int C, unsigned int c_mul,
+                                    unsigned int c_shift, unsigned int n) {
+    affine_pass<M, VEC, true>(x, y, scale, shift, C, c_mul, c_shift, n);
+}
+
+// gx = gy * a[c] + (x - mean[c]) * b[c] + d[c], computed in T, stored once.
+template<typename M>
+__device__ __forceinline__ M grad_value(M x, M gy, acc_t<M> mean, acc_t<M> a, acc_t<M> b,
+                                        acc_t<M> d) {
+    return narrow<M>(widen(gy) * a + (widen(x) - mean) * b + d);
 }
 
 // Channels last: gx = gy * a[c] + (x - mean[c]) * b[c] + d[c].
-template<typename T, int VEC>
-__global__ void bn_grad_last(const T* x, const T* gy, T* gx, const T* mean, const T* ca,
-                             const T* cb, const T* cd, unsigned int C, unsigned int c_mul,
-                             unsigned int c_shift, unsigned int n) {
+template<typename M, int VEC>
+__global__ void bn_grad_last(const M* x, const M* gy, M* gx, const acc_t<M>* mean,
+                             const acc_t<M>* ca, const acc_t<M>* cb, const acc_t<M>* cd,
+                             unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                             unsigned int n) {
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
     const unsigned int c = first - divide(first, c_mul, c_shift) * C;
-    const Pack<T, VEC> xv = load<T, VEC>(x, k);
-    Pack<T, VEC> g = load<T, VEC>(gy, k);
+    const Pack<M, VEC> xv = load<M, VEC>(x, k);
+    Pack<M, VEC> g = load<M, VEC>(gy, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j)
-        g.v[j] = g.v[j] * ca[c + j] + (xv.v[j] - mean[c + j]) * cb[c + j] + cd[c + j];
-    store<T, VEC>(gx, k, g);
+        g.v[j] = grad_value<M>(xv.v[j], g.v[j], mean[c + j], ca[c + j], cb[c + j], cd[c + j]);
+    store<M, VEC>(gx, k, g);
+}
+
+// NCHW bf16 maps (float32 and float64 ones take the elementwise kernels below): the value i
+// lies in channel (i / HW) mod C; a grid-stride loop over the n values.
+template<typename M, bool RELU>
+__global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* scale,
+                                 const acc_t<M>* shift, int C, long long HW, long long n) {
+    typedef acc_t<M> T;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)((i / HW) %% C);
+        const T v = widen(x[i]) * scale[c] + shift[c];
+        y[i] = narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
+    }
+}
+
+template<typename M>
+__global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* mean,
+                               const acc_t<M>* ca, const acc_t<M>* cb, const acc_t<M>* cd,
+                               int C, long long HW, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)((i / HW) %% C);
+        gx[i] = grad_value<M>(x[i], gy[i], mean[c], ca[c], cb[c], cd[c]);
+    }
 }
 """ % {"threads": _THREADS, "part_threads": _PART_THREADS}
 
 
 def _instances():
-    for t, size in (("float", 4), ("double", 8)):
-        yield f"bn_partial_sums<{t}>"
+    for t in ("float", "double"):            # the per-channel types
         yield f"bn_finish_forward<{t}>"
         yield f"bn_finish_backward<{t}>"
+    for t, size in (("float", 4), ("double", 8), ("bf16", 2)):    # the maps' types
+        yield f"bn_partial_sums<{t}>"
         yield f"bn_column_partial_sums<{t}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
             yield f"bn_affine_last<{t}, {vec}>"
             yield f"bn_affine_relu_last<{t}, {vec}>"
             yield f"bn_grad_last<{t}, {vec}>"
+    for relu in ("false", "true"):
+        yield f"bn_affine_planes<bf16, {relu}>"
+    yield "bn_grad_planes<bf16>"
 
 
 _module = cp.RawModule(code=_SOURCE, options=("--std=c++14",),
                        name_expressions=list(_instances()))
 
-_ctype = {cp.dtype(cp.float32): "float", cp.dtype(cp.float64): "double"}
 
 _scale_shift = cp.ElementwiseKernel(
     "raw T x, raw T scale, raw T shift, int32 C, int64 HW", "T y",
@@ -271,10 +322,33 @@ _grad_input = cp.ElementwiseKernel(
 
 
 def _ctype_of(x) -> str:
-    try:
-        return _ctype[cp.dtype(x.dtype)]
-    except KeyError:
-        raise TypeError(f"batch norm kernels take float32 or float64, got {x.dtype}") from None
+    """The C type of map x: 'float', 'double' or 'bf16'."""
+    ctype = map_ctype(x.dtype)
+    if ctype is None:
+        raise TypeError(f"batch norm kernels take float32, float64 or bfloat16 maps, got "
+                        f"{x.dtype}")
+    return ctype
+
+
+def channel_dtype(x):
+    """The dtype the per-channel arrays beside map x take, and its values compute in:
+    float32 beside bf16 maps, the map's own dtype otherwise."""
+    return np.dtype(np.float32) if _ctype_of(x) == "bf16" else np.dtype(x.dtype)
+
+
+def _channel_ctype(x) -> str:
+    return "float" if _ctype_of(x) == "bf16" else _ctype_of(x)
+
+
+#: Blocks of the grid-stride NCHW bf16 passes (bn_affine_planes, bn_grad_planes).
+_PLANE_BLOCKS = 4096
+
+
+def _planes(name: str, n: int, args: tuple) -> None:
+    """A grid-stride NCHW bf16 pass over n values."""
+    if n:
+        blocks = min(_PLANE_BLOCKS, -(-n // _THREADS))
+        _module.get_function(name)((blocks,), (_THREADS,), args + (np.int64(n),))
 
 
 def _geometry(x, *others) -> tuple:
@@ -327,10 +401,10 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
     (scale, shift). Two launches."""
     n, c, hw, *_ = geometry
     partial, parts = _channel_partials(0, geometry, x, None, None)
-    scale, shift = cp.empty((2, c), x.dtype)    # one allocation: each costs host time
-    dt = x.dtype.type
+    scale, shift = cp.empty((2, c), channel_dtype(x))   # one allocation: each costs host time
+    dt = channel_dtype(x).type
     rm, rv, momentum = running if running is not None else (mean, var, 0.0)
-    _module.get_function(f"bn_finish_forward<{_ctype_of(x)}>")(
+    _module.get_function(f"bn_finish_forward<{_channel_ctype(x)}>")(
         (c,), (_PART_THREADS,),
         (partial, np.int32(parts), np.float64(n * hw), dt(eps), dt(momentum),
          np.int32(running is not None), weight, bias, mean, var, invstd, scale, shift, rm, rv))
@@ -344,6 +418,10 @@ def _affine(geometry: tuple, x, y, scale, shift, relu: bool = False) -> None:
         run_per_pixel("bn_affine_relu_last" if relu else "bn_affine_last", (x, y),
                       (scale, shift), module=_module)
         return
+    if _ctype_of(x) == "bf16":
+        _planes(f"bn_affine_planes<bf16, {'true' if relu else 'false'}>", x.size,
+                (x, y, scale, shift, np.int32(c), np.int64(hw)))
+        return
     _scale_shift(x, scale, shift, c, hw, y)
     if relu:
         relu_forward(y, y)
@@ -351,9 +429,9 @@ def _affine(geometry: tuple, x, y, scale, shift, relu: bool = False) -> None:
 
 def batchnorm_stats(x, mean, var) -> None:
     """mean and biased variance of each channel of x (N, C, H, W) into mean, var (C,)."""
-    c = x.shape[1]
-    ones, zeros = cp.ones(c, x.dtype), cp.zeros(c, x.dtype)
-    _statistics(_geometry(x), x, ones, zeros, mean, var, cp.empty(c, x.dtype), 1.0, None)
+    c, dtype = x.shape[1], channel_dtype(x)
+    ones, zeros = cp.ones(c, dtype), cp.zeros(c, dtype)
+    _statistics(_geometry(x), x, ones, zeros, mean, var, cp.empty(c, dtype), 1.0, None)
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
@@ -361,7 +439,7 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
     """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
     per-channel results, the affine pass, which applies the ReLU with relu)."""
     geometry = _geometry(x, y)
-    var = cp.empty(x.shape[1], x.dtype)
+    var = cp.empty(x.shape[1], channel_dtype(x))
     scale, shift = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
     _affine(geometry, x, y, scale, shift, relu)
 
@@ -379,13 +457,16 @@ def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
     geometry = _geometry(x, gy) if gx is None else _geometry(x, gy, gx)
     n, c, hw, *_ = geometry
     partial, parts = _channel_partials(1, geometry, x, gy, mean)
-    a, b, d = cp.empty((3, c), x.dtype)         # one allocation: each costs host time
-    _module.get_function(f"bn_finish_backward<{_ctype_of(x)}>")(
+    a, b, d = cp.empty((3, c), channel_dtype(x))   # one allocation: each costs host time
+    _module.get_function(f"bn_finish_backward<{_channel_ctype(x)}>")(
         (c,), (_PART_THREADS,),
         (partial, np.int32(parts), np.float64(n * hw), weight, invstd, gweight, gbias, a, b, d))
     if gx is None:
         return
     if is_channels_last(x):
         run_per_pixel("bn_grad_last", (x, gy, gx), (mean, a, b, d), module=_module)
+    elif _ctype_of(x) == "bf16":
+        _planes("bn_grad_planes<bf16>", x.size,
+                (x, gy, gx, mean, a, b, d, np.int32(c), np.int64(hw)))
     else:
         _grad_input(x, gy, mean, a, b, d, c, hw, gx)

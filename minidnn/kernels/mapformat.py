@@ -43,6 +43,20 @@ from ..errors import ConfigError
 LAYOUTS = ("nchw", "nhwc")
 PRECISIONS = ("fp32", "bf16")
 
+#: The kernel ops that take bf16 feature maps as they are, per device kind (the kernel
+#: modules' BF16_OPS: cpu.py's and cuda.py's are these sets). Written here, where no CuPy is
+#: needed, so that a plan made on a CPU for a GPU counts the float32 temporaries the GPU's
+#: step makes (layers/precision.py: temporary_bytes) and no others.
+BF16_OPS = {
+    "cpu": frozenset(),
+    "gpu": frozenset({"conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
+                      "linear_forward", "linear_backward", "relu_forward", "relu_backward",
+                      "relu_forward_bits", "relu_backward_bits", "maxpool2d_forward",
+                      "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+                      "scale_by_mask", "batchnorm_training_forward", "batchnorm_forward",
+                      "batchnorm_backward", "lrn_forward", "lrn_backward", "add"}),
+}
+
 
 def bfloat16() -> np.dtype:
     """NumPy's dtype for bfloat16 (from ml_dtypes, which CuPy 14 also takes); ConfigError
@@ -168,6 +182,16 @@ def is_channels_last(a) -> bool:
                 return False
             step *= shape[axis]
     return True
+
+
+def copy_values(dst, src) -> None:
+    """dst[...] = src, bit for bit, in any dtype and layout (NumPy or CuPy). bf16 arrays are
+    copied as their 16-bit patterns, so the copy needs no bfloat16 support of the array
+    module: a layer that only moves values (Concat, BatchJoin) runs on bf16 maps as they
+    are, with no float32 copies."""
+    if is_bfloat16(dst.dtype) and is_bfloat16(src.dtype):
+        dst, src = dst.view(np.uint16), src.view(np.uint16)
+    dst[...] = src
 
 
 def pixel_rows(a):

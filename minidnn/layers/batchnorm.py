@@ -48,6 +48,8 @@ class BatchNorm2d(Layer):
     #: Kernels with the global batch's statistics in a data-parallel run under
     #: --sync-batchnorm (distributed/sync_batchnorm.py); None: the device's, this batch's.
     statistics_sync = None
+    # Computed by cpu_batchnorm / cuda_batchnorm (_kernels), under these names.
+    kernel_ops = ("batchnorm_training_forward", "batchnorm_forward", "batchnorm_backward")
 
     def __init__(self, eps: float = 1e-5, momentum: float = 0.1, name: str | None = None):
         super().__init__(name)
@@ -94,7 +96,7 @@ class BatchNorm2d(Layer):
         relu = self.name in ctx.relu_in_bn    # the ReLU after it too (minidnn/fusion.py)
         if not ctx.train:
             running = self.buffers
-            invstd = 1.0 / xp.sqrt(running["running_var"].data + x.dtype.type(self.eps))
+            invstd = 1.0 / xp.sqrt(running["running_var"].data + self.dtype.type(self.eps))
             k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu)
             return
         rows = ctx.statistics_slice or x.shape[0]    # normalized with statistics of their own
@@ -103,8 +105,9 @@ class BatchNorm2d(Layer):
                              f"channel in training, got input shape {tuple(x.shape)}"
                              + (f" in slices of {rows}" if rows < x.shape[0] else ""))
         c = x.shape[1]
-        mean = aux["mean"] if aux is not None else xp.empty(c, x.dtype)
-        invstd = aux["invstd"] if aux is not None else xp.empty(c, x.dtype)
+        # per-channel arrays in the layer's dtype (float32 beside bf16 maps)
+        mean = aux["mean"] if aux is not None else xp.empty(c, self.dtype)
+        invstd = aux["invstd"] if aux is not None else xp.empty(c, self.dtype)
         running = None
         if aux is not None:   # the step's own forward; a recomputation leaves them alone
             running = (self.buffers["running_mean"].data, self.buffers["running_var"].data,

@@ -20,6 +20,7 @@ from .base import Layer
 class LRN(Layer):
     kind = "lrn"
     retain_inputs = (0,)
+    kernel_ops = ("lrn_forward", "lrn_backward")
 
     def __init__(self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0,
                  name: str | None = None):

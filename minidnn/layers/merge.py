@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..backend import same_memory
 from ..errors import ConfigError, ShapeError
-from ..kernels.mapformat import pointwise_views
+from ..kernels.mapformat import copy_values, pointwise_views
 from .base import Layer
 
 
@@ -16,6 +16,7 @@ class Concat(Layer):
     kind = "concat"
     recomputable = True
     num_inputs = None
+    kernel_ops = ()           # copies only: bf16 maps as they are (layers/precision.py)
 
     def __init__(self, axis: int = 1, name: str | None = None):
         super().__init__(name)
@@ -54,12 +55,12 @@ class Concat(Layer):
     def forward(self, xs, y, aux, ctx):
         """xs[k] (N, ..., C_k, ...) -> y (N, ..., sum C_k, ...)."""
         for x, part in zip(xs, self._slices()):
-            y[part] = x
+            copy_values(y[part], x)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         for gx, part in zip(gxs, self._slices()):
             if gx is not None:
-                gx[...] = gy[part]
+                copy_values(gx, gy[part])
 
     def describe(self):
         return f"axis {self.axis}"
@@ -85,6 +86,13 @@ class Add(Layer):
                                  f"{tuple(s)}")
         return first
 
+    @property
+    def kernel_ops(self):
+        """Two inputs: one kernel add, rounded once, which the GPU's kernels do on bf16 maps
+        as the widening path does (layers/precision.py); more inputs would be rounded
+        between the adds, so they are widened."""
+        return ("add",) if len(self.in_shapes) == 2 else None
+
     def forward(self, xs, y, aux, ctx):
         """y = xs[0] + xs[1] + ...; all the same shape."""
         ctx.kernels.add(xs[0], xs[1], y)
@@ -94,8 +102,7 @@ class Add(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         for gx in gxs:
             if gx is not None and not same_memory(gx, gy):
-                gx, g = pointwise_views(gx, gy)
-                gx[...] = g
+                copy_values(*pointwise_views(gx, gy))
 
     def flops(self):
         n = 1
@@ -111,6 +118,7 @@ class BatchJoin(Layer):
     kind = "join"
     recomputable = True
     num_inputs = None
+    kernel_ops = ()           # copies only: bf16 maps as they are (layers/precision.py)
 
     def infer(self, in_shapes):
         first = tuple(in_shapes[0])
@@ -125,13 +133,13 @@ class BatchJoin(Layer):
         """xs[j] (b, ...) -> y[j*b:(j+1)*b]."""
         b = xs[0].shape[0]
         for j, x in enumerate(xs):
-            y[j * b:(j + 1) * b] = x
+            copy_values(y[j * b:(j + 1) * b], x)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         b = gy.shape[0] // len(gxs)
         for j, gx in enumerate(gxs):
             if gx is not None:
-                gx[...] = gy[j * b:(j + 1) * b]
+                copy_values(gx, gy[j * b:(j + 1) * b])
 
     def describe(self):
         return f"{len(self.in_shapes)} pieces"

@@ -13,10 +13,20 @@ layer's own code computes in its dtype (float32). `forward` and `backward` here 
 * arrays already in float32 (parameters, the loss, aux buffers, labels) pass through.
 
 So a convolution or a matrix product sums in float32 and only its result is rounded, as a
-bf16 GPU kernel with float32 accumulation would do. The widened copies are temporaries of the
-call (on the GPU they come out of the arena and count against the budget); what stays between
-forward and backward, and what is offloaded, is bf16. With float32 maps both functions are
-the layer's own calls, nothing added.
+bf16 GPU kernel with float32 accumulation would do. What stays between forward and backward,
+and what is offloaded, is bf16. With float32 maps both functions are the layer's own calls,
+nothing added.
+
+The widened copies are temporaries of the call, and they are declared: `temporary_bytes`
+says, from the shapes and dtypes of the maps a call reads and writes (the liveness plan's
+`call_maps`), how many bytes the widened copies of that call take, and the memory manager
+hands the call a scratch block of that size (StepContext.scratch, like the block of random
+draws: layers/draws.py), planned in the static layout and walked by the planner's dry run.
+`forward` and `backward` carve the copies out of its first bytes (`_Carver`) and hand the
+layer the rest. So the plan counts exactly what the run takes, on the GPU and on the CPU
+alike (there the block comes out of the arena too), and a call handed too small a block
+raises instead of taking memory nobody planned. Called without a block (a layer run outside
+an executor), the copies come from the array module.
 
 A layer that computes only with kernel ops (`Layer.kernel_ops`) that all take bf16 maps
 themselves (the kernels' `BF16_OPS`: the GPU's convolutions, matrix products, ReLU, pooling,
@@ -29,34 +39,97 @@ gradients stay float32).
 """
 from __future__ import annotations
 
-from ..kernels.mapformat import is_bfloat16
+import math
+
+from ..kernels.mapformat import is_bfloat16, is_channels_last, shaped
+
+#: Bytes each widened copy's place in the scratch block is rounded up to (CUDA's own
+#: alignment of allocations), so that every copy starts aligned for vector loads.
+ALIGN = 256
 
 
-def _wide(a, ctx, dtype):
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // ALIGN) * ALIGN
+
+
+def takes_bf16(layer, kernels) -> bool:
+    """True when every kernel op the layer computes with takes bf16 maps as they are."""
+    return _takes(layer, kernels.BF16_OPS)
+
+
+def _takes(layer, ops) -> bool:
+    return layer.kernel_ops is not None and ops.issuperset(layer.kernel_ops)
+
+
+def temporary_bytes(layer, bf16_ops, maps) -> int:
+    """Bytes of the widened float32 copies one call of `layer` makes (see the module doc).
+
+    Args:
+        layer: the layer called.
+        bf16_ops: the kernel ops of the device that take bf16 maps as they are (the kernel
+            module's BF16_OPS; kernels/mapformat.BF16_OPS by device kind).
+        maps: [(shape, dtype)] of the arrays the call reads and writes (the liveness plan's
+            call_maps): each bf16 one is widened, or given a float32 buffer to write into.
+    Returns:
+        0 when the call runs on its maps as they are (no bf16 among them, or a layer whose
+        kernels take them); else the sum of the copies' aligned sizes.
+    """
+    wide = [math.prod(int(d) for d in shape) * 4 for shape, dtype in maps
+            if is_bfloat16(dtype)]
+    if not wide or _takes(layer, bf16_ops):
+        return 0
+    return sum(_aligned(n) for n in wide)
+
+
+class _Carver:
+    """float32 arrays carved one after the other out of the first bytes of `block` (a flat
+    uint8 array; None: new arrays from the array module), each laid out as the bf16 array it
+    stands for."""
+
+    def __init__(self, block, xp):
+        self.block, self.xp, self.used = block, xp, 0
+
+    def like(self, a, dtype):
+        if self.block is None:
+            return self.xp.empty_like(a, dtype=dtype)
+        nbytes = a.size * dtype.itemsize
+        if self.used + nbytes > self.block.nbytes:
+            raise RuntimeError(f"the call's scratch block of {self.block.nbytes} bytes is too "
+                               f"small for its widened float32 maps (memory/plan.py call_maps "
+                               f"and layers/precision.py temporary_bytes disagree)")
+        layout = "nhwc" if a.ndim == 4 and not a.flags.c_contiguous and \
+            is_channels_last(a) else "nchw"
+        out = shaped(self.block[self.used:], a.shape, dtype, layout)
+        self.used += _aligned(nbytes)
+        return out
+
+    def rest(self):
+        """What the copies left of the block (for the layer's own draws), or None."""
+        if self.block is None or self.used >= self.block.nbytes:
+            return None
+        return self.block[self.used:]
+
+
+def _wide(a, carve, ctx, dtype):
     """`a` in `dtype` when it is a bf16 array (a copy, same layout); otherwise `a` itself."""
     if a is None or not is_bfloat16(a.dtype):
         return a
-    out = ctx.xp.empty_like(a, dtype=dtype)
+    out = carve.like(a, dtype)
     ctx.kernels.bf16_to_float(a, out)
     return out
 
 
-def _out(a, ctx, dtype):
+def _out(a, carve, dtype):
     """A float32 buffer to compute into in place of bf16 `a` (same shape and layout)."""
     if a is None or not is_bfloat16(a.dtype):
         return a
-    return ctx.xp.empty_like(a, dtype=dtype)
+    return carve.like(a, dtype)
 
 
 def _round_into(dst, src, ctx) -> None:
     """dst (bf16) = src rounded to nearest even; nothing when src is dst itself."""
     if src is not dst and dst is not None:
         ctx.kernels.float_to_bf16(src, dst)
-
-
-def takes_bf16(layer, kernels) -> bool:
-    """True when every kernel op the layer computes with takes bf16 maps as they are."""
-    return layer.kernel_ops is not None and kernels.BF16_OPS.issuperset(layer.kernel_ops)
 
 
 def _as_they_are(layer, ctx, arrays) -> bool:
@@ -66,14 +139,26 @@ def _as_they_are(layer, ctx, arrays) -> bool:
         takes_bf16(layer, ctx.kernels)
 
 
+def _call_with_rest(ctx, carve, call) -> None:
+    """call() with ctx.scratch set to what the widened copies left of the call's block."""
+    block = ctx.scratch
+    ctx.scratch = carve.rest()
+    try:
+        call()
+    finally:
+        ctx.scratch = block
+
+
 def forward(layer, xs, y, aux, ctx) -> None:
     """layer.forward(xs, y, aux, ctx), in float32 when the maps are bf16."""
     if _as_they_are(layer, ctx, [y, *xs]):
         layer.forward(xs, y, aux, ctx)
         return
     dtype = layer.dtype
-    y32 = _out(y, ctx, dtype)
-    layer.forward([_wide(x, ctx, dtype) for x in xs], y32, aux, ctx)
+    carve = _Carver(ctx.scratch, ctx.xp)
+    y32 = _out(y, carve, dtype)
+    xs32 = [_wide(x, carve, ctx, dtype) for x in xs]
+    _call_with_rest(ctx, carve, lambda: layer.forward(xs32, y32, aux, ctx))
     _round_into(y, y32, ctx)
 
 
@@ -85,9 +170,10 @@ def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
         layer.backward(xs, y, gy, gxs, aux, ctx)
         return
     dtype = layer.dtype
-    xs32 = [_wide(x, ctx, dtype) for x in xs]
-    y32, gy32 = _wide(y, ctx, dtype), _wide(gy, ctx, dtype)
-    gxs32 = [_out(g, ctx, dtype) for g in gxs]
-    layer.backward(xs32, y32, gy32, gxs32, aux, ctx)
+    carve = _Carver(ctx.scratch, ctx.xp)
+    xs32 = [_wide(x, carve, ctx, dtype) for x in xs]
+    y32, gy32 = _wide(y, carve, ctx, dtype), _wide(gy, carve, ctx, dtype)
+    gxs32 = [_out(g, carve, dtype) for g in gxs]
+    _call_with_rest(ctx, carve, lambda: layer.backward(xs32, y32, gy32, gxs32, aux, ctx))
     for g, g32 in zip(gxs, gxs32):
         _round_into(g, g32, ctx)

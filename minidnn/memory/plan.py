@@ -96,6 +96,7 @@ class LivenessPlan:
         self._liveness_peaks: dict = {}  # kinds -> liveness_peak_bytes
         self._aux_tensors = None         # node index -> aux_tensors(i), built on first use
         self._backward_tensors = None    # node index -> backward_tensors(i), the same way
+        self._call_maps: dict = {}       # (node index, phase) -> call_maps, the same way
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
         n = len(self.nodes)
@@ -257,6 +258,40 @@ class LivenessPlan:
                        for k, name in enumerate(node.inputs)))
                 for j, node in enumerate(self.nodes)]
         return self._backward_tensors[i]
+
+    def call_maps(self, i: int, phase: str) -> list:
+        """((shape, dtype), ...) of the arrays node i's `phase` call ('forward', 'recompute' or
+        'backward') is handed and writes, in the memory manager's order (its *_buffers): the
+        inputs and the output in forward; the retained inputs and output, the output's
+        gradient and the input gradients it writes in backward. Input 0 and its gradient
+        are the node's rows of them (a piece of a layer chunk). The call's temporaries are
+        declared from these (layers/precision.py: temporary_bytes); aux buffers stay in the
+        network's dtype and are not among them. Kept once worked out: every executor of
+        the plan (the planner makes many) asks for every call."""
+        key = (i, "forward" if phase == "recompute" else phase)
+        if key not in self._call_maps:
+            self._call_maps[key] = tuple(self._maps_of_call(*key))
+        return self._call_maps[key]
+
+    def _maps_of_call(self, i: int, phase: str) -> list:
+        node, rows = self.nodes[i], self.rows[i]
+
+        def entry(name, k):
+            t = self.tensors[name]
+            shape = t.shape
+            if k == 0 and rows is not None:
+                shape = (rows.stop - rows.start,) + tuple(shape[1:])
+            return tuple(shape), t.dtype
+
+        if phase == "forward":
+            return [entry(name, k) for k, name in enumerate(node.inputs)] + \
+                [entry(node.name, None)]
+        retained, output, grad_output, grad_inputs = self.backward_tensors(i)
+        out = [entry(name, k) for k, name in enumerate(retained) if name is not None]
+        if output is not None:
+            out.append(entry(output, None))
+        out.append(entry(grad_output, None))
+        return out + [entry(name, k) for k, name in enumerate(grad_inputs) if name is not None]
 
     def backward_time(self, i: int) -> int:
         return 2 * self.num_nodes - 1 - i

@@ -182,10 +182,13 @@ class SymbolicDevice(Device):
     """A Device whose streams and events log, for the dry run. Its arrays are NumPy's (the dry
     run makes none) and it is not a GPU, so the executor picks the CPU kernels (never run).
     generator_bytes: the planned device's (Profile.generator_bytes), which sizes the scratch
-    blocks of random draws."""
+    blocks of random draws. planned_kind: the planned device's kind ('gpu' or 'cpu'), whose
+    kernels decide which bf16 maps a call widens into its scratch block (layers/precision.py)."""
 
-    def __init__(self, generator_bytes: int = 0):  # no Device.__init__: nothing to open
+    def __init__(self, generator_bytes: int = 0, planned_kind: str = "cpu"):
+        # no Device.__init__: nothing to open
         self._generator_bytes = int(generator_bytes)
+        self.planned_kind = planned_kind
         self.kind = "cpu"
         self.xp = np
         self.name = "symbolic"
@@ -559,7 +562,8 @@ class StepModel:
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""
-        return SymbolicDevice(self.profile.generator_bytes)
+        return SymbolicDevice(self.profile.generator_bytes,
+                              "cpu" if self.profile.synchronous else "gpu")
 
     # ---- decisions ---------------------------------------------------------------------------
     def key(self, offload, conv_algo, recompute=frozenset()) -> tuple:

@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read the loss back from the device every N steps (default "
                         f"{d.log_every})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--force", action="store_true",
+                   help="train on the CPU even when the estimate (3 x the forward FLOPs a "
+                        "step, at this CPU's measured rate) says the run takes over an hour "
+                        "or a step over 5 minutes; a run that needs more RAM than is "
+                        "available is refused regardless")
     _add_ranks_arguments(t, d)
 
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
@@ -209,8 +214,20 @@ def _add_ranks_arguments(t, d: TrainConfig) -> None:
 def _world(args):
     """(this process's distributed.World or None, whether to start --ranks processes)."""
     from .distributed import resolve_world
+    _check_rendezvous_file(args.rendezvous)
     world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
     return world, world is None and (args.ranks or 1) > 1
+
+
+def _check_rendezvous_file(spec) -> None:
+    """--rendezvous file:PATH: rank 0 writes PATH, the others read it, so its folder must
+    exist (shared by every host): one line now rather than a traceback from rank 0."""
+    if not spec or not str(spec).startswith("file:") or not spec[len("file:"):]:
+        return
+    folder = os.path.dirname(os.path.abspath(spec[len("file:"):]))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--rendezvous {spec}: the folder {folder!r} does not exist; give a "
+                         f"file in a folder that every host of the run sees")
 
 
 class _PipeSafeOutput:
@@ -289,7 +306,7 @@ def _run_training(args, argv: list[str]) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
         report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
-        log_every=args.log_every, collective_timeout=args.collective_timeout,
+        log_every=args.log_every, force=args.force, collective_timeout=args.collective_timeout,
         host_link_gbps=args.host_link_gbps)
     refuse_unused_flags(cfg, given={"--prefetch-lookahead"}
                         if args.prefetch_lookahead is not None else ())
@@ -373,8 +390,10 @@ def _record_rank_error(error) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 error)."""
-    parser = build_parser()
+    from . import import_interrupt
     try:
+        import_interrupt.end()   # Ctrl-C is the command's own from here (see below)
+        parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()

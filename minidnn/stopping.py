@@ -66,8 +66,8 @@ class StopSignals:
     Before `arm()` (set-up: reading data, building the network, profiling it) a signal raises
     Interrupted at once: nothing is trained yet, so there is nothing to wait for. After it, a
     signal asks the run to stop after the step under way: `signum` holds the first signal
-    received (None until then), and a second SIGINT raises KeyboardInterrupt at once, for a
-    user who does not want to wait for the step. `shielded()` holds signals off while the
+    received (None until then), and a second signal (SIGINT or SIGTERM) raises
+    KeyboardInterrupt at once, for a user who does not want to wait for the step (`second`). `shielded()` holds signals off while the
     last files are written. Outside the main thread (where Python allows no handlers) it does
     nothing, and a signal the process ignores (SIGINT of a background job) stays ignored.
     """
@@ -76,6 +76,7 @@ class StopSignals:
 
     def __init__(self):
         self.signum: int | None = None
+        self.second: int | None = None   # a second signal, which stopped the run at once
         self.armed = False
         self._old: dict = {}
 
@@ -87,9 +88,10 @@ class StopSignals:
             raise Interrupted(signum, 0, None, detail=(
                 f"{signal.Signals(signum).name} before the first step, while the run was being "
                 f"set up; nothing was trained or written"))
-        if self.signum is not None and signum == signal.SIGINT:
+        if self.signum is not None:   # a second signal: the user will not wait for the step
+            self.second = signum
             raise KeyboardInterrupt
-        self.signum = self.signum or signum
+        self.signum = signum
 
     @contextlib.contextmanager
     def shielded(self):
@@ -133,9 +135,10 @@ def stopped_run(error: BaseException, cfg, run, report_now, stop: StopSignals) -
         run.read_pending_losses()
         done = run.start + len(run.losses)
         if isinstance(error, KeyboardInterrupt):
-            saved = run.saved_step
-            error = Interrupted(signal.SIGINT, done, cfg.checkpoint, hard=True, detail=(
-                f"a second SIGINT stopped the run at once after step {done}"
+            saved, signum = run.saved_step, stop.second or signal.SIGINT
+            error = Interrupted(signum, done, cfg.checkpoint, hard=True, detail=(
+                f"a second {signal.Signals(signum).name} stopped the run at once after step "
+                f"{done}"
                 + (f"; checkpoint {cfg.checkpoint!r} holds step {saved}" if saved is not None
                    else "")))
         try:

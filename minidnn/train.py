@@ -36,6 +36,7 @@ from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
 from .chunks import describe
+from .cpu_check import check_cpu_run
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, fmt_bytes
@@ -73,7 +74,8 @@ class TrainConfig:
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
     the device's default). eval_every / checkpoint_every 0: only at the end. overwrite: the
-    run may replace an existing checkpoint at `checkpoint` (else only resume continues one). log_every: how often the loss
+    run may replace an existing checkpoint at `checkpoint` (else only resume continues one).
+    force: a CPU run that the estimate says takes hours runs anyway (minidnn/cpu_check.py). log_every: how often the loss
     is read back from the device. collective_timeout: seconds a rank of a data-parallel run
     waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
@@ -108,6 +110,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     overwrite: bool = False
+    force: bool = False
     report: str | None = None
     trace: str | None = None
     plot: str | None = None
@@ -382,6 +385,9 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         # Made on the device before the executor exists, so that, like a data loader's
         # buffers, they stay outside its arena and no host copy or RNG work is timed.
         pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
+    if not device.is_gpu:   # hours of compute or more RAM than there is: refused now
+        check_cpu_run(net, dp.local_batch if dp else cfg.batch, cfg.steps - start, cfg.policy,
+                      cfg.memory_budget, cfg.micro_batches, force=cfg.force)
     ex = make_executor(cfg, net, device, dp)
     try:
         ex.step = start  # dropout draws from (seed, step, layer): a resumed run replays them

@@ -129,7 +129,8 @@ def check_cpu_memory(net, batch: int, policy: str, budget: int | None,
         if need > free:
             fits = max(1, math.floor(batch * free / need))
             raise HostMemoryError(
-                f"on the CPU {what} needs about {fmt_bytes(need)} of RAM, but only "
+                f"out of host memory: on the CPU {what} needs about {fmt_bytes(need)} of "
+                f"RAM, but only "
                 f"{fmt_bytes(free)} is available; try --batch {fits} or a smaller "
                 f"--image-size, or a GPU (--device gpu)")
 

@@ -121,18 +121,23 @@ def check_cpu_memory(net, batch: int, policy: str, budget: int | None,
         return
     needs = []
     if budget is None:
-        needs.append(("a training step", cpu_step_bytes(net, batch, micro_batches)))
+        step = lambda b: cpu_step_bytes(net, b, micro_batches and min(micro_batches, b))  # noqa
+        needs.append(("a training step", step(batch), step))
     if policy == "dyn":
+        profile = lambda b: profile_bytes(net, b)  # noqa: E731
         needs.append(("--policy dyn's profiling of each layer at the whole batch",
-                      profile_bytes(net, batch)))
-    for what, need in needs:
+                      profile(batch), profile))
+    for what, need, at_batch in needs:
         if need > free:
-            fits = max(1, math.floor(batch * free / need))
+            # Parameters stay whatever the batch; the rest grows with it.
+            per_image = (need - at_batch(1)) / max(1, batch - 1)
+            fits = math.floor((free - at_batch(1)) / per_image) + 1 if per_image > 0 else 0
+            instead = (f"try --batch {fits} or a smaller --image-size" if fits >= 1 else
+                       "try a smaller --image-size or model")
             raise HostMemoryError(
                 f"out of host memory: on the CPU {what} needs about {fmt_bytes(need)} of "
-                f"RAM, but only "
-                f"{fmt_bytes(free)} is available; try --batch {fits} or a smaller "
-                f"--image-size, or a GPU (--device gpu)")
+                f"RAM, but only {fmt_bytes(free)} is available; {instead}, or a GPU "
+                f"(--device gpu)")
 
 
 def check_cpu_run(net, batch: int, steps: int, policy: str, budget: int | None = None,

@@ -14,8 +14,10 @@ shows that plan, and its predicted memory and speed, before anything runs.
 Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget, host
 memory exhausted) prints as one line `minidnn: error: ...` and exits with status 2; so do
 argument errors. SIGINT (Ctrl-C) and SIGTERM stop `train` after the step under way, write its
-checkpoint and report, and exit 130 / 143. Output into a pipe that closes early (`| head`)
-does not stop the training: the rest of the output is dropped and the status is 2.
+checkpoint and report, and exit 130 / 143; a second signal stops it at once, with a partial
+report and one error line (minidnn/stopping.py). Output into a pipe that closes early
+(`| head`) does not stop the training: the rest of the output is dropped and the status is 2;
+`summary`, `models` and `plan` just end, quietly, with status 0.
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ class StopSignals:
     """While entered (in the main thread), SIGINT and SIGTERM stop the run cleanly.
 
     Before `arm()` (set-up: reading data, building the network, profiling it) a signal raises
-    Interrupted at once: nothing is trained yet, so there is nothing to wait for. After it, a
+    KeyboardInterrupt at once (train() turns it into `set_up_interrupted()`): nothing is
+    trained yet, so there is nothing to wait for. After it, a
     signal asks the run to stop after the step under way: `signum` holds the first signal
     received (None until then), and a second signal (SIGINT or SIGTERM) raises
     KeyboardInterrupt at once, for a user who does not want to wait for the step (`second`). `shielded()` holds signals off while the
@@ -84,14 +85,20 @@ class StopSignals:
         self.armed = True
 
     def _handle(self, signum, frame) -> None:
-        if not self.armed:
-            raise Interrupted(signum, 0, None, detail=(
-                f"{signal.Signals(signum).name} before the first step, while the run was being "
-                f"set up; nothing was trained or written"))
+        if not self.armed:   # a BaseException: no `except Exception` of the set-up keeps it
+            self.signum = signum
+            raise KeyboardInterrupt
         if self.signum is not None:   # a second signal: the user will not wait for the step
             self.second = signum
             raise KeyboardInterrupt
         self.signum = signum
+
+    def set_up_interrupted(self) -> "Interrupted":
+        """What a signal during set-up ends the run with (train() raises it)."""
+        signum = self.signum or signal.SIGINT
+        return Interrupted(signum, 0, None, detail=(
+            f"{signal.Signals(signum).name} before the first step, while the run was being "
+            f"set up; nothing was trained or written"))
 
     @contextlib.contextmanager
     def shielded(self):

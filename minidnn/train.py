@@ -326,7 +326,12 @@ def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
             if cfg.checkpoint and (dp is None or dp.is_main):
                 stack.enter_context(CheckpointLock(cfg.checkpoint))
             stop = stack.enter_context(StopSignals())
-            report = _train(cfg, log, stop, dp)
+            try:
+                report = _train(cfg, log, stop, dp)
+            except KeyboardInterrupt:
+                if stop.armed:
+                    raise
+                raise stop.set_up_interrupted() from None
     except BaseException as e:
         if dp is not None:
             dp.abort(e)   # every other rank ends too, with this error

@@ -17,9 +17,10 @@ from minidnn.checkpoint import load_checkpoint, peek_checkpoint
 from minidnn.errors import CheckpointError, ConfigError, HostMemoryError
 from minidnn.executor import Executor
 from minidnn.outputs import check_not_backward
-from minidnn.train import DivergenceError, Interrupted, StopSignals, TrainConfig, train
+from minidnn.train import DivergenceError, Interrupted, StopSignals, train
 
 from test_cli import one_error_line, run as cli
+from test_faults import quiet, small as faults_small
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = ("train", "--model", "mlp", "--image-size", "16", "--batch", "8", "--no-progress",
@@ -28,14 +29,9 @@ MLP = RUN + ("--steps", "3")
 
 
 def small(**overrides):
-    cfg = dict(model="mlp", batch=8, image_size=16, steps=4, device="cpu", lr=0.05,
-               eval_every=0, eval_batches=1, progress=False, log_every=2)
-    cfg.update(overrides)
-    return TrainConfig(**cfg)
-
-
-def quiet(*args):
-    pass
+    """test_faults' small run, on the MLP at batch 8 (a second or so)."""
+    return faults_small(**dict(dict(model="mlp", batch=8, steps=4, eval_batches=1,
+                                    log_every=2), **overrides))
 
 
 # ---- an existing checkpoint ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ class Span:
     track: str
     name: str
     category: str            # 'forward' | 'backward' | 'offload' | 'prefetch'
-    step: int
+    step: int                # the executor's step: steps done before it (step_label: 1-based)
     start: object            # marker: perf_counter seconds (CPU) or a CUDA event (GPU)
     end: object
     args: dict

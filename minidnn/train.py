@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -43,8 +42,8 @@ from .errors import CheckpointError, ConfigError, DataError, fmt_bytes
 from .executor import Executor
 from .applies import check_resume_precision, device_warnings, refuse_unused_flags
 from .optim import SGD
-from .outputs import (check_checkpoint_target, check_not_backward, check_outputs,
-                      check_output_path, plot_formats, write_output)  # noqa: F401 (API)
+from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
+from .outputs import check_output_path, write_output  # noqa: F401 (their old home)
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
@@ -75,8 +74,8 @@ class TrainConfig:
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
     the device's default). eval_every / checkpoint_every 0: only at the end. overwrite: the
     run may replace an existing checkpoint at `checkpoint` (else only resume continues one).
-    force: a CPU run that the estimate says takes hours runs anyway (minidnn/cpu_check.py). log_every: how often the loss
-    is read back from the device. collective_timeout: seconds a rank of a data-parallel run
+    force: a CPU run that the estimate says takes hours runs anyway (minidnn/cpu_check.py).
+    log_every: how often the loss is read back from the device. collective_timeout: seconds a rank of a data-parallel run
     waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
     offload at once, scripts/bench_host_link.py).

@@ -1,7 +1,11 @@
 """minidnn: a small deep-learning framework whose memory manager virtualizes GPU memory."""
-import importlib.util
-import os
-import sys
+from . import import_interrupt
+
+import_interrupt.begin()   # Ctrl-C while the command imports: one line, no traceback
+
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 
 
 def _checkout_models() -> None:

@@ -3,6 +3,7 @@ argparse.ArgumentTypeError with a message that says what was expected and what w
 from __future__ import annotations
 
 import argparse
+import math
 
 from .errors import MinidnnError, parse_bytes
 
@@ -26,11 +27,11 @@ def count(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: v > 0, "a positive number")
+    return _number(text, float, lambda v: 0 < v < math.inf, "a positive finite number")
 
 
 def non_negative_float(text: str) -> float:
-    return _number(text, float, lambda v: v >= 0, "a number >= 0")
+    return _number(text, float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 
 
 def fraction(text: str) -> float:

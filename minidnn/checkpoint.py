@@ -241,6 +241,21 @@ def load_checkpoint(path: str) -> Checkpoint:
     return ckpt
 
 
+def peek_checkpoint(path: str) -> dict | None:
+    """The meta.json of the minidnn checkpoint at `path` (its step, model, config...), read
+    without the parameters and without verifying them; None when `path` is missing or is not
+    a minidnn checkpoint (any other file)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                return None
+        with np.load(path, allow_pickle=False) as npz:
+            meta = json.loads(npz[META].tobytes().decode())
+    except Exception:   # unreadable, not a zip, no meta.json, bad JSON: not ours
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
 def _read_meta(npz, entries, path) -> dict:
     if META not in entries:
         raise CheckpointError(f"checkpoint {path!r} has no {META!r} entry: not a minidnn "

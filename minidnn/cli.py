@@ -14,8 +14,10 @@ shows that plan, and its predicted memory and speed, before anything runs.
 Every minidnn error (bad argument, missing data, corrupt checkpoint, memory budget, host
 memory exhausted) prints as one line `minidnn: error: ...` and exits with status 2; so do
 argument errors. SIGINT (Ctrl-C) and SIGTERM stop `train` after the step under way, write its
-checkpoint and report, and exit 130 / 143. Output into a pipe that closes early (`| head`)
-does not stop the training: the rest of the output is dropped and the status is 2.
+checkpoint and report, and exit 130 / 143; a second signal stops it at once, with a partial
+report and one error line (minidnn/stopping.py). Output into a pipe that closes early
+(`| head`) does not stop the training: the rest of the output is dropped and the status is 2;
+`summary`, `models` and `plan` just end, quietly, with status 0.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from . import argtypes
 from .errors import MinidnnError, fmt_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .kernels.math_mode import MATH_MODES
+from .applies import refuse_unused_flags
 from .train import Interrupted, TrainConfig
 
 
@@ -88,17 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--memory-budget", type=argtypes.size, default=None, metavar="SIZE",
                    help="device memory budget, e.g. 12GiB or 512MB: KiB, MiB, GiB are powers "
                         "of 1024, K/KB, M/MB, G/GB powers of 1000 (default: none)")
-    t.add_argument("--prefetch-lookahead", type=argtypes.count, default=d.prefetch_lookahead,
-                   metavar="N", help="layers ahead to prefetch offloaded maps in backward (with "
-                        "--policy dyn the plan chooses it)")
+    t.add_argument("--prefetch-lookahead", type=argtypes.count, default=None,
+                   metavar="N", help=f"layers ahead to prefetch offloaded maps in backward "
+                        f"(default {d.prefetch_lookahead}; with --policy dyn the plan chooses "
+                        f"it; refused under --policy none, which offloads nothing)")
     t.add_argument("--relu-bits", action="store_true",
                    help="ReLUs whose output no other layer keeps (before a max-pool or a "
                         "dropout) keep one bit per value for backward instead: lossless, and "
                         "those maps are free after forward")
     t.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
                    help="run each step as K passes over equal parts of the batch (K divides "
-                        "it), gradients accumulated, one update: the memory of batch/K at "
-                        "about the speed of the whole batch (default: 1)")
+                        "it), gradients accumulated, one update, at about the speed of the "
+                        "whole batch: feature maps of batch/K, while weights, their gradients "
+                        "and momentum do not shrink, and each pass after the first sums a "
+                        "layer's weight gradients through a temporary as large as its weights "
+                        "(AlexNet's main job: peak 245 MiB at K=1, 302 MiB at K=2, with fc7's "
+                        "64 MiB) (default: 1)")
     t.add_argument("--chunks", type=argtypes.layer_chunks, default=None,
                    metavar="FIRST:LAST:PIECES",
                    help="run the layers FIRST..LAST of each pass in PIECES pieces of its "
@@ -141,9 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write a checkpoint here (atomically) at the end and every "
                         "--checkpoint-every steps")
-    t.add_argument("--checkpoint-every", type=argtypes.count, default=d.checkpoint_every, metavar="N")
+    t.add_argument("--checkpoint-every", type=argtypes.count, default=d.checkpoint_every,
+                   metavar="N", help="also write the checkpoint every N steps; 0: only at the "
+                   f"end (default {d.checkpoint_every}; needs --checkpoint)")
     t.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint (bit-identical to an uninterrupted run)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the minidnn checkpoint at --checkpoint with this run's (without "
+                        "it an existing checkpoint is only continued, by --resume; a file that "
+                        "is not a minidnn checkpoint is never replaced)")
     t.add_argument("--report", default=None, metavar="PATH",
                    help="write the run report (JSON) here")
     t.add_argument("--trace", default=None, metavar="PATH",
@@ -154,17 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"read the loss back from the device every N steps (default "
                         f"{d.log_every})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--force", action="store_true",
+                   help="train on the CPU even when the estimate (3 x the forward FLOPs a "
+                        "step, at this CPU's measured rate) says the run takes over an hour "
+                        "or a step over 5 minutes; a run that needs more RAM than is "
+                        "available is refused regardless")
     _add_ranks_arguments(t, d)
 
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
                        description="Print every layer of a network with its output shape, "
                        "parameters, feature-map size and FLOPs, and the memory a training "
                        "step needs.")
-    s.add_argument("--model", required=True, metavar="NAME|PATH")
-    s.add_argument("--batch", type=argtypes.positive_int, default=1, metavar="N")
+    s.add_argument("--model", required=True, metavar="NAME|PATH",
+                   help="built-in model (see 'minidnn models') or a .py model file")
+    s.add_argument("--batch", type=argtypes.positive_int, default=1, metavar="N",
+                   help="images per step, for the shapes and memory (default 1)")
     s.add_argument("--image-size", type=argtypes.positive_int, default=None, metavar="S",
-                   help="default: the model's native size")
-    s.add_argument("--num-classes", type=argtypes.positive_int, default=1000, metavar="K")
+                   help="height = width of the images (default: the model's native size)")
+    s.add_argument("--num-classes", type=argtypes.positive_int, default=1000, metavar="K",
+                   help="classes of the last layer (default 1000)")
 
     sub.add_parser("models", help="list the built-in models")
     from .planner import command as plan_command
@@ -212,6 +234,7 @@ def _add_ranks_arguments(t, d: TrainConfig) -> None:
 def _world(args):
     """(this process's distributed.World or None, whether to start --ranks processes)."""
     from .distributed import resolve_world
+    _check_rendezvous_file(args.rendezvous)
     world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
     start = world is None and (args.ranks or 1) > 1
     if args.sync_batchnorm and world is None and not start:
@@ -219,6 +242,17 @@ def _world(args):
         raise ConfigError("--sync-batchnorm needs --ranks N with N > 1 (one process "
                           "normalizes with its whole batch already)")
     return world, start
+
+
+def _check_rendezvous_file(spec) -> None:
+    """--rendezvous file:PATH: rank 0 writes PATH, the others read it, so its folder must
+    exist (shared by every host): one line now rather than a traceback from rank 0."""
+    if not spec or not str(spec).startswith("file:") or not spec[len("file:"):]:
+        return
+    folder = os.path.dirname(os.path.abspath(spec[len("file:"):]))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--rendezvous {spec}: the folder {folder!r} does not exist; give a "
+                         f"file in a folder that every host of the run sees")
 
 
 class _PipeSafeOutput:
@@ -287,16 +321,20 @@ def _run_training(args, argv: list[str]) -> int:
         device=args.device, seed=args.seed, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
-        prefetch_lookahead=args.prefetch_lookahead, relu_bits=args.relu_bits, math=args.math,
+        prefetch_lookahead=(TrainConfig.prefetch_lookahead if args.prefetch_lookahead is None
+                            else args.prefetch_lookahead), relu_bits=args.relu_bits, math=args.math,
         micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
         chunks=args.chunks,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
         graphs=not args.no_graphs, eval_every=args.eval_every,
         eval_batches=args.eval_batches, checkpoint=args.checkpoint,
-        checkpoint_every=args.checkpoint_every, resume=args.resume, report=args.report,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
+        report=args.report,
         trace=args.trace, plot=args.plot, progress=not args.no_progress,
-        log_every=args.log_every, collective_timeout=args.collective_timeout,
+        log_every=args.log_every, force=args.force, collective_timeout=args.collective_timeout,
         sync_batchnorm=args.sync_batchnorm, host_link_gbps=args.host_link_gbps)
+    refuse_unused_flags(cfg, given={"--prefetch-lookahead"}
+                        if args.prefetch_lookahead is not None else ())
     report = train(cfg, world=world)
     if world is not None and not world.is_main:
         return 0   # rank 0 speaks for the run
@@ -334,6 +372,40 @@ def _models() -> int:
     return 0
 
 
+def _printing(args) -> int:
+    """summary, models and plan: commands that only print. A reader that stops early
+    (`| head -1`) ends them quietly with status 0: it has what it wanted."""
+    try:
+        if args.command == "summary":
+            return _summary(args)
+        if args.command == "plan":
+            from .planner import command as plan_command
+            _check_figure_paths(args)
+            code = plan_command.run(args)
+            sys.stdout.flush()   # a closed pipe shows here, not at the interpreter's exit
+            return code
+        return _models()
+    except BrokenPipeError:
+        _PipeSafeOutput(sys.stdout)._drop()   # the exit's flush must not fail either
+        return 0
+
+
+def _check_figure_paths(args) -> None:
+    """plan's figures (--timeline, --bytes-chart) before the planning: a path matplotlib cannot
+    write is one line now, not a traceback after the plan."""
+    from .outputs import check_outputs, plot_formats
+    figures = {option: getattr(args, name, None) for option, name in
+               (("--timeline", "timeline"), ("--bytes-chart", "bytes_chart"))}
+    if not any(figures.values()):
+        return
+    try:
+        formats = plot_formats()
+    except ImportError as e:
+        raise UsageError(f"--timeline and --bytes-chart need matplotlib, which does not import "
+                         f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'") from e
+    check_outputs(figures, formats=dict.fromkeys(figures, formats))
+
+
 def _record_rank_error(error) -> bool:
     """In a rank started by `--ranks N`: hand the error to the launcher, which prints one
     error for the whole run (True); elsewhere False."""
@@ -343,22 +415,20 @@ def _record_rank_error(error) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 error)."""
-    parser = build_parser()
+    from . import import_interrupt
     try:
+        import_interrupt.end()   # Ctrl-C is the command's own from here (see below)
+        parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 2
         if args.command == "train":
             return _train(args, list(sys.argv[1:] if argv is None else argv))
-        if args.command == "summary":
-            return _summary(args)
-        if args.command == "plan":
-            from .planner import command as plan_command
-            return plan_command.run(args)
-        return _models()
+        return _printing(args)
     except Interrupted as e:
-        print(f"minidnn: interrupted by {e}", file=sys.stderr)
+        print(f"minidnn: error: {e}" if e.hard else f"minidnn: interrupted by {e}",
+              file=sys.stderr)
         return e.status
     except (MinidnnError, UsageError) as e:
         if not _record_rank_error(e):

@@ -13,6 +13,9 @@ weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accur
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,
 step_graphs (null where no step can be replayed from a CUDA graph, else {captured,
 captured_at, replayed_steps, given_up}: Executor.graph_stats).
+A run stopped part-way (a signal, divergence, a full disk, memory exhausted) writes the report
+of the steps done with partial (true) and partial_reason (what stopped it), and
+diverged_at_step or interrupted_by where they apply (minidnn/stopping.py).
 """
 from __future__ import annotations
 

@@ -22,13 +22,19 @@ from .memory.observer import StepObserver
 TRACKS = ("compute", "offload", "prefetch", "allreduce")
 
 
+def step_label(step: int) -> int:
+    """The step as people count it: the executor's `step` is the number of steps done before
+    it (0 for the first), a 20-step run's last step is step 20."""
+    return int(step) + 1
+
+
 @dataclass
 class Span:
     """One interval on one track. start_us/dur_us are filled when the trace is resolved."""
     track: str
     name: str
     category: str            # 'forward' | 'backward' | 'offload' | 'prefetch'
-    step: int
+    step: int                # the executor's step: steps done before it (step_label: 1-based)
     start: object            # marker: perf_counter seconds (CPU) or a CUDA event (GPU)
     end: object
     args: dict
@@ -193,7 +199,8 @@ class Tracer(StepObserver):
         for s in spans:
             events.append({"name": s.name, "cat": s.category, "ph": "X", "pid": pid,
                            "tid": tids[s.track], "ts": round(s.start_us, 3),
-                           "dur": round(s.dur_us, 3), "args": dict(s.args, step=s.step)})
+                           "dur": round(s.dur_us, 3),
+                           "args": dict(s.args, step=step_label(s.step))})
         for m in samples:
             events.append({"name": "device memory", "ph": "C", "pid": pid,
                            "ts": round(m.ts_us, 3),
@@ -278,7 +285,7 @@ class Tracer(StepObserver):
             ax.set_xlabel("layer call" + (" (time →)" if x == "time" else ""))
         else:
             ax.set_xlabel("time (ms)" if x == "time" else "layer call")
-        axes[0].set_title(f"device memory over step {step} (of the steps traced)")
+        axes[0].set_title(f"device memory over step {step_label(step)} (of the steps traced)")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

@@ -11,21 +11,20 @@ Reproducibility: parameters are initialised from `seed`, the batch order is a pu
 of (seed, step) and dropout draws from (seed, step, layer), so `--resume` from a checkpoint at
 step k continues bit for bit as if the run had never stopped.
 
-Nothing lost: every output path is checked before the first step; the loss of every step is
-checked before a checkpoint is written (a diverged run never overwrites a good checkpoint, and
-its report says where it diverged); SIGINT (Ctrl-C) and SIGTERM stop the run at the end of the
-step under way, write the checkpoint and the report of the steps done, and raise Interrupted
-(the CLI exits 130 / 143).
+Nothing lost: every output path is checked before the first step (minidnn/outputs.py: no two
+outputs the same file, an existing checkpoint replaced only by --resume or --overwrite); the
+loss of every step is checked before a checkpoint is written (a diverged run never overwrites a
+good checkpoint, and its report says where it diverged); SIGINT (Ctrl-C) and SIGTERM stop the
+run at the end of the step under way, write the checkpoint and the report of the steps done,
+and raise Interrupted (the CLI exits 130 / 143); a second SIGINT, a full disk or exhausted
+memory still leave a report of the steps done, marked partial (minidnn/stopping.py).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
-import os
-import signal
-import tempfile
-import threading
+import sys
 import time
 from dataclasses import dataclass
 
@@ -36,12 +35,17 @@ from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
 from .chunks import describe
+from .cpu_check import check_cpu_run
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
-from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
+from .errors import CheckpointError, ConfigError, DataError, fmt_bytes
 from .executor import Executor
+from .applies import check_resume_precision, device_warnings, refuse_unused_flags
 from .optim import SGD
 from .kernels.math_mode import MATH_MODES
+from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
+from .outputs import check_output_path, write_output  # noqa: F401 (their old home)
+from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 
@@ -52,35 +56,6 @@ SHAPES_IMAGE_SIZE = 64
 # continue the same run.
 RUN_IDENTITY = ("model", "batch", "image_size", "seed", "data", "num_classes", "lr", "momentum",
                 "weight_decay")
-
-
-class DivergenceError(MinidnnError):
-    """The loss (or a parameter) became NaN or infinite.
-
-    step: the step at which it did; report: the run report of the steps before it (also
-    written to --report), set by train().
-    """
-
-    def __init__(self, message: str, step: int | None = None):
-        super().__init__(message)
-        self.step = step
-        self.report = None
-
-
-class Interrupted(MinidnnError):
-    """SIGINT or SIGTERM stopped the run between two steps.
-
-    signum: the signal; status: the exit status a shell gives a process that signal ends
-    (130 for SIGINT, 143 for SIGTERM); step: the steps done; report: the run report of those
-    steps (set by train()). The checkpoint (when the run has one) holds that step.
-    """
-
-    def __init__(self, signum: int, step: int, checkpoint: str | None):
-        self.signum, self.step, self.checkpoint = int(signum), int(step), checkpoint
-        self.status = 128 + self.signum
-        self.report = None
-        saved = f"; checkpoint {checkpoint!r} holds step {step}" if checkpoint else ""
-        super().__init__(f"{signal.Signals(self.signum).name} after step {step}{saved}")
 
 
 @dataclass
@@ -98,10 +73,13 @@ class TrainConfig:
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
-    the device's default). eval_every / checkpoint_every 0: only at the end. log_every: how often the loss
-    is read back from the device. collective_timeout: seconds a rank of a data-parallel run
-    waits for the others in any exchange before it gives up; sync_batchnorm: its BatchNorm
-    layers normalize with the whole global batch's statistics. host_link_gbps: --policy dyn
+    the device's default). eval_every / checkpoint_every 0: only at the end. overwrite: the
+    run may replace an existing checkpoint at `checkpoint` (else only resume continues one).
+    force: a CPU run that the estimate says takes hours runs anyway (minidnn/cpu_check.py).
+    log_every: how often the loss is read back from the device. collective_timeout: seconds
+    a rank of a data-parallel run waits for the others in any exchange before it gives up;
+    sync_batchnorm: its BatchNorm layers normalize with the whole global batch's
+    statistics. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
     offload at once, scripts/bench_host_link.py).
     """
@@ -133,6 +111,8 @@ class TrainConfig:
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False
+    force: bool = False
     report: str | None = None
     trace: str | None = None
     plot: str | None = None
@@ -167,11 +147,11 @@ def _check_config(cfg: TrainConfig) -> None:
         positive("num_classes")
     if cfg.memory_budget is not None:
         positive("memory_budget")
-    if not cfg.lr > 0:
-        raise ConfigError(f"lr must be positive, got {cfg.lr}")
+    if not 0 < cfg.lr < math.inf:
+        raise ConfigError(f"lr must be a positive finite number, got {cfg.lr}")
     if not 0 <= cfg.momentum < 1:
         raise ConfigError(f"momentum must be in [0, 1), got {cfg.momentum}")
-    if not cfg.weight_decay >= 0:
+    if not 0 <= cfg.weight_decay < math.inf:
         raise ConfigError(f"weight-decay must be >= 0, got {cfg.weight_decay}")
     if cfg.math is not None and cfg.math not in MATH_MODES:
         raise ConfigError(f"math must be one of {', '.join(MATH_MODES)}, got {cfg.math!r}")
@@ -188,50 +168,15 @@ def _check_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"--plot {cfg.plot!r} needs matplotlib, which does not import "
                               f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'"
                               ) from None
-    # Every output path now, so that a run is never lost to a path that cannot be written.
-    for option, path in (("--report", cfg.report), ("--trace", cfg.trace),
-                         ("--checkpoint", cfg.checkpoint)):
-        if path:
-            check_output_path(option, path)
-    if cfg.plot:
-        check_output_path("--plot", cfg.plot, formats=_plot_formats())
-
-
-def _plot_formats() -> tuple:
-    from matplotlib.backend_bases import FigureCanvasBase
-    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
-
-
-def check_output_path(option: str, path: str, formats: tuple = ()) -> None:
-    """Raise a ConfigError naming `option` unless `write_output` can write `path`.
-
-    Refused: a name that is a folder or ends in a separator, a file where one of the folders
-    above it should be, a folder where no file can be created, and (when `formats` are given)
-    a file extension that is not one of them. Folders that do not exist yet are fine (they
-    are created when the file is written). Writes nothing but a probe file, removed at once.
-    """
-    text = os.fspath(path)
-    if not text or text.endswith(("/", os.sep)) or os.path.isdir(text):
-        raise ConfigError(f"{option} {text!r} names a folder; give the path of a file in it")
-    if formats:
-        ext = os.path.splitext(text)[1].lower().lstrip(".")
-        if ext not in formats:
-            raise ConfigError(f"{option} {text!r}: the file name must end in one of "
-                              f"{', '.join('.' + f for f in formats)} (it says the format); "
-                              f"got {'.' + ext if ext else 'no extension'}")
-    existing = os.path.dirname(os.path.abspath(text))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ConfigError(f"{option}: cannot write {text!r}: {existing!r} is a file, not a "
-                          f"folder")
-    try:  # os.access is not enough: root, read-only file systems, network mounts
-        fd, probe = tempfile.mkstemp(prefix=".minidnn-probe.", dir=existing)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(f"{option}: cannot write {text!r}: cannot create files in "
-                          f"{existing!r}: {e.strerror or e}") from None
+    # Every output path now, so that a run is never lost to a path that cannot be written,
+    # and no output replaces another output, an input or a checkpoint it should not.
+    check_outputs({"--report": cfg.report, "--trace": cfg.trace, "--plot": cfg.plot,
+                   "--checkpoint": cfg.checkpoint},
+                  inputs={"--model": cfg.model if str(cfg.model).endswith(".py") else None},
+                  formats={"--plot": plot_formats()} if cfg.plot else None)
+    if cfg.checkpoint:
+        check_checkpoint_target(cfg.checkpoint, cfg.resume, cfg.overwrite)
+    refuse_unused_flags(cfg)
 
 
 def resolve_image_size(cfg: TrainConfig) -> int:
@@ -384,7 +329,12 @@ def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
             if cfg.checkpoint and (dp is None or dp.is_main):
                 stack.enter_context(CheckpointLock(cfg.checkpoint))
             stop = stack.enter_context(StopSignals())
-            report = _train(cfg, log, stop, dp)
+            try:
+                report = _train(cfg, log, stop, dp)
+            except KeyboardInterrupt:
+                if stop.armed:
+                    raise
+                raise stop.set_up_interrupted() from None
     except BaseException as e:
         if dp is not None:
             dp.abort(e)   # every other rank ends too, with this error
@@ -425,6 +375,7 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     if cfg.resume:
         ckpt = load_checkpoint(cfg.checkpoint)
         _check_resumable(ckpt, identity)
+        check_resume_precision(ckpt, cfg.precision)
         if cfg.steps <= ckpt.step:
             raise ConfigError(f"--steps {cfg.steps} is not past the checkpoint {cfg.checkpoint!r}, "
                               f"which is at step {ckpt.step}: nothing to train (--steps is the "
@@ -433,6 +384,9 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         start = ckpt.step
     _check_world_size(ckpt, dp.size if dp else 1)
     device = dp.select_device(cfg.device) if dp else select_device(cfg.device)
+    if dp is None or dp.is_main:
+        for line in device_warnings(cfg, device):
+            print(f"minidnn: warning: {line}", file=sys.stderr)
     if dp:
         dp.connect(device)   # NCCL's buffers before the executor's arena
     pool = None
@@ -440,6 +394,9 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         # Made on the device before the executor exists, so that, like a data loader's
         # buffers, they stay outside its arena and no host copy or RNG work is timed.
         pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
+    if not device.is_gpu:   # hours of compute or more RAM than there is: refused now
+        check_cpu_run(net, dp.local_batch if dp else cfg.batch, cfg.steps - start, cfg.policy,
+                      cfg.memory_budget, cfg.micro_batches, force=cfg.force)
     ex = make_executor(cfg, net, device, dp)
     try:
         ex.step = start  # dropout draws from (seed, step, layer): a resumed run replays them
@@ -478,19 +435,13 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
                                 step_times=run.timer.times[:len(run.losses)], evals=run.evals,
                                 memory=run.memory or memory_figures(ex),
                                 wall_time_s=time.perf_counter() - started)
+        stop.arm()   # from here a signal stops the run after the step under way
         try:
-            run.loop()
-        except (DivergenceError, Interrupted) as stopped:
-            # The steps done are not lost: their report is written, as for a finished run.
-            report = report_now()
-            if isinstance(stopped, DivergenceError):
-                report["diverged_at_step"] = stopped.step
-            else:
-                report["interrupted_by"] = signal.Signals(stopped.signum).name
-            stopped.report = report
-            if cfg.report:
-                write_output("--report", cfg.report, lambda path: write_report(path, report))
-            raise
+            with np.errstate(all="ignore"):   # a loss gone NaN is reported as divergence
+                run.loop()
+        except BaseException as stopped:
+            # The steps done are not lost: their report is written, marked partial.
+            raise stopped_run(stopped, cfg, run, report_now, stop)
         if dp:
             dp.check_parameters("at the end")
         report = report_now()
@@ -506,52 +457,6 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     finally:
         ex.close()
     return report
-
-
-class StopSignals:
-    """While entered (in the main thread), SIGINT and SIGTERM ask the run to stop instead of
-    killing it: `signum` holds the first signal received (None until then). A second SIGINT
-    raises KeyboardInterrupt at once, for a user who does not want to wait for the step.
-    Outside the main thread (where Python allows no handlers) it does nothing, and a signal
-    the process ignores (SIGINT of a background job) stays ignored."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = self.signum or signum
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                if signal.getsignal(sig) is signal.SIG_IGN:
-                    continue   # ignored on purpose (nohup, a background job): leave it so
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-        return False
-
-
-def write_output(option: str, path: str, write) -> None:
-    """`write(path)` after creating the folders above `path`; a failure (no permission, a
-    file where a folder should be, no matplotlib) is a ConfigError naming the option."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        write(path)
-    except OSError as e:
-        raise ConfigError(f"{option}: cannot write {path!r}: {e.strerror or e}") from e
-    except ImportError as e:
-        raise ConfigError(f"{option}: cannot write {path!r}: {e}; install the 'plot' extra: "
-                          f"pip install 'minidnn[plot]'") from e
 
 
 def _check_world_size(ckpt, size: int) -> None:
@@ -644,6 +549,13 @@ class _Loop:
             self.checkpoint(done)
         raise Interrupted(self.stop.signum, done, self.cfg.checkpoint)
 
+    def read_pending_losses(self) -> None:
+        """Keep the losses of the steps done before the run stopped part-way (a one-process
+        run only: ranks would have to meet). Their values, not a new error, are wanted."""
+        if self.dp is None:
+            with contextlib.suppress(Exception):
+                self.read_losses(self.start + len(self.losses) + len(self.pending))
+
     def read_losses(self, step: int) -> None:
         """Bring pending losses to the host (this waits for the device) and update the bar.
 
@@ -695,6 +607,8 @@ class _Loop:
                                       step=step)
         if self.dp and not self.dp.is_main:
             return   # rank 0 writes it; every rank holds the same parameters
+        if not self.cfg.overwrite:
+            check_not_backward(self.cfg.checkpoint, step)
         save_checkpoint(self.cfg.checkpoint, self.net, self.opt, step=step, model=self.cfg.model,
                         seed=self.cfg.seed, config=self.run_config)
         self.saved_step = step

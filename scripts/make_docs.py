@@ -111,11 +111,13 @@ def plan(*argv) -> dict:
     return json.loads(minidnn("plan", *argv, "--json"))
 
 
-def dry_step(net, policy: str, lookahead: int = 1, relu_bits: bool = False) -> dict:
+def dry_step(net, policy: str, lookahead: int = 1, relu_bits: bool = False,
+             precision: str = "fp32") -> dict:
     """One training step walked through the memory manager without compute (bench_memory
     --dry): its memory_stats, and which maps backward fetched where."""
     with build_executor(net, BATCH, device="cpu", policy=policy, compute=False,
-                        prefetch_lookahead=lookahead, relu_bits=relu_bits) as ex:
+                        prefetch_lookahead=lookahead, relu_bits=relu_bits,
+                        precision=precision) as ex:
         stats = ex.simulate_step()
         stats["fetches"] = prefetch_windows(ex)
     return stats
@@ -154,6 +156,12 @@ def memory_numbers() -> dict:
                         f"on the CPU: a {BUDGET} arena and the host slab of all's offloads")
     n["conv_avg"] = (gib(conv["avg_feature_map_bytes"]), "average feature maps, conv")
     n["conv_moved"] = (gib(conv["offloaded_bytes"]), "bytes offloaded per step, conv")
+    bf16_none, bf16_all = (dry_step(net, p, precision="bf16") for p in ("none", "all"))
+    n["bf16_network_wide"] = (gib(bf16_none["network_wide_bytes"]),
+                              "network-wide allocation, bf16 maps")
+    n["bf16_liveness_peak"] = (gib(bf16_none["liveness_peak_bytes"]),
+                               "liveness peak, bf16 maps")
+    n["bf16_all_moved"] = (gib(bf16_all["offloaded_bytes"]), "bytes offloaded per step, all, bf16")
     n["bits_none_peak"] = (gib(dry_step(net, "none", relu_bits=True)["peak_feature_map_bytes"]),
                            "peak feature maps with ReLU bits, none")
     n["bits_all_moved"] = (gib(dry_step(net, "all", relu_bits=True)["offloaded_bytes"]),
@@ -245,6 +253,9 @@ def model_numbers() -> dict:
                                  f"all, {gpu} model: the bound")
         n[f"all_{gpu}_one_way"] = (ms(p["plan"]["offloaded_bytes"] / bw[gpu]["d2h"], 0),
                                    f"all, {gpu} model: offloads alone at one way's bandwidth")
+    bf16 = plan(*base, "--policy", "all", "--gpu", "h200", "--precision", "bf16")
+    n["bf16_all_one_way"] = (ms(bf16["plan"]["offloaded_bytes"] / bw["h200"]["d2h"], 0),
+                             "all, bf16 maps, H200 model: offloads alone at one way's bandwidth")
     return n
 
 
@@ -267,8 +278,8 @@ def plan_numbers() -> dict:
     printout = minidnn("plan", *ONE_PASS)
     n["plan_printout"] = (f"$ minidnn plan {' '.join(ONE_PASS)}\n{printout}",
                           "the worked plan, printed")
-    n["plan_excerpt"] = (f"$ minidnn plan {' '.join(ONE_PASS[:-4])} \\\n    "
-                         f"{' '.join(ONE_PASS[-4:])}\n{excerpt(printout)}",
+    n["plan_excerpt"] = (fenced(f"$ minidnn plan {' '.join(ONE_PASS[:-4])} \\\n    "
+                                f"{' '.join(ONE_PASS[-4:])}\n{excerpt(printout)}"),
                          "the worked plan, as the tutorial quotes it")
     dyn = plan(*ONE_PASS)
     p = dyn["plan"]
@@ -288,6 +299,11 @@ def plan_numbers() -> dict:
     n["dyn_waits"] = (names(f"{r['layer']} ({r['wait_s'] * 1e3:.2f} ms)" for r in waits),
                       "worked plan: where compute waits, and how long")
     return n
+
+
+def fenced(text: str) -> str:
+    """Text as a markdown code block."""
+    return f"```text\n{text}\n```"
 
 
 def names(items) -> str:
@@ -315,7 +331,8 @@ def split_numbers() -> dict:
         forced = plan(*SPLIT, *args)
         step = ms(forced["plan"]["step_time_s"], 1)
         n[f"forced_{k}_step"] = (step, f"{k} micro-batches forced in 12 GiB: step")
-        rows.append(f"| {k} x {BATCH // k} | {least} | {step} ({forced['decision']}) |")
+        moves = forced["decision"].split(";")[0]
+        rows.append(f"| {k} x {BATCH // k} | {least} | {step} ({moves}) |")
     n["split_table"] = ("\n".join(rows), "least budget and forced step per count")
     n["least_any"] = (fmt_bytes(free["minimum_budget_bytes"]), "least budget, any count")
     best = min(COUNTS, key=lambda k: options[k]["minimum_budget_bytes"])
@@ -332,7 +349,7 @@ def split_numbers() -> dict:
     one = plan(*ONE_PASS)["plan"]["step_time_s"]
     n["split_gain"] = (f"{1 - free['plan']['step_time_s'] / one:.0%}",
                        "12 GiB: how much faster dyn's choice is than the best one pass")
-    n["free_table"] = (options_table(free), "12 GiB: the options table as plan prints it")
+    n["free_table"] = (fenced(options_table(free)), "12 GiB: the options table as plan prints it")
     # A profile measured at 256, scaled to 128, beside the one measured at 128.
     half = plan(*SPLIT, "--memory-budget", BUDGET, "--micro-batches", "2", "--chunks", "none")
     at128 = plan("--model", "vgg16", "--batch", "128", "--relu-bits", "--policy", "none",
@@ -348,7 +365,8 @@ def options_table(planned: dict) -> str:
     printout = minidnn("plan", *SPLIT, "--memory-budget", BUDGET)
     lines = printout.splitlines()
     start = next(k for k, line in enumerate(lines) if line.startswith("micro-batch counts"))
-    end = next(k for k in range(start + 1, len(lines)) if not lines[k].startswith("  "))
+    end = next(k for k in range(start + 1, len(lines))
+               if not lines[k].startswith("  ") or lines[k].startswith("  the planner's"))
     return "\n".join(lines[start:end])
 
 

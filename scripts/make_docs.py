@@ -345,11 +345,16 @@ def split_numbers() -> dict:
                               f"dyn's count in {cap}")
         n[f"choice_{tag}_step"] = (ms(chosen["plan"]["step_time_s"], 1),
                                    f"dyn's step in {cap}")
-        n[f"choice_{tag}_moves"] = (chosen["decision"], f"dyn's decision in {cap}")
+        n[f"choice_{tag}_moves"] = (chosen["decision"].split(";")[0],
+                                    f"what dyn's decision in {cap} offloads")
     one = plan(*ONE_PASS)["plan"]["step_time_s"]
     n["split_gain"] = (f"{1 - free['plan']['step_time_s'] / one:.0%}",
                        "12 GiB: how much faster dyn's choice is than the best one pass")
     n["free_table"] = (fenced(options_table(free)), "12 GiB: the options table as plan prints it")
+    vgg416 = models.build("vgg416", num_classes=1000, image_size=224)
+    n["vgg416_param_state"] = (gib(3 * 4 * sum(int(np.prod(p.shape))
+                                               for _, p in vgg416.parameters())),
+                               "VGG-416: parameters, gradients and momentum")
     # A profile measured at 256, scaled to 128, beside the one measured at 128.
     half = plan(*SPLIT, "--memory-budget", BUDGET, "--micro-batches", "2", "--chunks", "none")
     at128 = plan("--model", "vgg16", "--batch", "128", "--relu-bits", "--policy", "none",
@@ -370,13 +375,17 @@ def options_table(planned: dict) -> str:
     return "\n".join(lines[start:end])
 
 
-def walkthrough_numbers() -> dict:
-    """The walk-through's numbers and its exercises' answers (scripts/walkthrough.py)."""
-    spec = importlib.util.spec_from_file_location("walkthrough", ROOT / "scripts" /
-                                                  "walkthrough.py")
+def script(name: str):
+    """scripts/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.numbers()
+    return module
+
+
+def walkthrough_numbers() -> dict:
+    """The walk-through's numbers and its exercises' answers (scripts/walkthrough.py)."""
+    return script("walkthrough").numbers()
 
 
 def all_numbers() -> dict:
@@ -407,9 +416,20 @@ def render(page: str, numbers: dict) -> str:
                                f"<!--/block-->", page)
 
 
+def unclosed(page: str) -> list[str]:
+    """Markers that open and do not close before the next one opens (a quoted text never
+    holds a marker), one line each."""
+    out = []
+    for pattern, opening in ((INLINE, "<!--n:"), (BLOCK, "<!--block:")):
+        found = list(pattern.finditer(page))
+        if page.count(opening) != len(found) or any("<!--" in m["text"] for m in found):
+            out.append(f"a {opening}...--> marker is not closed where it should be")
+    return out
+
+
 def stale(page: str, numbers: dict) -> list[str]:
     """What a page quotes that the code no longer computes, one line each."""
-    out = []
+    out = unclosed(page)
     for key, text in quoted(page):
         if key not in numbers:
             out.append(f"{key}: no such number (scripts/make_docs.py computes none by that name)")
@@ -518,6 +538,23 @@ def budget_figure(path: Path, run: Path = BUDGET_RUN) -> None:
     plt.close(fig)
 
 
+def walkthrough_figure(path: Path, stamp: str) -> None:
+    """The walk-through's step traced on this CPU, beside the step model's prediction of its
+    plan (scripts/stream_timeline.py)."""
+    import tempfile
+    walkthrough, timeline = script("walkthrough"), script("stream_timeline")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "walk.json"
+        walkthrough.run_step(str(trace))
+        measured = timeline.measured_timeline(json.loads(trace.read_text()))
+    predicted = timeline.predicted_timeline(walkthrough.PLAN_ARGS)
+    timeline.draw(measured, predicted, path,
+                  titles=("measured on this CPU: python3 scripts/walkthrough.py --trace",
+                          f"predicted: minidnn plan (the {walkthrough.GPU} model)"),
+                  caption=f"minidnn plan {' '.join(walkthrough.PLAN_ARGS)}; made by {COMMAND} "
+                          f"at {stamp}")
+
+
 CAPTION = re.compile(r"(`python3 scripts/make_docs.py` at commit )([0-9a-f]+\+?)")
 
 
@@ -536,6 +573,7 @@ def figures(stamp: str) -> None:
                              f"by {COMMAND} at {stamp}")
     memory_figure(DOCS / "figures" / "memory_vgg16_b256.png", stamp)
     budget_figure(DOCS / "figures" / "split_vgg16_b256_caps_h200.png")
+    walkthrough_figure(DOCS / "figures" / "walkthrough_timeline.png", stamp)
     for page in PAGES:
         text = page.read_text()
         page.write_text(CAPTION.sub(lambda m: m.group(1) + stamp, text))

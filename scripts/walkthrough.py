@@ -178,7 +178,8 @@ def numbers() -> dict:
 
     n = {}
     decision, events, stats = run_step()
-    n["walk_schedule"] = (format_events(events), "the walk-through's step, event by event")
+    n["walk_schedule"] = (f"```text\n{format_events(events)}\n```",
+                          "the walk-through's step, event by event")
     n["walk_offloaded_bytes"] = (fmt_bytes(stats["offloaded_bytes"]),
                                  "the walk-through's step: bytes offloaded")
     planned = plan()

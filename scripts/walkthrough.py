@@ -177,11 +177,9 @@ def numbers() -> dict:
         return json.loads(out.getvalue())
 
     n = {}
-    decision, events, stats = run_step()
+    _, events, _ = run_step()
     n["walk_schedule"] = (f"```text\n{format_events(events)}\n```",
                           "the walk-through's step, event by event")
-    n["walk_offloaded_bytes"] = (fmt_bytes(stats["offloaded_bytes"]),
-                                 "the walk-through's step: bytes offloaded")
     planned = plan()
     rows = {r["layer"]: r for r in planned["layers"]}
     n["walk_decision"] = (planned["decision"], "the walk-through's plan in one line")

@@ -7,7 +7,6 @@ the pages again. Also: the markers are well formed, every figure says where it c
 glossary keeps the memory manager's words as its docstring defines them, every command that
 needs a GPU says so, and the tutorial's first command runs after the README's install.
 """
-import importlib.util
 import json
 import re
 import subprocess
@@ -20,14 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NUMBERS = json.loads((ROOT / "docs" / "numbers.json").read_text())
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT / "scripts"))    # the scripts, importable as modules
+import make_docs  # noqa: E402
 
 
-make_docs = load_script("make_docs")
 PAGES = {str(p.relative_to(ROOT)): p.read_text() for p in make_docs.PAGES}
 STORED = {k: (v["text"], v["what"]) for k, v in NUMBERS["numbers"].items()}
 

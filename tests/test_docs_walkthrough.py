@@ -4,7 +4,6 @@ that really makes that move; the exercises' answers are what `minidnn plan` says
 reads back as the step it traced and draws beside its prediction.
 """
 import contextlib
-import importlib.util
 import io
 import json
 import re
@@ -21,15 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "walkthrough.md").read_text()
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT / "scripts"))    # the scripts, importable as modules
+import walkthrough  # noqa: E402
+import stream_timeline  # noqa: E402
 
 
-walkthrough = load_script("walkthrough")
-stream_timeline = load_script("stream_timeline")
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +113,7 @@ def test_the_exercises_answers_are_what_plan_says():
     assert none < double < 2 * none            # the parameters' bytes do not double
 
 
+@pytest.mark.slow
 def test_the_script_runs_without_matplotlib():
     code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
             "sys.argv = ['walkthrough.py']; runpy.run_path('scripts/walkthrough.py', "

@@ -77,6 +77,11 @@ def vgg16():
     return models.build("vgg16", num_classes=1000, image_size=224)
 
 
+def parameter_count(net) -> int:
+    """How many values the network's parameters hold."""
+    return sum(int(np.prod(p.shape)) for _, p in net.parameters())
+
+
 def gib(n) -> str:
     return f"{n / 2**30:.2f} GiB"
 
@@ -141,7 +146,7 @@ def memory_numbers() -> dict:
     n = {}
     net = vgg16()
     none, all_, conv = (dry_step(net, p) for p in ("none", "all", "conv"))
-    params = sum(int(np.prod(p.shape)) for _, p in net.parameters())
+    params = parameter_count(net)
     pbytes = params * 4
     n["network_wide"] = (gib(none["network_wide_bytes"]), "network-wide allocation, b256")
     n["liveness_peak"] = (gib(none["liveness_peak_bytes"]), "liveness peak of feature maps")
@@ -353,8 +358,7 @@ def split_numbers() -> dict:
                        "12 GiB: how much faster dyn's choice is than the best one pass")
     n["free_table"] = (fenced(options_table(free)), "12 GiB: the options table as plan prints it")
     vgg416 = models.build("vgg416", num_classes=1000, image_size=224)
-    n["vgg416_param_state"] = (gib(3 * 4 * sum(int(np.prod(p.shape))
-                                               for _, p in vgg416.parameters())),
+    n["vgg416_param_state"] = (gib(3 * 4 * parameter_count(vgg416)),
                                "VGG-416: parameters, gradients and momentum")
     # A profile measured at 256, scaled to 128, beside the one measured at 128.
     half = plan(*SPLIT, "--memory-budget", BUDGET, "--micro-batches", "2", "--chunks", "none")
@@ -389,11 +393,26 @@ def walkthrough_numbers() -> dict:
     return script("walkthrough").numbers()
 
 
+# The README's table of models: (name, the image size its parameters are counted at).
+COUNTED = (("alexnet", 227), ("overfeat", 231), ("vgg16", 224), ("vgg116", 224),
+           ("resnet50", 224), ("googlenet", 224))
+
+
+def model_table_numbers() -> dict:
+    """The parameter counts of the README's table of models (1000 classes)."""
+    n = {}
+    for name, size in COUNTED:
+        net = models.build(name, num_classes=1000, image_size=size)
+        count = parameter_count(net)
+        n[f"params_{name}"] = (f"{count:,}", f"{name}: parameters, 1000 classes, {size}x{size}")
+    return n
+
+
 def all_numbers() -> dict:
     """Every key the pages may quote: {key: (text, what it is)}."""
     n = {}
     for part in (memory_numbers, model_numbers, plan_numbers, split_numbers,
-                 walkthrough_numbers):
+                 walkthrough_numbers, model_table_numbers):
         n.update(part())
     return n
 

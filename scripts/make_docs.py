@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import io
 import json
@@ -99,9 +100,10 @@ def gbps(bytes_per_s) -> str:
 
 
 # ---- the entry points the numbers come from ------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def minidnn(*argv) -> str:
-    """What `minidnn ARGV` prints (stdout), run in this process; RuntimeError with its stderr
-    when it fails."""
+    """What `minidnn ARGV` prints (stdout), run in this process (once per ARGV: the pages ask
+    for some plans more than once); RuntimeError with its stderr when it fails."""
     from minidnn.cli import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -356,7 +358,7 @@ def split_numbers() -> dict:
     one = plan(*ONE_PASS)["plan"]["step_time_s"]
     n["split_gain"] = (f"{1 - free['plan']['step_time_s'] / one:.0%}",
                        "12 GiB: how much faster dyn's choice is than the best one pass")
-    n["free_table"] = (fenced(options_table(free)), "12 GiB: the options table as plan prints it")
+    n["free_table"] = (fenced(options_table()), "12 GiB: the options table as plan prints it")
     vgg416 = models.build("vgg416", num_classes=1000, image_size=224)
     n["vgg416_param_state"] = (gib(3 * 4 * parameter_count(vgg416)),
                                "VGG-416: parameters, gradients and momentum")
@@ -370,7 +372,7 @@ def split_numbers() -> dict:
     return n
 
 
-def options_table(planned: dict) -> str:
+def options_table() -> str:
     """The table of options as `minidnn plan` prints it (the lines after its title)."""
     printout = minidnn("plan", *SPLIT, "--memory-budget", BUDGET)
     lines = printout.splitlines()

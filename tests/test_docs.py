@@ -100,7 +100,7 @@ def test_every_figure_says_where_it_came_from():
     assert figures >= 7
 
 
-# ---- the words ------------------------------------------------------------------------------------
+# ---- the words -----------------------------------------------------------------------------------
 def vocabulary() -> dict:
     """{word: definition} of the memory manager's front door (minidnn/memory/__init__.py)."""
     import minidnn.memory
@@ -144,7 +144,7 @@ def test_the_bound_is_defined_as_the_code_computes_it():
     assert STORED["all_h200_bound"][0] != STORED["all_copy_floor"][0]
 
 
-# ---- the commands ---------------------------------------------------------------------------------
+# ---- the commands --------------------------------------------------------------------------------
 RUNS = re.compile(r"(minidnn train|scripts/bench_\w+\.py|scripts/layer_times\.py)")
 
 

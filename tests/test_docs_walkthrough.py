@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from minidnn.cli import main
 from minidnn.errors import fmt_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,13 +34,6 @@ def traced(tmp_path_factory):
     return decision, events, stats, json.loads(path.read_text())
 
 
-def plan(*extra) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["plan", *walkthrough.PLAN_ARGS, *extra, "--json"]) == 0
-    return json.loads(out.getvalue())
-
-
 def quoted(key: str) -> str:
     return re.search(rf"<!--n:{key}-->(.*?)<!--/n-->", PAGE, re.S).group(1)
 
@@ -50,7 +42,7 @@ def test_the_plan_moves_and_rebuilds_maps(traced):
     decision, _, _, _ = traced
     assert decision.offload and decision.recompute and decision.prefetch_lookahead >= 1
     # the decision `minidnn plan` prints is the one the script runs
-    planned = plan()
+    planned = walkthrough.plan()
     offloaded = [r["layer"] for r in planned["layers"] if r["status"].startswith("offload")]
     recomputed = [r["layer"] for r in planned["layers"] if r["status"] == "recompute"]
     assert len(offloaded) == len(decision.offload)
@@ -100,15 +92,17 @@ def test_the_page_quotes_the_schedule_the_script_prints_now(traced):
 
 
 def test_the_exercises_answers_are_what_plan_says():
-    rows = {r["layer"]: r for r in plan()["layers"]}
+    rows = {r["layer"]: r for r in walkthrough.plan()["layers"]}
     b, size = walkthrough.BATCH, walkthrough.IMAGE_SIZE
     assert rows["conv1_1"]["bytes"] == b * 16 * size * size * 4        # exercise 1 by hand
     assert quoted("ex1_answer") == fmt_bytes(rows["conv1_1"]["bytes"])
-    none = plan("--policy", "none")["plan"]["required_bytes"]
+    none = walkthrough.plan("--policy", "none")["plan"]["required_bytes"]
     assert quoted("ex2_answer") == fmt_bytes(none)
     assert none > 8 * 2**20                                               # hence the plan
-    assert quoted("ex3_answer") == fmt_bytes(plan("--policy", "all")["plan"]["offloaded_bytes"])
-    double = plan("--policy", "none", "--batch", str(2 * b))["plan"]["required_bytes"]
+    everything = walkthrough.plan("--policy", "all")["plan"]
+    assert quoted("ex3_answer") == fmt_bytes(everything["offloaded_bytes"])
+    double = walkthrough.plan("--policy", "none", "--batch", str(2 * b))["plan"][
+        "required_bytes"]
     assert quoted("ex4_answer") == fmt_bytes(double)
     assert none < double < 2 * none            # the parameters' bytes do not double
 

@@ -173,6 +173,11 @@ def numbers() -> dict:
     rows = {r["layer"]: r for r in planned["layers"]}
     n["walk_decision"] = (planned["decision"], "the walk-through's plan in one line")
     n["walk_lookahead"] = (str(planned["prefetch_lookahead"]), "its prefetch lookahead")
+    for key, status in (("walk_offloaded", "offload"), ("walk_recomputed", "recompute")):
+        n[key] = (", ".join(f"`{r['layer']}`" for r in planned["layers"]
+                            if r["status"].split()[0] == status) or "none",
+                  f"the maps the plan marks {status}")
+    n["walk_nodes"] = (str(len(build().nodes)), "the network's nodes")
     n["walk_needs"] = (fmt_bytes(planned["plan"]["required_bytes"]), "the plan: needs")
     n["walk_minimum"] = (fmt_bytes(planned["minimum_budget_bytes"]), "the plan: least budget")
     # Exercise 1: a map's bytes: batch x channels x height x width x 4.

@@ -15,7 +15,9 @@ minidnn/trace.py: one 'X' event per layer call on the compute stream, per copy o
 and prefetch streams, each with its step in args); the predicted one is the `timeline` of
 `minidnn plan ARGS --json` (the step model, planner/simulate.py). Each panel has its own time
 axis: a CPU trace beside a GPU model differs by orders of magnitude, and the shapes are what
-compare. A step split into micro-batches shows each pass's calls one after the other.
+compare. A measured step split into micro-batches shows each pass's calls one after the
+other; the step model's timeline (planner/timeline.py: timeline_data) keeps one call per layer
+and phase, so its panel shows one pass of a split step.
 """
 from __future__ import annotations
 
@@ -111,12 +113,15 @@ def draw_panel(ax, timeline: dict, title: str) -> None:
         if b - a >= room:
             ax.text((a + b) / 2, lane["compute"], c["layer"], ha="center", va="center",
                     fontsize=6, rotation=90 if b - a < 3 * room else 0)
-    for c in timeline["copies"]:
+    labelled = {}                                # lane -> where its last label starts
+    for c in sorted(timeline["copies"], key=lambda c: c["start"]):
         a, b = c["start"] * scale, c["end"] * scale
         ax.broken_barh([(a, max(b - a, step / 2000))], (lane[c["stream"]] - 0.35, 0.7),
                        color=COPY_COLOURS[c["stream"]], edgecolor="white", lw=0.3)
-        ax.text(a, lane[c["stream"]] + 0.42, c["name"], fontsize=5.5, va="bottom",
-                rotation=30)
+        if a - labelled.get(c["stream"], -room) >= room:     # name it where there is room
+            labelled[c["stream"]] = a
+            ax.text(a, lane[c["stream"]] + 0.42, c["name"], fontsize=5.5, va="bottom",
+                    rotation=30)
     total = 0.0
     for start, end, copy in waits(timeline):
         total += end - start

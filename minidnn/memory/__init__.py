@@ -23,7 +23,8 @@ Reading order, for a learner:
                 the arena memory a step replayed as a CUDA graph keeps between replays
                 (minidnn/step_graph.py captures and replays the step).
 
-Vocabulary, used in this sense throughout the package:
+Vocabulary, used in this sense throughout the package (docs/glossary.md repeats it word for
+word, beside the planner's words: needs, peak, least budget, bound):
 
 * storage      a buffer of the step (plan.py); in-place layers make several tensors share one.
 * time         the plan's integer clock: forward of node i happens at time i, backward of node

@@ -94,20 +94,26 @@ class SocketGroup:
         on every rank. Rank 0 adds in rank order, so all ranks get identical bits."""
         if self.size == 1:
             return
+        given = arrays
+        # A gradient laid out as the maps (channels last) is summed in a contiguous copy,
+        # then copied back into the array given.
         arrays = [np.ascontiguousarray(a) if not a.flags.c_contiguous else a for a in arrays]
         if self.rank != 0:
             for a in arrays:
                 self._send(0, a)
             for a in arrays:
                 _fill(a, self._recv(0, what))
-            return
-        incoming = {r: [self._recv(r, what) for _ in arrays] for r in range(1, self.size)}
-        for k, a in enumerate(arrays):
+        else:
+            incoming = {r: [self._recv(r, what) for _ in arrays] for r in range(1, self.size)}
+            for k, a in enumerate(arrays):
+                for r in range(1, self.size):
+                    a += np.frombuffer(incoming[r][k], dtype=a.dtype).reshape(a.shape)
             for r in range(1, self.size):
-                a += np.frombuffer(incoming[r][k], dtype=a.dtype).reshape(a.shape)
-        for r in range(1, self.size):
-            for a in arrays:
-                self._send(r, a)
+                for a in arrays:
+                    self._send(r, a)
+        for target, summed in zip(given, arrays):
+            if summed is not target:
+                target[...] = summed
 
     def broadcast_object(self, obj=None, what: str = "broadcast"):
         """Rank 0's `obj` on every rank (a picklable value; others pass None)."""

@@ -1,0 +1,409 @@
+"""The combination matrix on the CPU: which cells there are, how one runs, what it must show.
+
+A cell is one combination a user can ask for:
+
+    family     a small member of each family (tests/matrix_models/): vgg (convolutions,
+               max-pools, dropout), resnet (BatchNorm, residual joins), googlenet (LRN,
+               an inception module's Concat)
+    precision  fp32 | bf16            layout  nchw | nhwc
+    policy     none | all | conv | dyn
+    rung       a ladder of budgets: none (no budget), ample (the unconstrained peak),
+               mid (halfway between the least budget and ample), least (the least budget)
+    split      whole | micro2 (--micro-batches 2; BatchNorm networks with
+               --split-batch-statistics) | chunks (a forced layer chunk; dyn only)
+    ranks      1 | 2 (the CPU socket collective; no layer chunks over ranks)
+
+Every cell runs through the public entry points only: `minidnn.train.train(TrainConfig)` (one
+rank) or `minidnn.cli.main(['train', ..., '--ranks', '2'])` (two), the run report, and for the
+predicted peak `minidnn.decide.decide` (dyn: the planner's `policy.result.best.peak_bytes`
+of the decision the run makes) or `minidnn plan --json --policy none|all|conv` with this
+CPU's measured profile (`--profile`).
+
+What a cell asserts (check_cell):
+- a budget at or above the least runs to the end, its measured peak within the budget;
+- that peak equals the predicted one to the byte: on the CPU the arena is exact (NumPy
+  memory, 256-byte blocks, no CUDA context, no allocator caching), so any difference is an
+  allocation the step's memory model does not count;
+- the parameters after the run equal, bit for bit, those of the reference run (policy none,
+  no budget, the same micro-batches and layer chunks): offload, prefetch, recomputation and
+  the ReLU encodings change no bit; against the whole-batch reference (no split) they agree
+  within SPLIT_RTOL / SPLIT_ATOL, where the weight-gradient sums run in another order;
+- a budget below the least is refused before step one (no step ran: train() raised before
+  it logged the run's first line), and dyn's refusal names the least budget, which trains
+  while 1% less is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import itertools
+import json
+import os
+import random
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matrix_models")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A small network of one family: its model file and a run of layers to chunk."""
+    path: str
+    chunk: tuple
+    batch_statistics: bool = False
+
+
+FAMILIES = {
+    "vgg": Family(os.path.join(MODELS, "tiny_vgg.py"), ("conv1_1", "pool1", 2)),
+    "resnet": Family(os.path.join(MODELS, "tiny_resnet.py"), ("relu", "maxpool", 2),
+                     batch_statistics=True),
+    "googlenet": Family(os.path.join(MODELS, "tiny_googlenet.py"), ("conv1", "norm1", 2)),
+}
+PRECISIONS = ("fp32", "bf16")
+LAYOUTS = ("nchw", "nhwc")
+POLICIES = ("none", "all", "conv", "dyn")
+RUNGS = ("none", "ample", "mid", "least")
+SPLITS = ("whole", "micro2", "chunks")
+RANKS = (1, 2)
+
+IMAGE_SIZE = 16
+BATCH = 8
+STEPS = 2
+#: Where the whole-batch reference and a split run may differ (weight-gradient sums over the
+#: batch in another order, then two SGD steps): float32 rounding, amplified a little by
+#: the second step; bf16 maps round each value to 8 bits, and a float32 difference can move
+#: a value across a rounding boundary.
+SPLIT_RTOL = {"fp32": 1e-5, "bf16": 2e-2}
+SPLIT_ATOL = {"fp32": 1e-6, "bf16": 2e-3}
+#: Two ranks sum the gradient in two halves, then average: float32 rounding again.
+RANKS_RTOL, RANKS_ATOL = SPLIT_RTOL, SPLIT_ATOL
+
+
+@dataclass(frozen=True)
+class Cell:
+    family: str
+    precision: str
+    layout: str
+    policy: str
+    rung: str
+    split: str
+    ranks: int
+
+    @property
+    def id(self) -> str:
+        return (f"{self.family}-{self.precision}-{self.layout}-{self.policy}-{self.rung}-"
+                f"{self.split}-{self.ranks}r")
+
+    @property
+    def valid(self) -> bool:
+        """Layer chunks are planned (dyn only) and not run by data-parallel ranks."""
+        return self.split != "chunks" or (self.policy == "dyn" and self.ranks == 1)
+
+
+def all_cells() -> list[Cell]:
+    """The whole product, less the combinations that cannot be asked for (Cell.valid)."""
+    cells = (Cell(*c) for c in itertools.product(FAMILIES, PRECISIONS, LAYOUTS, POLICIES,
+                                                 RUNGS, SPLITS, RANKS))
+    return [c for c in cells if c.valid]
+
+
+def sample_cells(count: int, two_rank_count: int, seed: int = 0) -> list[Cell]:
+    """`count` cells of one rank and `two_rank_count` of two, drawn with a fixed seed (two
+    ranks start processes, so they are drawn apart and fewer)."""
+    rng = random.Random(seed)
+    cells = all_cells()
+    one = [c for c in cells if c.ranks == 1]
+    two = [c for c in cells if c.ranks == 2]
+    return rng.sample(one, count) + rng.sample(two, two_rank_count)
+
+
+# ---- running ------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What a run showed: its report (None when refused), the error (None when it ran), whether
+    it was refused before step one, and its parameters (from its checkpoint)."""
+    report: dict | None
+    error: Exception | str | None
+    before_step_one: bool
+    params: dict | None
+
+
+class Runner:
+    """Runs cells in `folder` (a fresh folder), remembering the reference runs, the least
+    budgets and the CPU profiles it made. The profiles dyn measures are cached where
+    $MINIDNN_CACHE says (the tests point it into a folder of their own)."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+        self._runs = 0
+        self._memo: dict = {}
+
+    # -- one run -----------------------------------------------------------------------------
+    def config_args(self, cell: Cell, policy: str, budget: int | None,
+                    split: str | None = None) -> list[str]:
+        """`minidnn train` arguments of `cell` under `policy` and `budget` (split: the cell's
+        unless given)."""
+        fam = FAMILIES[cell.family]
+        split = cell.split if split is None else split
+        args = ["--model", fam.path, "--image-size", str(IMAGE_SIZE), "--batch", str(BATCH),
+                "--steps", str(STEPS), "--device", "cpu", "--eval-every", "0",
+                "--eval-batches", "1", "--no-progress", "--precision", cell.precision,
+                "--layout", cell.layout, "--policy", policy]
+        if budget is not None:
+            args += ["--memory-budget", str(int(budget))]
+        if split == "micro2":
+            args += ["--micro-batches", "2"]
+            if fam.batch_statistics:
+                args += ["--split-batch-statistics"]
+        if split == "chunks":
+            args += ["--chunks", ":".join(map(str, fam.chunk))]
+        return args
+
+    def run(self, cell: Cell, policy: str, budget: int | None, split: str | None = None,
+            ranks: int | None = None) -> Outcome:
+        """Train `cell` under `policy` and `budget` (ranks: the cell's unless given)."""
+        ranks = cell.ranks if ranks is None else ranks
+        self._runs += 1
+        stem = os.path.join(self.folder, f"run{self._runs}")
+        args = self.config_args(cell, policy, budget, split) + [
+            "--report", stem + ".json", "--checkpoint", stem + ".npz"]
+        if ranks > 1:
+            return self._run_ranks(args, ranks, stem)
+        from minidnn.cli import build_parser
+        from minidnn.train import TrainConfig, train
+        parsed = build_parser().parse_args(["train", *args])
+        cfg = TrainConfig(
+            model=parsed.model, image_size=parsed.image_size, batch=parsed.batch,
+            steps=parsed.steps, device="cpu", eval_every=0, eval_batches=1, progress=False,
+            precision=parsed.precision, layout=parsed.layout, policy=parsed.policy,
+            memory_budget=parsed.memory_budget, micro_batches=parsed.micro_batches,
+            split_batch_statistics=parsed.split_batch_statistics, chunks=parsed.chunks,
+            report=parsed.report, checkpoint=parsed.checkpoint)
+        logged = []
+        try:
+            report = train(cfg, log=logged.append)
+        except Exception as e:  # a refusal (or a failure mid-run): the cell says which
+            return Outcome(None, e, not logged, None)
+        return Outcome(report, None, False, _params(stem + ".npz"))
+
+    def _run_ranks(self, args: list[str], ranks: int, stem: str) -> Outcome:
+        """`minidnn train ... --ranks N` through the CLI (it starts the ranks' processes).
+        Refused before step one: rank 0 wrote no checkpoint (it writes one after the last
+        step) and the error is one line."""
+        from minidnn.cli import main
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["train", *args, "--ranks", str(ranks)])
+        if code != 0:
+            return Outcome(None, err.getvalue().strip(), not os.path.exists(stem + ".npz"),
+                           None)
+        with open(stem + ".json") as f:
+            report = json.load(f)
+        return Outcome(report, None, False, _params(stem + ".npz"))
+
+    # -- what cells compare with ---------------------------------------------------------------
+    def reference(self, cell: Cell, split: str | None = None) -> Outcome:
+        """The run whose bits a cell must give: no budget, no offload, the same split (layer
+        chunks are planned, so a chunked reference runs dyn without a budget: nothing
+        offloaded, every convolution on its fastest plan)."""
+        split = cell.split if split is None else split
+        key = ("reference", cell.family, cell.precision, cell.layout, split, cell.ranks)
+        if key not in self._memo:
+            policy = "dyn" if split == "chunks" else "none"
+            out = self.run(cell, policy, None, split)
+            assert out.error is None, f"reference run of {cell.id} failed: {out.error}"
+            self._memo[key] = out
+        return self._memo[key]
+
+    def least_budget(self, cell: Cell) -> int:
+        """The least budget of the cell's policy and split. dyn: the figure its refusal
+        names (InfeasibleBudgetError.minimum, or the least budget in its one-line error over
+        ranks). none/all/conv: the peak `minidnn plan` predicts for the policy's one
+        decision (these policies do not plan, so their least budget is what they need)."""
+        key = ("least", cell.family, cell.precision, cell.layout, cell.policy, cell.split,
+               cell.ranks)
+        if key not in self._memo:
+            if cell.policy == "dyn":
+                out = self.run(cell, "dyn", 4096)
+                assert out.error is not None and out.before_step_one, \
+                    f"{cell.id}: 4 KiB was not refused before step one ({out.error})"
+                self._memo[key] = least_named(out.error)
+            else:
+                self._memo[key] = self.predicted_peak(cell, None)
+        return self._memo[key]
+
+    def budget(self, cell: Cell) -> int | None:
+        """The cell's rung as bytes (None: no budget)."""
+        if cell.rung == "none":
+            return None
+        ample = self.reference(cell).report["peak_device_bytes"]
+        least = self.least_budget(cell)
+        if cell.rung == "ample":
+            return max(ample, least)
+        if cell.rung == "mid":
+            return (least + ample) // 2
+        return least
+
+    def cpu_profile(self, cell: Cell) -> str:
+        """A file of this CPU's measured profile of the cell's network at a rank's batch
+        (minidnn.planner.get_profile), for `plan --profile`."""
+        from minidnn import models
+        from minidnn.kernels.mapformat import MapFormat
+        from minidnn.planner import get_profile, save_profile
+        batch = BATCH // cell.ranks     # a step's (plan scales it to its micro-batches)
+        path = os.path.join(self.folder, f"profile-{cell.family}-{cell.precision}-"
+                                         f"{cell.layout}-b{batch}.json")
+        if not os.path.exists(path):
+            net = models.build(FAMILIES[cell.family].path, num_classes=10,
+                               image_size=IMAGE_SIZE)
+            prof = get_profile(net, batch, "cpu", maps=MapFormat(cell.layout, cell.precision),
+                               log=lambda *_: None)
+            save_profile(prof, path)
+        return path
+
+    def predicted_peak(self, cell: Cell, budget: int | None, ran: dict | None = None) -> int:
+        """The peak the step's memory model predicts for the decision the cell's run makes.
+
+        dyn: `decide(...)` with the policy a run makes (DynPolicy with the run's input
+        batches; chunks=() over ranks), `policy.result.best.peak_bytes` (no budget: dyn plans
+        nothing, then predicted as policy none). none/all/conv: `minidnn plan --json --policy
+        P` from this CPU's profile, the run's micro-batches forced; its plan's
+        `peak_device_bytes`."""
+        if cell.policy == "dyn" and budget is not None:
+            return self._dyn_peak(cell, budget)
+        policy = "none" if cell.policy == "dyn" else cell.policy
+        args = ["plan", "--json", "--model", FAMILIES[cell.family].path,
+                "--image-size", str(IMAGE_SIZE), "--num-classes", "10",
+                "--batch", str(BATCH // cell.ranks), "--policy", policy,
+                "--precision", cell.precision, "--layout", cell.layout,
+                "--profile", self.cpu_profile(cell), "--prefetch-lookahead", "1"]
+        if budget is not None:
+            args += ["--memory-budget", str(budget)]
+        if cell.split == "micro2":
+            args += ["--micro-batches", "2"]
+            if FAMILIES[cell.family].batch_statistics:
+                args += ["--split-batch-statistics"]
+        return plan_json(args)["plan"]["peak_device_bytes"]
+
+    def _dyn_peak(self, cell: Cell, budget: int) -> int:
+        from minidnn import models
+        from minidnn.decide import decide
+        from minidnn.planner.dyn import RUN_INPUT_BATCHES, DynPolicy
+        fam = FAMILIES[cell.family]
+        net = models.build(fam.path, num_classes=10, image_size=IMAGE_SIZE)
+        forced = fam.chunk if cell.split == "chunks" else None
+        policy = DynPolicy(input_batches=RUN_INPUT_BATCHES,
+                           chunks=() if cell.ranks > 1 and forced is None else None)
+        decide(net, BATCH // cell.ranks, policy, budget, device="cpu",
+               precision=cell.precision, layout=cell.layout,
+               micro_batches=2 if cell.split == "micro2" else None,
+               split_batch_statistics=fam.batch_statistics and cell.split == "micro2",
+               chunks=(forced,) if forced else None)
+        return int(policy.result.best.peak_bytes)
+
+
+def least_named(error) -> int:
+    """The least budget a refusal names: InfeasibleBudgetError.minimum (bytes), or, for the
+    one line of a run over ranks, the size after 'the least it can train in is'."""
+    minimum = getattr(error, "minimum", None)
+    if minimum is not None:
+        return int(minimum)
+    from minidnn.errors import parse_bytes
+    text = str(error)
+    marker = "the least it can train in is "
+    assert marker in text, f"the refusal names no least budget: {text}"
+    return parse_bytes(text.split(marker, 1)[1].split()[0])
+
+
+def plan_json(args: list[str]) -> dict:
+    """`minidnn plan ... --json` through the CLI's main, as a dict."""
+    from minidnn.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(args)
+    assert code == 0, f"minidnn {' '.join(args)} failed: {err.getvalue()}"
+    return json.loads(out.getvalue())
+
+
+def _params(path: str) -> dict:
+    from minidnn.checkpoint import load_checkpoint
+    return dict(load_checkpoint(path).params)
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+def check_cell(runner: Runner, cell: Cell) -> None:
+    """Run `cell` and assert what the module docstring says it must show."""
+    budget = runner.budget(cell)
+    least = runner.least_budget(cell)
+    out = runner.run(cell, cell.policy, budget)
+    if budget is not None and budget < least:
+        assert out.error is not None, f"{cell.id}: {budget} B is below the least budget " \
+                                      f"{least} B, yet the run trained"
+        assert out.before_step_one, f"{cell.id}: refused mid-run, not before step one: " \
+                                    f"{out.error}"
+        return
+    assert out.error is None, f"{cell.id}: a budget of {budget} B (least {least} B) failed: " \
+                              f"{out.error}"
+    report = out.report
+    assert report["steps"] == STEPS
+    peak = report["peak_device_bytes"]
+    if budget is not None:
+        assert peak <= budget, f"{cell.id}: peak {peak} B over the budget {budget} B"
+        predicted = runner.predicted_peak(cell, budget)
+        assert peak == predicted, f"{cell.id}: measured peak {peak} B, predicted {predicted} B " \
+                                  f"({peak - predicted:+d} B)"
+    ran_split = split_of(report)
+    if ran_split is not None:
+        reference = runner.reference(cell, ran_split)
+        assert_same_bits(out, reference, cell)
+    if not (ran_split == "micro2" and FAMILIES[cell.family].batch_statistics):
+        # (BatchNorm over split micro-batches normalizes each with its own statistics: it
+        # computes something else, by the user's leave, and is compared with itself only.)
+        whole = runner.reference(cell, "whole")
+        assert_close(out.params, whole.params, cell.precision, cell.id)
+    if cell.rung == "least" and budget is not None:
+        below = runner.run(cell, cell.policy, int(budget * 0.99))
+        assert below.error is not None, f"{cell.id}: 1% below the least budget {budget} B trained"
+        assert below.before_step_one, f"{cell.id}: 1% below the least budget failed mid-run: " \
+                                      f"{below.error}"
+
+
+def split_of(report: dict) -> str | None:
+    """The split a run ran, as a cell names it; None for one the matrix has no reference of
+    (dyn's own choice of micro-batches or chunks other than the cell's)."""
+    k, chunks = report["micro_batches"], [tuple(c) for c in report["chunks"]]
+    if k == 1 and not chunks:
+        return "whole"
+    if k == 2 and not chunks:
+        return "micro2"
+    if k == 1 and len(chunks) == 1:
+        fam = next(f for f in FAMILIES.values() if f.chunk == chunks[0]) \
+            if any(f.chunk == chunks[0] for f in FAMILIES.values()) else None
+        return "chunks" if fam is not None else None
+    return None
+
+
+def assert_same_bits(out: Outcome, reference: Outcome, cell: Cell) -> None:
+    assert out.report["param_checksum"] == reference.report["param_checksum"], \
+        f"{cell.id}: parameters differ from the reference (policy none, no budget, the same " \
+        f"split): {_worst(out.params, reference.params)}"
+
+
+def assert_close(params: dict, reference: dict, precision: str, what: str) -> None:
+    for name, value in reference.items():
+        np.testing.assert_allclose(params[name], value, rtol=SPLIT_RTOL[precision],
+                                   atol=SPLIT_ATOL[precision],
+                                   err_msg=f"{what}: {name} against the whole-batch reference")
+
+
+def _worst(params: dict, reference: dict) -> str:
+    diffs = {n: float(np.max(np.abs(params[n] - v))) for n, v in reference.items()}
+    name = max(diffs, key=diffs.get)
+    return f"largest difference {diffs[name]:.3g} in {name}"
+
+
+def with_rung(cell: Cell, rung: str) -> Cell:
+    return replace(cell, rung=rung)

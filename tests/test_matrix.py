@@ -1,14 +1,33 @@
 """The combination matrix on the CPU (tests/matrix_cells.py says what a cell is and what it
 must show): a sample of cells drawn with a fixed seed in every run, the whole product only
-under the `slow` marker with MINIDNN_FULL_MATRIX=1 (it takes many minutes on 2 cores)."""
+under the `slow` marker with MINIDNN_FULL_MATRIX=1 (about 800 cells: many minutes on 2
+cores). The cells that fail today are marked strict expected failures with their cause."""
 import os
 
 import pytest
 
-from matrix_cells import Runner, all_cells, check_cell, sample_cells
+from matrix_cells import FAMILIES, Cell, Runner, all_cells, check_cell, least_named, \
+    sample_cells
 
-SAMPLE = sample_cells(count=30, two_rank_count=3, seed=29)
 FULL = os.environ.get("MINIDNN_FULL_MATRIX", "") not in ("", "0")
+
+
+def known_failure(cell: Cell) -> str | None:
+    """Why a cell fails today (None: it must pass)."""
+    if FAMILIES[cell.family].batch_statistics and cell.ranks > 1:
+        return ("ranks with BatchNorm: each rank updates the running statistics from its own "
+                "half of the batch and nothing synchronizes them, so the run ends with 'ranks "
+                "hold different parameters at the end' (the cell's reference run included)")
+    return None
+
+
+def cells_with_marks(cells):
+    marks = []
+    for cell in cells:
+        reason = known_failure(cell)
+        marks.append(pytest.param(cell, id=cell.id, marks=() if reason is None else
+                                  pytest.mark.xfail(strict=True, reason=reason)))
+    return marks
 
 
 @pytest.fixture(scope="module")
@@ -19,13 +38,52 @@ def runner(tmp_path_factory):
         yield Runner(folder)
 
 
-@pytest.mark.parametrize("cell", SAMPLE, ids=lambda c: c.id)
+@pytest.mark.parametrize("cell", cells_with_marks(sample_cells(count=24, two_rank_count=2,
+                                                               seed=29)))
 def test_a_sampled_cell_runs_as_planned_or_is_refused_before_step_one(runner, cell):
     check_cell(runner, cell)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL, reason="the whole product: set MINIDNN_FULL_MATRIX=1")
-@pytest.mark.parametrize("cell", all_cells(), ids=lambda c: c.id)
+@pytest.mark.parametrize("cell", cells_with_marks(all_cells()))
 def test_every_cell_runs_as_planned_or_is_refused_before_step_one(runner, cell):
     check_cell(runner, cell)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a vDNN policy (none, all, conv) is never weighed against the budget before step one: "
+    "the executor takes the static region and the parameters up front, but the temporaries "
+    "a step takes (here the gradient of a branch's input, written into a temporary and "
+    "summed: memory/manager.py backward_buffers) come out of the arena only in backward, "
+    "so 1% below what the policy needs trains a forward first and fails mid-step"))
+def test_a_vdnn_policy_below_what_it_needs_is_refused_before_step_one(runner):
+    cell = Cell("googlenet", "fp32", "nchw", "conv", "least", "whole", 1)
+    need = runner.least_budget(cell)
+    assert runner.run(cell, "conv", need).error is None        # what it needs trains
+    below = runner.run(cell, "conv", int(need * 0.99))
+    assert below.error is not None and below.before_step_one, below.error
+
+
+def test_the_least_budget_named_on_the_command_line_is_plans_and_trains(runner):
+    """`minidnn train` refuses too small a budget with one line naming the least budget,
+    `minidnn plan` names the same, and that budget trains."""
+    cell = Cell("vgg", "fp32", "nchw", "dyn", "least", "whole", 1)
+    refused = runner.run(cell, "dyn", 4096)
+    assert refused.before_step_one
+    message = str(refused.error)
+    named = least_named(message)          # the figure as the line prints it
+    assert named >= least_named(refused.error) == runner.least_from_plan(cell)
+    assert runner.run(cell, "dyn", named).error is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the refusal rounds the least budget up to whole MiB below 1 GiB (planner/search.py, "
+    "InfeasibleBudgetError: math.ceil(minimum / 2**20)): this network needs about 213 KiB "
+    "and is told 1MiB, so 1% less than the figure it is told still trains"))
+def test_one_percent_below_the_least_budget_on_the_command_line_is_refused(runner):
+    cell = Cell("vgg", "fp32", "nchw", "dyn", "least", "whole", 1)
+    refused = runner.run(cell, "dyn", 4096)
+    named = least_named(str(refused.error))
+    below = runner.run(cell, "dyn", int(named * 0.99))
+    assert below.error is not None and below.before_step_one

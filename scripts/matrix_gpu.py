@@ -161,6 +161,9 @@ class Matrix:
         self.cells.append(dict(base, budget="none", budget_bytes=None, outcome="ran",
                                measured_peak_bytes=peak, images_per_s=unconstrained.get(
                                    "images_per_s"), wall_s=free["wall_s"]))
+        if self.left_s() <= 0:
+            self.skipped.append(self.name(model, precision, split, "budgets"))
+            return
         least = self.least_budget(model, precision, split, base)
         for fraction in o.fractions:
             label = fraction if fraction == "least" else f"{float(fraction):.0%}"
@@ -215,9 +218,14 @@ class Matrix:
             return {"plan_error": f"plan: {error_line(result)}"}
         rows = {r["quantity"]: r for r in json.loads(result["stdout"])["comparison"]["rows"]}
         peak, step = rows["peak device memory"], rows["step time (s)"]
+
+        def within(error, target):
+            return None if error is None else abs(error) <= target
         return dict(predicted_peak_bytes=peak["predicted"], measured_peak_bytes=peak["measured"],
                     peak_error=peak["relative_error"], predicted_step_s=step["predicted"],
-                    measured_step_s=step["measured"], step_error=step["relative_error"])
+                    measured_step_s=step["measured"], step_error=step["relative_error"],
+                    peak_within_target=within(peak["relative_error"], PEAK_TARGET),
+                    step_within_target=within(step["relative_error"], STEP_TARGET))
 
     # -- output --------------------------------------------------------------------------------
     def write(self) -> tuple[str, str]:
@@ -275,8 +283,8 @@ def markdown(data: dict) -> str:
             f"| {_pct(c.get('step_error'))} | {least} | {note.replace('|', '/')} |")
     missed = [c for c in data["cells"] if c["outcome"] in ("failed mid-run", "failed",
                                                             "timed out")]
-    off = [c for c in data["cells"] if c.get("peak_error") is not None and
-           (abs(c["peak_error"]) > PEAK_TARGET or abs(c["step_error"] or 0) > STEP_TARGET)]
+    off = [c for c in data["cells"] if c.get("peak_within_target") is False or
+           c.get("step_within_target") is False]
     lines += ["", f"{len(missed)} cells failed or timed out; {len(off)} ran outside the "
                   f"peak or step target."]
     if data["skipped"]:

@@ -35,13 +35,12 @@ What a cell asserts (check_cell):
 from __future__ import annotations
 
 import contextlib
-import glob
 import io
 import itertools
 import json
 import os
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -306,7 +305,7 @@ class Runner:
             save_profile(prof, path)
         return path
 
-    def predicted_peak(self, cell: Cell, budget: int | None, ran: dict | None = None) -> int:
+    def predicted_peak(self, cell: Cell, budget: int | None) -> int:
         """The peak the step's memory model predicts for the decision the cell's run makes.
 
         dyn: `decide(...)` with the policy a run makes (DynPolicy with the run's input
@@ -471,7 +470,3 @@ def _worst(params: dict, reference: dict) -> str:
     diffs = {n: float(np.max(np.abs(params[n] - v))) for n, v in reference.items()}
     name = max(diffs, key=diffs.get)
     return f"largest difference {diffs[name]:.3g} in {name}"
-
-
-def with_rung(cell: Cell, rung: str) -> Cell:
-    return replace(cell, rung=rung)

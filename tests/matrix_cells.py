@@ -12,6 +12,8 @@ A cell is one combination a user can ask for:
     split      whole | micro2 (--micro-batches 2; BatchNorm networks with
                --split-batch-statistics) | chunks (a forced layer chunk; dyn only)
     ranks      1 | 2 (the CPU socket collective; no layer chunks over ranks)
+    encoding   maps | bits (--relu-bits: ReLUs before a max-pool or a dropout keep one bit
+               per value for backward)
 
 Every cell runs through the public entry points only: `minidnn.train.train(TrainConfig)` (one
 rank) or `minidnn.cli.main(['train', ..., '--ranks', '2'])` (two), the run report, and for the
@@ -67,6 +69,7 @@ POLICIES = ("none", "all", "conv", "dyn")
 RUNGS = ("none", "ample", "mid", "least")
 SPLITS = ("whole", "micro2", "chunks")
 RANKS = (1, 2)
+ENCODINGS = ("maps", "bits")
 
 IMAGE_SIZE = 16
 BATCH = 8
@@ -90,11 +93,12 @@ class Cell:
     rung: str
     split: str
     ranks: int
+    encoding: str = "maps"
 
     @property
     def id(self) -> str:
         return (f"{self.family}-{self.precision}-{self.layout}-{self.policy}-{self.rung}-"
-                f"{self.split}-{self.ranks}r")
+                f"{self.split}-{self.ranks}r" + ("-relubits" if self.encoding == "bits" else ""))
 
     @property
     def valid(self) -> bool:
@@ -105,7 +109,7 @@ class Cell:
 def all_cells() -> list[Cell]:
     """The whole product, less the combinations that cannot be asked for (Cell.valid)."""
     cells = (Cell(*c) for c in itertools.product(FAMILIES, PRECISIONS, LAYOUTS, POLICIES,
-                                                 RUNGS, SPLITS, RANKS))
+                                                 RUNGS, SPLITS, RANKS, ENCODINGS))
     return [c for c in cells if c.valid]
 
 
@@ -135,7 +139,7 @@ def sample_cells(count: int, two_rank_count: int, seed: int = 0) -> list[Cell]:
 def _pairs(cell: Cell) -> set:
     """Every pair of (dimension, value) of a cell (ranks left out)."""
     values = [(k, getattr(cell, k)) for k in ("family", "precision", "layout", "policy",
-                                              "rung", "split")]
+                                              "rung", "split", "encoding")]
     return set(itertools.combinations(values, 2))
 
 
@@ -162,9 +166,9 @@ class Runner:
 
     # -- one run -----------------------------------------------------------------------------
     def config_args(self, cell: Cell, policy: str, budget: int | None,
-                    split: str | None = None) -> list[str]:
-        """`minidnn train` arguments of `cell` under `policy` and `budget` (split: the cell's
-        unless given)."""
+                    split: str | None = None, encoding: str | None = None) -> list[str]:
+        """`minidnn train` arguments of `cell` under `policy` and `budget` (split and
+        encoding: the cell's unless given)."""
         fam = FAMILIES[cell.family]
         split = cell.split if split is None else split
         args = ["--model", fam.path, "--image-size", str(IMAGE_SIZE), "--batch", str(BATCH),
@@ -179,15 +183,18 @@ class Runner:
                 args += ["--split-batch-statistics"]
         if split == "chunks":
             args += ["--chunks", ":".join(map(str, fam.chunk))]
+        if (cell.encoding if encoding is None else encoding) == "bits":
+            args += ["--relu-bits"]
         return args
 
     def run(self, cell: Cell, policy: str, budget: int | None, split: str | None = None,
-            ranks: int | None = None) -> Outcome:
-        """Train `cell` under `policy` and `budget` (ranks: the cell's unless given)."""
+            ranks: int | None = None, encoding: str | None = None) -> Outcome:
+        """Train `cell` under `policy` and `budget` (ranks, split and encoding: the cell's
+        unless given)."""
         ranks = cell.ranks if ranks is None else ranks
         self._runs += 1
         stem = os.path.join(self.folder, f"run{self._runs}")
-        args = self.config_args(cell, policy, budget, split) + [
+        args = self.config_args(cell, policy, budget, split, encoding) + [
             "--report", stem + ".json", "--checkpoint", stem + ".npz"]
         if ranks > 1:
             return self._run_ranks(args, ranks, stem)
@@ -200,7 +207,7 @@ class Runner:
             precision=parsed.precision, layout=parsed.layout, policy=parsed.policy,
             memory_budget=parsed.memory_budget, micro_batches=parsed.micro_batches,
             split_batch_statistics=parsed.split_batch_statistics, chunks=parsed.chunks,
-            report=parsed.report, checkpoint=parsed.checkpoint)
+            relu_bits=parsed.relu_bits, report=parsed.report, checkpoint=parsed.checkpoint)
         logged = []
         try:
             report = train(cfg, log=logged.append)
@@ -225,14 +232,14 @@ class Runner:
 
     # -- what cells compare with ---------------------------------------------------------------
     def reference(self, cell: Cell, split: str | None = None) -> Outcome:
-        """The run whose bits a cell must give: no budget, no offload, the same split (layer
-        chunks are planned, so a chunked reference runs dyn without a budget: nothing
-        offloaded, every convolution on its fastest plan)."""
+        """The run whose bits a cell must give: no budget, no offload, ReLU outputs kept as
+        maps, the same split (layer chunks are planned, so a chunked reference runs dyn
+        without a budget: nothing offloaded, every convolution on its fastest plan)."""
         split = cell.split if split is None else split
         key = ("reference", cell.family, cell.precision, cell.layout, split, cell.ranks)
         if key not in self._memo:
             policy = "dyn" if split == "chunks" else "none"
-            out = self.run(cell, policy, None, split)
+            out = self.run(cell, policy, None, split, encoding="maps")
             assert out.error is None, f"reference run of {cell.id} failed: {out.error}"
             self._memo[key] = out
         return self._memo[key]
@@ -243,7 +250,7 @@ class Runner:
         ranks). none/all/conv: the peak `minidnn plan` predicts for the policy's one
         decision (these policies do not plan, so their least budget is what they need)."""
         key = ("least", cell.family, cell.precision, cell.layout, cell.policy, cell.split,
-               cell.ranks)
+               cell.ranks, cell.encoding)
         if key not in self._memo:
             if cell.policy == "dyn":
                 out = self.run(cell, "dyn", 4096)
@@ -272,6 +279,8 @@ class Runner:
             args += ["--chunks", ":".join(map(str, fam.chunk))]
         elif cell.ranks > 1:
             args += ["--chunks", "none"]
+        if cell.encoding == "bits":
+            args += ["--relu-bits"]
         if fam.batch_statistics and cell.split == "micro2":
             args += ["--split-batch-statistics"]
         return int(plan_json(args)["minimum_budget_bytes"])
@@ -293,15 +302,17 @@ class Runner:
         (minidnn.planner.get_profile), for `plan --profile`."""
         from minidnn import models
         from minidnn.kernels.mapformat import MapFormat
+        from minidnn.memory.policy import relu_bits_for
         from minidnn.planner import get_profile, save_profile
         batch = BATCH // cell.ranks     # a step's (plan scales it to its micro-batches)
         path = os.path.join(self.folder, f"profile-{cell.family}-{cell.precision}-"
-                                         f"{cell.layout}-b{batch}.json")
+                                         f"{cell.layout}-{cell.encoding}-b{batch}.json")
         if not os.path.exists(path):
             net = models.build(FAMILIES[cell.family].path, num_classes=10,
                                image_size=IMAGE_SIZE)
+            bits = relu_bits_for(net) if cell.encoding == "bits" else frozenset()
             prof = get_profile(net, batch, "cpu", maps=MapFormat(cell.layout, cell.precision),
-                               log=lambda *_: None)
+                               relu_bits=bits, log=lambda *_: None)
             save_profile(prof, path)
         return path
 
@@ -321,6 +332,8 @@ class Runner:
                 "--batch", str(BATCH // cell.ranks), "--policy", policy,
                 "--precision", cell.precision, "--layout", cell.layout,
                 "--profile", self.cpu_profile(cell), "--prefetch-lookahead", "1"]
+        if cell.encoding == "bits":
+            args += ["--relu-bits"]
         if budget is not None:
             args += ["--memory-budget", str(budget)]
         if cell.split == "micro2":
@@ -349,6 +362,7 @@ class Runner:
                            chunks=() if cell.ranks > 1 and forced is None else None)
         decide(net, BATCH // cell.ranks, policy, budget, device="cpu",
                precision=cell.precision, layout=cell.layout,
+               relu_bits=cell.encoding == "bits",
                micro_batches=2 if cell.split == "micro2" else None,
                split_batch_statistics=fam.batch_statistics and cell.split == "micro2",
                chunks=(forced,) if forced else None)

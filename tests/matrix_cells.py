@@ -119,7 +119,9 @@ def sample_cells(count: int, two_rank_count: int, seed: int = 0) -> list[Cell]:
     The one-rank cells cover pairs: each is the cell that adds the most pairs of values of
     two dimensions (policy and rung, family and split, ...) not yet in the sample, ties
     broken by the seed, so a few dozen cells meet every value and most pairs. Two ranks
-    start processes, so they are drawn apart and fewer, each of another family."""
+    start processes, so they are drawn apart and fewer, each of another family, in fp32
+    (bf16 on the CPU costs each rank's process several times more; the whole product has
+    both)."""
     rng = random.Random(seed)
     cells = all_cells()
     one = [c for c in cells if c.ranks == 1]
@@ -132,7 +134,8 @@ def sample_cells(count: int, two_rank_count: int, seed: int = 0) -> list[Cell]:
         covered |= _pairs(best)
         one.remove(best)
     families = rng.sample(sorted(FAMILIES), two_rank_count)
-    two = [rng.choice([c for c in cells if c.ranks == 2 and c.family == f]) for f in families]
+    two = [rng.choice([c for c in cells if c.ranks == 2 and c.family == f and
+                       c.precision == "fp32"]) for f in families]
     return chosen + two
 
 

@@ -7,8 +7,9 @@ A cell is one combination a user can ask for:
                an inception module's Concat)
     precision  fp32 | bf16            layout  nchw | nhwc
     policy     none | all | conv | dyn
-    rung       a ladder of budgets: none (no budget), ample (the unconstrained peak),
-               mid (halfway between the least budget and ample), least (the least budget)
+    rung       a ladder of budgets: none (no budget), ample (the unconstrained peak of the
+               reference run, or the least budget where that is more), mid (halfway
+               between the least budget and the unconstrained peak), least (the least)
     split      whole | micro2 (--micro-batches 2; BatchNorm networks with
                --split-batch-statistics) | chunks (a forced layer chunk; dyn only)
     ranks      1 | 2 (the CPU socket collective; no layer chunks over ranks)
@@ -16,7 +17,7 @@ A cell is one combination a user can ask for:
                per value for backward)
 
 Every cell runs through the public entry points only: `minidnn.train.train(TrainConfig)` (one
-rank) or `minidnn.cli.main(['train', ..., '--ranks', '2'])` (two), the run report, and for the
+rank) or `python3 -m minidnn train ... --ranks 2` (two), the run report, and for the
 predicted peak `minidnn.decide.decide` (dyn: the planner's `policy.result.best.peak_bytes`
 of the decision the run makes) or `minidnn plan --json --policy none|all|conv` with this
 CPU's measured profile (`--profile`).
@@ -24,15 +25,21 @@ CPU's measured profile (`--profile`).
 What a cell asserts (check_cell):
 - a budget at or above the least runs to the end, its measured peak within the budget;
 - that peak equals the predicted one to the byte: on the CPU the arena is exact (NumPy
-  memory, 256-byte blocks, no CUDA context, no allocator caching), so any difference is an
-  allocation the step's memory model does not count;
+  memory, 256-byte blocks, no CUDA context, no allocator caching, temporaries of NumPy
+  outside it), so any difference is an allocation the step's memory model does not count;
 - the parameters after the run equal, bit for bit, those of the reference run (policy none,
-  no budget, the same micro-batches and layer chunks): offload, prefetch, recomputation and
-  the ReLU encodings change no bit; against the whole-batch reference (no split) they agree
-  within SPLIT_RTOL / SPLIT_ATOL, where the weight-gradient sums run in another order;
-- a budget below the least is refused before step one (no step ran: train() raised before
-  it logged the run's first line), and dyn's refusal names the least budget, which trains
-  while 1% less is refused.
+  no budget, ReLU outputs kept, the same micro-batches and layer chunks): offload, prefetch,
+  recomputation and the ReLU bit masks change no bit; against the whole-batch reference
+  (no split) they agree within SPLIT_RTOL / SPLIT_ATOL, where the weight-gradient sums run
+  in another order (BatchNorm over split micro-batches computes other statistics, by the
+  user's leave, and is compared with its own split only);
+- a budget below the least does not train: dyn refuses it before step one (no step ran:
+  train() raised before it logged the run's first line; over ranks, rank 0 did not print
+  it), naming the least budget, which trains while 1% less is refused, and `minidnn
+  plan` names the same least budget. The vDNN policies (none, all, conv) plan nothing: their
+  least budget is the peak `plan` predicts for their one decision, and below it they end
+  with the budget error, before step one or, today, in it (see assert_refused).
+Over two ranks the figures are rank 0's (its report), predicted for a rank's batch.
 """
 from __future__ import annotations
 
@@ -42,11 +49,14 @@ import itertools
 import json
 import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matrix_models")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "tests", "matrix_models")
 
 
 @dataclass(frozen=True)
@@ -219,16 +229,17 @@ class Runner:
         return Outcome(report, None, False, _params(stem + ".npz"))
 
     def _run_ranks(self, args: list[str], ranks: int, stem: str) -> Outcome:
-        """`minidnn train ... --ranks N` through the CLI (it starts the ranks' processes).
-        Refused before step one: rank 0 wrote no checkpoint (it writes one after the last
-        step) and the error is one line."""
-        from minidnn.cli import main
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(["train", *args, "--ranks", str(ranks)])
-        if code != 0:
-            return Outcome(None, err.getvalue().strip(), not os.path.exists(stem + ".npz"),
-                           None)
+        """`python3 -m minidnn train ... --ranks N` (it starts the ranks' processes). Refused
+        before step one: it failed before rank 0 printed the run's first line, which it
+        prints once its executor and optimizer hold their memory."""
+        path = os.environ.get("PYTHONPATH")
+        env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + path if path else ""))
+        proc = subprocess.run([sys.executable, "-m", "minidnn", "train", *args, "--ranks",
+                               str(ranks)], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=300)
+        if proc.returncode != 0:
+            started = " parameters, " in proc.stdout
+            return Outcome(None, proc.stderr.strip().splitlines()[-1], not started, None)
         with open(stem + ".json") as f:
             report = json.load(f)
         return Outcome(report, None, False, _params(stem + ".npz"))

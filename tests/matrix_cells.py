@@ -183,19 +183,19 @@ class Runner:
         """`minidnn train` arguments of `cell` under `policy` and `budget` (split and
         encoding: the cell's unless given)."""
         fam = FAMILIES[cell.family]
-        split = cell.split if split is None else split
+        micro_batches, chunks = forced_split(cell, cell.split if split is None else split)
         args = ["--model", fam.path, "--image-size", str(IMAGE_SIZE), "--batch", str(BATCH),
                 "--steps", str(STEPS), "--device", "cpu", "--eval-every", "0",
                 "--eval-batches", "1", "--no-progress", "--precision", cell.precision,
                 "--layout", cell.layout, "--policy", policy]
         if budget is not None:
             args += ["--memory-budget", str(int(budget))]
-        if split == "micro2":
-            args += ["--micro-batches", "2"]
-            if fam.batch_statistics:
+        if micro_batches is not None:
+            args += ["--micro-batches", str(micro_batches)]
+            if fam.batch_statistics and micro_batches > 1:
                 args += ["--split-batch-statistics"]
-        if split == "chunks":
-            args += ["--chunks", ":".join(map(str, fam.chunk))]
+        if chunks is not None:
+            args += ["--chunks", ",".join(":".join(map(str, c)) for c in chunks) or "none"]
         if (cell.encoding if encoding is None else encoding) == "bits":
             args += ["--relu-bits"]
         return args
@@ -245,14 +245,15 @@ class Runner:
         return Outcome(report, None, False, _params(stem + ".npz"))
 
     # -- what cells compare with ---------------------------------------------------------------
-    def reference(self, cell: Cell, split: str | None = None) -> Outcome:
+    def reference(self, cell: Cell, split=None) -> Outcome:
         """The run whose bits a cell must give: no budget, no offload, ReLU outputs kept as
-        maps, the same split (layer chunks are planned, so a chunked reference runs dyn
-        without a budget: nothing offloaded, every convolution on its fastest plan)."""
+        maps, the same split (a cell's split name, or (micro-batches, layer chunks) as a run
+        ran them; layer chunks are planned, so a chunked reference runs dyn without a
+        budget: nothing offloaded, every convolution on its fastest plan)."""
         split = cell.split if split is None else split
         key = ("reference", cell.family, cell.precision, cell.layout, split, cell.ranks)
         if key not in self._memo:
-            policy = "dyn" if split == "chunks" else "none"
+            policy = "dyn" if forced_split(cell, split)[1] else "none"
             out = self.run(cell, policy, None, split, encoding="maps")
             assert out.error is None, f"reference run of {cell.id} failed: {out.error}"
             self._memo[key] = out
@@ -282,22 +283,27 @@ class Runner:
     def least_from_plan(self, cell: Cell) -> int:
         """The least budget `minidnn plan --json` names for the cell's dyn run (its
         `minimum_budget_bytes`, planned at an ample budget from this CPU's profile)."""
+        args = self.plan_args(cell, "dyn") + ["--memory-budget", str(2**30)]
+        if cell.ranks > 1 and cell.split != "chunks":
+            args += ["--chunks", "none"]      # a rank runs no layer chunks
+        return int(plan_json(args)["minimum_budget_bytes"])
+
+    def plan_args(self, cell: Cell, policy: str) -> list[str]:
+        """`minidnn plan --json` arguments for a rank's step of the cell under `policy`,
+        from this CPU's profile, with what the cell forces (as config_args)."""
         fam = FAMILIES[cell.family]
         args = ["plan", "--json", "--model", fam.path, "--image-size", str(IMAGE_SIZE),
-                "--num-classes", "10", "--batch", str(BATCH // cell.ranks), "--policy", "dyn",
+                "--num-classes", "10", "--batch", str(BATCH // cell.ranks), "--policy", policy,
                 "--precision", cell.precision, "--layout", cell.layout,
-                "--profile", self.cpu_profile(cell), "--memory-budget", str(2**30)]
-        if cell.split == "micro2":
-            args += ["--micro-batches", "2"]
-        if cell.split == "chunks":
-            args += ["--chunks", ":".join(map(str, fam.chunk))]
-        elif cell.ranks > 1:
-            args += ["--chunks", "none"]
-        if cell.encoding == "bits":
-            args += ["--relu-bits"]
-        if fam.batch_statistics and cell.split == "micro2":
-            args += ["--split-batch-statistics"]
-        return int(plan_json(args)["minimum_budget_bytes"])
+                "--profile", self.cpu_profile(cell)]
+        train_args = self.config_args(cell, policy, None)
+        for flag in ("--micro-batches", "--chunks"):
+            if flag in train_args:
+                args += [flag, train_args[train_args.index(flag) + 1]]
+        for flag in ("--split-batch-statistics", "--relu-bits"):
+            if flag in train_args:
+                args.append(flag)
+        return args
 
     def budget(self, cell: Cell) -> int | None:
         """The cell's rung as bytes (None: no budget)."""
@@ -340,20 +346,10 @@ class Runner:
         `peak_device_bytes`."""
         if cell.policy == "dyn" and budget is not None:
             return self._dyn_peak(cell, budget)
-        policy = "none" if cell.policy == "dyn" else cell.policy
-        args = ["plan", "--json", "--model", FAMILIES[cell.family].path,
-                "--image-size", str(IMAGE_SIZE), "--num-classes", "10",
-                "--batch", str(BATCH // cell.ranks), "--policy", policy,
-                "--precision", cell.precision, "--layout", cell.layout,
-                "--profile", self.cpu_profile(cell), "--prefetch-lookahead", "1"]
-        if cell.encoding == "bits":
-            args += ["--relu-bits"]
+        args = self.plan_args(cell, "none" if cell.policy == "dyn" else cell.policy)
+        args += ["--prefetch-lookahead", "1"]
         if budget is not None:
             args += ["--memory-budget", str(budget)]
-        if cell.split == "micro2":
-            args += ["--micro-batches", "2"]
-            if FAMILIES[cell.family].batch_statistics:
-                args += ["--split-batch-statistics"]
         return plan_json(args)["plan"]["peak_device_bytes"]
 
     def _dyn_least(self, cell: Cell) -> int:
@@ -371,15 +367,14 @@ class Runner:
         from minidnn.planner.dyn import RUN_INPUT_BATCHES, DynPolicy
         fam = FAMILIES[cell.family]
         net = models.build(fam.path, num_classes=10, image_size=IMAGE_SIZE)
-        forced = fam.chunk if cell.split == "chunks" else None
+        micro_batches, chunks = forced_split(cell, cell.split)
         policy = DynPolicy(input_batches=RUN_INPUT_BATCHES,
-                           chunks=() if cell.ranks > 1 and forced is None else None)
+                           chunks=() if cell.ranks > 1 and chunks is None else None)
         decide(net, BATCH // cell.ranks, policy, budget, device="cpu",
                precision=cell.precision, layout=cell.layout,
-               relu_bits=cell.encoding == "bits",
-               micro_batches=2 if cell.split == "micro2" else None,
-               split_batch_statistics=fam.batch_statistics and cell.split == "micro2",
-               chunks=(forced,) if forced else None)
+               relu_bits=cell.encoding == "bits", micro_batches=micro_batches,
+               split_batch_statistics=fam.batch_statistics and micro_batches is not None,
+               chunks=chunks)
         return int(policy.result.best.peak_bytes)
 
 
@@ -431,11 +426,9 @@ def check_cell(runner: Runner, cell: Cell) -> None:
         predicted = runner.predicted_peak(cell, budget)
         assert peak == predicted, f"{cell.id}: measured peak {peak} B, predicted {predicted} B " \
                                   f"({peak - predicted:+d} B)"
-    ran_split = split_of(report)
-    if ran_split is not None:
-        reference = runner.reference(cell, ran_split)
-        assert_same_bits(out, reference, cell)
-    if not (ran_split == "micro2" and FAMILIES[cell.family].batch_statistics):
+    ran = (report["micro_batches"], tuple(tuple(c) for c in report["chunks"]))
+    assert_same_bits(out, runner.reference(cell, ran), cell)
+    if not (ran[0] > 1 and FAMILIES[cell.family].batch_statistics):
         # (BatchNorm over split micro-batches normalizes each with its own statistics: it
         # computes something else, by the user's leave, and is compared with itself only.)
         whole = runner.reference(cell, "whole")
@@ -466,19 +459,17 @@ def assert_refused(out: Outcome, cell: Cell, budget: int) -> None:
         assert "memory budget" in str(out.error), f"{cell.id}: {out.error}"
 
 
-def split_of(report: dict) -> str | None:
-    """The split a run ran, as a cell names it; None for one the matrix has no reference of
-    (dyn's own choice of micro-batches or chunks other than the cell's)."""
-    k, chunks = report["micro_batches"], [tuple(c) for c in report["chunks"]]
-    if k == 1 and not chunks:
-        return "whole"
-    if k == 2 and not chunks:
-        return "micro2"
-    if k == 1 and len(chunks) == 1:
-        fam = next(f for f in FAMILIES.values() if f.chunk == chunks[0]) \
-            if any(f.chunk == chunks[0] for f in FAMILIES.values()) else None
-        return "chunks" if fam is not None else None
-    return None
+def forced_split(cell: Cell, split) -> tuple:
+    """(micro-batches, layer chunks) a run is told, None where dyn chooses: from a cell's
+    split name ('whole': nothing forced, 'micro2': 2 micro-batches, 'chunks': the family's
+    layer chunk), or a (micro-batches, chunks) pair a run reported, both forced."""
+    if split == "whole":
+        return None, None
+    if split == "micro2":
+        return 2, None
+    if split == "chunks":
+        return None, (FAMILIES[cell.family].chunk,)
+    return split
 
 
 def assert_same_bits(out: Outcome, reference: Outcome, cell: Cell) -> None:

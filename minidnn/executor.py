@@ -312,6 +312,7 @@ class Executor:
             if params:
                 self._held_bufs.append(self.allocator.alloc(nbytes,
                                                             "parameters and their gradients"))
+            self._place_buffers()   # BatchNorm's running statistics are held as well
             return
         if any(p.data is None for _, p in params):
             # Initialize what is missing; values already loaded (a partial state dict) stay.

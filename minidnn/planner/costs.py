@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
+from ..memory.allocator import aligned
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
 FORWARD_LIKE = ("forward", "recompute")   # a recomputation is a forward call run again
@@ -237,13 +238,17 @@ def transient_bytes(layer, phase: str) -> int:
     return 0
 
 
-def accumulation_bytes(layer, phase: str, micro_batches: int) -> int:
+def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None) -> int:
     """In a step of several micro-batches, a backward after the first writes its parameter
     gradients into temporaries, all of them at once, and adds them to the accumulated ones
-    (executor.py); those come out of the device allocator on every device."""
-    if phase != "backward" or micro_batches <= 1:
+    (executor.py); so does the backward of every piece of a layer chunk but the last (the
+    first to run backward: piece (j, p) of a chunk node, minidnn/chunks.py). Those come out
+    of the device allocator on every device, one aligned block per gradient."""
+    adds = micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1)
+    if phase != "backward" or not adds:
         return 0
-    return sum(numel(p.shape) for p in layer.params.values()) * layer.dtype.itemsize
+    return sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
+               for p in layer.params.values())
 
 
 def optimizer_transient_bytes(net) -> int:
@@ -254,7 +259,10 @@ def optimizer_transient_bytes(net) -> int:
 
 
 def param_bytes(net) -> int:
-    return sum(numel(p.shape) for _, p in net.parameters()) * net.dtype.itemsize
+    """Bytes of one buffer per parameter taken from the device allocator (SGD's momentum):
+    each is a block of its own, rounded up to the allocator's alignment as the run's are."""
+    return sum(aligned(max(numel(p.shape) * net.dtype.itemsize, 1))
+               for _, p in net.parameters())
 
 
 #: The layers whose weights the GPU's bf16 products read through bf16 copies, kept through

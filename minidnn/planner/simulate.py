@@ -534,7 +534,7 @@ class StepModel:
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
-                           + accumulation_bytes(node.layer, phase, k)
+                           + accumulation_bytes(node.layer, phase, k, node.piece)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks

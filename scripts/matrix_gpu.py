@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""The combination matrix on a GPU: every network at every budget down to its least, each
+run in its own process, with what it promised set beside what it did.
+
+For each model, precision (and, for networks with BatchNorm, with and without
+--split-batch-statistics):
+  1. `minidnn train` without a budget: the unconstrained peak (steady_peak_device_bytes);
+  2. `minidnn train` with a 4 KiB budget: the least budget its refusal names (the figure the
+     user is told, as printed) and `minidnn plan --json`'s minimum_budget_bytes beside it;
+  3. `minidnn train --policy dyn` at each --fractions entry: a fraction of the unconstrained
+     peak, or `least`; each cell a subprocess with a timeout, recording whether it ran to the
+     end, was refused before step one, or failed mid-run (the error line), and, for a run
+     that ended, `minidnn plan --report RUN.json --json`'s predicted peak and step time
+     against the measured ones.
+Targets: no failure mid-run; predicted peak within 3% and step time within 10% of measured.
+
+    python3 scripts/matrix_gpu.py --out runs/matrix                      # the H200 matrix
+    python3 scripts/matrix_gpu.py --out runs/m --models vgg16 --precisions bf16 \\
+        --fractions 0.5,least --time-limit 1800
+    python3 scripts/matrix_gpu.py --out /tmp/m --device cpu --batch 4 --image-size 32 \\
+        --models vgg11 --steps 2                                          # a quick CPU check
+
+Writes OUT/matrix.json (settings, every cell) and OUT/matrix.md (the table). --time-limit
+bounds the whole wall clock: the cells left when it runs out are listed as skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+
+MODELS = ("vgg16", "resnet50", "googlenet", "alexnet", "overfeat")
+#: Networks whose BatchNorm layers normalize with the whole batch's statistics: also run with
+#: --split-batch-statistics, which lets dyn split their batch.
+BATCH_STATISTICS = ("resnet",)
+PEAK_TARGET = 0.03
+STEP_TARGET = 0.10
+#: What a budget error says about where it happened: in a layer call, or in the set-up.
+MID_RUN = re.compile(r"exceeded in (forward|backward|recompute|gradient of .* \(summed\)|"
+                     r"the optimizer|optimizer)")
+
+
+# ---- one run -------------------------------------------------------------------------------------
+def run_minidnn(args: list[str], timeout: float) -> dict:
+    """`python3 -m minidnn ARGS`: {returncode, stdout, stderr, wall_s} or {timed_out}."""
+    t0 = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "minidnn", *args], capture_output=True,
+                              text=True, cwd=ROOT, timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        return {"timed_out": True, "wall_s": round(time.time() - t0, 1)}
+    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def error_line(result: dict) -> str | None:
+    """The one `minidnn: error:` line of a failed run (or its last line, for a crash)."""
+    if result.get("timed_out"):
+        return f"timed out after {result['wall_s']} s"
+    if result.get("returncode") == 0:
+        return None
+    lines = (result.get("stderr") or "").strip().splitlines() or \
+        (result.get("stdout") or "").strip().splitlines() or ["(no output)"]
+    errors = [line for line in lines if line.startswith("minidnn: error:")]
+    return (errors or lines)[-1]
+
+
+def outcome(result: dict) -> str:
+    """'ran', 'refused' (before step one), 'failed mid-run', 'timed out' or 'failed'."""
+    if result.get("timed_out"):
+        return "timed out"
+    if result.get("returncode") == 0:
+        return "ran"
+    line = error_line(result) or ""
+    if "too small for" in line and "the least it can train in" in line:
+        return "refused"
+    if "memory budget exceeded" in line:
+        return "failed mid-run" if MID_RUN.search(line) else "refused"
+    return "failed"
+
+
+def least_named(line: str | None) -> int | None:
+    """The least budget a refusal names (bytes, as printed), or None."""
+    m = re.search(r"the least it can train in is (\S+)", line or "")
+    return parse_bytes(m.group(1)) if m else None
+
+
+class Matrix:
+    """The runs of one invocation: settings, the clock, the cells done."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.started = time.time()
+        self.cells: list[dict] = []
+        self.skipped: list[str] = []
+        os.makedirs(opts.out, exist_ok=True)
+
+    def left_s(self) -> float:
+        return self.opts.time_limit - (time.time() - self.started)
+
+    def train_args(self, model: str, precision: str, split: bool, budget: int | None,
+                   report: str, policy: str) -> list[str]:
+        o = self.opts
+        args = ["train", "--model", model, "--data", "synthetic", "--batch", str(o.batch),
+                "--steps", str(o.steps), "--device", o.device, "--precision", precision,
+                "--policy", policy, "--eval-every", "0", "--eval-batches", "1",
+                "--no-progress", "--log-every", str(o.steps), "--report", report]
+        if o.image_size:
+            args += ["--image-size", str(o.image_size)]
+        if budget is not None:
+            args += ["--memory-budget", str(int(budget))]
+        if o.relu_bits and policy == "dyn":
+            args.append("--relu-bits")
+        if split:
+            args.append("--split-batch-statistics")
+        return args
+
+    def plan_args(self, model: str, precision: str, split: bool) -> list[str]:
+        o = self.opts
+        args = ["plan", "--json", "--model", model, "--batch", str(o.batch),
+                "--precision", precision, "--num-classes", "1000"]
+        if o.image_size:
+            args += ["--image-size", str(o.image_size)]
+        if o.relu_bits:
+            args.append("--relu-bits")
+        if split:
+            args.append("--split-batch-statistics")
+        return args
+
+    def timeout(self) -> float:
+        return min(self.opts.timeout, self.left_s())
+
+    def name(self, model: str, precision: str, split: bool, what: str) -> str:
+        return f"{model}-{precision}{'-split' if split else ''}-{what}"
+
+    # -- a row of the table ------------------------------------------------------------------
+    def row(self, model: str, precision: str, split: bool) -> None:
+        """The unconstrained run, the least budget, then every fraction's cell."""
+        o = self.opts
+        base = dict(model=model, precision=precision, split_batch_statistics=split)
+        path = os.path.join(o.out, self.name(model, precision, split, "none") + ".json")
+        free = run_minidnn(self.train_args(model, precision, split, None, path, "none"),
+                           self.timeout())
+        if outcome(free) != "ran":
+            self.cells.append(dict(base, budget="none", outcome=outcome(free),
+                                   error=error_line(free), wall_s=free["wall_s"]))
+            return
+        with open(path) as f:
+            unconstrained = json.load(f)
+        peak = unconstrained.get("steady_peak_device_bytes") or \
+            unconstrained["peak_device_bytes"]
+        self.cells.append(dict(base, budget="none", budget_bytes=None, outcome="ran",
+                               measured_peak_bytes=peak, images_per_s=unconstrained.get(
+                                   "images_per_s"), wall_s=free["wall_s"]))
+        if self.left_s() <= 0:
+            self.skipped.append(self.name(model, precision, split, "budgets"))
+            return
+        least = self.least_budget(model, precision, split, base)
+        for fraction in o.fractions:
+            label = fraction if fraction == "least" else f"{float(fraction):.0%}"
+            if self.left_s() <= 0:
+                self.skipped.append(self.name(model, precision, split, label))
+                continue
+            budget = least if fraction == "least" else int(float(fraction) * peak)
+            if budget is None:
+                self.cells.append(dict(base, budget=label, outcome="no least budget named"))
+                continue
+            self.cell(model, precision, split, label, budget, base)
+
+    def least_budget(self, model: str, precision: str, split: bool, base: dict) -> int | None:
+        """The figure a too-small budget's refusal names (as printed), with plan's beside it
+        in the cell recorded for it."""
+        path = os.path.join(self.opts.out, self.name(model, precision, split, "probe") + ".json")
+        probe = run_minidnn(self.train_args(model, precision, split, 4096, path, "dyn"),
+                            self.timeout())
+        line = error_line(probe)
+        least = least_named(line)
+        # Planned at an ample budget (1 TiB), which any step fits: its least budget beside.
+        plan = run_minidnn(self.plan_args(model, precision, split)
+                           + ["--memory-budget", str(2**40)], self.timeout())
+        planned = None
+        if plan.get("returncode") == 0:
+            planned = json.loads(plan["stdout"]).get("minimum_budget_bytes")
+        self.cells.append(dict(base, budget="4 KiB probe", outcome=outcome(probe), error=line,
+                               least_from_train_bytes=least, least_from_plan_bytes=planned,
+                               wall_s=probe["wall_s"]))
+        return least
+
+    def cell(self, model: str, precision: str, split: bool, label: str, budget: int,
+             base: dict) -> None:
+        path = os.path.join(self.opts.out, self.name(model, precision, split, label) + ".json")
+        result = run_minidnn(self.train_args(model, precision, split, budget, path, "dyn"),
+                             self.timeout())
+        cell = dict(base, budget=label, budget_bytes=budget, outcome=outcome(result),
+                    error=error_line(result), wall_s=result["wall_s"])
+        if cell["outcome"] == "ran":
+            with open(path) as f:
+                report = json.load(f)
+            cell.update(micro_batches=report.get("micro_batches"), chunks=report.get("chunks"),
+                        images_per_s=report.get("images_per_s"))
+            cell.update(self.compare(model, precision, split, path))
+        self.cells.append(cell)
+
+    def compare(self, model: str, precision: str, split: bool, report: str) -> dict:
+        """`minidnn plan --report RUN.json --json`: predicted against measured."""
+        result = run_minidnn(self.plan_args(model, precision, split) + ["--report", report],
+                             self.timeout())
+        if result.get("returncode") != 0:
+            return {"plan_error": f"plan: {error_line(result)}"}
+        rows = {r["quantity"]: r for r in json.loads(result["stdout"])["comparison"]["rows"]}
+        peak, step = rows["peak device memory"], rows["step time (s)"]
+
+        def within(error, target):
+            return None if error is None else abs(error) <= target
+        return dict(predicted_peak_bytes=peak["predicted"], measured_peak_bytes=peak["measured"],
+                    peak_error=peak["relative_error"], predicted_step_s=step["predicted"],
+                    measured_step_s=step["measured"], step_error=step["relative_error"],
+                    peak_within_target=within(peak["relative_error"], PEAK_TARGET),
+                    step_within_target=within(step["relative_error"], STEP_TARGET))
+
+    # -- output --------------------------------------------------------------------------------
+    def write(self) -> tuple[str, str]:
+        o = self.opts
+        settings = {k: v for k, v in vars(o).items()}
+        data = {"settings": settings, "targets": {"peak": PEAK_TARGET, "step": STEP_TARGET},
+                "cells": self.cells, "skipped": self.skipped,
+                "wall_s": round(time.time() - self.started, 1)}
+        json_path = os.path.join(o.out, "matrix.json")
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=1)
+        md_path = os.path.join(o.out, "matrix.md")
+        with open(md_path, "w") as f:
+            f.write(markdown(data) + "\n")
+        return json_path, md_path
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _size(v) -> str:
+    return "-" if v is None else fmt_bytes(v)
+
+
+def markdown(data: dict) -> str:
+    """The table: one row per cell, then the targets missed and the cells skipped."""
+    s = data["settings"]
+    lines = [f"Combination matrix: batch {s['batch']}, {s['steps']} steps, device {s['device']}"
+             f"{', relu bits' if s['relu_bits'] else ''} (targets: no failure mid-run, peak "
+             f"within {PEAK_TARGET:.0%}, step within {STEP_TARGET:.0%})", "",
+             "| model | precision | budget | outcome | peak predicted | peak measured | error "
+             "| step predicted | step measured | error | least (train / plan) | note |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for c in data["cells"]:
+        model = c["model"] + (" (split statistics)" if c["split_batch_statistics"] else "")
+        budget = c["budget"] + (f" = {fmt_bytes(c['budget_bytes'])}"
+                                if c.get("budget_bytes") else "")
+        step_p = c.get("predicted_step_s")
+        step_m = c.get("measured_step_s")
+        least = ""
+        if "least_from_train_bytes" in c:
+            least = f"{_size(c['least_from_train_bytes'])} / {_size(c['least_from_plan_bytes'])}"
+        note = c.get("error") or c.get("plan_error") or ""
+        if c.get("micro_batches", 1) and c.get("micro_batches", 1) > 1:
+            note = f"{c['micro_batches']} micro-batches " + note
+        if c.get("chunks"):
+            note = f"chunks {c['chunks']} " + note
+        lines.append(
+            f"| {model} | {c['precision']} | {budget} | {c['outcome']} "
+            f"| {_size(c.get('predicted_peak_bytes'))} | {_size(c.get('measured_peak_bytes'))} "
+            f"| {_pct(c.get('peak_error'))} "
+            f"| {'-' if step_p is None else f'{step_p * 1e3:.1f} ms'} "
+            f"| {'-' if step_m is None else f'{step_m * 1e3:.1f} ms'} "
+            f"| {_pct(c.get('step_error'))} | {least} | {note.replace('|', '/')} |")
+    missed = [c for c in data["cells"] if c["outcome"] in ("failed mid-run", "failed",
+                                                            "timed out")]
+    off = [c for c in data["cells"] if c.get("peak_within_target") is False or
+           c.get("step_within_target") is False]
+    lines += ["", f"{len(missed)} cells failed or timed out; {len(off)} ran outside the "
+                  f"peak or step target."]
+    if data["skipped"]:
+        lines.append(f"Skipped at the time limit ({s['time_limit']:g} s): "
+                     f"{', '.join(data['skipped'])}.")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for matrix.json, matrix.md and runs")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--fractions", default="0.75,0.5,0.35,0.25,least",
+                   help="budgets as fractions of the unconstrained peak, and 'least'")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
+    p.add_argument("--no-relu-bits", dest="relu_bits", action="store_false",
+                   help="plan without --relu-bits (default: with them, as users run dyn)")
+    p.add_argument("--time-limit", type=float, default=3 * 3600.0,
+                   help="total wall-clock seconds; the cells left are skipped and listed")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    opts = p.parse_args(argv)
+    opts.models = [m for m in opts.models.split(",") if m]
+    opts.precisions = [m for m in opts.precisions.split(",") if m]
+    opts.fractions = [f for f in opts.fractions.split(",") if f]
+    for f in opts.fractions:
+        if f != "least":
+            try:
+                ok = 0 < float(f) <= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                p.error(f"--fractions: {f!r} is neither a fraction in (0, 1] nor 'least'")
+    return opts
+
+
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    matrix = Matrix(opts)
+    for model in opts.models:
+        splits = (False, True) if model.startswith(BATCH_STATISTICS) else (False,)
+        for precision in opts.precisions:
+            for split in splits:
+                if matrix.left_s() <= 0:
+                    matrix.skipped.append(matrix.name(model, precision, split, "all budgets"))
+                    continue
+                matrix.row(model, precision, split)
+                matrix.write()      # what is done is on disk, whatever comes next
+    json_path, md_path = matrix.write()
+    with open(md_path) as f:
+        print(f.read())
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

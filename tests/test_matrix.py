@@ -1,0 +1,116 @@
+"""The combination matrix on the CPU (tests/matrix_cells.py says what a cell is and what it
+must show): a sample of cells drawn with a fixed seed in every run, the whole product only
+under the `slow` marker with MINIDNN_FULL_MATRIX=1 (about 800 cells: many minutes on 2
+cores). The cells that fail today are marked strict expected failures with their cause."""
+import os
+
+import pytest
+
+from matrix_cells import FAMILIES, Cell, Runner, all_cells, check_cell, least_named, \
+    sample_cells
+
+FULL = os.environ.get("MINIDNN_FULL_MATRIX", "") not in ("", "0")
+
+
+def known_failure(cell: Cell) -> str | None:
+    """Why a cell fails today (None: it must pass)."""
+    if FAMILIES[cell.family].batch_statistics and cell.ranks > 1:
+        return ("ranks with BatchNorm: each rank updates the running statistics from its own "
+                "half of the batch and nothing synchronizes them, so the run ends with 'ranks "
+                "hold different parameters at the end' (the cell's reference run included)")
+    if cell.policy == "dyn" and cell.split == "micro2" and cell.rung == "least" and \
+            cell.ranks == 1 and not FAMILIES[cell.family].batch_statistics:
+        return ("the least budget dyn names with --micro-batches forced is that of the "
+                "unchunked passes (planner/split.py: the refusal's minimum is taken over the "
+                "options planned, and layer chunks are weighed only under a budget that "
+                "fits), so 1% below it trains: dyn then runs the passes with a layer chunk "
+                "(tiny_vgg: 2 x 4 with conv1_1..pool1 in 2 pieces trains in 80% of the "
+                "figure named)")
+    if dropout_scratch_at_the_peak(cell):
+        return ("a rank draws the dropout masks of the whole global batch (its scratch block "
+                "is scratch_bytes(shape, global_batch): executor._scratch_blocks), but the step "
+                "model plans a rank's step at the rank's batch (neither decide nor `minidnn "
+                "plan` knows the global batch), so the block is undercounted where it lies at "
+                "the peak: here 3072 B more than predicted (130048 B against 126976 B under "
+                "policy none), and a budget between the two fails mid-run on a rank; dyn's "
+                "least budget over ranks (a step of micro-batches) fails mid-run alike")
+    return None
+
+
+def dropout_scratch_at_the_peak(cell: Cell) -> bool:
+    """The cells, run and checked, where a rank's undercounted dropout scratch block lies at
+    the peak: tiny_googlenet (its dropout's draws sit beside the classifier's summed
+    gradients) over two ranks, in bf16 micro-batches of 2 under none, conv and dyn, and at
+    dyn's least budget with the micro-batches dyn chooses."""
+    if cell.family != "googlenet" or cell.ranks != 2 or cell.rung == "none":
+        return False
+    return (cell.precision == "bf16" and cell.split == "micro2" and cell.policy != "all") or \
+        (cell.policy == "dyn" and cell.rung == "least" and cell.split == "whole")
+
+
+def cells_with_marks(cells):
+    marks = []
+    for cell in cells:
+        reason = known_failure(cell)
+        marks.append(pytest.param(cell, id=cell.id, marks=() if reason is None else
+                                  pytest.mark.xfail(strict=True, reason=reason)))
+    return marks
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("matrix")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIDNN_CACHE", str(folder / "cache"))   # the profiles dyn measures
+        yield Runner(folder)
+
+
+@pytest.mark.parametrize("cell", cells_with_marks(sample_cells(count=18, two_rank_count=2,
+                                                               seed=29)))
+def test_a_sampled_cell_runs_as_planned_or_is_refused_before_step_one(runner, cell):
+    check_cell(runner, cell)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FULL, reason="the whole product: set MINIDNN_FULL_MATRIX=1")
+@pytest.mark.parametrize("cell", cells_with_marks(all_cells()))
+def test_every_cell_runs_as_planned_or_is_refused_before_step_one(runner, cell):
+    check_cell(runner, cell)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a vDNN policy (none, all, conv) is never weighed against the budget before step one: "
+    "the executor takes the static region and the parameters up front, but the temporaries "
+    "a step takes (here the gradient of a branch's input, written into a temporary and "
+    "summed: memory/manager.py backward_buffers) come out of the arena only in backward, "
+    "so 1% below what the policy needs trains a forward first and fails mid-step"))
+def test_a_vdnn_policy_below_what_it_needs_is_refused_before_step_one(runner):
+    cell = Cell("googlenet", "fp32", "nchw", "conv", "least", "whole", 1)
+    need = runner.least_budget(cell)
+    assert runner.run(cell, "conv", need).error is None        # what it needs trains
+    below = runner.run(cell, "conv", int(need * 0.99))
+    assert below.error is not None and below.before_step_one, below.error
+
+
+def test_the_least_budget_named_on_the_command_line_is_plans_and_trains(runner):
+    """`minidnn train` refuses too small a budget with one line naming the least budget,
+    `minidnn plan` names the same, and that budget trains."""
+    cell = Cell("vgg", "fp32", "nchw", "dyn", "least", "whole", 1)
+    refused = runner.run(cell, "dyn", 4096)
+    assert refused.before_step_one
+    message = str(refused.error)
+    named = least_named(message)          # the figure as the line prints it
+    assert named >= least_named(refused.error) == runner.least_from_plan(cell)
+    assert runner.run(cell, "dyn", named).error is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the refusal rounds the least budget up to whole MiB below 1 GiB (planner/search.py, "
+    "InfeasibleBudgetError: math.ceil(minimum / 2**20)): this network needs about 213 KiB "
+    "and is told 1MiB, so 1% less than the figure it is told still trains"))
+def test_one_percent_below_the_least_budget_on_the_command_line_is_refused(runner):
+    cell = Cell("vgg", "fp32", "nchw", "dyn", "least", "whole", 1)
+    refused = runner.run(cell, "dyn", 4096)
+    named = least_named(str(refused.error))
+    below = runner.run(cell, "dyn", int(named * 0.99))
+    assert below.error is not None and below.before_step_one

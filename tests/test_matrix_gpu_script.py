@@ -1,0 +1,49 @@
+"""scripts/matrix_gpu.py at tiny sizes on the CPU: every cell recorded, the table and JSON
+written, the time limit honoured."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "matrix_gpu.py")
+
+
+def matrix(out, *args, timeout=300):
+    return subprocess.run([sys.executable, SCRIPT, "--out", str(out), "--device", "cpu",
+                           "--batch", "4", "--image-size", "32", "--models", "vgg11",
+                           "--precisions", "fp32", "--steps", "2", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_gpu_matrix_runs_on_the_cpu_at_tiny_sizes(tmp_path):
+    r = matrix(tmp_path, "--fractions", "least")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    cells = {c["budget"]: c for c in data["cells"]}
+    assert cells["none"]["outcome"] == "ran" and cells["none"]["measured_peak_bytes"] > 0
+    probe = cells["4 KiB probe"]
+    assert probe["outcome"] == "refused" and probe["least_from_train_bytes"] > 0
+    assert probe["least_from_plan_bytes"] > 0
+    assert "the least it can train in" in probe["error"]
+    assert cells["least"]["outcome"] == "ran"      # the least budget the refusal names trains
+    assert cells["least"]["budget_bytes"] == probe["least_from_train_bytes"]
+    table = (tmp_path / "matrix.md").read_text()
+    assert table.count("| vgg11 | fp32 |") == 3 and "0 cells failed" in table
+
+
+def test_cells_past_the_time_limit_are_skipped_and_listed(tmp_path):
+    r = matrix(tmp_path, "--fractions", "least", "--time-limit", "0")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    assert data["cells"] == [] and data["skipped"] == ["vgg11-fp32-all budgets"]
+    assert "Skipped at the time limit (0 s): vgg11-fp32-all budgets." in \
+        (tmp_path / "matrix.md").read_text()
+
+
+def test_a_fraction_that_is_not_one_is_refused(tmp_path):
+    r = matrix(tmp_path, "--fractions", "1.5")
+    assert r.returncode == 2 and "--fractions: '1.5' is neither" in r.stderr

@@ -80,28 +80,8 @@ from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runna
 from .memory.record import layout_for_step
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
+from .spec import StepSpec, check_micro_batches
 from .step_graph import StepGraphs, capturable
-
-
-def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
-    """micro_batches as an int, checked: it divides the batch (passes of equal size, so each
-    pass's mean loss weighs the same), and a network whose layers compute whole-batch
-    statistics splits only when `allow_statistics`. ConfigError otherwise."""
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
-            or micro_batches < 1:
-        raise ConfigError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
-    k = int(micro_batches)
-    if batch % k:
-        raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
-                          f"micro-batches")
-    stats = net.batch_statistics_layers()
-    if k > 1 and stats and not allow_statistics:
-        raise ConfigError(f"network {net.name!r} has layers that normalize with the whole "
-                          f"batch's statistics ({', '.join(stats)}): split into {k} "
-                          f"micro-batches they would see {batch // k} images each and train "
-                          f"differently; allow it explicitly (split_batch_statistics, "
-                          f"--split-batch-statistics) or do not split")
-    return k
 
 
 class Executor:
@@ -158,37 +138,32 @@ class Executor:
     them back to host memory and releases the device memory.
     """
 
-    def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
-                 trace: bool = False, compute: bool = True,
-                 host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool | None = None,
-                 allocator: Allocator | None = None, host: Allocator | None = None,
-                 input_grad: bool = False, split_batch_statistics: bool = False,
-                 batch_offset: int = 0, global_batch: int | None = None,
-                 plan: LivenessPlan | None = None, blocks=None, graphs: bool = True):
+    def __init__(self, net: Network, spec: StepSpec | int, decision: MemoryDecision | None = None,
+                 device: str | Device = "auto", seed: int = 0, trace: bool = False,
+                 compute: bool = True, host_limit: int | str | None = None,
+                 input_grad: bool = False, allocator: Allocator | None = None,
+                 host: Allocator | None = None, plan: LivenessPlan | None = None, blocks=None,
+                 **settings):
         self.net = net
-        self.batch = int(batch)
-        self.batch_offset = int(batch_offset)
-        self.global_batch = self.batch if global_batch is None else int(global_batch)
-        if not 0 <= self.batch_offset <= self.global_batch - self.batch:
-            raise ConfigError(f"rows {self.batch_offset}..{self.batch_offset + self.batch} do "
-                              f"not lie in a global batch of {self.global_batch}")
+        self.decision = decision = NO_DECISION if decision is None else decision
+        check_runnable(decision)
+        self.spec = spec = self._spec(spec, settings)
+        self.batch = spec.batch
+        self.batch_offset = spec.batch_offset
+        self.global_batch = spec.global_batch
         self.device = device if isinstance(device, Device) else select_device(device)
         self.xp = self.device.xp
         self.seed = int(seed)
         self.compute = bool(compute)
-        if isinstance(memory_budget, str):
-            memory_budget = parse_bytes(memory_budget)
         if isinstance(host_limit, str):
             host_limit = parse_bytes(host_limit)
-        self.decision = decision = NO_DECISION if decision is None else decision
-        check_runnable(decision)
         self.micro_batches = check_micro_batches(net, self.batch, decision.micro_batches,
-                                                 split_batch_statistics)
+                                                 spec.split_batch_statistics)
         self.micro_batch = self.batch // self.micro_batches  # images in one pass
         self.prefetch_lookahead = int(decision.prefetch_lookahead)
-        self.memory_budget = memory_budget
+        self.memory_budget = memory_budget = spec.memory_budget
+        static_layout = spec.static_layout
+        math, deterministic, graphs = spec.math, spec.deterministic, spec.graphs
         self.kernels = kernels.for_device(self.device)
         if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
             opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
@@ -212,8 +187,6 @@ class Executor:
             self._check_conv_plans()
             self._bias_deferred, self._relu_bias = self._bias_relu()
             self._relu_in_bn, self._relu_done = self._bn_relu()
-            if static_layout is None:
-                static_layout = memory_budget is not None
             self.allocator = allocator if allocator is not None else \
                 self._make_allocator(memory_budget)
             self._place_parameters()
@@ -257,6 +230,21 @@ class Executor:
         self._closed = False
         self._step_keys = None         # while a step is captured: its dropout keys' table
         self._graphs = self._step_graphs(scratch) if graphs else None
+
+    def _spec(self, spec, settings: dict) -> StepSpec:
+        """The StepSpec this executor runs: `spec`, or the keyword form (a batch size and the
+        spec's fields, filled in from the decision's spec where it has one). A decision made
+        for another spec is refused."""
+        made_for = self.decision.spec
+        if not isinstance(spec, StepSpec) and made_for is not None:
+            spec = made_for.replace(batch=spec, **settings)
+        else:
+            spec = StepSpec.coerce(spec, settings)
+        if made_for is not None and made_for != spec:
+            raise ConfigError(f"the memory decision was made for {made_for}, not for this "
+                              f"executor's {spec}: decide again for this spec "
+                              f"(minidnn/decide.py)")
+        return spec
 
     def _step_graphs(self, scratch: dict):
         """The StepGraphs that replay train_step (minidnn/step_graph.py), where a step can be

@@ -38,6 +38,7 @@ from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optim
 from .chunks import describe
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
+from .spec import StepSpec
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
@@ -245,21 +246,21 @@ def resolve_image_size(cfg: TrainConfig) -> int:
 def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     """The executor a run trains on (on `device`, a backend.Device, or on cfg.device); with
     `dp` (a distributed.DataParallel), on this rank's share of the batch."""
-    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
-    policy = cfg.policy
+    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch, ranks=dp.size) \
+        if dp else {}
+    policy, chunks = cfg.policy, cfg.chunks
     if policy == "dyn":
         from .planner.dyn import RUN_INPUT_BATCHES, DynPolicy
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES)
         # A data-parallel step does not run layer chunks (distributed/data_parallel.py).
-        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES,
-                           chunks=() if dp and cfg.chunks is None else None)
-    return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
-                          seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
-                          prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                          deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
-                          micro_batches=cfg.micro_batches, chunks=cfg.chunks,
-                          split_batch_statistics=cfg.split_batch_statistics,
-                          precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
-                          **share)
+        chunks = () if dp and chunks is None else chunks
+    spec = StepSpec(batch=dp.local_batch if dp else cfg.batch, memory_budget=cfg.memory_budget,
+                    policy=policy, prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
+                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                    micro_batches=cfg.micro_batches, chunks=chunks,
+                    split_batch_statistics=cfg.split_batch_statistics,
+                    precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs, **share)
+    return build_executor(net, spec, device=device or cfg.device, seed=cfg.seed)
 
 
 class StepTimer:

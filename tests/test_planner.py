@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from minidnn.spec import StepSpec
 from minidnn import Network, SGD
 from minidnn.errors import ConfigError, MemoryBudgetError
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
@@ -316,7 +317,7 @@ def test_a_planned_run_trains_within_its_budget_on_the_cpu(tmp_path):
     net = conv_chain(channels=8, size=16)
     batch = 8
     policy = DynPolicy(device="cpu", cache_dir=tmp_path, input_batches=0)
-    prof = policy.profile_for(net, batch)
+    prof = policy.source.at(net, batch)
     probe = Planner(net, batch, prof, input_batches=0)
     budget = (probe.minimum_budget() + probe.baseline("none").required_bytes) // 2
     net.init_params(0)
@@ -335,10 +336,12 @@ def test_a_planned_run_trains_within_its_budget_on_the_cpu(tmp_path):
 
 def test_the_executor_can_tell_dyn_what_it_runs_with():
     policy = DynPolicy(gpu="h200")
-    policy.bind(device="cpu", prefetch_lookahead=0, static_layout=False)
-    assert (policy.device, policy.prefetch_lookahead, policy.static_layout) == ("cpu", 0, False)
-    policy.bind(device="gpu")                       # a device given at construction stays
-    assert policy.device == "cpu"
+    spec = StepSpec(batch=8, prefetch_lookahead=0, static_layout=False)
+    policy.bind(spec, device="cpu")
+    assert (policy.source.device, policy.spec.prefetch_lookahead,
+            policy.spec.static_layout) == ("cpu", 0, False)
+    policy.bind(spec, device="gpu")                 # a device given at construction stays
+    assert policy.source.device == "cpu"
 
 
 def test_a_fixed_decision_is_run_as_given():

@@ -607,6 +607,24 @@ class Planner:
                     {j for sid in recompute for j in self.plan.writers(sid)})
         return self._least_step + self.model.micro_batches * again
 
+    def describe_step(self) -> str:
+        """'vgg16 at batch 256 in 4 micro-batches of 64, layers conv1_1..pool1 in 2 pieces'."""
+        m = self.model
+        what = f"{self.net.name} at batch {self.batch}"
+        if m.micro_batches > 1:
+            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
+                    f"micro-batches of {self.batch}")
+        if m.chunks:
+            what += f", layers {describe(m.chunks)}"
+        return what
+
+    def infeasible_error(self) -> InfeasibleBudgetError:
+        """The error of a budget below this step's least (which it names)."""
+        m = self.model
+        return InfeasibleBudgetError(self.minimum_budget(), self.budget, self.describe_step(),
+                                     m.param_grad_bytes + m.extra_bytes,
+                                     self._lookahead_hint(), bool(m.conv_names))
+
     def run(self, prune: bool = True, bound: float | None = None) -> PlanResult:
         """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False
         leaves every decision found unpruned (the greedy search's too): `finish` prunes the
@@ -617,16 +635,9 @@ class Planner:
         t0 = time.perf_counter()
         m = self.model
         minimum = self.minimum()
-        what = f"{self.net.name} at batch {self.batch}"
-        if m.micro_batches > 1:
-            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
-                    f"micro-batches of {self.batch}")
-        if m.chunks:
-            what += f", layers {describe(m.chunks)}"
+        what = self.describe_step()
         if not minimum.fits:
-            static = m.param_grad_bytes + m.extra_bytes
-            raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
-                                        self._lookahead_hint(), bool(m.conv_names))
+            raise self.infeasible_error()
         baselines = _Baselines(self)
         if not self.bulk:   # evaluated now, so that the search may pick one; in bulk, if read
             for policy in ("none", "conv", "all"):

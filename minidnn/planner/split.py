@@ -125,7 +125,10 @@ class SplitOption:
     `error` says so, or it was not planned, `skipped` says why); minimum_budget: the least
     budget at this count over the lookaheads tried; pruned: whether the result's fastest
     decision was pruned (only counts within PRUNE_WITHIN of the fastest are). chunks: the
-    layer chunks each pass runs (MemoryDecision.chunks; () for none).
+    layer chunks each pass runs (MemoryDecision.chunks; () for none). trains: whether the
+    option can be chosen at a budget of its least: False for layer chunks that lower their
+    count's least budget by less than CHUNK_GAIN (they are never planned), whose least
+    budget is then no budget a step trains in.
     """
     micro_batches: int
     batch: int
@@ -137,6 +140,7 @@ class SplitOption:
     error: Exception | None = None
     skipped: str = ""
     pruned: bool = False
+    trains: bool = True
 
     @property
     def best(self):
@@ -146,16 +150,29 @@ class SplitOption:
 @dataclass
 class SplitPlan:
     """What plan_split found: options (one per count tried, in order), chosen (the fastest
-    feasible one, or None), minimum_budget (the least over every count)."""
+    feasible one, or None), minimum_budget (the least budget a step trains in: the least
+    over every option that can be chosen, SplitOption.trains)."""
     options: list
     chosen: SplitOption | None
     minimum_budget: int
     seconds: float = 0.0
 
     def infeasible_error(self):
-        """The InfeasibleBudgetError of the count with the least minimum (when none fits)."""
-        errors = [o.error for o in self.options if o.error is not None]
-        return min(errors, key=lambda e: e.minimum) if errors else None
+        """The InfeasibleBudgetError (when nothing fits) of the option with the least budget
+        a step trains in: the one minimum_budget names."""
+        least = _least(self.options)
+        if least is None:
+            return None
+        if least.error is not None and least.error.minimum == least.minimum_budget:
+            return least.error
+        return least.planner.infeasible_error()
+
+
+def _least(options: list) -> SplitOption | None:
+    """The option that can be chosen (`trains`) with the least budget (the first of
+    equals), or None."""
+    able = [o for o in options if o.trains and o.planner is not None]
+    return min(able, key=lambda o: o.minimum_budget) if able else None
 
 
 def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
@@ -228,7 +245,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                      [la for la in lookaheads if la != chosen.lookahead], options,
                      bound=_bound(chosen))
     chosen = _prune_the_close(found, chosen)
-    least = min(o.minimum_budget for o in found)
+    least = min(o.minimum_budget for o in found if o.trains)
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
                      seconds=time.perf_counter() - t0)
 
@@ -333,9 +350,11 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
             _plan_option(more, net, prof, budget, [lookahead], options, run=False)
             compute = least_step_s(prof, more.micro_batches, names)
             out.append(more)
+            # Too small a gain is never planned, whatever the budget: no step trains in it.
+            more.trains = more.minimum_budget <= option.minimum_budget * (1 - CHUNK_GAIN)
             if more.minimum_budget > budget:
                 more.skipped = "does not fit"
-            elif more.minimum_budget > option.minimum_budget * (1 - CHUNK_GAIN):
+            elif not more.trains:
                 more.skipped = f"lowers the least budget by less than {CHUNK_GAIN:.0%}"
             elif chosen is not None and compute >= chosen.best.step_time_s:
                 more.skipped = "its compute alone is slower than the plan chosen"

@@ -54,3 +54,16 @@ def test_plan_reports_the_least_budget_a_run_refuses_below(monkeypatch):
         assert ex.simulate_step()["peak_device_bytes"] <= least
     finally:
         ex.close()
+
+
+def test_the_least_budget_leaves_out_chunks_that_are_never_planned():
+    """Layer chunks that lower their count's least budget by less than CHUNK_GAIN are never
+    planned (split.py), so their least budget is no budget a step trains in."""
+    from minidnn.planner.split import SplitOption, _least
+    count = SplitOption(micro_batches=4, batch=16, minimum_budget=1000)
+    small_gain = SplitOption(micro_batches=4, batch=16, chunks=(("a", "b", 2),),
+                             minimum_budget=990, trains=False)
+    gain = SplitOption(micro_batches=2, batch=32, chunks=(("a", "b", 2),),
+                       minimum_budget=995)
+    assert _least([count, small_gain]) is count
+    assert _least([count, small_gain, gain]) is gain

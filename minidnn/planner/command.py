@@ -37,7 +37,7 @@ from ..memory.policy import get_policy, relu_bits_for
 from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
 from .planning import ProfileSource, plan_step
-from .search import LOOKAHEADS
+from .search import LOOKAHEADS, budget_to_give
 from .split import PRUNE_WITHIN, micro_batch_counts
 from .timeline import bytes_by_layer, timeline_data
 
@@ -371,7 +371,7 @@ def make_plan(args) -> dict:
     maps = MapFormat(s["layout"], s["precision"])
     source, line = _profile_source(args, s, report)
     source.host_link_gbps = args.host_link_gbps
-    prof = source.measured_at(net, batch, relu_bits, maps)
+    prof = source.pass_profile(net, batch, batch, relu_bits, maps)    # the step's own
     line = line.format(device=prof.device_name, math=prof.math)
     if args.host_link_gbps:
         line += f"; host link {args.host_link_gbps:g} GB/s each way"
@@ -589,7 +589,8 @@ def format_plan(out: dict) -> str:
         f"images/s); compute alone {p['compute_time_s'] * 1e3:.1f} ms; no schedule of these "
         f"copies beats {p['lower_bound_s'] * 1e3:.1f} ms = max(compute, bytes moved / "
         f"bandwidth at {out['bandwidth']['d2h'] / 1e9:.0f} GB/s)",
-        f"minimum feasible budget: {fmt_bytes(out['minimum_budget_bytes'])}",
+        f"minimum feasible budget: {fmt_bytes(out['minimum_budget_bytes'])} (give "
+        f"--memory-budget {budget_to_give(out['minimum_budget_bytes'])} or more)",
         "", "the alternatives (predicted):",
         f"  {'configuration':<52}{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}  fits"]
     for a in out["alternatives"]:

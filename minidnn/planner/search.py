@@ -77,6 +77,14 @@ class NothingFaster(Exception):
     caller already has a better plan (planner/split.py: another micro-batch count)."""
 
 
+def budget_to_give(minimum: int) -> str:
+    """The least budget as --memory-budget takes it, rounded up so that it trains:
+    '2.02GiB', '300MiB'."""
+    if minimum >= 2**30:
+        return f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"
+    return f"{math.ceil(minimum / 2**20)}MiB"
+
+
 class InfeasibleBudgetError(MemoryBudgetError):
     """No decision fits the budget. `minimum` is the least budget that works (bytes)."""
 
@@ -84,10 +92,7 @@ class InfeasibleBudgetError(MemoryBudgetError):
                  hint: str = "", has_convs: bool = True):
         self.requested, self.in_use, self.budget, self.where = minimum, 0, budget, what
         self.minimum = minimum
-        if minimum >= 2**30:
-            suggest = f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"  # rounded up
-        else:
-            suggest = f"{math.ceil(minimum / 2**20)}MiB"
+        suggest = budget_to_give(minimum)
         convs = ", every convolution on its memory-optimal plan" if has_convs else ""
         MinidnnError.__init__(
             self, f"memory budget {fmt_bytes(budget)} is too small for {what}: the least it "

@@ -161,7 +161,7 @@ class SplitPlan:
         """The InfeasibleBudgetError (when nothing fits) of the option with the least budget
         a step trains in: the one minimum_budget names."""
         least = _least(self.options)
-        if least is None:
+        if least is None or least.planner is None:
             return None
         if least.error is not None and least.error.minimum == least.minimum_budget:
             return least.error
@@ -171,7 +171,7 @@ class SplitPlan:
 def _least(options: list) -> SplitOption | None:
     """The option that can be chosen (`trains`) with the least budget (the first of
     equals), or None."""
-    able = [o for o in options if o.trains and o.planner is not None]
+    able = [o for o in options if o.trains]
     return min(able, key=lambda o: o.minimum_budget) if able else None
 
 
@@ -245,7 +245,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                      [la for la in lookaheads if la != chosen.lookahead], options,
                      bound=_bound(chosen))
     chosen = _prune_the_close(found, chosen)
-    least = min(o.minimum_budget for o in found if o.trains)
+    least = _least(found).minimum_budget
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
                      seconds=time.perf_counter() - t0)
 

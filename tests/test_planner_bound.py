@@ -3,6 +3,9 @@ fit, the residency read off the manager's log, and the liveness plan its dry run
 import numpy as np
 import pytest
 
+from minidnn.assembly import Assembly, DryParts
+from minidnn.memory.policy import NO_DECISION
+from minidnn.spec import StepSpec
 from minidnn import models
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
@@ -86,10 +89,13 @@ def test_residency_is_what_the_manager_holds_at_the_start_of_each_call():
 def test_an_executor_runs_by_a_liveness_plan_it_is_given_only_if_it_is_its_own():
     net = models.build("vgg16", num_classes=10, image_size=64)
     plan = LivenessPlan(net, 4)
-    ex = Executor(net, 4, device="cpu", compute=False, plan=plan)
+    def dry(batch):
+        return Executor.assembled(Assembly(net, StepSpec(batch=batch), NO_DECISION, "cpu",
+                                           compute=False, dry=DryParts(plan=plan)))
+    ex = dry(4)
     assert ex.plan is plan
     with pytest.raises(ConfigError, match="liveness plan"):
-        Executor(net, 8, device="cpu", compute=False, plan=plan)
+        dry(8)
 
 
 def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_prediction(

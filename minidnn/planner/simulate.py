@@ -55,7 +55,9 @@ import numpy as np
 
 from ..backend import Device
 from ..chunks import as_chunks
+from ..assembly import Assembly, DryParts
 from ..executor import Executor
+from ..spec import StepSpec
 from ..step_graph import capturable
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
@@ -307,10 +309,10 @@ def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
                               prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
                               precision=maps.precision, layout=maps.layout,
                               chunks=tuple(chunks))
-    return Executor(net, batch, device=device, decision=decision, memory_budget=None,
-                    compute=False, static_layout=static_layout,
-                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
-                    global_batch=global_batch, plan=plan, blocks=blocks)
+    spec = StepSpec(batch=batch, static_layout=static_layout, global_batch=global_batch)
+    dry = DryParts(allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
+                   plan=plan, blocks=blocks)
+    return Executor.assembled(Assembly(net, spec, decision, device, compute=False, dry=dry))
 
 
 # ---- results -------------------------------------------------------------------------------------

@@ -57,69 +57,65 @@ from dataclasses import replace
 
 import numpy as np
 
-from .assembly import SET_UP, Assembly, layout_keep, resolve_spec
+from .assembly import SET_UP, Assembly, resolve_spec
 from .backend import Device, to_numpy
 from .errors import ConfigError, DataError, ShapeError
 from .layers import precision as mixed
 from .layers.base import StepContext
-from .memory.arena import Arena
 from .memory.observer import ObserverGroup
 from .memory.policy import NO_DECISION, MemoryDecision
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
 from .spec import StepSpec
-from .step_graph import StepGraphs, capturable
+from .step_graph import step_graphs
+
+
+def check_step_inputs(net: Network, plan, batch: int, x, labels) -> None:
+    """x (batch, C, H, W) and labels (batch,) integers below the classes of `net` (its
+    `plan` says how many); ShapeError or DataError otherwise."""
+    want = (batch,) + net.input_shape
+    if tuple(x.shape) != want:
+        raise ShapeError(f"input 'data' of network {net.name!r} must have shape {want} "
+                         f"(batch, channels, height, width), got {tuple(x.shape)}")
+    if tuple(labels.shape) != (batch,):
+        raise ShapeError(f"input 'label' must have shape ({batch},), "
+                         f"got {tuple(labels.shape)}")
+    if isinstance(labels, np.ndarray):  # device labels come from our own generators
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise DataError(f"labels must be integers, got dtype {labels.dtype}")
+        k = plan.tensors[net.output].shape[-1]
+        if labels.size and (labels.min() < 0 or labels.max() >= k):
+            bad = labels[(labels < 0) | (labels >= k)][0]
+            raise DataError(f"label {bad} is out of range: network {net.name!r} has "
+                            f"{k} classes (labels 0..{k - 1})")
+
+
+def mean_of_passes(losses):
+    """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
+    total = losses[0]
+    for loss in losses[1:]:
+        total = total + loss
+    return total / len(losses)
 
 
 class Executor:
-    """Training and evaluation steps of `net` at a fixed batch size on one device.
+    """Training and evaluation steps of `net` for one StepSpec on one device.
 
-    memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    decision: the finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep
-    every map, prefetch one layer ahead). Its conv plan settings reach the convolutions
-    through the StepContext; the layers keep their own. trace: keep a trace.Tracer in
-    `self.tracer`.
-    compute=False: dry run (simulate_step only).
-    static_layout: place every feature-map block at an address planned before step one
-    (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
-    None (default): planned when a memory budget is given, where fragmentation can make a
-    step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
-    across the step, which gives a lower peak.
-    The decision's `relu_bits` ReLUs keep one bit per value instead of their output
-    (layers/relu.py; lossless): the liveness plan is made with them and they reach the ReLUs
-    through the StepContext; the layers keep their own setting.
-    host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
-    math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
-    the kernel module, so it stays in force for later executors too).
-    allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
-    use instead of the ones the executor would make (the planner's step model gives a dry run
-    its recording allocator this way).
-    input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
-    the data-gradient pass of the first layers and one input-sized buffer.
-    The decision's `micro_batches` (which must divide the batch) runs each training step as
-    that many passes of batch / micro_batches images, gradients accumulated, one optimizer
-    update. split_batch_statistics: allow that in a network with a layer whose result
-    depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
-    micro-batch's statistics instead of the batch's; without it such a split is an error.
-    The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
-    stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
-    out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
-    'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
-    layers/precision.py runs layers on them).
-    batch_offset / global_batch: this executor's batch is rows batch_offset .. batch_offset
-    + batch of a larger global batch (one rank's share in data-parallel training); layers that
-    draw per row (dropout) draw for the global batch and use these rows. Default: the batch
-    is the whole batch.
-    plan: the LivenessPlan to run by, instead of making one: it must be this network's at the
-    pass batch, with the decision's ReLU bit masks and map format and this `input_grad`
-    (ConfigError otherwise). The plan never changes once made, so the planner's step model
-    shares one among the thousands of dry runs it makes.
-    blocks: a dry run with the static layout only: the feature-map blocks to take instead of
-    planning a layout (none is recorded or packed, and no region is taken): the planner's
-    step model passes blocks that record the intervals of the step it walks, and packs them
-    afterwards (planner/recorded.py), so that one walk gives both.
-    graphs: on the GPU, replay train_step from a CUDA graph of an earlier step where the step
-    allows it (minidnn/step_graph.py: same bits, far less host work); False: never.
+    spec: the StepSpec (minidnn/spec.py: batch, budget, static layout, ranks' rows, graphs,
+    math, deterministic, ...), or a batch size with the spec's fields as keywords
+    (`settings`, filled in from the decision's spec where it has one). decision: the
+    finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep every map,
+    prefetch one layer ahead); one made for another spec is refused. Its conv plan settings,
+    ReLU bit masks and fused pairs reach the layers through the StepContext; the layers keep
+    their own. Its `micro_batches` runs each training step as that many passes, gradients
+    accumulated, one optimizer update; its `layout` and `precision` (kernels/mapformat.py)
+    say how feature maps are stored ('nhwc': 4-D parameters laid out (O, KH, KW, C) on the
+    device, state_dict() still OIHW; 'bf16': maps and their gradients in bfloat16,
+    layers/precision.py). trace: keep a trace.Tracer in `self.tracer`. compute=False: a dry
+    run (simulate_step only). host_limit: bytes of pinned host memory for offloaded maps
+    (None: no limit). input_grad: also compute d loss / d input batch in backward
+    (`input_gradient()`). Everything set up before a step (allocator, parameters, plan,
+    layout, manager) is made by an Assembly (minidnn/assembly.py), which says more.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
@@ -161,24 +157,8 @@ class Executor:
         self._in_step = False
         self._closed = False
         self._step_keys = None         # while a step is captured: its dropout keys' table
-        self._graphs = self._step_graphs(setup.scratch) if self.spec.graphs else None
+        self._graphs = step_graphs(self, setup) if self.spec.graphs else None
 
-    def layout_keep(self) -> tuple:
-        """The tensors the static layout holds to the step's end (assembly.layout_keep)."""
-        return layout_keep(self.net)
-
-    def _step_graphs(self, scratch: dict):
-        """The StepGraphs that replay train_step (minidnn/step_graph.py), where a step can be
-        captured: on the GPU, from the arena, and, when maps move to host memory, in a static
-        layout; else None."""
-        if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
-                or not capturable(bool(self.manager.offload), self.layout is not None):
-            return None
-        draw_layers = {self.plan.nodes[i].layer.index for i, _ in scratch}
-        return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
-                          self.kernels.bind_libraries, self.manager.ordered_by_streams)
-
-    # ---- memory set-up ----------------------------------------------------------------------------
     def close(self) -> None:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
         if self._closed:
@@ -230,23 +210,6 @@ class Executor:
         return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
-    def _check_batch(self, x, labels) -> None:
-        want = (self.batch,) + self.net.input_shape
-        if tuple(x.shape) != want:
-            raise ShapeError(f"input 'data' of network {self.net.name!r} must have shape {want} "
-                             f"(batch, channels, height, width), got {tuple(x.shape)}")
-        if tuple(labels.shape) != (self.batch,):
-            raise ShapeError(f"input 'label' must have shape ({self.batch},), "
-                             f"got {tuple(labels.shape)}")
-        if isinstance(labels, np.ndarray):  # device labels come from our own generators
-            if not np.issubdtype(labels.dtype, np.integer):
-                raise DataError(f"labels must be integers, got dtype {labels.dtype}")
-            k = self.plan.tensors[self.net.output].shape[-1]
-            if labels.size and (labels.min() < 0 or labels.max() >= k):
-                bad = labels[(labels < 0) | (labels >= k)][0]
-                raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
-                                f"{k} classes (labels 0..{k - 1})")
-
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
@@ -369,7 +332,7 @@ class Executor:
         """x and labels as arrays, checked against the step's batch."""
         x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
         labels = labels if hasattr(labels, "shape") else np.asarray(labels)
-        self._check_batch(x, labels)
+        check_step_inputs(self.net, self.plan, self.batch, x, labels)
         return x, labels
 
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
@@ -397,14 +360,7 @@ class Executor:
             outputs.append(self._outputs)
         if keep_outputs:
             self._outputs = self.xp.concatenate(outputs)
-        return self._mean_of_passes(losses)
-
-    def _mean_of_passes(self, losses):
-        """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return total / len(losses)
+        return mean_of_passes(losses)
 
     def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, dropout: bool,
                       offset: int = 0):
@@ -476,7 +432,7 @@ class Executor:
         if self.plan.input_grad:
             self._input_grad = input_grads[0] if len(input_grads) == 1 else \
                 self.xp.concatenate(input_grads)
-        return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)
+        return losses[0] if len(losses) == 1 else mean_of_passes(losses)
 
     def train_step(self, x, labels, optimizer, dropout: bool = True):
         """forward, backward (per micro-batch), optimizer update; returns the loss (0-d

@@ -15,7 +15,7 @@ stream and where the step's log stood) and released (with its event). Then:
 
 * the intervals, packed (StaticLayout), are the layout the executor would have packed
   from its own record walk once `hold_to_end` has run. That walk keeps the loss and the
-  logits to the step's end (Executor.layout_keep), while the dry step keeps only the loss;
+  logits to the step's end (assembly.layout_keep), while the dry step keeps only the loss;
   so the logits' last block is held to the end here too. Only the order of the positions
   matters to the packing, and no block is taken after the step's end, so where among the
   releases of the step's end that block's release falls changes nothing.

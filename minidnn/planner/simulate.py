@@ -55,7 +55,7 @@ import numpy as np
 
 from ..backend import Device
 from ..chunks import as_chunks
-from ..assembly import Assembly, DryParts
+from ..assembly import Assembly, DryParts, layout_keep
 from ..executor import Executor
 from ..spec import StepSpec
 from ..step_graph import capturable
@@ -519,7 +519,7 @@ class StepModel:
         self.conv_names = list(self.conv_nodes)
         self.param_grad_bytes = int(probe.allocator.in_use)
         # the storages a run's static layout holds to the step's end (recorded.py)
-        self._layout_kept = frozenset(self.plan.tensors[t].storage for t in probe.layout_keep())
+        self._layout_kept = frozenset(self.plan.tensors[t].storage for t in layout_keep(net))
         self.momentum_bytes = param_bytes(net) if momentum else 0
         data, label = self.plan.tensors[DATA], self.plan.tensors[LABEL]
         self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \

@@ -6,7 +6,7 @@ at the current commit, on any machine (about a minute on a laptop CPU; no GPU):
                                                  # and docs/plan_vgg16_b256_12GiB.txt
 
 The numbers come from dry runs of the memory manager (Executor(..., compute=False), what
-`scripts/bench_memory.py --dry` prints), from the step-time model (planner/simulate.py) on the
+`scripts/bench_memory.py --dry` prints), from the step-time model (planner/step_model.py) on the
 analytic GPU models (`--gpu k40|h200`) and on the shipped profile measured on an H200
 (benchmarks/profiles/vgg16-b256-h200.json), and from that profile's plan tables. Each is
 written into docs/numbers.json as the text the tutorial quotes; tests/test_docs.py checks that

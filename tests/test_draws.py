@@ -18,7 +18,7 @@ from minidnn.memory.allocator import SimpleAllocator
 from minidnn.planner.gpus import H200, analytic_profile
 from minidnn.planner.profile import measure_profile
 from minidnn.planner.search import Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 
 MiB = 2**20
 

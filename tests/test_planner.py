@@ -13,7 +13,7 @@ from minidnn.memory.policy import get_policy
 from minidnn.planner import DynPolicy, LayerCost, Profile
 from minidnn.planner.gpus import H200, K40, analytic_profile, get_gpu
 from minidnn.planner.search import InfeasibleBudgetError, Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 from minidnn.decide import build_executor
 
 MiB = 2**20

@@ -13,7 +13,8 @@ from minidnn.memory.observer import StepObserver
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import StepModel, SymbolicDevice, Unfit, _dry_executor
+from minidnn.planner.recording import SymbolicDevice
+from minidnn.planner.step_model import StepModel, Unfit
 
 GiB = 2**30
 
@@ -75,9 +76,8 @@ def test_residency_is_what_the_manager_holds_at_the_start_of_each_call():
                 self.seen[(phase, self.index[layer])] = frozenset(
                     fm.sid for fm in self.manager.maps if fm.device is not None)
 
-    ex = _dry_executor(model.net, model.batch, SymbolicDevice(), model.lookahead, offload,
-                       True, model.workspace_blocks(algos, recompute), recompute,
-                       plan=model.plan, global_batch=model.step_batch)
+    ex = model.dry_executor(SymbolicDevice(), offload, model.workspace_blocks(algos, recompute),
+                            recompute, static_layout=True)
     scan = Scan(ex.manager, model.index)
     ex.watch(scan)
     ex.simulate_step()
@@ -103,7 +103,7 @@ def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_pre
     """evaluate_if_fits walks the step once for the bound; the evaluation that follows packs
     and times that walk instead of walking again, and predicts exactly what an evaluation
     with no bound before it does."""
-    from minidnn.planner.simulate import StepModel
+    from minidnn.planner.step_model import StepModel
     walk = StepModel._walk
     walks = []
 

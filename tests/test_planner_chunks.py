@@ -20,7 +20,7 @@ from minidnn.planner.chunking import CHUNK_PIECES, candidates, chains, chunk_pro
 from minidnn.planner.dyn import DynPolicy
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import NothingFaster, Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 from minidnn.planner.split import plan_split
 
 BATCH = 16

@@ -13,7 +13,7 @@ from minidnn.memory.policy import MemoryDecision, recompute_inputs
 from minidnn.planner.dyn import FixedDecision
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import SEGMENT_MULTIPLES, Planner
-from minidnn.planner.simulate import Unfit
+from minidnn.planner.step_model import Unfit
 
 
 def planner(name: str, batch: int, image: int, budget=None) -> Planner:

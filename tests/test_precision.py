@@ -242,7 +242,7 @@ def test_dyn_counts_the_bf16_weight_copies_on_the_gpu():
     from dataclasses import replace
     from minidnn.planner import analytic_profile
     from minidnn.planner.costs import weight_copy_bytes
-    from minidnn.planner.simulate import StepModel
+    from minidnn.planner.step_model import StepModel
     net = models.build("tiny_cnn", num_classes=10, image_size=64)
     prof = analytic_profile(net, 16, "h200")
     weights = sum(p.data.size if p.data is not None else int(np.prod(p.shape))

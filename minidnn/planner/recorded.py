@@ -2,7 +2,7 @@
 
 A run with the static layout (memory/layout.py) first records its step's blocks with a dry
 walk of the schedule (memory/record.py), packs them, then walks its steps taking each block
-at its packed address. The planner's step model (simulate.py) used to do just that for every
+at its packed address. The planner's step model (step_model.py) used to do just that for every
 decision it weighs: two walks of the memory manager. The second walk differs from the first
 only in what the planned blocks themselves issue: before a block is handed out, the stream
 that will write it first waits on the release event of each earlier occupant of its

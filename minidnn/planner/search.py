@@ -1,7 +1,7 @@
 """The planner: which feature maps to offload or recompute and which convolution plan each
 layer runs, so that a training step fits the memory budget at the lowest predicted step time.
 
-Every candidate is judged by the StepModel (simulate.py): the real memory manager walked
+Every candidate is judged by the StepModel (step_model.py): the real memory manager walked
 through the steps in a dry run, then timed against the profile. So a decision the planner
 calls feasible is one the dry run has seen fit, workspace and temporaries included.
 
@@ -49,7 +49,7 @@ from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
     recompute_inputs
 from .costs import Profile, least_step_s
-from .simulate import Evaluation, StepModel
+from .step_model import Evaluation, StepModel
 
 # A network with more offload candidates than this plans in bulk while it is over the budget
 # (a very deep network, where moving one map per round would take hundreds of rounds): each

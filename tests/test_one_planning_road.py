@@ -11,7 +11,7 @@ from minidnn.planner import command, dyn
 from minidnn.planner.search import InfeasibleBudgetError
 from minidnn.train import TrainConfig, make_executor
 
-NET = dict(model="tiny_cnn", batch=64, image_size=32, num_classes=10)
+NET = dict(model="tiny_cnn", batch=256, image_size=32, num_classes=10)
 
 
 def plan_json(*argv) -> dict:

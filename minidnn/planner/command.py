@@ -451,7 +451,7 @@ def _plan_dict(args, s: dict, net, planned, prof, source: str, maps, budget: int
                         ": with layer chunks or without,")
                      + " the fastest that fits (see the table of options)")
     lookahead = lookahead if lookahead is not None else lookaheads[0]
-    minimum_budget = split.minimum_budget
+    minimum_budget = planned.least_budget()
     model = planner.model
     if s["policy"] == "dyn":
         ev = result.best

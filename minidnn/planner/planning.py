@@ -14,9 +14,10 @@ batches, and the same least budget.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
-from .split import SplitOption, SplitPlan, plan_split
+from .split import SplitOption, SplitPlan, least_budget, plan_split
 
 
 def _to_stderr(message: str) -> None:
@@ -90,6 +91,17 @@ class StepPlan:
     chosen: SplitOption | None
     first: SplitOption | None
     remeasured: SplitPlan | None = None
+    measure_least: object = field(default=None, repr=False)
+
+    def least_budget(self) -> int:
+        """The least budget the step trains in, whatever the budget planned for: what a run
+        refused a smaller budget names (split.least_budget; measured when first asked, unless
+        nothing fit: then the split names it)."""
+        if self.chosen is None or self.measure_least is None:
+            return self.split.minimum_budget
+        least = self.measure_least()
+        self.measure_least = lambda: least
+        return least
 
     def infeasible_error(self):
         """The InfeasibleBudgetError naming the least budget (when nothing fits)."""
@@ -115,17 +127,20 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
     which is what its steps will run; the plan keeps that one where it fits."""
     batch, budget = spec.batch, int(spec.memory_budget)
     relu_bits = options.get("relu_bits", frozenset())
-    split = plan_split(net, batch,
-                       lambda b: source.pass_profile(net, batch, b, relu_bits, maps),
-                       budget, lookaheads, counts=step_counts(net, spec), chunks=spec.chunks,
-                       maps=maps, **options)
+    counts = step_counts(net, spec)
+    scaled = partial(source.pass_profile, net, batch, relu_bits=relu_bits, maps=maps)
+    split = plan_split(net, batch, scaled, budget, lookaheads, counts=counts,
+                       chunks=spec.chunks, maps=maps, **options)
+    least = partial(least_budget, net, batch, scaled, budget, lookaheads, counts=counts,
+                    chunks=spec.chunks, maps=maps, **options)
     chosen = split.chosen
     if chosen is None or not (chosen.micro_batches > 1 or chosen.chunks) or \
             not source.measures:
-        return StepPlan(split=split, chosen=chosen, first=chosen)
+        return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     measured = plan_split(net, batch, lambda b: source.measured_at(net, b, relu_bits, maps),
                           budget, lookaheads, counts=[chosen.micro_batches],
                           chunks=chosen.chunks, maps=maps, **options)
     if measured.chosen is None:
-        return StepPlan(split=split, chosen=chosen, first=chosen)
-    return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured)
+        return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
+    return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
+                    measure_least=least)

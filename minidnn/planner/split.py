@@ -208,9 +208,8 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
     found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
              for k in _counts(batch, counts, forced)]
     lookaheads = list(lookaheads)
-    staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
-        net, found[0].batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
-    tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
+    tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
+    staged = tried != lookaheads
     order = _planning_order(found, net, profile_of, budget, tried[0], options)
     chosen, planned = None, []
     for option in found:
@@ -342,16 +341,11 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
     for option in planned:
         if option.result is not None and _moves_nothing(option.best):
             continue
-        for chunks in candidates(net, option.batch):
-            more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
-                               chunks=chunks)
-            prof, names = _option_profile(more, net, profile_of)
-            lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
-            _plan_option(more, net, prof, budget, [lookahead], options, run=False)
+        lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
+        for more, prof, names in _measured_chunks(option, net, profile_of, budget, lookahead,
+                                                  options):
             compute = least_step_s(prof, more.micro_batches, names)
             out.append(more)
-            # Too small a gain is never planned, whatever the budget: no step trains in it.
-            more.trains = more.minimum_budget <= option.minimum_budget * (1 - CHUNK_GAIN)
             if more.minimum_budget > budget:
                 more.skipped = "does not fit"
             elif not more.trains:
@@ -367,6 +361,60 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
         _plan_option(more, net, prof, budget, [lookahead], options, bound=_bound(chosen))
         chosen = _faster(more, chosen)
     return out
+
+
+def _measured_chunks(option: SplitOption, net, profile_of, budget: int, lookahead: int,
+                     options: dict):
+    """(SplitOption, its Profile, its layers' names) of each layer chunk chunking.py weighs
+    for `option`'s count, its least budget measured at `lookahead`. `trains` says whether
+    it lowers the count's least budget by CHUNK_GAIN at least: too small a gain is never
+    planned, whatever the budget, so no step trains in it."""
+    for chunks in candidates(net, option.batch):
+        more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
+                           chunks=chunks)
+        prof, names = _option_profile(more, net, profile_of)
+        _plan_option(more, net, prof, budget, [lookahead], options, run=False)
+        more.trains = more.minimum_budget <= option.minimum_budget * (1 - CHUNK_GAIN)
+        yield more, prof, names
+
+
+def least_budget(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
+                 chunks=None, **options) -> int:
+    """The least budget a step trains in, whatever budget is asked: the one plan_split names
+    when nothing fits (arguments as there). A plan that fits weighs layer chunks only where
+    they may help, and at the lookahead its count chose; this measures, as a budget below
+    the least does, every count at each lookahead plan_split tries and every chunk it
+    weighs at the least lookahead, and plans none of them."""
+    with collector_paused():
+        profiles: dict = {}
+
+        def profile_of(pass_batch: int):
+            if pass_batch not in profiles:
+                profiles[pass_batch] = profile_at(pass_batch)
+            return profiles[pass_batch]
+
+        forced = () if chunks is None else as_chunks(chunks)
+        found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
+                 for k in _counts(batch, counts, forced)]
+        tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
+        for option in found:
+            _plan_option(option, net, _option_profile(option, net, profile_of)[0], budget,
+                         tried, options, run=False)
+        if chunks is None:
+            found += [more for option in list(found) for more, _, _ in
+                      _measured_chunks(option, net, profile_of, budget, min(lookaheads),
+                                       options)]
+        return int(_least(found).minimum_budget)
+
+
+def _first_lookaheads(net, pass_batch: int, lookaheads, options: dict) -> list:
+    """The lookaheads every count is planned at: all of them, or for a network planned in
+    bulk (search.BULK_CANDIDATES: a very deep one) only 1 (or the first), the others only
+    for the count chosen."""
+    lookaheads = list(lookaheads)
+    staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
+        net, pass_batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
+    return [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
 
 
 def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, options: dict,

@@ -357,7 +357,7 @@ def test_a_fixed_decision_is_run_as_given():
     # its ReLUs add (minidnn/fusion.py).
     from minidnn.fusion import bias_relu_pairs
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
-                                  bias_relu=bias_relu_pairs(ex.plan))
+                                  bias_relu=bias_relu_pairs(ex.plan), spec=ex.spec)
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"
     stats = ex.simulate_step()

@@ -170,11 +170,8 @@ class Assembly:
         if blocks is None and static_layout:
             blocks = self._plan_layout(self.prefetch_lookahead, workspace, self.scratch)
         self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
-                                     offload=decision.offload,
-                                     prefetch_lookahead=self.prefetch_lookahead,
-                                     dry=not self.compute, blocks=blocks,
-                                     workspace=workspace,
-                                     recompute=decision.recompute, scratch=self.scratch,
+                                     decision=decision, dry=not self.compute, blocks=blocks,
+                                     workspace=workspace, scratch=self.scratch,
                                      add=self.kernels.add)
 
     def release(self) -> None:

@@ -393,8 +393,7 @@ def make_plan(args) -> dict:
                         dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES))
     if planned.chosen is None and s["policy"] == "dyn":
         raise planned.infeasible_error()
-    out = _plan_dict(args, s, net, planned, prof, line, maps, budget, lookaheads, choose,
-                     notes)
+    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, lookaheads, notes)
     if report is not None:
         out["comparison"] = compare_with_report(out, report, args.report)
     return out
@@ -424,9 +423,36 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
     return spec
 
 
-def _plan_dict(args, s: dict, net, planned, prof, source: str, maps, budget: int,
-               lookaheads, choose: bool, notes: list) -> dict:
-    """make_plan's dict from the StepPlan `planned` (see make_plan)."""
+def _alternatives(planner, result) -> list:
+    """What the other policies and dyn's searches would do, as rows of the plan."""
+    model = planner.model
+    alternatives = []
+    for policy in ("none", "conv", "all"):
+        for algo in ("fastest", "min_workspace"):
+            alt = planner.baseline(policy, algo)
+            alternatives.append(dict(label=f"{policy}, {algo.replace('_', '-')} plans",
+                                     **_evaluation_json(model, alt)))
+    floor = result.floor if result else None
+    if floor is not None:
+        label = next(lbl for lbl, e in result.floor_trail if e is floor)
+        alternatives.append(dict(label=f"vDNN_dyn greedy order: {label}",
+                                 **_evaluation_json(model, floor)))
+    if result is not None:
+        for key, label in (("greedy", "dyn's greedy search, one map at a time"),
+                           ("segments", "dyn's checkpointed segments")):
+            found = result.searches.get(key)
+            if found is not None:
+                alternatives.append(dict(label=label, **_evaluation_json(model, found)))
+        alternatives.append(dict(label="dyn (minidnn planner)",
+                                 **_evaluation_json(model, result.best)))
+    return alternatives
+
+
+def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, lookaheads,
+               notes: list) -> dict:
+    """make_plan's dict from the StepPlan `planned` of `spec` (see make_plan)."""
+    choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
+    budget = spec.memory_budget
     split = planned.split
     option = planned.chosen or split.options[0]
     if planned.remeasured is not None:
@@ -457,25 +483,7 @@ def _plan_dict(args, s: dict, net, planned, prof, source: str, maps, budget: int
         ev = result.best
     else:
         ev = planner.baseline(s["policy"], args.conv_algo)
-    alternatives = []
-    for policy in ("none", "conv", "all"):
-        for algo in ("fastest", "min_workspace"):
-            alt = planner.baseline(policy, algo)
-            alternatives.append(dict(label=f"{policy}, {algo.replace('_', '-')} plans",
-                                     **_evaluation_json(model, alt)))
-    floor = result.floor if result else None
-    if floor is not None:
-        label = next(lbl for lbl, e in result.floor_trail if e is floor)
-        alternatives.append(dict(label=f"vDNN_dyn greedy order: {label}",
-                                 **_evaluation_json(model, floor)))
-    if result is not None:
-        for key, label in (("greedy", "dyn's greedy search, one map at a time"),
-                           ("segments", "dyn's checkpointed segments")):
-            found = result.searches.get(key)
-            if found is not None:
-                alternatives.append(dict(label=label, **_evaluation_json(model, found)))
-        alternatives.append(dict(label="dyn (minidnn planner)",
-                                 **_evaluation_json(model, result.best)))
+    alternatives = _alternatives(planner, result)
     if result is None and infeasible is not None:
         # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
         # not news about the budget (the plan above fits).
@@ -544,6 +552,49 @@ def _fmt_value(what: str, v) -> str:
     return f"{v:.1f}"
 
 
+def _options_lines(out: dict) -> list:
+    """The table of the micro-batch counts and layer chunks weighed (none for one option)."""
+    if len(out["micro_batch_options"]) <= 1:
+        return []
+    labels = [f"{o['micro_batches']} x {o['micro_batch']}"
+              + (f", {describe(o['chunks'])}" if o["chunks"] else "")
+              + (" (chosen)" if o["chosen"] else "")
+              + ("" if o["pruned"] or not o["fits"] else " *")
+              for o in out["micro_batch_options"]]
+    label_w = max([22] + [len(label) + 2 for label in labels])
+    lines = ["", "micro-batch counts and layer chunks weighed (dyn's plan at each; the "
+                 "least budget each can train in):",
+             f"  {'micro-batches, layer chunks':<{label_w}}{'lookahead':>10}"
+             f"{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
+    for o, label in zip(out["micro_batch_options"], labels):
+        if o["fits"]:
+            cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
+                    f"{fmt_bytes(o['peak_device_bytes']):>12}"
+                    f"{o['step_time_s'] * 1e3:>10.1f}{o['images_per_s']:>9.0f}")
+        else:
+            why = o["skipped"] or "does not fit"
+            cols = f"  {why[:51]:<51}"
+        lines.append(f"  {label:<{label_w}}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
+    if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
+        lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
+                     f"option before pruning")
+    return lines
+
+
+def _comparison_lines(c: dict) -> list:
+    """Predicted against measured, for a plan made for a --report."""
+    lines = ["", f"predicted against measured ({c['report']}: policy {c['policy']}, "
+                 f"{c['steps']} steps on {c['device_name']}):",
+             f"  {'quantity':<28}{'predicted':>14}{'measured':>14}{'error':>9}  target"]
+    for r in c["rows"]:
+        err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+        target = "" if r["target"] is None else \
+            f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
+        lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
+                     f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+    return lines
+
+
 def format_plan(out: dict) -> str:
     """The printed form of make_plan's dict."""
     split = (f" as {out['micro_batches']} micro-batches of {out['micro_batch']} (the layer "
@@ -597,29 +648,7 @@ def format_plan(out: dict) -> str:
         lines.append(f"  {a['label'][:51]:<52}{fmt_bytes(a['required_bytes']):>12}"
                      f"{fmt_bytes(a['peak_device_bytes']):>12}{a['step_time_s'] * 1e3:>10.1f}"
                      f"{a['images_per_s']:>9.0f}  {'yes' if a['fits'] else 'no'}")
-    if len(out["micro_batch_options"]) > 1:
-        labels = [f"{o['micro_batches']} x {o['micro_batch']}"
-                  + (f", {describe(o['chunks'])}" if o["chunks"] else "")
-                  + (" (chosen)" if o["chosen"] else "")
-                  + ("" if o["pruned"] or not o["fits"] else " *")
-                  for o in out["micro_batch_options"]]
-        label_w = max([22] + [len(label) + 2 for label in labels])
-        lines += ["", "micro-batch counts and layer chunks weighed (dyn's plan at each; the "
-                      "least budget each can train in):",
-                  f"  {'micro-batches, layer chunks':<{label_w}}{'lookahead':>10}"
-                  f"{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
-        for o, label in zip(out["micro_batch_options"], labels):
-            if o["fits"]:
-                cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
-                        f"{fmt_bytes(o['peak_device_bytes']):>12}"
-                        f"{o['step_time_s'] * 1e3:>10.1f}{o['images_per_s']:>9.0f}")
-            else:
-                why = o["skipped"] or "does not fit"
-                cols = f"  {why[:51]:<51}"
-            lines.append(f"  {label:<{label_w}}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
-        if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
-            lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
-                         f"option before pruning")
+    lines += _options_lines(out)
     dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
     floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
     if dyn and floor and dyn["step_time_s"] > 0:
@@ -627,16 +656,7 @@ def format_plan(out: dict) -> str:
                      f"as fast as vDNN_dyn's greedy order ({out['evaluations']} decisions "
                      f"evaluated)")
     if out.get("comparison"):
-        c = out["comparison"]
-        lines += ["", f"predicted against measured ({c['report']}: policy {c['policy']}, "
-                      f"{c['steps']} steps on {c['device_name']}):",
-                  f"  {'quantity':<28}{'predicted':>14}{'measured':>14}{'error':>9}  target"]
-        for r in c["rows"]:
-            err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
-            target = "" if r["target"] is None else \
-                f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
-            lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
-                         f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+        lines += _comparison_lines(out["comparison"])
     for note in out["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

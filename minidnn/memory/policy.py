@@ -223,11 +223,19 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     return out
 
 
+# net -> relu_bits_for(net): a network's graph does not change once built, and the planner
+# asks for every step model it makes.
+_RELU_BITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def relu_bits_for(net) -> frozenset:
     """The ReLUs of `net` that `relus_worth_bits` names, as a decision's `relu_bits` (the
     plan and the calls read them from there; the layers stay as they are). Which ones does
     not depend on the batch, so a plan at batch 1 decides."""
-    return frozenset(relus_worth_bits(LivenessPlan(net, 1)))
+    names = _RELU_BITS.get(net)
+    if names is None:
+        names = _RELU_BITS[net] = frozenset(relus_worth_bits(LivenessPlan(net, 1)))
+    return names
 
 
 class Policy:

@@ -105,7 +105,8 @@ class DynPolicy(Policy):
         return spec.replace(memory_budget=budget)
 
     def decide(self, plan, budget=None):
-        from .search import DEFAULT_RESERVE, LOOKAHEADS
+        from .search import LOOKAHEADS
+        from .step_model import DEFAULT_RESERVE
         from .planning import plan_step
         spec = self._spec_for(plan, budget)
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}

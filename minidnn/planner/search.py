@@ -49,7 +49,8 @@ from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
     recompute_inputs
 from .costs import Profile, least_step_s
-from .step_model import Evaluation, StepModel
+from ..spec import StepSpec
+from .step_model import Evaluation, PlanOptions, StepModel, pass_spec
 
 # A network with more offload candidates than this plans in bulk while it is over the budget
 # (a very deep network, where moving one map per round would take hundreds of rounds): each
@@ -67,9 +68,9 @@ BULK_PRUNE = 12
 # the runs it cuts.
 SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 
-# Fraction of the budget left unplanned: the arena's free blocks come in pieces
-# (fragmentation), so a plan that fills the budget to the byte may still not find a block.
-DEFAULT_RESERVE = 0.01
+# DEFAULT_RESERVE (step_model.py): the fraction of the budget left unplanned: the arena's
+# free blocks come in pieces (fragmentation), so a plan that fills the budget to the byte may
+# still not find a block.
 
 
 class NothingFaster(Exception):
@@ -166,24 +167,26 @@ class Planner:
     chunked step's, planner/chunking.chunk_profile); the decisions found carry them.
     """
 
-    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
-                 prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
-                 reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
-                 max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
-                 maps=None, shares_with: Planner | None = None, chunks=()):
-        if not 0 <= reserve < 1:
-            raise ValueError(f"reserve must be in [0, 1), got {reserve}")
-        self.net, self.batch, self.profile = net, int(batch), profile
-        self.budget = None if budget is None else int(budget)
-        self.reserve = float(reserve)
-        self.usable = None if budget is None else int(self.budget * (1 - self.reserve))
-        self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
-                               prefetch_lookahead=prefetch_lookahead, momentum=momentum,
-                               input_batches=input_batches, steps=steps,
-                               static_layout=static_layout, micro_batches=micro_batches,
-                               relu_bits=relu_bits, maps=maps, chunks=chunks,
+    def __init__(self, net, spec: StepSpec | int, profile: Profile,
+                 options: PlanOptions | None = None, shares_with: Planner | None = None,
+                 **settings):
+        if not isinstance(spec, StepSpec):    # the keyword form (step_model.pass_spec)
+            spec, options = pass_spec(spec, settings, options)
+        options = options or PlanOptions()
+        if not 0 <= options.reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {options.reserve}")
+        self.spec, self.options = spec, options
+        self.model = StepModel(net, spec, profile, options,
+                               usable=None if spec.memory_budget is None else
+                               int(spec.memory_budget * (1 - options.reserve)),
                                shares_with=None if shares_with is None else shares_with.model)
+        self.net, self.batch, self.profile = net, self.model.batch, profile
+        self.budget = spec.memory_budget
+        self.reserve = float(options.reserve)
+        self.usable = self.model.usable
+        prefetch_lookahead, recompute = spec.prefetch_lookahead, options.recompute
+        shortlist, max_evaluations, chunks = options.shortlist, options.max_evaluations, \
+            spec.chunks
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -576,14 +579,8 @@ class Planner:
         only on demand would fit."""
         if self.lookahead == 0:
             return ""
-        m = self.model
-        on_demand = StepModel(self.net, self.batch, self.profile, budget=self.budget,
-                              usable=self.usable, prefetch_lookahead=0,
-                              momentum=m.momentum_bytes > 0,
-                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
-                              // m.micro_batches,
-                              static_layout=m.static_layout, micro_batches=m.micro_batches,
-                              relu_bits=m.relu_bits, maps=m.maps, chunks=m.chunks)
+        on_demand = StepModel(self.net, self.spec.replace(prefetch_lookahead=0), self.profile,
+                              self.options, usable=self.usable)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -727,4 +724,4 @@ def plan_lookaheads(net, batch: int, profile: Profile, budget: int | None,
 
 def plan(net, batch: int, profile: Profile, budget: int | None = None, **options) -> PlanResult:
     """Plan `net` at `batch` under `budget` from `profile` (see Planner for the options)."""
-    return Planner(net, batch, profile, budget, **options).run()
+    return Planner(net, batch, profile, budget=budget, **options).run()

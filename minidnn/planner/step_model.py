@@ -54,7 +54,7 @@ from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
 from ..memory.layout import StaticLayout, live_peak
-from ..memory.policy import CALL_PHASES, MemoryDecision
+from ..memory.policy import CALL_PHASES, MemoryDecision, relu_bits_for
 from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable
@@ -66,6 +66,52 @@ from .playback import Timeline
 from .recorded import StepRecording, splice
 from .recording import Recorder, SymbolicDevice, Wait, dry_executor
 from .replay import replay_steps
+
+
+# The fraction of a budget a plan leaves for fragmentation (search.Planner).
+DEFAULT_RESERVE = 0.01
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What a plan weighs besides the step's spec. momentum: SGD keeps one momentum buffer
+    per parameter; input_batches: input batches the data source keeps on the device (the
+    synthetic source keeps 2 on a GPU); reserve: the fraction of the budget plans leave for
+    fragmentation; recompute: the planner may drop maps after forward and run their layers
+    again in backward (False: offload only); steps: back-to-back steps simulated (>= 2);
+    replay: later steps replayed from the first's log; shortlist and max_evaluations: the
+    search's limits (search.Planner)."""
+    momentum: bool = True
+    input_batches: int = 2
+    reserve: float = DEFAULT_RESERVE
+    recompute: bool = True
+    steps: int = 2
+    replay: bool = True
+    shortlist: int = 6
+    max_evaluations: int = 400
+
+
+_PASS_WORDS = {"budget": "memory_budget", "prefetch_lookahead": "prefetch_lookahead",
+               "static_layout": "static_layout", "micro_batches": "micro_batches",
+               "chunks": "chunks", "graphs": "graphs"}
+
+
+def pass_spec(batch: int, settings: dict, options: PlanOptions | None = None) -> tuple:
+    """(StepSpec, PlanOptions) of the keyword form StepModel and search.Planner also take:
+    a pass batch, budget=, prefetch_lookahead=, static_layout= (default True),
+    micro_batches= (passes a step runs), relu_bits= (ReLU names: any keep bit masks),
+    maps= (a MapFormat), chunks=, graphs= and PlanOptions' fields."""
+    settings = dict(settings)
+    fields = {word: settings.pop(key) for key, word in _PASS_WORDS.items() if key in settings}
+    fields.setdefault("static_layout", True)
+    k = int(fields.pop("micro_batches", None) or 1)
+    maps = settings.pop("maps", None) or MapFormat()
+    relu_bits = bool(settings.pop("relu_bits", ()))
+    spec = StepSpec(batch=int(batch) * k, micro_batches=k, relu_bits=relu_bits,
+                    precision=maps.precision, layout=maps.layout, **fields)
+    if settings and options is not None:
+        raise ValueError(f"give {', '.join(sorted(settings))} in the PlanOptions")
+    return spec, options or PlanOptions(**settings)
 
 
 @dataclass
@@ -163,62 +209,57 @@ class Unfit:
 
 # ---- the model -----------------------------------------------------------------------------------
 class StepModel:
-    """Predicts memory and step time of memory decisions for one network, batch and profile.
+    """Predicts memory and step time of memory decisions for one network, step and profile.
 
-    budget: bytes the arena holds (None: no limit); usable: the part of it plans may fill
-    (the rest is left for fragmentation). momentum: SGD keeps one momentum buffer per
-    parameter; input_batches: input batches the data source keeps on the device (the
-    synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
-    default: every feature-map block at an address planned before step one). steps:
-    back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
-    run (MemoryDecision.relu_bits); the profile must have been made with them.
-    micro_batches: `batch` is one pass of a step that runs this many (planner/split.py):
-    the input batches are the whole step's, a layer with parameters takes a gradient-sized
-    temporary in backward (to add into the accumulated gradient), a dropout draws the whole
-    step's random numbers (in its scratch block); an Evaluation's step time, compute time
-    and bytes moved are the whole step's (k passes, one optimizer update), its memory that
-    of one pass (every pass is alike). replay: only the first step is walked through the
-    memory manager, the later ones are replays of its log (planner/replay.py: the same log,
-    so the same prediction, at a fraction of the cost); False walks every step.
-    shares_with: a StepModel of the same step (network, batch, profile and every other
-    option) at another prefetch lookahead. A decision that offloads nothing prefetches
-    nothing, so the lookahead changes no operation of its walk: such decisions are evaluated
-    once for both models (a planner that tries several lookaheads meets them in each).
-    graphs: the run replays its steps from CUDA graphs where the executor can
-    (minidnn/step_graph.py: on a GPU, a step in a static layout or one that offloads
-    nothing): the host then issues a step in one call, so such a decision's layer calls
-    cost the host nothing and the device runs them back to back. False: every call costs
-    the profile's host time, as a step issued layer by layer does.
-    chunks: the layer chunks every decision runs (MemoryDecision.chunks): the model walks
-    the chunked network, whose storage ids the decisions name, and `profile` must be the
-    chunked step's (planner/chunking.chunk_profile). Convolution plan settings and
-    workspaces stay per convolution layer (`conv_names`): every piece of a layer runs its
-    setting.
+    spec: the StepSpec of the step (minidnn/spec.py): its batch (the whole step's: with
+    `micro_batches` k the model walks one pass of batch / k images, planner/split.py), its
+    budget, prefetch lookahead, static layout, ReLU bit masks, precision and layout (default
+    NCHW), layer chunks and CUDA graphs; or a pass batch with the keyword form of
+    `pass_spec`. options: PlanOptions (momentum, input batches, steps simulated, replay).
+    usable: the part of the budget plans may fill (default: all of it). profile: of one
+    pass (with chunks: the chunked step's, planner/chunking.chunk_profile).
+
+    With k micro-batches the input batches are the whole step's, a layer with parameters
+    takes a gradient-sized temporary in backward (to add into the accumulated gradient), a
+    dropout draws the whole step's random numbers (in its scratch block); an Evaluation's
+    step time, compute time and bytes moved are the whole step's (k passes, one optimizer
+    update), its memory that of one pass (every pass is alike). replay: only the first step
+    is walked through the memory manager, the later ones are replays of its log
+    (planner/replay.py). shares_with: a StepModel of the same step at another prefetch
+    lookahead: a decision that offloads nothing prefetches nothing, so such decisions are
+    evaluated once for both models. graphs: the run replays its steps from CUDA graphs
+    where the executor can (minidnn/step_graph.py): the host then issues a step in one
+    call, so such a decision's layer calls cost the host nothing. With chunks the model
+    walks the chunked network, whose storage ids the decisions name; convolution plan
+    settings and workspaces stay per convolution layer (`conv_names`).
     """
 
-    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
-                 usable: int | None = None, prefetch_lookahead: int = 1,
-                 momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1, replay: bool = True, shares_with=None,
-                 graphs: bool = True, chunks=()):
-        self.relu_bits = frozenset(relu_bits)
-        self.maps = maps if maps is not None else MapFormat()
+    def __init__(self, net, spec: StepSpec | int, profile: Profile,
+                 options: PlanOptions | None = None, usable: int | None = None,
+                 shares_with=None, **settings):
+        if not isinstance(spec, StepSpec):    # the keyword form (pass_spec)
+            spec, options = pass_spec(spec, settings, options)
+        options = options or PlanOptions()
+        self.spec, self.options = spec, options
+        self.relu_bits = relu_bits_for(net) if spec.relu_bits else frozenset()
+        self.maps = MapFormat(spec.layout or "nchw", spec.precision)
+        self.micro_batches = spec.micro_batches or 1
+        batch = spec.batch // self.micro_batches      # one pass's images
         profile.check_matches(net, batch, self.relu_bits)
-        self.chunks = as_chunks(chunks)
+        self.chunks = as_chunks(spec.chunks or ())
         if self.chunks and profile.key_fields.get("chunks") != repr(self.chunks):
             raise ValueError(f"the profile is not that of the step chunked as {self.chunks} "
                              f"(planner/chunking.chunk_profile makes it)")
-        self.net, self.batch, self.profile = net, int(batch), profile
-        self.micro_batches = int(micro_batches)
-        self.step_batch = self.batch * self.micro_batches   # images per step
-        self.budget = budget
-        self.usable = usable if usable is not None else budget
-        self.steps = max(2, int(steps))
-        self.replay = bool(replay)
-        self.lookahead = int(prefetch_lookahead)
-        self.static_layout = bool(static_layout)
-        self.graphs = bool(graphs) and not profile.synchronous
+        self.net, self.batch, self.profile = net, batch, profile
+        self.step_batch = spec.batch   # images per step
+        self.budget = spec.memory_budget
+        self.usable = usable if usable is not None else self.budget
+        self.steps = max(2, int(options.steps))
+        self.replay = bool(options.replay)
+        self.lookahead = spec.prefetch_lookahead
+        self.static_layout = spec.static_layout
+        self.graphs = spec.graphs and not profile.synchronous
+        momentum, input_batches = options.momentum, options.input_batches
         self.plan = None
         probe = self.dry_executor(self._device(), static_layout=False)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)

@@ -50,6 +50,7 @@ from ..memory.policy import get_policy, offload_candidates, recompute_candidates
     recompute_inputs
 from .costs import Profile, least_step_s
 from ..spec import StepSpec
+from . import segments
 from .step_model import Evaluation, PlanOptions, StepModel, pass_spec
 
 # A network with more offload candidates than this plans in bulk while it is over the budget
@@ -64,9 +65,6 @@ BULK_CANDIDATES = 128
 # 871.3 ms, 12 tries to 872.9 ms in half the time.
 BULK_PRUNE = 12
 
-# Segment sizes the checkpointed-segments search tries, in multiples of the largest map of
-# the runs it cuts.
-SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # DEFAULT_RESERVE (step_model.py): the fraction of the budget left unplanned: the arena's
 # free blocks come in pieces (fragmentation), so a plan that fills the budget to the byte may
@@ -450,81 +448,18 @@ class Planner:
             ev = best
         return self.prune(ev) if prune else ev
 
-    # ---- checkpointed segments ----------------------------------------------------------------
+    # ---- checkpointed segments (planner/segments.py) ------------------------------------------
     def runs(self) -> list[list[int]]:
-        """Maximal runs of recompute candidates each rebuilt from the one before alone (a
-        VGG stage's convolution maps, a ResNet block's conv and batch-norm maps), in forward
-        order: the chains a segment is cut from."""
-        plan, cand = self.plan, set(self.rebuildable)
-        nxt = {}
-        for sid in self.rebuildable:
-            preds = self._rebuilt_from[sid] & cand
-            if len(preds) == 1:
-                (p,) = preds
-                if len(self._rebuilds[p]) == 1:
-                    nxt[p] = sid
-        starts = cand - set(nxt.values())
-        out = []
-        for sid in sorted(starts, key=lambda t: plan.storages[t].last_forward_write):
-            run = [sid]
-            while run[-1] in nxt:
-                run.append(nxt[run[-1]])
-            if len(run) > 1:
-                out.append(run)
-        return out
+        """The chains a segment is cut from (segments.runs)."""
+        return segments.runs(self)
 
     def segment_decision(self, runs, segment_bytes: int, offload_checkpoints: bool):
-        """(offload, recompute) cutting each run into segments of at most `segment_bytes`:
-        every map of a segment is recomputed, from the checkpoint that ends the segment
-        before (kept, or offloaded), as checkpoint_sequential does, with a segment length
-        per run by its maps' bytes."""
-        offload, recompute = set(), set()
-        candidates = set(self.candidates)
-        for run in runs:
-            held = 0
-            for sid in run:
-                if held + self._bytes[sid] > segment_bytes and held > 0:
-                    held = 0        # a checkpoint: the next segment starts after it
-                    if offload_checkpoints and sid in candidates:
-                        offload.add(sid)
-                    continue
-                recompute.add(sid)
-                held += self._bytes[sid]
-        return frozenset(offload), frozenset(recompute)
+        """(offload, recompute) of segments of at most `segment_bytes` (segments.decision)."""
+        return segments.decision(self, runs, segment_bytes, offload_checkpoints)
 
     def segments(self, bound: float | None = None) -> Evaluation | None:
-        """Checkpointed segments: each run of candidates cut into segments of a target size
-        (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
-        offloaded; the fastest that fits, or None.
-
-        Longer segments recompute more maps (slower) and keep fewer checkpoints: kept, those
-        take less memory, but the segment rebuilt at once takes more; offloaded, fewer bytes
-        cross the link (faster) and the segment takes more memory. So kept checkpoints are
-        tried from the shortest segments up, offloaded ones from the longest down, each up to
-        the first that fits. A size whose compute alone (every layer's fastest time and the
-        writers of its recomputed maps run again) is slower than `bound` is not walked."""
-        runs = self.runs()
-        if not runs:
-            return None
-        m = self.model
-        largest = max(self._bytes[sid] for run in runs for sid in run)
-        found = []
-        for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
-                                            (True, SEGMENT_MULTIPLES[::-1])):
-            for multiple in ladder:
-                if self._out_of_evaluations():
-                    break
-                offload, recompute = self.segment_decision(runs, largest * multiple,
-                                                           offload_checkpoints)
-                if bound is not None and self.least_step_s(recompute) > bound:
-                    continue
-                # Only the first size that fits is kept: one that a bound shows cannot fit
-                # is walked, not packed or timed (StepModel.evaluate_if_fits).
-                ev = m.evaluate_if_fits(offload, m.algos("fastest"), recompute)
-                if ev is not None:
-                    found.append(ev)
-                    break
-        return min(found, key=lambda ev: ev.step_time_s, default=None)
+        """The fastest checkpointed segments that fit, or None (segments.search)."""
+        return segments.search(self, bound)
 
     def prune(self, ev: Evaluation) -> Evaluation:
         """Undo what the budget does not need, while the step gets faster: each offload (the

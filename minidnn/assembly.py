@@ -76,9 +76,9 @@ def resolve_spec(spec, decision: MemoryDecision, settings: dict) -> StepSpec:
     else:
         spec = StepSpec.coerce(spec, settings)
     if made_for is not None and made_for != spec:
-        raise ConfigError(f"the memory decision was made for {made_for}, not for this "
-                          f"executor's {spec}: decide again for this spec "
-                          f"(minidnn/decide.py)")
+        raise ConfigError(f"the memory decision was made for another step: "
+                          f"{made_for.differences(spec)} (the decision's spec vs this "
+                          f"executor's); decide again for this spec (minidnn/decide.py)")
     return spec
 
 

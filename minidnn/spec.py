@@ -154,6 +154,11 @@ class StepSpec:
         """This spec with `changes` (checked again)."""
         return replace(self, **changes)
 
+    def differences(self, other: StepSpec) -> str:
+        """'batch 32 vs 64, ...': the fields where `other` differs, this spec's value first."""
+        return ", ".join(f"{f.name} {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
+                         for f in fields(self) if getattr(self, f.name) != getattr(other, f.name))
+
     @property
     def policy_name(self) -> str:
         """The memory policy's name ('none', 'dyn', ...)."""

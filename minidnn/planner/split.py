@@ -197,16 +197,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                 options: dict) -> SplitPlan:
     """plan_split's work (see there)."""
     t0 = time.perf_counter()
-    profiles: dict = {}   # pass batch -> its Profile, made once (staged lookaheads ask again)
-
-    def profile_of(pass_batch: int):
-        if pass_batch not in profiles:
-            profiles[pass_batch] = profile_at(pass_batch)
-        return profiles[pass_batch]
-
-    forced = () if chunks is None else as_chunks(chunks)
-    found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
-             for k in _counts(batch, counts, forced)]
+    profile_of, found = _counts_to_weigh(batch, profile_at, counts, chunks)
     lookaheads = list(lookaheads)
     tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
     staged = tried != lookaheads
@@ -247,6 +238,21 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
     least = _least(found).minimum_budget
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
                      seconds=time.perf_counter() - t0)
+
+
+def _counts_to_weigh(batch: int, profile_at, counts, chunks) -> tuple:
+    """(profile_of: pass batch -> its Profile, made once, as staged lookaheads ask again;
+    a SplitOption per micro-batch count to weigh, with the `chunks` forced, if any)."""
+    profiles: dict = {}
+
+    def profile_of(pass_batch: int):
+        if pass_batch not in profiles:
+            profiles[pass_batch] = profile_at(pass_batch)
+        return profiles[pass_batch]
+
+    forced = () if chunks is None else as_chunks(chunks)
+    return profile_of, [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
+                        for k in _counts(batch, counts, forced)]
 
 
 def _counts(batch: int, counts, forced: tuple) -> list:
@@ -386,16 +392,7 @@ def least_budget(net, batch: int, profile_at, budget: int, lookaheads, counts=No
     the least does, every count at each lookahead plan_split tries and every chunk it
     weighs at the least lookahead, and plans none of them."""
     with collector_paused():
-        profiles: dict = {}
-
-        def profile_of(pass_batch: int):
-            if pass_batch not in profiles:
-                profiles[pass_batch] = profile_at(pass_batch)
-            return profiles[pass_batch]
-
-        forced = () if chunks is None else as_chunks(chunks)
-        found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
-                 for k in _counts(batch, counts, forced)]
+        profile_of, found = _counts_to_weigh(batch, profile_at, counts, chunks)
         tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
         for option in found:
             _plan_option(option, net, _option_profile(option, net, profile_of)[0], budget,

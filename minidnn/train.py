@@ -38,12 +38,12 @@ from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optim
 from .chunks import describe
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
-from .spec import StepSpec
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
 from .optim import SGD
 from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
+from .spec import StepSpec
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).
 SHAPES_IMAGE_SIZE = 64

@@ -30,7 +30,7 @@ from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
 from .planner import dyn as _dyn  # noqa: F401  (registers the `dyn` policy)
-from .spec import StepSpec, check_micro_batches
+from .spec import StepSpec
 
 
 def policy_names() -> list[str]:
@@ -78,7 +78,6 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     decision = chosen.decide(plan, spec.memory_budget)
     if not planning and spec.micro_batches is not None:
         decision = replace(decision, micro_batches=spec.micro_batches)
-    check_micro_batches(net, spec.batch, decision.micro_batches, spec.split_batch_statistics)
     lookahead = decision.prefetch_lookahead
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,

@@ -125,8 +125,9 @@ def test_plans_are_the_same_with_and_without_replay(name, budget, monkeypatch):
     prof = analytic_profile(net, 16, "h200")
     fast = Planner(net, 16, prof, budget=budget).run()
     real_init = StepModel.__init__
-    monkeypatch.setattr(StepModel, "__init__",
-                        lambda self, *a, **k: real_init(self, *a, **dict(k, replay=False)))
+    monkeypatch.setattr(StepModel, "__init__", lambda self, net, spec, profile, options, **k:
+                        real_init(self, net, spec, profile,
+                                  dataclasses.replace(options, replay=False), **k))
     walked = Planner(net, 16, prof, budget=budget).run()
     assert not walked.model.replay
     assert fast.evaluations == walked.evaluations

@@ -168,9 +168,7 @@ class Planner:
     def __init__(self, net, spec: StepSpec | int, profile: Profile,
                  options: PlanOptions | None = None, shares_with: Planner | None = None,
                  **settings):
-        if not isinstance(spec, StepSpec):    # the keyword form (step_model.pass_spec)
-            spec, options = pass_spec(spec, settings, options)
-        options = options or PlanOptions()
+        spec, options = pass_spec(spec, settings, options)     # (the keyword form too)
         if not 0 <= options.reserve < 1:
             raise ValueError(f"reserve must be in [0, 1), got {options.reserve}")
         self.spec, self.options = spec, options

@@ -96,11 +96,16 @@ _PASS_WORDS = {"budget": "memory_budget", "prefetch_lookahead": "prefetch_lookah
                "chunks": "chunks", "graphs": "graphs"}
 
 
-def pass_spec(batch: int, settings: dict, options: PlanOptions | None = None) -> tuple:
-    """(StepSpec, PlanOptions) of the keyword form StepModel and search.Planner also take:
-    a pass batch, budget=, prefetch_lookahead=, static_layout= (default True),
+def pass_spec(batch, settings: dict, options: PlanOptions | None = None) -> tuple:
+    """(StepSpec, PlanOptions) of what StepModel and search.Planner are given: a StepSpec (and
+    no settings), or the keyword form: a pass batch, budget=, prefetch_lookahead=, static_layout= (default True),
     micro_batches= (passes a step runs), relu_bits= (ReLU names: any keep bit masks),
     maps= (a MapFormat), chunks=, graphs= and PlanOptions' fields."""
+    if isinstance(batch, StepSpec):
+        if settings:
+            raise ValueError(f"give {', '.join(sorted(settings))} in the StepSpec or the "
+                             f"PlanOptions")
+        return batch, options or PlanOptions()
     settings = dict(settings)
     fields = {word: settings.pop(key) for key, word in _PASS_WORDS.items() if key in settings}
     fields.setdefault("static_layout", True)
@@ -237,9 +242,7 @@ class StepModel:
     def __init__(self, net, spec: StepSpec | int, profile: Profile,
                  options: PlanOptions | None = None, usable: int | None = None,
                  shares_with=None, **settings):
-        if not isinstance(spec, StepSpec):    # the keyword form (pass_spec)
-            spec, options = pass_spec(spec, settings, options)
-        options = options or PlanOptions()
+        spec, options = pass_spec(spec, settings, options)
         self.spec, self.options = spec, options
         self.relu_bits = relu_bits_for(net) if spec.relu_bits else frozenset()
         self.maps = MapFormat(spec.layout or "nchw", spec.precision)

@@ -7,8 +7,9 @@ the memory manager, every number from a layer. This is the Python API the traini
 the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    decision = decide(net, 32, policy="all", memory_budget="4GiB")      # minidnn/decide.py
-    ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
+    spec = StepSpec(batch=32, policy="all", memory_budget="4GiB")     # minidnn/spec.py
+    decision = decide(net, spec)                                        # minidnn/decide.py
+    ex = Executor(net, spec, decision, device="auto", seed=0)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
     grads = ex.gradients()                # {'conv1.weight': ndarray (a copy), ...}

@@ -1,15 +1,17 @@
 """The planner's memory policies: `dyn` (vDNN_dyn: profile the network, then plan for the
 budget) and FixedDecision (a decision made beforehand).
 
-    decide(net, 256, policy="dyn", memory_budget="12GiB")        # measures on this GPU
-    decide(net, 256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB")
-    decide(net, 256, policy=FixedDecision(decision), memory_budget="12GiB")
-    (minidnn/decide.py; build_executor takes the same arguments)
+    decide(net, StepSpec(batch=256, policy="dyn", memory_budget="12GiB"))  # measures here
+    decide(net, StepSpec(batch=256, policy=DynPolicy(gpu="k40"), memory_budget="12GiB"))
+    decide(net, StepSpec(batch=256, policy=FixedDecision(decision)))
+    (minidnn/decide.py, minidnn/spec.py; build_executor takes the same spec)
 
-DynPolicy.decide(plan, budget) gets a Profile (given; or the analytic model of a named GPU; or
-measured on the device, cached on disk: profile.py), runs the planner (search.py) for each
-micro-batch count (split.py) and returns its decision: how many micro-batches a step runs,
-which feature maps to offload or recompute, and which convolution plan each convolution runs.
+DynPolicy.decide(plan, budget) plans the StepSpec decide.py bound with planning.plan_step, the
+road `minidnn plan` takes too: a Profile (given; or the analytic model of a named GPU; or
+measured on the device, cached on disk: profile.py), the planner (search.py) for each
+micro-batch count and layer chunks (split.py), and returns its decision: how many
+micro-batches a step runs, which feature maps to offload or recompute, and which
+convolution plan each convolution runs.
 Without a budget nothing needs planning: no offload, the fastest plans. A budget below what
 any decision needs raises InfeasibleBudgetError (a MemoryBudgetError) naming the minimum.
 
@@ -25,7 +27,6 @@ from dataclasses import dataclass, fields, replace
 
 from ..errors import ConfigError
 from ..memory.policy import MemoryDecision, Policy, register_policy
-from .planning import ProfileSource
 
 # A training run's input batches live outside the arena (a loader's host buffers, or the
 # synthetic source's device batches made before it), so a run's plan counts none of them
@@ -70,6 +71,7 @@ class DynPolicy(Policy):
                    "step time")
 
     def __init__(self, profile=None, gpu=None, device=None, **options):
+        from .planning import ProfileSource
         source = {k: options.pop(k) for k in _SOURCE_FIELDS if k in options}
         unknown = sorted(set(options) - {f.name for f in fields(DynOptions)})
         if unknown:

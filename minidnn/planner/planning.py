@@ -92,16 +92,17 @@ class StepPlan:
     first: SplitOption | None
     remeasured: SplitPlan | None = None
     measure_least: object = field(default=None, repr=False)
+    _least: int | None = field(default=None, init=False, repr=False)
 
     def least_budget(self) -> int:
         """The least budget the step trains in, whatever the budget planned for: what a run
-        refused a smaller budget names (split.least_budget; measured when first asked, unless
-        nothing fit: then the split names it)."""
+        refused a smaller budget names (split.least_budget, measured when first asked: it
+        weighs every count and chunk once more; where nothing fit, the split names it)."""
         if self.chosen is None or self.measure_least is None:
             return self.split.minimum_budget
-        least = self.measure_least()
-        self.measure_least = lambda: least
-        return least
+        if self._least is None:
+            self._least = self.measure_least()
+        return self._least
 
     def infeasible_error(self):
         """The InfeasibleBudgetError naming the least budget (when nothing fits)."""

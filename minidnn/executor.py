@@ -7,8 +7,9 @@ the memory manager, every number from a layer. This is the Python API the traini
 the CLI are built on:
 
     net = models.build("alexnet", num_classes=10, image_size=64)
-    decision = decide(net, 32, policy="all", memory_budget="4GiB")      # minidnn/decide.py
-    ex = Executor(net, batch=32, device="auto", seed=0, memory_budget="4GiB", decision=decision)
+    spec = StepSpec(batch=32, policy="all", memory_budget="4GiB")     # minidnn/spec.py
+    decision = decide(net, spec)                                        # minidnn/decide.py
+    ex = Executor(net, spec, decision, device="auto", seed=0)
     loss = ex.forward(x, labels)          # x: (32, 3, 64, 64) float32, labels: (32,) int
     ex.backward()
     grads = ex.gradients()                # {'conv1.weight': ndarray (a copy), ...}
@@ -56,203 +57,96 @@ temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from . import kernels
-from .backend import Device, select_device, to_numpy
-from .chunks import chunk_network
-from .errors import ConfigError, DataError, ShapeError, parse_bytes
-from .fusion import bias_relu_pairs, bn_relu_pairs
-from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
+from .assembly import SET_UP, Assembly, resolve_spec
+from .backend import Device, to_numpy
+from .errors import ConfigError, DataError, ShapeError
 from .layers import precision as mixed
 from .layers.base import StepContext
-from .layers.conv import parse_plan_setting
-from .layers.draws import scratch_bytes
-from .layers.slices import check_split, deterministic_slice
-from .layers.merge import BatchJoin
-from .memory.allocator import Allocator, CountingAllocator, aligned
-from .memory.arena import Arena, make_allocator
-from .memory.host import HostSlab, check_host_memory
-from .memory.layout import PlannedBlocks
-from .memory.manager import MemoryManager
 from .memory.observer import ObserverGroup
-from .memory.plan import LivenessPlan
-from .memory.policy import CALL_PHASES, NO_DECISION, MemoryDecision, check_runnable
-from .memory.record import layout_for_step
+from .memory.policy import NO_DECISION, MemoryDecision
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
-from .step_graph import StepGraphs, capturable
+from .spec import StepSpec
+from .step_graph import step_graphs
 
 
-def check_micro_batches(net: Network, batch: int, micro_batches, allow_statistics: bool) -> int:
-    """micro_batches as an int, checked: it divides the batch (passes of equal size, so each
-    pass's mean loss weighs the same), and a network whose layers compute whole-batch
-    statistics splits only when `allow_statistics`. ConfigError otherwise."""
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
-            or micro_batches < 1:
-        raise ConfigError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
-    k = int(micro_batches)
-    if batch % k:
-        raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
-                          f"micro-batches")
-    stats = net.batch_statistics_layers()
-    if k > 1 and stats and not allow_statistics:
-        raise ConfigError(f"network {net.name!r} has layers that normalize with the whole "
-                          f"batch's statistics ({', '.join(stats)}): split into {k} "
-                          f"micro-batches they would see {batch // k} images each and train "
-                          f"differently; allow it explicitly (split_batch_statistics, "
-                          f"--split-batch-statistics) or do not split")
-    return k
+def check_step_inputs(net: Network, plan, batch: int, x, labels) -> None:
+    """x (batch, C, H, W) and labels (batch,) integers below the classes of `net` (its
+    `plan` says how many); ShapeError or DataError otherwise."""
+    want = (batch,) + net.input_shape
+    if tuple(x.shape) != want:
+        raise ShapeError(f"input 'data' of network {net.name!r} must have shape {want} "
+                         f"(batch, channels, height, width), got {tuple(x.shape)}")
+    if tuple(labels.shape) != (batch,):
+        raise ShapeError(f"input 'label' must have shape ({batch},), "
+                         f"got {tuple(labels.shape)}")
+    if isinstance(labels, np.ndarray):  # device labels come from our own generators
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise DataError(f"labels must be integers, got dtype {labels.dtype}")
+        k = plan.tensors[net.output].shape[-1]
+        if labels.size and (labels.min() < 0 or labels.max() >= k):
+            bad = labels[(labels < 0) | (labels >= k)][0]
+            raise DataError(f"label {bad} is out of range: network {net.name!r} has "
+                            f"{k} classes (labels 0..{k - 1})")
+
+
+def mean_of_passes(losses):
+    """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
+    total = losses[0]
+    for loss in losses[1:]:
+        total = total + loss
+    return total / len(losses)
 
 
 class Executor:
-    """Training and evaluation steps of `net` at a fixed batch size on one device.
+    """Training and evaluation steps of `net` for one StepSpec on one device.
 
-    memory_budget: bytes (int or '12GiB') for everything on the device, or None.
-    decision: the finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep
-    every map, prefetch one layer ahead). Its conv plan settings reach the convolutions
-    through the StepContext; the layers keep their own. trace: keep a trace.Tracer in
-    `self.tracer`.
-    compute=False: dry run (simulate_step only).
-    static_layout: place every feature-map block at an address planned before step one
-    (memory/layout.py; no fragmentation, a known peak) instead of allocating it at run time.
-    None (default): planned when a memory budget is given, where fragmentation can make a
-    step fail; without a budget, run-time allocation lets workspaces reuse feature-map bytes
-    across the step, which gives a lower peak.
-    The decision's `relu_bits` ReLUs keep one bit per value instead of their output
-    (layers/relu.py; lossless): the liveness plan is made with them and they reach the ReLUs
-    through the StepContext; the layers keep their own setting.
-    host_limit: bytes of pinned host memory for offloaded maps (None: no limit).
-    math / deterministic: passed to the GPU kernels' `configure` when given (a setting of
-    the kernel module, so it stays in force for later executors too); deterministic=True
-    also sums over the batch in fixed slices on every device (layers/slices.py).
-    allocator / host: a memory.allocator.Allocator for the device / for offloaded maps, to
-    use instead of the ones the executor would make (the planner's step model gives a dry run
-    its recording allocator this way).
-    input_grad: also compute d loss / d input batch in backward (`input_gradient()`); it costs
-    the data-gradient pass of the first layers and one input-sized buffer.
-    The decision's `micro_batches` (which must divide the batch) runs each training step as
-    that many passes of batch / micro_batches images, gradients accumulated, one optimizer
-    update. split_batch_statistics: allow that in a network with a layer whose result
-    depends on the whole batch (`batch_statistics = True`: BatchNorm), which then sees each
-    micro-batch's statistics instead of the batch's; without it such a split is an error.
-    The decision's `layout` and `precision` (kernels/mapformat.py) say how feature maps are
-    stored: 'nchw' or 'nhwc' (channels last; 4-D parameters, the conv weights, are then laid
-    out (O, KH, KW, C) on the device, and state_dict() still gives OIHW), and 'fp32' or
-    'bf16' (mixed precision: maps and their gradients in bfloat16, everything else float32;
-    layers/precision.py runs layers on them).
-    batch_offset / global_batch: this executor's batch is rows batch_offset .. batch_offset
-    + batch of a larger global batch (one rank's share in data-parallel training); layers that
-    draw per row (dropout) draw for the global batch and use these rows. Default: the batch
-    is the whole batch.
-    plan: the LivenessPlan to run by, instead of making one: it must be this network's at the
-    pass batch, with the decision's ReLU bit masks and map format and this `input_grad`
-    (ConfigError otherwise). The plan never changes once made, so the planner's step model
-    shares one among the thousands of dry runs it makes.
-    blocks: a dry run with the static layout only: the feature-map blocks to take instead of
-    planning a layout (none is recorded or packed, and no region is taken): the planner's
-    step model passes blocks that record the intervals of the step it walks, and packs them
-    afterwards (planner/recorded.py), so that one walk gives both.
-    graphs: on the GPU, replay train_step from a CUDA graph of an earlier step where the step
-    allows it (minidnn/step_graph.py: same bits, far less host work); False: never.
+    spec: the StepSpec (minidnn/spec.py: batch, budget, static layout, ranks' rows, graphs,
+    math, deterministic, ...), or a batch size with the spec's fields as keywords
+    (`settings`, filled in from the decision's spec where it has one). decision: the
+    finished memory.policy.MemoryDecision to run (minidnn/decide.py; None: keep every map,
+    prefetch one layer ahead); one made for another spec is refused. Its conv plan settings,
+    ReLU bit masks and fused pairs reach the layers through the StepContext; the layers keep
+    their own. Its `micro_batches` runs each training step as that many passes, gradients
+    accumulated, one optimizer update; its `layout` and `precision` (kernels/mapformat.py)
+    say how feature maps are stored ('nhwc': 4-D parameters laid out (O, KH, KW, C) on the
+    device, state_dict() still OIHW; 'bf16': maps and their gradients in bfloat16,
+    layers/precision.py). trace: keep a trace.Tracer in `self.tracer`. compute=False: a dry
+    run (simulate_step only). host_limit: bytes of pinned host memory for offloaded maps
+    (None: no limit). input_grad: also compute d loss / d input batch in backward
+    (`input_gradient()`). Everything set up before a step (allocator, parameters, plan,
+    layout, manager) is made by an Assembly (minidnn/assembly.py), which says more.
 
     Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
     them back to host memory and releases the device memory.
     """
 
-    def __init__(self, net: Network, batch: int, device: str | Device = "auto", seed: int = 0,
-                 memory_budget: int | str | None = None, decision: MemoryDecision | None = None,
-                 trace: bool = False, compute: bool = True,
-                 host_limit: int | str | None = None, math: str | None = None,
-                 deterministic: bool | None = None, static_layout: bool | None = None,
-                 allocator: Allocator | None = None, host: Allocator | None = None,
-                 input_grad: bool = False, split_batch_statistics: bool = False,
-                 batch_offset: int = 0, global_batch: int | None = None,
-                 plan: LivenessPlan | None = None, blocks=None, graphs: bool = True):
-        self.net = net
-        self.batch = int(batch)
-        self.batch_offset = int(batch_offset)
-        self.global_batch = self.batch if global_batch is None else int(global_batch)
-        if not 0 <= self.batch_offset <= self.global_batch - self.batch:
-            raise ConfigError(f"rows {self.batch_offset}..{self.batch_offset + self.batch} do "
-                              f"not lie in a global batch of {self.global_batch}")
-        self.device = device if isinstance(device, Device) else select_device(device)
-        self.xp = self.device.xp
-        self.seed = int(seed)
-        self.compute = bool(compute)
-        if isinstance(memory_budget, str):
-            memory_budget = parse_bytes(memory_budget)
-        if isinstance(host_limit, str):
-            host_limit = parse_bytes(host_limit)
-        self.decision = decision = NO_DECISION if decision is None else decision
-        check_runnable(decision)
-        self.micro_batches = check_micro_batches(net, self.batch, decision.micro_batches,
-                                                 split_batch_statistics)
-        self.micro_batch = self.batch // self.micro_batches  # images in one pass
-        # Deterministic: sums over the batch in fixed slices, passes last to first
-        # (layers/slices.py); BatchNorm with split statistics normalizes each slice.
-        self.batch_slice = deterministic_slice(self.batch) if deterministic else None
-        if self.batch_slice is not None:
-            check_split(self.batch, self.micro_batches, decision.chunks)
-        self._statistics_slice = self.batch_slice if split_batch_statistics else None
-        self.prefetch_lookahead = int(decision.prefetch_lookahead)
-        self.memory_budget = memory_budget
-        self.kernels = kernels.for_device(self.device)
-        if (math is not None or deterministic is not None) and hasattr(self.kernels, "configure"):
-            opts = {k: v for k, v in (("math", math), ("deterministic", deterministic))
-                    if v is not None}
-            self.kernels.configure(**opts)
-        self.host = host if host is not None else self._make_host(host_limit)
-        self._routed = False
-        self._held_bufs: list = []
-        self._host_params: list = []   # (parameter, its host values) before they moved here
-        self.allocator = None
-        try:  # from here on, a failure must give the parameters, device memory and CuPy back
-            self._check_relu_bits()
-            self.maps = MapFormat(decision.layout, decision.precision)
-            graph = self._chunked(net)
-            if plan is None:
-                plan = LivenessPlan(graph, self.micro_batch, relu_bits=decision.relu_bits,
-                                    input_grad=input_grad, maps=self.maps)
-            self._check_plan(plan, graph, input_grad)
-            self.plan = plan
-            self._row_offsets = self._piece_offsets()
-            self._check_conv_plans()
-            self._bias_deferred, self._relu_bias = self._bias_relu()
-            self._relu_in_bn, self._relu_done = self._bn_relu()
-            if static_layout is None:
-                static_layout = memory_budget is not None
-            self.allocator = allocator if allocator is not None else \
-                self._make_allocator(memory_budget)
-            self._place_parameters()
-            self.layout = None
-            # Workspaces are planned blocks only inside a static layout; scratch blocks for
-            # random draws are the manager's always, planned or not.
-            workspace = self._workspace_blocks() if static_layout else {}
-            scratch = self._scratch_blocks()
-            if blocks is not None and (self.compute or not static_layout):
-                raise ConfigError("blocks are given only to a dry run with a static layout")
-            if blocks is None and static_layout:
-                blocks = self._plan_layout(self.prefetch_lookahead, workspace, scratch)
-            self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
-                                         offload=self.decision.offload,
-                                         prefetch_lookahead=self.prefetch_lookahead,
-                                         dry=not self.compute, blocks=blocks,
-                                         workspace=workspace,
-                                         recompute=self.decision.recompute, scratch=scratch,
-                                         add=self.kernels.add)
-        except BaseException:
-            for p, values in self._host_params:  # not views into memory about to go away
-                p.data = values
-                if hasattr(p, "grad"):   # parameters; buffers have no gradient
-                    p.grad = None
-            if self.allocator is not None:
-                self._release_device_memory()
-            raise
-        self._host_params = []
+    def __init__(self, net: Network, spec: StepSpec | int, decision: MemoryDecision | None = None,
+                 device: str | Device = "auto", seed: int = 0, trace: bool = False,
+                 compute: bool = True, host_limit: int | str | None = None,
+                 input_grad: bool = False, **settings):
+        decision = NO_DECISION if decision is None else decision
+        spec = resolve_spec(spec, decision, settings)
+        self._start(Assembly(net, spec, decision, device, seed, compute, host_limit,
+                             input_grad), trace)
+
+    @classmethod
+    def assembled(cls, setup: Assembly, trace: bool = False) -> Executor:
+        """An executor of what `setup` (minidnn/assembly.py) set up: the planner's dry runs
+        assemble theirs with a recording allocator and shared plans (DryParts)."""
+        ex = cls.__new__(cls)
+        ex._start(setup, trace)
+        return ex
+
+    def _start(self, setup: Assembly, trace: bool) -> None:
+        """Take what `setup` made (the executor runs with it) and start with no step."""
+        self.setup = setup
+        for name in SET_UP:
+            setattr(self, name, getattr(setup, name))
         self.tracer = None
         self.observer = None           # what the executor and the manager tell (watch)
         self._watched, self._standing = None, []
@@ -267,218 +161,7 @@ class Executor:
         self._in_step = False
         self._closed = False
         self._step_keys = None         # while a step is captured: its dropout keys' table
-        self._graphs = self._step_graphs(scratch) if graphs else None
-
-    def _step_graphs(self, scratch: dict):
-        """The StepGraphs that replay train_step (minidnn/step_graph.py), where a step can be
-        captured: on the GPU, from the arena, and, when maps move to host memory, in a static
-        layout; else None."""
-        if not (self.compute and self.device.is_gpu and isinstance(self.allocator, Arena)) \
-                or not capturable(bool(self.manager.offload), self.layout is not None):
-            return None
-        draw_layers = {self.plan.nodes[i].layer.index for i, phase in scratch
-                       if phase != "recompute" and
-                       self.plan.nodes[i].layer.random_draws(phase) is not None}
-        return StepGraphs(self.device, self.allocator, self._step, self.seed, draw_layers,
-                          self.kernels.bind_libraries, self.manager.ordered_by_streams)
-
-    # ---- memory set-up ----------------------------------------------------------------------------
-    def _make_allocator(self, budget):
-        """The dry run counts receipts; otherwise an Arena (GPU, or any budget) with CuPy's
-        allocator routed into it, or a counting SimpleAllocator on a CPU without a budget."""
-        if not self.compute:
-            return CountingAllocator(budget)
-        if not self.device.is_gpu:   # the CPU's arena and host slab are both host memory
-            slab = self.decision.offload_bytes(self.plan)
-            limit = getattr(self.host, "limit", None)
-            check_host_memory(budget or 0, slab if limit is None else min(slab, limit))
-        allocator = make_allocator(self.device, budget)
-        if self.device.is_gpu:
-            allocator.install()  # every CuPy allocation now comes out of the arena
-            self._routed = True
-        return allocator
-
-    def _make_host(self, limit):
-        return CountingAllocator(limit) if not self.compute else HostSlab(self.device, limit)
-
-    def _place_parameters(self) -> None:
-        """Parameters and their gradients out of the device allocator (counted, budgeted)."""
-        params = self.net.parameters()
-        if not self.compute:
-            # A dry run only counts: one receipt of the bytes they would all take, each tensor
-            # aligned as its own block would be (a planner makes thousands of dry runs)
-            nbytes = sum(2 * aligned(max(math.prod(p.shape) * self.net.dtype.itemsize, 1))
-                         for _, p in params)
-            if params:
-                self._held_bufs.append(self.allocator.alloc(nbytes,
-                                                            "parameters and their gradients"))
-            self._place_buffers()   # BatchNorm's running statistics are held as well
-            return
-        if any(p.data is None for _, p in params):
-            # Initialize what is missing; values already loaded (a partial state dict) stay.
-            loaded = {id(p): p.data for _, p in params if p.data is not None}
-            self.net.init_params(self.seed)
-            for _, p in params:
-                p.data = loaded.get(id(p), p.data)
-        for name, p in params:
-            values = np.ascontiguousarray(to_numpy(p.data), dtype=self.net.dtype)
-            self._host_params.append((p, values))
-            _, buf = self.allocator.empty(p.shape, self.net.dtype, f"parameter {name}")
-            self._held_bufs.append(buf)
-            _, gbuf = self.allocator.empty(p.shape, self.net.dtype, f"gradient of {name}")
-            self._held_bufs.append(gbuf)
-            data = self.maps.view(buf, p.shape, self.net.dtype)   # conv weights as the maps
-            grad = self.maps.view(gbuf, p.shape, self.net.dtype)
-            if self.device.is_gpu:
-                with self.device.compute:
-                    in_memory_order(data).set(arrange(values, self.maps.layout).reshape(-1),
-                                              stream=self.device.compute)
-                    grad.fill(0)
-            else:
-                data[...] = values
-                grad.fill(0)
-            p.data, p.grad = data, grad
-        self._place_buffers()
-
-    def _place_buffers(self) -> None:
-        """Layer buffers (BatchNorm's running statistics) out of the device allocator too."""
-        for name, b in self.net.buffers():
-            dtype = b.dtype or self.net.dtype
-            if not self.compute:
-                self._held_bufs.append(self.allocator.alloc(
-                    max(math.prod(b.shape), 1) * np.dtype(dtype).itemsize,
-                    f"buffer {name}"))
-                continue
-            values = b.initial_value(self.net.dtype) if b.data is None else \
-                np.array(to_numpy(b.data), dtype=dtype)
-            self._host_params.append((b, values))
-            data, buf = self.allocator.empty(b.shape, dtype, f"buffer {name}")
-            self._held_bufs.append(buf)
-            if self.device.is_gpu:
-                with self.device.compute:
-                    data.set(values, stream=self.device.compute)
-            else:
-                data[...] = values
-            b.data = data
-
-    def _chunked(self, net: Network) -> Network:
-        """The network a pass runs: `net`, or, with the decision's layer chunks, the chunked
-        network (minidnn/chunks.py), each chunk's pieces dividing the pass batch evenly."""
-        if not self.decision.chunks:
-            return net
-        graph = chunk_network(net, self.decision.chunks)
-        for first, last, pieces in self.decision.chunks:
-            if self.micro_batch % pieces:
-                raise ConfigError(f"layer chunk {first}..{last}: {pieces} pieces must divide "
-                                  f"the pass batch {self.micro_batch} into equal pieces")
-        # Shapes of `net` inferred here, so that reading its parameters later does not set
-        # its layers up again (the chunked plan set them up for the pieces' rows).
-        net.infer_shapes(self.micro_batch)
-        return graph
-
-    def _piece_offsets(self) -> dict:
-        """{node index: first row of its piece in the pass} for the pieces of layer chunks:
-        added to the pass's batch offset, so that dropout draws the pass's rows."""
-        return {i: node.piece[0] * (self.micro_batch // node.piece[1])
-                for i, node in enumerate(self.plan.nodes) if node.piece is not None}
-
-    def _check_plan(self, plan: LivenessPlan, graph: Network, input_grad: bool) -> None:
-        """A plan given to the executor is the one it would have made itself: of `graph`
-        (the network, or the same chunked network made by another call of chunk_network)."""
-        def nodes(g):   # the joins are new layers each time; every other layer is net's
-            return [(n.name, n.inputs, n.piece,
-                     type(n.layer) if isinstance(n.layer, BatchJoin) else n.layer)
-                    for n in g.nodes]
-
-        same = plan.net is graph or bool(self.decision.chunks) and nodes(plan.net) == nodes(graph)
-        if not same or plan.batch != self.micro_batch or \
-                plan.relu_bits != frozenset(self.decision.relu_bits) or \
-                plan.input_grad != bool(input_grad) or plan.maps != self.maps:
-            raise ConfigError(f"the liveness plan given is not that of network "
-                              f"{self.net.name!r} at batch {self.micro_batch} with this "
-                              f"decision's ReLU bit masks and map format")
-
-    def _check_conv_plans(self) -> None:
-        """Every plan setting of the decision names a convolution of this network and reads
-        as a setting (layers/conv.py); the layers receive them through the StepContext."""
-        for name, setting in self.decision.conv_algo.items():
-            if self.net.node(name).layer.kind != "conv":
-                raise ConfigError(f"memory decision sets a convolution plan for {name!r}, "
-                                  f"which is not a convolution of network {self.net.name!r}")
-            parse_plan_setting(setting)
-
-    def _check_relu_bits(self) -> None:
-        """Every ReLU the decision has keep bit masks is a ReLU of this network; the layers
-        receive the names through the StepContext."""
-        for name in sorted(self.decision.relu_bits):
-            if self.net.node(name).layer.kind != "relu":
-                raise ConfigError(f"memory decision has {name!r} keep ReLU bit masks, which "
-                                  f"is not a ReLU of network {self.net.name!r}")
-
-    def _workspace_blocks(self) -> dict:
-        """{(node index, phase): bytes} of the decision's planned workspaces (a layer of a
-        chunk gets its block in each of its pieces)."""
-        calls = {}            # layer -> the plan's nodes that run it
-        for i, node in enumerate(self.plan.nodes):
-            calls.setdefault(id(node.layer), []).append(i)
-        index = {node.name: calls[id(node.layer)] for node in self.net.nodes}
-        blocks = {}
-        for (name, phase), nbytes in self.decision.workspace.items():
-            if name not in index or phase not in CALL_PHASES:
-                raise ConfigError(f"memory decision plans a workspace for {name!r} ({phase}), "
-                                  f"which is not a layer call of network {self.net.name!r}")
-            if int(nbytes) > 0:
-                for i in index[name]:
-                    blocks[(i, phase)] = int(nbytes)
-        return blocks
-
-    def _scratch_blocks(self) -> dict:
-        """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
-        maps to float32 (layers/precision.py: the copies, first in the block) or draw random
-        numbers (layers/draws.py: the whole batch's draws and this device's generator)."""
-        # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
-        kind = getattr(self.device, "planned_kind", self.device.kind)
-        bf16_ops = BF16_OPS[kind]
-        widens = self.plan.maps.precision == "bf16"
-        blocks = {}
-        for i, node in enumerate(self.plan.nodes):
-            for phase in CALL_PHASES:
-                nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
-                                               self.plan.call_maps(i, phase)) if widens else 0
-                shape = node.layer.random_draws(phase) if phase != "recompute" else None
-                if shape is not None:
-                    nbytes += scratch_bytes(shape, self.global_batch,
-                                            self.device.generator_bytes)
-                if nbytes:
-                    blocks[(i, phase)] = nbytes
-        return blocks
-
-    def _plan_layout(self, lookahead: int, workspace: dict, scratch: dict):
-        """Record one step's blocks (and planned workspaces and scratch blocks), pack them
-        (memory/layout.py), and take the region for them from the allocator now, so that a
-        budget too small fails before step one."""
-        keep = self.layout_keep()
-        self.layout = layout_for_step(self.plan, self.decision.offload, lookahead, keep,
-                                      workspace, self.decision.recompute, scratch)
-        buf = self.allocator.alloc(self.layout.size, "feature maps (static layout)")
-        self._held_bufs.append(buf)
-        # A dry run only counts: its blocks are views of an empty array.
-        region = buf if self.compute else np.empty(0, np.uint8)
-        return PlannedBlocks(self.layout, region, self.allocator)
-
-    def layout_keep(self) -> tuple:
-        """The tensors the static layout holds to the step's end: the loss, and the logits,
-        which forward(..., keep_outputs=True) keeps for outputs()."""
-        return (self.net.loss_node.name, self.net.output)
-
-    def _release_device_memory(self) -> None:
-        for buf in self._held_bufs:
-            self.allocator.free(buf)
-        self._held_bufs = []
-        if self._routed:
-            self.allocator.uninstall()
-            self._routed = False
-        self.allocator.close()
+        self._graphs = step_graphs(self, setup) if self.spec.graphs else None
 
     def close(self) -> None:
         """Bring parameters back to host memory (NumPy) and release all device memory."""
@@ -489,15 +172,7 @@ class Executor:
             self._graphs = None     # it refers back to this executor (its plain step)
         self.manager.close()
         self.device.synchronize()
-        if self.compute:
-            for _, p in self.net.parameters():
-                p.data = np.array(to_numpy(p.data), copy=True, order="C")
-                p.grad = None
-            for _, b in self.net.buffers():
-                b.data = np.array(to_numpy(b.data), copy=True)
-        self._release_device_memory()
-        self.host.close()
-        self._host_params = []
+        self.setup.release()
         self._closed = True
 
     def __enter__(self):
@@ -539,52 +214,6 @@ class Executor:
         return self.tracer
 
     # ---- one step -------------------------------------------------------------------------------
-    def _check_batch(self, x, labels) -> None:
-        want = (self.batch,) + self.net.input_shape
-        if tuple(x.shape) != want:
-            raise ShapeError(f"input 'data' of network {self.net.name!r} must have shape {want} "
-                             f"(batch, channels, height, width), got {tuple(x.shape)}")
-        if tuple(labels.shape) != (self.batch,):
-            raise ShapeError(f"input 'label' must have shape ({self.batch},), "
-                             f"got {tuple(labels.shape)}")
-        if isinstance(labels, np.ndarray):  # device labels come from our own generators
-            if not np.issubdtype(labels.dtype, np.integer):
-                raise DataError(f"labels must be integers, got dtype {labels.dtype}")
-            k = self.plan.tensors[self.net.output].shape[-1]
-            if labels.size and (labels.min() < 0 or labels.max() >= k):
-                bad = labels[(labels < 0) | (labels >= k)][0]
-                raise DataError(f"label {bad} is out of range: network {self.net.name!r} has "
-                                f"{k} classes (labels 0..{k - 1})")
-
-    def _fusion_pairs(self, field: str, allowed: dict, what: str) -> dict:
-        """The decision's `field` pairs (minidnn/fusion.py), checked against those this step's
-        plan allows (`allowed`); ConfigError naming the pairs that would change results."""
-        pairs = getattr(self.decision, field)
-        wrong = {a: b for a, b in pairs.items() if allowed.get(a) != b}
-        if wrong:
-            raise ConfigError(f"the decision {what} where that would change results: {wrong} "
-                              f"(minidnn/fusion.py)")
-        return pairs
-
-    def _bias_relu(self) -> tuple:
-        """(convolutions whose bias the ReLU after them adds, {ReLU name: that bias
-        Parameter}) from the decision's bias_relu."""
-        if not self.decision.bias_relu:              # nothing fused, nothing to check
-            return frozenset(), {}
-        pairs = self._fusion_pairs("bias_relu", bias_relu_pairs(self.plan),
-                                   "moves convolution biases into ReLUs")
-        return (frozenset(pairs.values()),
-                {r: self.net.node(c).layer.params["bias"] for r, c in pairs.items()})
-
-    def _bn_relu(self) -> tuple:
-        """(batch norms that apply the ReLU after them, those ReLUs) from the decision's
-        bn_relu."""
-        if not self.decision.bn_relu:
-            return frozenset(), frozenset()
-        pairs = self._fusion_pairs("bn_relu", bn_relu_pairs(self.plan),
-                                   "moves ReLUs into batch norms")
-        return frozenset(pairs.values()), frozenset(pairs)
-
     def _ctx(self, train: bool, offset: int = 0) -> StepContext:
         return StepContext(self.xp, kernels=self.kernels, train=train, step=self.step,
                            seed=self.seed, device=self.device,
@@ -596,7 +225,7 @@ class Executor:
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
                            relu_done=self._relu_done, step_keys=self._step_keys,
                            batch_slice=self.batch_slice,
-                           statistics_slice=self._statistics_slice)
+                           statistics_slice=self.statistics_slice)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:
@@ -719,7 +348,7 @@ class Executor:
         """x and labels as arrays, checked against the step's batch."""
         x = x if hasattr(x, "shape") else np.asarray(x, dtype=self.net.dtype)
         labels = labels if hasattr(labels, "shape") else np.asarray(labels)
-        self._check_batch(x, labels)
+        check_step_inputs(self.net, self.plan, self.batch, x, labels)
         return x, labels
 
     def forward(self, x, labels, train: bool = True, keep_outputs: bool = False,
@@ -747,14 +376,7 @@ class Executor:
             outputs.append(self._outputs)
         if keep_outputs:
             self._outputs = self.xp.concatenate(outputs)
-        return self._mean_of_passes(losses)
-
-    def _mean_of_passes(self, losses):
-        """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
-        total = losses[0]
-        for loss in losses[1:]:
-            total = total + loss
-        return total / len(losses)
+        return mean_of_passes(losses)
 
     def _forward_pass(self, x, labels, train: bool, keep_outputs: bool, dropout: bool,
                       offset: int = 0):
@@ -827,7 +449,7 @@ class Executor:
             input_grads = [grad for _, grad in sorted(input_grads, key=lambda p: p[0])]
             self._input_grad = input_grads[0] if len(input_grads) == 1 else \
                 self.xp.concatenate(input_grads)
-        return losses[0] if len(losses) == 1 else self._mean_of_passes(losses)
+        return losses[0] if len(losses) == 1 else mean_of_passes(losses)
 
     def train_step(self, x, labels, optimizer, dropout: bool = True):
         """forward, backward (per micro-batch), optimizer update; returns the loss (0-d

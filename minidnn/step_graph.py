@@ -40,6 +40,7 @@ import contextlib
 import traceback
 import warnings
 
+from .memory.arena import Arena
 from .memory.graph_pool import GraphPool
 
 WARMUP = 2           # plain steps before the first capture
@@ -190,3 +191,19 @@ class StepGraphs:
                 joined = self.device.event()
                 joined.record(side)
                 compute.wait_event(joined)
+
+
+def step_graphs(ex, setup) -> StepGraphs | None:
+    """The StepGraphs that replay executor `ex`'s train_step (its plain step, ex._step)
+    with what its Assembly `setup` made (this module), where a step can be
+    captured: on the GPU, from the arena, and, when maps move to host memory, in a static
+    layout; else None."""
+    if not (setup.compute and setup.device.is_gpu and isinstance(setup.allocator, Arena)) \
+            or not capturable(bool(setup.manager.offload), setup.layout is not None):
+        return None
+    # The scratch blocks of calls that draw random numbers (others widen bf16 maps only).
+    draw_layers = {setup.plan.nodes[i].layer.index for i, phase in setup.scratch
+                   if phase != "recompute" and
+                   setup.plan.nodes[i].layer.random_draws(phase) is not None}
+    return StepGraphs(setup.device, setup.allocator, ex._step, setup.seed, draw_layers,
+                      setup.kernels.bind_libraries, setup.manager.ordered_by_streams)

@@ -48,6 +48,7 @@ from .outputs import check_output_path, write_output  # noqa: F401 (their old ho
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
+from .spec import StepSpec
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).
 SHAPES_IMAGE_SIZE = 64
@@ -193,21 +194,21 @@ def resolve_image_size(cfg: TrainConfig) -> int:
 def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
     """The executor a run trains on (on `device`, a backend.Device, or on cfg.device); with
     `dp` (a distributed.DataParallel), on this rank's share of the batch."""
-    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch) if dp else {}
-    policy = cfg.policy
+    share = dict(batch_offset=dp.batch_offset, global_batch=cfg.batch, ranks=dp.size) \
+        if dp else {}
+    policy, chunks = cfg.policy, cfg.chunks
     if policy == "dyn":
         from .planner.dyn import RUN_INPUT_BATCHES, DynPolicy
+        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES)
         # A data-parallel step does not run layer chunks (distributed/data_parallel.py).
-        policy = DynPolicy(host_link_gbps=cfg.host_link_gbps, input_batches=RUN_INPUT_BATCHES,
-                           chunks=() if dp and cfg.chunks is None else None)
-    return build_executor(net, dp.local_batch if dp else cfg.batch, device=device or cfg.device,
-                          seed=cfg.seed, memory_budget=cfg.memory_budget, policy=policy,
-                          prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
-                          deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
-                          micro_batches=cfg.micro_batches, chunks=cfg.chunks,
-                          split_batch_statistics=cfg.split_batch_statistics,
-                          precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
-                          **share)
+        chunks = () if dp and chunks is None else chunks
+    spec = StepSpec(batch=dp.local_batch if dp else cfg.batch, memory_budget=cfg.memory_budget,
+                    policy=policy, prefetch_lookahead=cfg.prefetch_lookahead, math=cfg.math,
+                    deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
+                    micro_batches=cfg.micro_batches, chunks=chunks,
+                    split_batch_statistics=cfg.split_batch_statistics,
+                    precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs, **share)
+    return build_executor(net, spec, device=device or cfg.device, seed=cfg.seed)
 
 
 class StepTimer:

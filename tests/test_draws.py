@@ -8,6 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from minidnn.assembly import Assembly, DryParts
+from minidnn.memory.policy import NO_DECISION
+from minidnn.spec import StepSpec
 from minidnn import SGD, Network, models
 from minidnn.backend import Device
 from minidnn.executor import Executor
@@ -18,7 +21,7 @@ from minidnn.memory.allocator import SimpleAllocator
 from minidnn.planner.gpus import H200, analytic_profile
 from minidnn.planner.profile import measure_profile
 from minidnn.planner.search import Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 
 MiB = 2**20
 
@@ -78,8 +81,9 @@ def test_a_training_step_takes_each_dropout_draw_from_the_memory_manager(budget)
     y = np.arange(batch) % 10
     need = scratch_bytes((batch, 256), None, gen)
     allocator = LoggingAllocator() if budget is None else None
-    with Executor(net, batch, device=BigGeneratorCpu(gen), memory_budget=budget,
-                  allocator=allocator) as ex:
+    setup = Assembly(net, StepSpec(batch=batch, memory_budget=budget), NO_DECISION,
+                     BigGeneratorCpu(gen), dry=DryParts(allocator=allocator))
+    with Executor.assembled(setup) as ex:
         ex.forward(x, y)
         mask = ex.manager.view("drop:mask").copy()
         ex.backward()

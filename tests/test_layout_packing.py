@@ -11,7 +11,7 @@ from minidnn import models
 from minidnn.memory.allocator import ALIGNMENT, aligned
 from minidnn.memory.layout import _place
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 
 from test_planner_replay import _decisions
 

@@ -334,7 +334,7 @@ def test_manager_walk_with_a_counting_allocator():
     plan = LivenessPlan(net, BATCH)
     alloc, host = CountingAllocator(), CountingAllocator()
     mm = MemoryManager(plan, Device("cpu"), alloc, host=host,
-                       offload=get_policy("all").decide(plan).offload, dry=True)
+                       decision=get_policy("all").decide(plan), dry=True)
     mm.begin_step(True)
     mm.write_input(DATA, None)
     mm.write_input(LABEL, None)

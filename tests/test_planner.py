@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from minidnn.spec import StepSpec
 from minidnn import Network, SGD
 from minidnn.errors import ConfigError, MemoryBudgetError
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
@@ -13,7 +14,7 @@ from minidnn.memory.policy import get_policy
 from minidnn.planner import DynPolicy, LayerCost, Profile
 from minidnn.planner.gpus import H200, K40, analytic_profile, get_gpu
 from minidnn.planner.search import InfeasibleBudgetError, Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 from minidnn.decide import build_executor
 
 MiB = 2**20
@@ -333,7 +334,7 @@ def test_a_planned_run_trains_within_its_budget_on_the_cpu(tmp_path):
     net = conv_chain(channels=8, size=16)
     batch = 8
     measuring = DynPolicy(device="cpu", cache_dir=tmp_path, input_batches=0)
-    measured = measuring.profile_for(net, batch)
+    measured = measuring.source.at(net, batch)
     assert measured.source == "measured" and list(tmp_path.glob("*.json"))   # cached
     prof = uniform_times(measured)
     policy = DynPolicy(profile=prof, input_batches=0)
@@ -354,10 +355,12 @@ def test_a_planned_run_trains_within_its_budget_on_the_cpu(tmp_path):
 
 def test_the_executor_can_tell_dyn_what_it_runs_with():
     policy = DynPolicy(gpu="h200")
-    policy.bind(device="cpu", prefetch_lookahead=0, static_layout=False)
-    assert (policy.device, policy.prefetch_lookahead, policy.static_layout) == ("cpu", 0, False)
-    policy.bind(device="gpu")                       # a device given at construction stays
-    assert policy.device == "cpu"
+    spec = StepSpec(batch=8, prefetch_lookahead=0, static_layout=False)
+    policy.bind(spec, device="cpu")
+    assert (policy.source.device, policy.spec.prefetch_lookahead,
+            policy.spec.static_layout) == ("cpu", 0, False)
+    policy.bind(spec, device="gpu")                 # a device given at construction stays
+    assert policy.source.device == "cpu"
 
 
 def test_a_fixed_decision_is_run_as_given():
@@ -373,7 +376,7 @@ def test_a_fixed_decision_is_run_as_given():
     # its ReLUs add (minidnn/fusion.py).
     from minidnn.fusion import bias_relu_pairs
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
-                                  bias_relu=bias_relu_pairs(ex.plan))
+                                  bias_relu=bias_relu_pairs(ex.plan), spec=ex.spec)
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"
     stats = ex.simulate_step()

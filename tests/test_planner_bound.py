@@ -3,6 +3,9 @@ fit, the residency read off the manager's log, and the liveness plan its dry run
 import numpy as np
 import pytest
 
+from minidnn.assembly import Assembly, DryParts
+from minidnn.memory.policy import NO_DECISION
+from minidnn.spec import StepSpec
 from minidnn import models
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
@@ -10,7 +13,8 @@ from minidnn.memory.observer import StepObserver
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import StepModel, SymbolicDevice, Unfit, _dry_executor
+from minidnn.planner.recording import SymbolicDevice
+from minidnn.planner.step_model import StepModel, Unfit
 
 GiB = 2**30
 
@@ -72,9 +76,8 @@ def test_residency_is_what_the_manager_holds_at_the_start_of_each_call():
                 self.seen[(phase, self.index[layer])] = frozenset(
                     fm.sid for fm in self.manager.maps if fm.device is not None)
 
-    ex = _dry_executor(model.net, model.batch, SymbolicDevice(), model.lookahead, offload,
-                       True, model.workspace_blocks(algos, recompute), recompute,
-                       plan=model.plan, global_batch=model.step_batch)
+    ex = model.dry_executor(SymbolicDevice(), offload, model.workspace_blocks(algos, recompute),
+                            recompute, static_layout=True)
     scan = Scan(ex.manager, model.index)
     ex.watch(scan)
     ex.simulate_step()
@@ -86,10 +89,13 @@ def test_residency_is_what_the_manager_holds_at_the_start_of_each_call():
 def test_an_executor_runs_by_a_liveness_plan_it_is_given_only_if_it_is_its_own():
     net = models.build("vgg16", num_classes=10, image_size=64)
     plan = LivenessPlan(net, 4)
-    ex = Executor(net, 4, device="cpu", compute=False, plan=plan)
+    def dry(batch):
+        return Executor.assembled(Assembly(net, StepSpec(batch=batch), NO_DECISION, "cpu",
+                                           compute=False, dry=DryParts(plan=plan)))
+    ex = dry(4)
     assert ex.plan is plan
     with pytest.raises(ConfigError, match="liveness plan"):
-        Executor(net, 8, device="cpu", compute=False, plan=plan)
+        dry(8)
 
 
 def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_prediction(
@@ -97,7 +103,7 @@ def test_an_evaluation_after_the_bound_packs_its_recorded_blocks_to_the_same_pre
     """evaluate_if_fits walks the step once for the bound; the evaluation that follows packs
     and times that walk instead of walking again, and predicts exactly what an evaluation
     with no bound before it does."""
-    from minidnn.planner.simulate import StepModel
+    from minidnn.planner.step_model import StepModel
     walk = StepModel._walk
     walks = []
 

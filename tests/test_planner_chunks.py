@@ -20,7 +20,7 @@ from minidnn.planner.chunking import CHUNK_PIECES, candidates, chains, chunk_pro
 from minidnn.planner.dyn import DynPolicy
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import NothingFaster, Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 from minidnn.planner.split import plan_split
 
 BATCH = 16
@@ -114,7 +114,7 @@ def test_below_one_pass_minimum_dyn_chunks_and_the_executor_runs_the_plan():
     plain, chunked = budgets(net)
     budget = (plain + chunked) // 2
     with pytest.raises(MemoryBudgetError):
-        decide(net, BATCH, DynPolicy(gpu="h200"), budget, micro_batches=1, chunks=())
+        decide(net, BATCH, policy=DynPolicy(gpu="h200"), memory_budget=budget, micro_batches=1, chunks=())
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, BATCH)
@@ -139,12 +139,12 @@ def test_below_one_pass_minimum_dyn_chunks_and_the_executor_runs_the_plan():
 def test_forced_chunks_plan_exactly_those_and_need_dyn():
     net = stem_net()
     plain, _ = budgets(net)
-    d = decide(net, BATCH, DynPolicy(gpu="h200"), 2 * plain, chunks=CHUNK, micro_batches=1)
+    d = decide(net, BATCH, policy=DynPolicy(gpu="h200"), memory_budget=2 * plain, chunks=CHUNK, micro_batches=1)
     assert d.chunks == CHUNK
     with pytest.raises(ConfigError, match="dyn"):
-        decide(net, BATCH, "all", 2 * plain, chunks=CHUNK)
+        decide(net, BATCH, policy="all", memory_budget=2 * plain, chunks=CHUNK)
     with pytest.raises(ConfigError, match="is not a chain|also read"):
-        decide(net, BATCH, DynPolicy(gpu="h200"), 2 * plain, chunks=(("conv1", "conv3", 2),))
+        decide(net, BATCH, policy=DynPolicy(gpu="h200"), memory_budget=2 * plain, chunks=(("conv1", "conv3", 2),))
 
 
 def test_a_search_gives_up_past_its_bound():

@@ -10,7 +10,7 @@ from minidnn import models
 from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.collector import collector_paused
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 
 
 def _decisions(model, seed=0):

@@ -8,6 +8,7 @@ import pytest
 from minidnn.errors import ConfigError, MinidnnError, fmt_bytes
 from minidnn.kernels.mapformat import MapFormat
 from minidnn.planner import command
+from minidnn.planner.planning import ProfileSource
 from minidnn.planner.search import InfeasibleBudgetError
 
 
@@ -161,7 +162,8 @@ def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path,
         def math_mode():
             return {"math": "tf32", "deterministic": False}
 
-    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset(), maps=None):
+    def fake_get_profile(net, batch, device, refresh=False, relu_bits=frozenset(), maps=None,
+                         **_):
         configured["layout"] = maps.layout
         return analytic_profile(net, batch, "h200", configured["math"], relu_bits)
     with monkeypatch.context() as m:   # a GPU as far as the plan command can tell
@@ -169,8 +171,8 @@ def test_a_deterministic_run_is_profiled_with_deterministic_algorithms(tmp_path,
         m.setattr(minidnn.backend, "Device", lambda kind: kind)
         m.setattr(minidnn.kernels, "for_device", lambda device: FakeKernels)
         m.setattr(profiling, "get_profile", fake_get_profile)
-        prof, source = command._profile(args, net, 64, s["math"], report, s["deterministic"],
-                                        maps=MapFormat(s["layout"], s["precision"]))
+        where, source = command._profile_source(args, s, report)
+        prof = where.at(net, 64, maps=MapFormat(s["layout"], s["precision"]))
     # measured in the run's layout: the report has none, so the GPU's default
     assert configured == {"math": "fp32", "deterministic": True, "layout": "nhwc"}
     assert prof.math == "fp32" and "measured profile of this" in source
@@ -260,13 +262,15 @@ def test_on_a_gpu_the_chosen_count_is_planned_again_from_its_own_measured_profil
     assert tight["micro_batches"] > 1
     measured = []
 
-    def fake_measured(net, batch, relu_bits, maps):
-        measured.append(batch)
-        return analytic_profile(net, batch, "h200", "tf32", relu_bits)
-    monkeypatch.setattr(command, "_measures_here", lambda args: True)
-    monkeypatch.setattr(command, "_measured_profile", fake_measured)
-    monkeypatch.setattr(command, "_profile", lambda args, net, batch, *a, **k: (
-        analytic_profile(net, batch, "h200", "tf32", frozenset()), "measured (test)"))
+    class FakeMeasured(ProfileSource):
+        def at(self, net, batch, relu_bits=frozenset(), maps=None):
+            return analytic_profile(net, batch, "h200", "tf32", relu_bits)
+
+        def measured_at(self, net, batch, relu_bits=frozenset(), maps=None):
+            measured.append(batch)
+            return self.at(net, batch, relu_bits, maps)
+    monkeypatch.setattr(command, "_profile_source", lambda args, s, report: (
+        FakeMeasured(device="gpu"), "measured (test)"))
     again = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
     assert measured and set(measured) == {64 // tight["micro_batches"]}
     assert again["micro_batches"] == tight["micro_batches"]

@@ -8,7 +8,7 @@ from minidnn import models
 from minidnn.memory.policy import recompute_candidates
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import Planner
-from minidnn.planner.simulate import StepModel
+from minidnn.planner.step_model import StepModel
 
 from test_planner_replay import _canonical, _logs, _same_evaluation
 

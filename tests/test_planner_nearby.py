@@ -10,7 +10,7 @@ from minidnn.memory.record import record_intervals
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.nearby import peak_bytes, region_bound
 from minidnn.planner.search import Planner
-from minidnn.planner.simulate import StepModel, Unfit
+from minidnn.planner.step_model import StepModel, Unfit
 
 
 def _model(name, lookahead, batch=8):

@@ -9,7 +9,8 @@ from minidnn import models
 from minidnn.memory.layout import StaticLayout, live_peak
 from minidnn.memory.record import record_intervals
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import StepModel, _dry_executor, _Recorder
+from minidnn.planner.recording import Recorder
+from minidnn.planner.step_model import StepModel
 
 from test_planner_replay import _canonical, _decisions, _logs
 
@@ -66,11 +67,10 @@ def test_the_spliced_log_is_that_of_a_walk_at_the_packed_addresses(name, options
         algos = _settings(model, algos)
         # The executor records and packs its own layout, and walks two steps at it.
         device = model._device()
-        ex = _dry_executor(model.net, model.batch, device, model.lookahead, offload, True,
-                           model.workspace_blocks(algos, recompute), recompute,
-                           maps=model.maps, global_batch=model.step_batch, plan=model.plan)
+        ex = model.dry_executor(device, offload, model.workspace_blocks(algos, recompute),
+                                recompute, static_layout=True)
         device.log.clear()
-        rec = _Recorder(device.log, ex.manager, model.index)
+        rec = Recorder(device.log, ex.manager, model.index)
         ex.watch(rec)
         for _ in range(model.steps):
             ex.simulate_step()

@@ -8,7 +8,9 @@ import pytest
 from minidnn import models
 from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.simulate import Alloc, Free, Mark, Record, StepModel, Wait
+from minidnn.planner.playback import Timeline
+from minidnn.planner.recording import Alloc, Free, Mark, Record, Wait
+from minidnn.planner.step_model import StepModel
 
 
 def _models(name, batch=8, **options):
@@ -64,17 +66,17 @@ def _canonical(log: list) -> list:
 def _logs(model, decision, monkeypatch) -> list:
     """The log `model` times for `decision`."""
     seen = []
-    timeline = StepModel._timeline
+    timeline = Timeline.play
 
     def spy(self, log, *args, **kwargs):
         seen.append(list(log))
         return timeline(self, log, *args, **kwargs)
 
-    monkeypatch.setattr(StepModel, "_timeline", spy)
+    monkeypatch.setattr(Timeline, "play", spy)
     offload, algos, recompute = decision
     model._evaluate(offload, {n: algos.get(n, "fastest") for n in model.conv_names},
                     recompute)
-    monkeypatch.setattr(StepModel, "_timeline", timeline)
+    monkeypatch.setattr(Timeline, "play", timeline)
     return seen[0]
 
 
@@ -123,8 +125,9 @@ def test_plans_are_the_same_with_and_without_replay(name, budget, monkeypatch):
     prof = analytic_profile(net, 16, "h200")
     fast = Planner(net, 16, prof, budget=budget).run()
     real_init = StepModel.__init__
-    monkeypatch.setattr(StepModel, "__init__",
-                        lambda self, *a, **k: real_init(self, *a, **dict(k, replay=False)))
+    monkeypatch.setattr(StepModel, "__init__", lambda self, net, spec, profile, options, **k:
+                        real_init(self, net, spec, profile,
+                                  dataclasses.replace(options, replay=False), **k))
     walked = Planner(net, 16, prof, budget=budget).run()
     assert not walked.model.replay
     assert fast.evaluations == walked.evaluations

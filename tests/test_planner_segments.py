@@ -12,8 +12,9 @@ from minidnn.decide import build_executor
 from minidnn.memory.policy import MemoryDecision, recompute_inputs
 from minidnn.planner.dyn import FixedDecision
 from minidnn.planner.gpus import analytic_profile
-from minidnn.planner.search import SEGMENT_MULTIPLES, Planner
-from minidnn.planner.simulate import Unfit
+from minidnn.planner.search import Planner
+from minidnn.planner.segments import SEGMENT_MULTIPLES
+from minidnn.planner.step_model import Unfit
 
 
 def planner(name: str, batch: int, image: int, budget=None) -> Planner:

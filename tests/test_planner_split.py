@@ -103,9 +103,9 @@ def test_dyn_chooses_micro_batches_and_the_executor_runs_them():
         least[k] = split.minimum_budget
     assert least[2] < least[1]
     budget = (least[1] + least[2]) // 2             # one pass of 64 cannot fit; two of 32 can
-    policy = DynPolicy(gpu="h200", chunks=())      # (layer chunks: tests/test_planner_chunks.py)
+    policy = DynPolicy(gpu="h200")      # (layer chunks: tests/test_planner_chunks.py)
     with build_executor(net, batch, device="cpu", policy=policy, memory_budget=budget,
-                        compute=False) as ex:
+                        compute=False, chunks=()) as ex:
         assert ex.micro_batches == ex.decision.micro_batches >= 2
         assert ex.plan.batch == batch // ex.micro_batches
         assert ex.simulate_step()["peak_device_bytes"] <= budget

@@ -228,10 +228,10 @@ def test_dyn_plans_bf16_maps_at_half_the_bytes():
              for p in ("fp32", "bf16")}
     assert least["bf16"] < 0.7 * least["fp32"]
     budget = (least["bf16"] + least["fp32"]) // 2
-    decision = decide(net, 64, DynPolicy(profile=prof), budget, precision="bf16")
+    decision = decide(net, 64, policy=DynPolicy(profile=prof), memory_budget=budget, precision="bf16")
     assert decision.precision == "bf16" and decision.layout == "nchw"
     with pytest.raises(InfeasibleBudgetError):     # in one pass, no layer chunks (dyn would
-        decide(net, 64, DynPolicy(profile=prof), budget, precision="fp32",   # split the batch)
+        decide(net, 64, policy=DynPolicy(profile=prof), memory_budget=budget, precision="fp32",   # split the batch)
                micro_batches=1, chunks=())
 
 
@@ -242,7 +242,7 @@ def test_dyn_counts_the_bf16_weight_copies_on_the_gpu():
     from dataclasses import replace
     from minidnn.planner import analytic_profile
     from minidnn.planner.costs import weight_copy_bytes
-    from minidnn.planner.simulate import StepModel
+    from minidnn.planner.step_model import StepModel
     net = models.build("tiny_cnn", num_classes=10, image_size=64)
     prof = analytic_profile(net, 16, "h200")
     weights = sum(p.data.size if p.data is not None else int(np.prod(p.shape))

@@ -4,8 +4,9 @@ gradient all-reduce that keeps every rank's parameters the same.
     dp = DataParallel(world, global_batch=512)        # connects to the other ranks
     device = dp.select_device("auto")                  # GPU `local_rank` when there are GPUs
     dp.connect(device)                                 # NCCL (GPU) or sockets (CPU)
-    ex = Executor(net, dp.local_batch, device=device, batch_offset=dp.batch_offset,
-                  global_batch=512, ...)
+    spec = StepSpec(batch=dp.local_batch, batch_offset=dp.batch_offset, global_batch=512,
+                    ranks=dp.size, ...)                # minidnn/spec.py
+    ex = build_executor(net, spec, device=device)
     opt = dp.attach(ex, SGD(...))                      # buckets + hook; opt.step() waits for them
     ...                                                # train as one process would
     dp.close()

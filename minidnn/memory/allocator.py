@@ -95,7 +95,7 @@ def wait_until_fits(try_take, wait_oldest):
     when a request does not fit, wait for the oldest pending free, then try again, until it
     fits or nothing is pending. try_take() -> the block (None: does not fit); wait_oldest()
     -> False when nothing is pending. Returns try_take()'s last answer. arena.Arena allocates
-    by it, and the planner's step model (planner/simulate.py) replays the arena by it."""
+    by it, and the planner's step model (planner/step_model.py) replays the arena by it."""
     got = try_take()
     while got is None and wait_oldest():
         got = try_take()

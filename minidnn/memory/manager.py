@@ -47,6 +47,7 @@ from ..errors import MemoryBudgetError
 from ..kernels import cpu as _cpu_kernels
 from .layout import DynamicBlocks, WorkspaceBlock
 from .plan import LivenessPlan, StoragePlan
+from .policy import NO_DECISION, MemoryDecision
 from .schedule import StepSchedule
 
 # cudaMemcpyKind values (fixed by the CUDA runtime API).
@@ -228,10 +229,11 @@ class MemoryManager:
             buffers(call) -> compute -> after(call)
         end_step()
 
-    offload: storage ids to move to host between forward and backward (training steps only).
-    recompute: storage ids to drop after forward and rebuild in backward (training steps only).
-    prefetch_lookahead: how many layers ahead backward brings offloaded maps back (0: only on
-    demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
+    decision: the MemoryDecision carried out (memory/policy.py; None: keep everything,
+    prefetch one layer ahead): its `offload` storage ids move to host between forward and
+    backward, its `recompute` ones are dropped after forward and rebuilt in backward
+    (training steps only), and backward brings offloaded maps back `prefetch_lookahead`
+    layers ahead (0: only on demand). host: the pinned host slab (alloc/free). dry: buffers are receipts, nothing is
     copied and views are None (for simulate_step). workspace: {(node index, phase): bytes}
     of cuDNN workspace blocks that the static layout plans (acquire_workspace before the
     call, release_call_blocks after it); without a static layout the kernels allocate their
@@ -242,10 +244,13 @@ class MemoryManager:
     (out = a + b), which sums a branch's gradient into the one already written.
     """
 
-    def __init__(self, plan: LivenessPlan, device, allocator, host=None, offload=(),
-                 prefetch_lookahead: int = 1, dry: bool = False, observer=None, blocks=None,
-                 workspace: dict | None = None, recompute=(), scratch: dict | None = None,
-                 add=None):
+    def __init__(self, plan: LivenessPlan, device, allocator, host=None,
+                 decision: MemoryDecision | None = None, dry: bool = False, blocks=None,
+                 workspace: dict | None = None, scratch: dict | None = None, add=None):
+        decision = NO_DECISION if decision is None else decision
+        offload, recompute = decision.offload, decision.recompute
+        prefetch_lookahead = 1 if decision.prefetch_lookahead is None \
+            else decision.prefetch_lookahead
         if prefetch_lookahead < 0:
             raise ValueError(f"prefetch_lookahead must be >= 0, got {prefetch_lookahead}")
         self.plan = plan
@@ -266,7 +271,7 @@ class MemoryManager:
         self.workspace = dict(workspace or {})
         self.scratch = dict(scratch or {})
         self._call_blocks: list = []   # workspace and scratch blocks held during a call
-        self.observer = observer
+        self.observer = None           # a StepObserver (memory/observer.py) set by the executor
         self.train = True
         self.loss_gradient = 1.0
         self.keep: set[int] = set()

@@ -3,7 +3,7 @@
 The executor and the memory manager tell one StepObserver about every layer call, copy and
 memory level of a step (as Caffe's before/after-forward callbacks and Chainer's FunctionHook
 do). The tracer (minidnn/trace.py) turns that into a timeline, the planner's step model
-(planner/simulate.py) into a log it plays against measured costs. Every method does nothing
+(planner/step_model.py) into a log it plays against measured costs. Every method does nothing
 here; an observer overrides what it wants.
 """
 from __future__ import annotations

@@ -99,35 +99,39 @@ class LivenessPlan:
         self._call_maps: dict = {}       # (node index, phase) -> call_maps, the same way
         shapes = net.infer_shapes(batch)
         self.nodes = net.nodes
-        n = len(self.nodes)
-        self.num_nodes = n
-        consumers = net.consumers()
+        self.num_nodes = len(self.nodes)
         self.tensors: dict[str, TensorPlan] = {}
         self.storages: list[StoragePlan] = []
-        dtype = net.dtype
-        index = {node.name: i for i, node in enumerate(self.nodes)}
         self.rows: list[slice | None] = [net.input_rows(node, batch) for node in self.nodes]
-
-        def new_storage(name, shape, dt, kind, producer):
-            nbytes = math.prod(int(d) for d in shape) * np.dtype(dt).itemsize
-            # Graph inputs (producer -1) are written before node 0 runs: time -1.
-            s = StoragePlan(len(self.storages), max(nbytes, np.dtype(dt).itemsize), kind,
-                            producer=producer, alloc_time=producer)
-            self.storages.append(s)
-            self.tensors[name] = TensorPlan(name, tuple(shape), np.dtype(dt), s.id)
-            s.tensors.append(name)
-            return s
-
-        # ---- forward tensors: graph inputs, node outputs (maybe in place), aux ----------------
         # Feature maps and their gradients in the format's dtype (bf16 under mixed precision);
         # the loss and its gradient stay in the network's dtype.
-        map_dtype = self.maps.map_dtype(dtype)
+        self._map_dtype = self.maps.map_dtype(net.dtype)
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+        self._forward_tensors(shapes, net.consumers(), index)
+        self._uses()
+        self._gradients(shapes)
+        self._lifetimes(index)
+
+    def _new_storage(self, name, shape, dt, kind, producer) -> StoragePlan:
+        """A storage of its own for tensor `name`, written first by node `producer`."""
+        nbytes = math.prod(int(d) for d in shape) * np.dtype(dt).itemsize
+        # Graph inputs (producer -1) are written before node 0 runs: time -1.
+        s = StoragePlan(len(self.storages), max(nbytes, np.dtype(dt).itemsize), kind,
+                        producer=producer, alloc_time=producer)
+        self.storages.append(s)
+        self.tensors[name] = TensorPlan(name, tuple(shape), np.dtype(dt), s.id)
+        s.tensors.append(name)
+        return s
+
+    def _forward_tensors(self, shapes: dict, consumers: dict, index: dict) -> None:
+        """Graph inputs, node outputs (in place where a layer may overwrite its input), aux."""
+        dtype, map_dtype = self.net.dtype, self._map_dtype
 
         def dtype_of(node):
             return dtype if node.layer.kind == "loss" else map_dtype
 
-        new_storage(DATA, shapes[DATA], map_dtype, "input", -1)
-        new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
+        self._new_storage(DATA, shapes[DATA], map_dtype, "input", -1)
+        self._new_storage(LABEL, shapes[LABEL], np.int64, "input", -1)
         self.inplace: dict[int, bool] = {}
         for i, node in enumerate(self.nodes):
             layer = node.layer
@@ -140,12 +144,13 @@ class LivenessPlan:
                 s.tensors.append(node.name)
                 self.inplace[i] = True
             else:
-                new_storage(node.name, shape, dtype_of(node), "feature", i)
+                self._new_storage(node.name, shape, dtype_of(node), "feature", i)
                 self.inplace[i] = False
             for aux_name, (aux_shape, aux_dtype) in self.aux_specs(i).items():
-                new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
+                self._new_storage(f"{node.name}:{aux_name}", aux_shape, aux_dtype, "aux", i)
 
-        # ---- forward and backward uses of every storage -----------------------------------------
+    def _uses(self) -> None:
+        """The forward and backward uses of every storage, and what each backward reads."""
         self.backward_reads: list[list[int]] = []
         for i, node in enumerate(self.nodes):
             bt = self.backward_time(i)
@@ -172,15 +177,20 @@ class LivenessPlan:
                 reads.add(s.id)
             self.backward_reads.append(sorted(reads))
         # The loss value is read by the caller after forward; it lives until the step ends.
+        n = self.num_nodes
         self.storage_of(self.nodes[-1].name).backward_uses.append(self.backward_time(n - 1))
 
-        # ---- gradients: grad of a node's output is born at its last consumer's backward -------
+    def _gradients(self, shapes: dict) -> None:
+        """Gradient tensors: the gradient of a node's output is born at its last consumer's
+        backward, in a buffer of its own, or over the output gradient (grad_alias) or the
+        input itself (grad_over_input)."""
+        n, map_dtype = self.num_nodes, self._map_dtype
         self.grad_alias: dict[int, bool] = {}
         self.grad_over_input: dict[int, bool] = {}
         for i in reversed(range(n)):
             node = self.nodes[i]
             if i == n - 1:  # the loss: its "output gradient" is the constant 1
-                s = new_storage(f"grad:{node.name}", (), dtype, "grad", i)
+                s = self._new_storage(f"grad:{node.name}", (), self.net.dtype, "grad", i)
                 s.alloc_time = s.free_time = self.backward_time(i)
             for k, inp in enumerate(node.inputs):
                 if not self.grad_wanted(node, k):
@@ -202,13 +212,17 @@ class LivenessPlan:
                     s.gradient_from = self.backward_time(i)
                     self.grad_over_input[i] = True
                 else:
-                    s = new_storage(gname, shapes[inp], map_dtype, "grad", i)
+                    s = self._new_storage(gname, shapes[inp], map_dtype, "grad", i)
                     s.alloc_time = self.backward_time(i)
                     continue
                 self.tensors[gname] = TensorPlan(gname, shapes[inp], map_dtype, s.id)
                 s.tensors.append(gname)
-            # The output gradient is last read by this node's backward, unless an input
-            # gradient took over its buffer, in which case the input's producer reads it last.
+
+    def _lifetimes(self, index: dict) -> None:
+        """When each storage is freed: a map after its last use; the output gradient is last
+        read by its node's backward, unless an input gradient took over its buffer, in which
+        case the input's producer reads it last."""
+        n = self.num_nodes
         for s in self.storages:
             if s.kind != "grad":
                 s.free_time = max([s.last_forward_use] + s.backward_uses)

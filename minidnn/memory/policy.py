@@ -83,6 +83,10 @@ class MemoryDecision:
     # bn_relu: {ReLU node name: batch norm node name}: the batch norm applies that ReLU in its
     # own pass, whose forward then does nothing (minidnn/fusion.py).
     bn_relu: dict = field(default_factory=dict)
+    # spec: the StepSpec (minidnn/spec.py) the decision was made for (decide.py fills it in;
+    # None: a decision made by hand, which fits any spec). An executor refuses a decision
+    # made for another spec.
+    spec: object = None
 
     def offload_bytes(self, plan: LivenessPlan) -> int:
         return sum(plan.storages[sid].nbytes for sid in self.offload)
@@ -219,11 +223,19 @@ def relus_worth_bits(plan: LivenessPlan) -> list[str]:
     return out
 
 
+# net -> relu_bits_for(net): a network's graph does not change once built, and the planner
+# asks for every step model it makes.
+_RELU_BITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def relu_bits_for(net) -> frozenset:
     """The ReLUs of `net` that `relus_worth_bits` names, as a decision's `relu_bits` (the
     plan and the calls read them from there; the layers stay as they are). Which ones does
     not depend on the batch, so a plan at batch 1 decides."""
-    return frozenset(relus_worth_bits(LivenessPlan(net, 1)))
+    names = _RELU_BITS.get(net)
+    if names is None:
+        names = _RELU_BITS[net] = frozenset(relus_worth_bits(LivenessPlan(net, 1)))
+    return names
 
 
 class Policy:
@@ -238,9 +250,10 @@ class Policy:
     description = ""
     plans = False
 
-    def bind(self, device=None, prefetch_lookahead=None, static_layout=None, batch=None,
-             micro_batches=None, chunks=None, batch_slice=None) -> None:
-        """What the executor will run with (minidnn/decide.py); a policy that does not plan
+    def bind(self, spec, device=None, whole_batch: bool = False) -> None:
+        """What the executor will run with (minidnn/decide.py): its StepSpec (spec.py), the
+        device, and whether the network keeps one pass (whole_batch: it normalizes with the
+        whole batch's statistics and nothing allows a split). A policy that does not plan
         needs none of it."""
 
     def decide(self, plan: LivenessPlan, budget: int | None = None) -> MemoryDecision:

@@ -10,6 +10,7 @@ from ..backend import Device
 from .allocator import CountingAllocator
 from .layout import RecordingBlocks, StaticLayout
 from .manager import MemoryManager
+from .policy import MemoryDecision
 from .schedule import walk
 
 
@@ -20,9 +21,10 @@ def record_intervals(plan, offload, prefetch_lookahead: int, keep: tuple = (),
     recompute) set, from a dry walk of its schedule, with a block for each layer call's
     workspace in `workspace` and scratch block in `scratch` ({(node index, phase): bytes})."""
     blocks = RecordingBlocks()
+    decision = MemoryDecision(offload=frozenset(offload), recompute=frozenset(recompute),
+                              prefetch_lookahead=int(prefetch_lookahead))
     mm = MemoryManager(plan, Device("cpu"), CountingAllocator(None), host=CountingAllocator(None),
-                       offload=offload, prefetch_lookahead=prefetch_lookahead, dry=True,
-                       blocks=blocks, workspace=workspace, recompute=recompute,
+                       decision=decision, dry=True, blocks=blocks, workspace=workspace,
                        scratch=scratch)
     mm.begin_step(True, keep)
     mm.write_input("data", None)

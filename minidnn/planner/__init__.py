@@ -7,14 +7,16 @@
     result.best.step_time_s, result.best.required_bytes  # what the model predicts
 
 Files: costs.py (the Profile: what each layer costs), gpus.py (analytic models of named GPUs),
-profile.py (measuring a Profile on the device, and its disk cache), simulate.py (the real
-memory manager's dry run, timed against a Profile; recorded.py: one walk of it gives the
+profile.py (measuring a Profile on the device, and its disk cache), step_model.py (the real
+memory manager's dry run, timed against a Profile: recording.py, the recording device and
+its log; playback.py, the log played against the profile; recorded.py: one walk gives the
 static layout too, replay.py: the later steps from the first's log, collector.py: the
 cyclic collector paused meanwhile), search.py (the planner), split.py (micro-batch counts
 and layer chunks weighed together; chunking.py: which chunks, and what their calls cost),
-dyn.py (the `dyn` memory policy, and FixedDecision for a decision made beforehand),
-command.py (`minidnn plan`), timeline.py (its figures: the stream timeline and the bytes per
-layer).
+planning.py (the one planning road: where costs come from, and plan_step, which `plan` and
+dyn both call), dyn.py (the `dyn` memory policy, and FixedDecision for a decision made
+beforehand), command.py (`minidnn plan`: parse and format), timeline.py (its figures: the
+stream timeline and the bytes per layer).
 """
 from .costs import LayerCost, Profile
 from .dyn import DynPolicy, FixedDecision
@@ -28,8 +30,8 @@ def __getattr__(name):
         from . import search
         return getattr(search, name)
     if name in ("StepModel", "Evaluation"):
-        from . import simulate
-        return getattr(simulate, name)
+        from . import step_model
+        return getattr(step_model, name)
     if name in ("get_profile", "measure_profile", "load_profile", "save_profile", "cache_dir"):
         from . import profile
         return getattr(profile, name)

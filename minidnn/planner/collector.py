@@ -1,6 +1,6 @@
 """The cyclic garbage collector, paused while the planner walks and times decisions.
 
-An evaluation (simulate.py) walks one dry step through the memory manager: on a very deep
+An evaluation (step_model.py) walks one dry step through the memory manager: on a very deep
 network some hundred thousand small objects (log entries, blocks, receipts, feature-map
 states), most of them alive until the evaluation ends. CPython's cyclic collector runs after
 every few hundred allocations and, once such objects have survived into its oldest

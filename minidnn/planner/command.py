@@ -34,8 +34,13 @@ from ..jsonsafe import json_safe
 from ..kernels.math_mode import MATH_MODES, parse as parse_math_mode
 from ..layers.conv import describe_plan_setting
 from .costs import ALGOS
+from ..memory.policy import get_policy, relu_bits_for
+from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
-from .split import PRUNE_WITHIN
+from .planning import ProfileSource, plan_step
+from .search import LOOKAHEADS, budget_to_give
+from .split import PRUNE_WITHIN, micro_batch_counts
+from .timeline import bytes_by_layer, timeline_data
 
 POLICIES = ("dyn", "none", "conv", "all")
 
@@ -192,46 +197,33 @@ def _measures_here(args) -> bool:
     return not args.profile and not args.gpu and gpu_available()
 
 
-def _measured_profile(net, batch: int, relu_bits, maps, refresh: bool = False):
-    """This GPU's measured profile of `net` at `batch` (cached; refresh: measure again),
-    under the math mode that _profile configured."""
-    from ..backend import Device
-    from .profile import get_profile
-    return get_profile(net, batch, Device("gpu"), refresh=refresh, relu_bits=relu_bits,
-                       maps=maps)
-
-
-def _profile(args, net, batch: int, math_mode: str, report: dict | None,
-             deterministic: bool = False, relu_bits=frozenset(), maps=None) -> tuple:
-    """(Profile, a line saying where it comes from). deterministic: measure this GPU with
-    deterministic algorithms only (as the run of the --report did). relu_bits: the ReLUs
-    that keep bit masks in the run planned for. maps: the MapFormat the run stores its maps
-    in, which a profile of this GPU is measured in."""
-    from ..backend import Device
-    from .gpus import analytic_profile, preset_for_device_name
+def _profile_source(args, s: dict, report: dict | None) -> tuple:
+    """(ProfileSource, a line saying where the costs come from): --profile FILE, else --gpu
+    NAME's analytic model, else this GPU measured (with the math mode and deterministic
+    algorithms of the settings `s`, as the --report's run had them), else the analytic
+    model of the report's GPU or the h200."""
+    from .gpus import preset_for_device_name
     if args.profile:
         from .profile import load_profile
         prof = load_profile(args.profile)
-        prof.check_matches(net, batch, relu_bits)
-        return prof, f"measured profile {args.profile} ({prof.device_name}, {prof.math})"
+        return ProfileSource(profile=prof), f"measured profile {args.profile} ({{device}}, {{math}})"
     if args.gpu:
-        prof = analytic_profile(net, batch, args.gpu, math_mode, relu_bits)
-        return prof, f"analytic model of the {prof.device_name} ({prof.math})"
+        return ProfileSource(gpu=args.gpu, math=s["math"]), "analytic model of the {device} ({math})"
     if _measures_here(args):
         from .. import kernels
+        from ..backend import Device
         mod = kernels.for_device(Device("gpu"))
         if hasattr(mod, "configure"):
-            mod.configure(math=math_mode,
-                          deterministic=deterministic or mod.math_mode()["deterministic"])
-        prof = _measured_profile(net, batch, relu_bits, maps, refresh=args.refresh_profile)
-        return prof, f"measured profile of this {prof.device_name} ({prof.math}, cached)"
+            mod.configure(math=s["math"], deterministic=s["deterministic"]
+                          or mod.math_mode()["deterministic"])
+        return (ProfileSource(device=Device("gpu"), refresh=args.refresh_profile),
+                "measured profile of this {device} ({math}, cached)")
     preset = None
     if report and report.get("device") == "gpu":
         preset = preset_for_device_name(str(report.get("device_name", "")))
     name = preset.name if preset else "h200"
-    prof = analytic_profile(net, batch, name, math_mode, relu_bits)
-    return prof, (f"analytic model of the {name} ({prof.math}; no GPU here, choose another "
-                  f"with --gpu)")
+    return (ProfileSource(gpu=name, math=s["math"]),
+            f"analytic model of the {name} ({{math}}; no GPU here, choose another with --gpu)")
 
 
 def layer_rows(model, ev) -> list[dict]:
@@ -340,20 +332,6 @@ def _evaluation_json(model, ev) -> dict:
     }
 
 
-def _profile_at(prof, net, batch: int, pass_batch: int, math_mode: str,
-                relu_bits=frozenset()):
-    """The profile of a pass of `pass_batch` images: the analytic model's at that batch, a
-    measured one scaled (planner/split.py)."""
-    from .gpus import analytic_profile
-    from .split import scale_profile
-    if pass_batch == batch:
-        return prof
-    if prof.source.startswith("analytic:"):
-        return analytic_profile(net, pass_batch, prof.key_fields.get("gpu", prof.device_name),
-                                math_mode, relu_bits)
-    return scale_profile(prof, net, pass_batch, relu_bits)
-
-
 def _passes(option) -> str:
     """'2 micro-batches of 128', or 'one pass of 256'."""
     return (f"{option.micro_batches} micro-batches of {option.batch}"
@@ -383,9 +361,6 @@ def _option_json(option, chosen) -> dict:
 def make_plan(args) -> dict:
     """Everything `minidnn plan` shows, as a dict (see run() for the printing)."""
     from .. import models
-    from .search import LOOKAHEADS
-    from .split import micro_batch_counts, plan_split
-    from .timeline import bytes_by_layer, timeline_data
     report = _load_report(args.report) if args.report else None
     s = _settings(args, report)
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
@@ -393,14 +368,14 @@ def make_plan(args) -> dict:
     batch = int(s["batch"])
     relu_bits = frozenset()
     if args.relu_bits or (report or {}).get("relu_bits"):
-        from ..memory.policy import relu_bits_for
         relu_bits = relu_bits_for(net)
     maps = MapFormat(s["layout"], s["precision"])
-    prof, source = _profile(args, net, batch, s["math"], report, s["deterministic"], relu_bits,
-                            maps)
+    source, line = _profile_source(args, s, report)
+    source.host_link_gbps = args.host_link_gbps
+    prof = source.pass_profile(net, batch, batch, relu_bits, maps)    # the step's own
+    line = line.format(device=prof.device_name, math=prof.math)
     if args.host_link_gbps:
-        prof = prof.with_host_link(args.host_link_gbps)
-        source += f"; host link {args.host_link_gbps:g} GB/s each way"
+        line += f"; host link {args.host_link_gbps:g} GB/s each way"
     notes = list(prof.notes)
     if maps.precision != "fp32":
         notes.append(f"feature maps in {maps.precision}: planned at their bytes; the times are "
@@ -411,76 +386,47 @@ def make_plan(args) -> dict:
         notes.append(f"no --memory-budget: planning for the whole {prof.device_name} "
                      f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(GPU_SAFETY_MARGIN)} the "
                      f"arena leaves to CUDA)")
+    spec = _plan_spec(args, s, net, batch, budget, notes)
     # dyn chooses the prefetch lookahead too, unless --prefetch-lookahead fixes it.
     choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
-    lookaheads = LOOKAHEADS if choose else (1 if args.prefetch_lookahead is None
-                                            else args.prefetch_lookahead,)
-    # dyn chooses the micro-batch count too, unless --micro-batches fixes it.
+    lookaheads = LOOKAHEADS if choose else (spec.prefetch_lookahead,)
+    planned = plan_step(net, spec, source, maps, lookaheads,
+                        dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES))
+    if planned.chosen is None and s["policy"] == "dyn":
+        raise planned.infeasible_error()
+    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, lookaheads, notes)
+    if report is not None:
+        out["comparison"] = compare_with_report(out, report, args.report)
+    return out
+
+
+def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
+    """The StepSpec `minidnn plan` plans (checked against the network): dyn weighs the
+    micro-batch counts and layer chunks that --micro-batches and --chunks leave open; the
+    other policies run one pass, unchunked. Adds a note where BatchNorm keeps one pass."""
+    dyn = s["policy"] == "dyn"
     forced = args.micro_batches
-    if forced is not None and batch % forced:
-        raise ConfigError(f"micro-batches {forced} must divide the batch {batch} into equal "
-                          f"micro-batches")
-    counts = [forced] if forced else (micro_batch_counts(batch) if s["policy"] == "dyn"
-                                      else [1])
+    spec = StepSpec(batch=batch, policy=s["policy"], memory_budget=int(budget),
+                    micro_batches=forced if forced is not None else (None if dyn else 1),
+                    chunks=args.chunks if args.chunks is not None else (None if dyn else ()),
+                    split_batch_statistics=getattr(args, "split_batch_statistics", False),
+                    prefetch_lookahead=1 if args.prefetch_lookahead is None
+                    else args.prefetch_lookahead,
+                    relu_bits=bool(args.relu_bits), precision=s["precision"],
+                    layout=s["layout"])
+    spec.check_network(net)
+    spec.check_policy(get_policy(s["policy"]))
     stats = net.batch_statistics_layers()
-    if stats and not getattr(args, "split_batch_statistics", False):
-        if forced and forced > 1:
-            raise ConfigError(f"network {net.name!r} normalizes with whole-batch statistics "
-                              f"({len(stats)} BatchNorm layers): --micro-batches {forced} would "
-                              f"change what they compute; add --split-batch-statistics to "
-                              f"allow it")
-        if len(counts) > 1:
-            notes.append(f"not split into micro-batches: {len(stats)} BatchNorm layers "
-                         f"normalize with the whole batch's statistics (--split-batch-"
-                         f"statistics allows a split)")
-        counts = [1]
-    # dyn weighs layer chunks too, unless --chunks fixes them.
-    if args.chunks and s["policy"] != "dyn":
-        raise ConfigError(f"--chunks is planned by --policy dyn; policy {s['policy']!r} "
-                          f"decides for the unchunked network")
-    chunks = args.chunks if args.chunks is not None else (None if s["policy"] == "dyn"
-                                                          else ())
-    split = plan_split(net, batch,
-                       lambda b: _profile_at(prof, net, batch, b, s["math"], relu_bits),
-                       int(budget), lookaheads, counts=counts, chunks=chunks,
-                       relu_bits=relu_bits, maps=maps, input_batches=RUN_INPUT_BATCHES)
-    if split.chosen is None and s["policy"] == "dyn":
-        raise split.infeasible_error()
-    option = split.chosen or split.options[0]
-    chosen = option
-    if (option.micro_batches > 1 or option.chunks) and _measures_here(args):
-        # As a run's dyn policy does (planner/dyn.py): the option chosen is planned again from
-        # profiles measured at its own batches, which is what the run's steps will run.
-        again = plan_split(net, batch, lambda b: _measured_profile(net, b, relu_bits, maps),
-                           int(budget), lookaheads, counts=[option.micro_batches],
-                           chunks=option.chunks, relu_bits=relu_bits, maps=maps,
-                           input_batches=RUN_INPUT_BATCHES)
-        if again.chosen is not None:
-            option = again.chosen
-            notes.append(f"{_passes(option)}"
-                         + (f", layers {describe(option.chunks)}," if option.chunks else "")
-                         + " planned again from profiles measured at their own batches, as "
-                           "a run plans them (the table of options is from the scaled "
-                           "profile)")
-    planner, result, infeasible = option.planner, option.result, option.error
-    lookahead = option.lookahead
-    if choose:
-        tried = ", ".join(map(str, LOOKAHEADS))
-        notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
-    if len(counts) > 1 or len(split.options) > 1:
-        notes.append(f"the step runs as {_passes(option)}"
-                     + (f", layers {describe(option.chunks)}" if option.chunks else "")
-                     + (f": of {', '.join(map(str, counts))} micro-batches, with layer "
-                        f"chunks or without," if len(counts) > 1 else
-                        ": with layer chunks or without,")
-                     + " the fastest that fits (see the table of options)")
-    lookahead = lookahead if lookahead is not None else lookaheads[0]
-    minimum_budget = split.minimum_budget
+    if spec.whole_batch(net) and len(micro_batch_counts(batch)) > 1:
+        notes.append(f"not split into micro-batches: {len(stats)} BatchNorm layers "
+                     f"normalize with the whole batch's statistics (--split-batch-"
+                     f"statistics allows a split)")
+    return spec
+
+
+def _alternatives(planner, result) -> list:
+    """What the other policies and dyn's searches would do, as rows of the plan."""
     model = planner.model
-    if s["policy"] == "dyn":
-        ev = result.best
-    else:
-        ev = planner.baseline(s["policy"], args.conv_algo)
     alternatives = []
     for policy in ("none", "conv", "all"):
         for algo in ("fastest", "min_workspace"):
@@ -500,6 +446,45 @@ def make_plan(args) -> dict:
                 alternatives.append(dict(label=label, **_evaluation_json(model, found)))
         alternatives.append(dict(label="dyn (minidnn planner)",
                                  **_evaluation_json(model, result.best)))
+    return alternatives
+
+
+def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, lookaheads,
+               notes: list) -> dict:
+    """make_plan's dict from the StepPlan `planned` of `spec` (see make_plan)."""
+    choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
+    budget = spec.memory_budget
+    split = planned.split
+    option = planned.chosen or split.options[0]
+    if planned.remeasured is not None:
+        notes.append(f"{_passes(option)}"
+                     + (f", layers {describe(option.chunks)}," if option.chunks else "")
+                     + " planned again from profiles measured at their own batches, as "
+                       "a run plans them (the table of options is from the scaled "
+                       "profile)")
+    counts = sorted({o.micro_batches for o in split.options})
+    chosen = planned.first
+    batch = int(s["batch"])
+    planner, result, infeasible = option.planner, option.result, option.error
+    lookahead = option.lookahead
+    if choose:
+        tried = ", ".join(map(str, LOOKAHEADS))
+        notes.append(f"prefetch lookahead {lookahead} chosen (tried {tried})")
+    if len(counts) > 1 or len(split.options) > 1:
+        notes.append(f"the step runs as {_passes(option)}"
+                     + (f", layers {describe(option.chunks)}" if option.chunks else "")
+                     + (f": of {', '.join(map(str, counts))} micro-batches, with layer "
+                        f"chunks or without," if len(counts) > 1 else
+                        ": with layer chunks or without,")
+                     + " the fastest that fits (see the table of options)")
+    lookahead = lookahead if lookahead is not None else lookaheads[0]
+    minimum_budget = planned.least_budget()
+    model = planner.model
+    if s["policy"] == "dyn":
+        ev = result.best
+    else:
+        ev = planner.baseline(s["policy"], args.conv_algo)
+    alternatives = _alternatives(planner, result)
     if result is None and infeasible is not None:
         # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
         # not news about the budget (the plan above fits).
@@ -526,9 +511,9 @@ def make_plan(args) -> dict:
         "evaluations": len(model.cache),
         "notes": notes,
     }
-    if report is not None:
-        out["comparison"] = compare_with_report(out, report, args.report)
     return out
+
+
 
 
 def compare_with_report(planned: dict, report: dict, path: str) -> dict:
@@ -566,6 +551,49 @@ def _fmt_value(what: str, v) -> str:
     if "time" in what:
         return f"{v * 1e3:.1f} ms"
     return f"{v:.1f}"
+
+
+def _options_lines(out: dict) -> list:
+    """The table of the micro-batch counts and layer chunks weighed (none for one option)."""
+    if len(out["micro_batch_options"]) <= 1:
+        return []
+    labels = [f"{o['micro_batches']} x {o['micro_batch']}"
+              + (f", {describe(o['chunks'])}" if o["chunks"] else "")
+              + (" (chosen)" if o["chosen"] else "")
+              + ("" if o["pruned"] or not o["fits"] else " *")
+              for o in out["micro_batch_options"]]
+    label_w = max([22] + [len(label) + 2 for label in labels])
+    lines = ["", "micro-batch counts and layer chunks weighed (dyn's plan at each; the "
+                 "least budget each can train in):",
+             f"  {'micro-batches, layer chunks':<{label_w}}{'lookahead':>10}"
+             f"{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
+    for o, label in zip(out["micro_batch_options"], labels):
+        if o["fits"]:
+            cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
+                    f"{fmt_bytes(o['peak_device_bytes']):>12}"
+                    f"{o['step_time_s'] * 1e3:>10.1f}{o['images_per_s']:>9.0f}")
+        else:
+            why = o["skipped"] or "does not fit"
+            cols = f"  {why[:51]:<51}"
+        lines.append(f"  {label:<{label_w}}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
+    if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
+        lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
+                     f"option before pruning")
+    return lines
+
+
+def _comparison_lines(c: dict) -> list:
+    """Predicted against measured, for a plan made for a --report."""
+    lines = ["", f"predicted against measured ({c['report']}: policy {c['policy']}, "
+                 f"{c['steps']} steps on {c['device_name']}):",
+             f"  {'quantity':<28}{'predicted':>14}{'measured':>14}{'error':>9}  target"]
+    for r in c["rows"]:
+        err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
+        target = "" if r["target"] is None else \
+            f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
+        lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
+                     f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+    return lines
 
 
 def format_plan(out: dict) -> str:
@@ -613,36 +641,15 @@ def format_plan(out: dict) -> str:
         f"images/s); compute alone {p['compute_time_s'] * 1e3:.1f} ms; no schedule of these "
         f"copies beats {p['lower_bound_s'] * 1e3:.1f} ms = max(compute, bytes moved / "
         f"bandwidth at {out['bandwidth']['d2h'] / 1e9:.0f} GB/s)",
-        f"minimum feasible budget: {fmt_bytes(out['minimum_budget_bytes'])}",
+        f"minimum feasible budget: {fmt_bytes(out['minimum_budget_bytes'])} (give "
+        f"--memory-budget {budget_to_give(out['minimum_budget_bytes'])} or more)",
         "", "the alternatives (predicted):",
         f"  {'configuration':<52}{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}  fits"]
     for a in out["alternatives"]:
         lines.append(f"  {a['label'][:51]:<52}{fmt_bytes(a['required_bytes']):>12}"
                      f"{fmt_bytes(a['peak_device_bytes']):>12}{a['step_time_s'] * 1e3:>10.1f}"
                      f"{a['images_per_s']:>9.0f}  {'yes' if a['fits'] else 'no'}")
-    if len(out["micro_batch_options"]) > 1:
-        labels = [f"{o['micro_batches']} x {o['micro_batch']}"
-                  + (f", {describe(o['chunks'])}" if o["chunks"] else "")
-                  + (" (chosen)" if o["chosen"] else "")
-                  + ("" if o["pruned"] or not o["fits"] else " *")
-                  for o in out["micro_batch_options"]]
-        label_w = max([22] + [len(label) + 2 for label in labels])
-        lines += ["", "micro-batch counts and layer chunks weighed (dyn's plan at each; the "
-                      "least budget each can train in):",
-                  f"  {'micro-batches, layer chunks':<{label_w}}{'lookahead':>10}"
-                  f"{'needs':>12}{'peak':>12}{'step ms':>10}{'img/s':>9}{'least budget':>14}"]
-        for o, label in zip(out["micro_batch_options"], labels):
-            if o["fits"]:
-                cols = (f"{o['prefetch_lookahead']:>10}{fmt_bytes(o['required_bytes']):>12}"
-                        f"{fmt_bytes(o['peak_device_bytes']):>12}"
-                        f"{o['step_time_s'] * 1e3:>10.1f}{o['images_per_s']:>9.0f}")
-            else:
-                why = o["skipped"] or "does not fit"
-                cols = f"  {why[:51]:<51}"
-            lines.append(f"  {label:<{label_w}}{cols}{fmt_bytes(o['minimum_budget_bytes']):>14}")
-        if any(o["fits"] and not o["pruned"] for o in out["micro_batch_options"]):
-            lines.append(f"  * not pruned: more than {PRUNE_WITHIN:.0%} slower than the fastest "
-                         f"option before pruning")
+    lines += _options_lines(out)
     dyn = next((a for a in out["alternatives"] if a["label"].startswith("dyn")), None)
     floor = next((a for a in out["alternatives"] if a["label"].startswith("vDNN_dyn")), None)
     if dyn and floor and dyn["step_time_s"] > 0:
@@ -650,16 +657,7 @@ def format_plan(out: dict) -> str:
                      f"as fast as vDNN_dyn's greedy order ({out['evaluations']} decisions "
                      f"evaluated)")
     if out.get("comparison"):
-        c = out["comparison"]
-        lines += ["", f"predicted against measured ({c['report']}: policy {c['policy']}, "
-                      f"{c['steps']} steps on {c['device_name']}):",
-                  f"  {'quantity':<28}{'predicted':>14}{'measured':>14}{'error':>9}  target"]
-        for r in c["rows"]:
-            err = "-" if r["relative_error"] is None else f"{r['relative_error']:+.1%}"
-            target = "" if r["target"] is None else \
-                f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
-            lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
-                         f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+        lines += _comparison_lines(out["comparison"])
     for note in out["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

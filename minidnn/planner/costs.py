@@ -11,7 +11,7 @@ the same either way:
 * computed from an analytic model of a named GPU (gpus.py), so that a plan can be made on a
   laptop for a K40 of 2016 or an H200 of today.
 
-The planner (search.py) and the step-time model (simulate.py) read only this file's types.
+The planner (search.py) and the step-time model (step_model.py) read only this file's types.
 Besides the workspace, a few layers allocate temporaries inside a call (the loss works on
 vectors, the optimizer's weight decay and update make a parameter-sized temporary);
 `transient_bytes` bounds them from the layer shapes. Random draws (dropout) are not among

@@ -2,7 +2,7 @@
 
 A run with the static layout (memory/layout.py) first records its step's blocks with a dry
 walk of the schedule (memory/record.py), packs them, then walks its steps taking each block
-at its packed address. The planner's step model (simulate.py) used to do just that for every
+at its packed address. The planner's step model (step_model.py) used to do just that for every
 decision it weighs: two walks of the memory manager. The second walk differs from the first
 only in what the planned blocks themselves issue: before a block is handed out, the stream
 that will write it first waits on the release event of each earlier occupant of its
@@ -15,7 +15,7 @@ stream and where the step's log stood) and released (with its event). Then:
 
 * the intervals, packed (StaticLayout), are the layout the executor would have packed
   from its own record walk once `hold_to_end` has run. That walk keeps the loss and the
-  logits to the step's end (Executor.layout_keep), while the dry step keeps only the loss;
+  logits to the step's end (assembly.layout_keep), while the dry step keeps only the loss;
   so the logits' last block is held to the end here too. Only the order of the positions
   matters to the packing, and no block is taken after the step's end, so where among the
   releases of the step's end that block's release falls changes nothing.

@@ -1,6 +1,6 @@
 """The later timed steps of a dry run, replayed from the first step's log instead of walked.
 
-The step model (simulate.py) times back-to-back steps, because a step's time depends on what
+The step model (step_model.py) times back-to-back steps, because a step's time depends on what
 the step before left running (copies in flight, blocks freed behind them). Walking the memory
 manager through a step is most of what an evaluation costs on a very deep network, and every
 step after the first walks exactly the same way:
@@ -29,7 +29,7 @@ def replay_steps(log: list, first: slice, begin_step, new_event, key_shift: int,
                  count: int) -> None:
     """Append to `log` `count` more steps, each the replay of the step at log[first].
 
-    The log's entries are simulate.py's (Mark, Record, Wait, Alloc, Free): `records` says
+    The log's entries are recording.py's (Mark, Record, Wait, Alloc, Free): `records` says
     whether one records an event, `again(events, shift)` gives its copy in a replayed step.
     begin_step(): issues onto `log` what the second step's start issues before its walk
     repeats the first's (the planned blocks' waits on the first step's blocks still read

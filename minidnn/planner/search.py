@@ -1,7 +1,7 @@
 """The planner: which feature maps to offload or recompute and which convolution plan each
 layer runs, so that a training step fits the memory budget at the lowest predicted step time.
 
-Every candidate is judged by the StepModel (simulate.py): the real memory manager walked
+Every candidate is judged by the StepModel (step_model.py): the real memory manager walked
 through the steps in a dry run, then timed against the profile. So a decision the planner
 calls feasible is one the dry run has seen fit, workspace and temporaries included.
 
@@ -49,7 +49,9 @@ from ..errors import MemoryBudgetError, MinidnnError, fmt_bytes
 from ..memory.policy import get_policy, offload_candidates, recompute_candidates, \
     recompute_inputs
 from .costs import Profile, least_step_s
-from .simulate import Evaluation, StepModel
+from ..spec import StepSpec
+from . import segments
+from .step_model import Evaluation, PlanOptions, StepModel, pass_spec
 
 # A network with more offload candidates than this plans in bulk while it is over the budget
 # (a very deep network, where moving one map per round would take hundreds of rounds): each
@@ -63,18 +65,23 @@ BULK_CANDIDATES = 128
 # 871.3 ms, 12 tries to 872.9 ms in half the time.
 BULK_PRUNE = 12
 
-# Segment sizes the checkpointed-segments search tries, in multiples of the largest map of
-# the runs it cuts.
-SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
 
-# Fraction of the budget left unplanned: the arena's free blocks come in pieces
-# (fragmentation), so a plan that fills the budget to the byte may still not find a block.
-DEFAULT_RESERVE = 0.01
+# DEFAULT_RESERVE (step_model.py): the fraction of the budget left unplanned: the arena's
+# free blocks come in pieces (fragmentation), so a plan that fills the budget to the byte may
+# still not find a block.
 
 
 class NothingFaster(Exception):
     """Planner.run(bound=...) found no decision that fits and is faster than the bound: the
     caller already has a better plan (planner/split.py: another micro-batch count)."""
+
+
+def budget_to_give(minimum: int) -> str:
+    """The least budget as --memory-budget takes it, rounded up so that it trains:
+    '2.02GiB', '300MiB'."""
+    if minimum >= 2**30:
+        return f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"
+    return f"{math.ceil(minimum / 2**20)}MiB"
 
 
 class InfeasibleBudgetError(MemoryBudgetError):
@@ -84,10 +91,7 @@ class InfeasibleBudgetError(MemoryBudgetError):
                  hint: str = "", has_convs: bool = True):
         self.requested, self.in_use, self.budget, self.where = minimum, 0, budget, what
         self.minimum = minimum
-        if minimum >= 2**30:
-            suggest = f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"  # rounded up
-        else:
-            suggest = f"{math.ceil(minimum / 2**20)}MiB"
+        suggest = budget_to_give(minimum)
         convs = ", every convolution on its memory-optimal plan" if has_convs else ""
         MinidnnError.__init__(
             self, f"memory budget {fmt_bytes(budget)} is too small for {what}: the least it "
@@ -161,24 +165,24 @@ class Planner:
     chunked step's, planner/chunking.chunk_profile); the decisions found carry them.
     """
 
-    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
-                 prefetch_lookahead: int = 1, momentum: bool = True, input_batches: int = 2,
-                 reserve: float = DEFAULT_RESERVE, steps: int = 2, shortlist: int = 6,
-                 max_evaluations: int = 400, static_layout: bool = True,
-                 recompute: bool = True, micro_batches: int = 1, relu_bits=frozenset(),
-                 maps=None, shares_with: Planner | None = None, chunks=()):
-        if not 0 <= reserve < 1:
-            raise ValueError(f"reserve must be in [0, 1), got {reserve}")
-        self.net, self.batch, self.profile = net, int(batch), profile
-        self.budget = None if budget is None else int(budget)
-        self.reserve = float(reserve)
-        self.usable = None if budget is None else int(self.budget * (1 - self.reserve))
-        self.model = StepModel(net, batch, profile, budget=self.budget, usable=self.usable,
-                               prefetch_lookahead=prefetch_lookahead, momentum=momentum,
-                               input_batches=input_batches, steps=steps,
-                               static_layout=static_layout, micro_batches=micro_batches,
-                               relu_bits=relu_bits, maps=maps, chunks=chunks,
+    def __init__(self, net, spec: StepSpec | int, profile: Profile,
+                 options: PlanOptions | None = None, shares_with: Planner | None = None,
+                 **settings):
+        spec, options = pass_spec(spec, settings, options)     # (the keyword form too)
+        if not 0 <= options.reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {options.reserve}")
+        self.spec, self.options = spec, options
+        self.model = StepModel(net, spec, profile, options,
+                               usable=None if spec.memory_budget is None else
+                               int(spec.memory_budget * (1 - options.reserve)),
                                shares_with=None if shares_with is None else shares_with.model)
+        self.net, self.batch, self.profile = net, self.model.batch, profile
+        self.budget = spec.memory_budget
+        self.reserve = float(options.reserve)
+        self.usable = self.model.usable
+        prefetch_lookahead, recompute = spec.prefetch_lookahead, options.recompute
+        shortlist, max_evaluations, chunks = options.shortlist, options.max_evaluations, \
+            spec.chunks
         self.lookahead = int(prefetch_lookahead)
         self.plan = self.model.plan
         self.candidates = [s.id for s in offload_candidates(self.plan)]
@@ -442,81 +446,18 @@ class Planner:
             ev = best
         return self.prune(ev) if prune else ev
 
-    # ---- checkpointed segments ----------------------------------------------------------------
+    # ---- checkpointed segments (planner/segments.py) ------------------------------------------
     def runs(self) -> list[list[int]]:
-        """Maximal runs of recompute candidates each rebuilt from the one before alone (a
-        VGG stage's convolution maps, a ResNet block's conv and batch-norm maps), in forward
-        order: the chains a segment is cut from."""
-        plan, cand = self.plan, set(self.rebuildable)
-        nxt = {}
-        for sid in self.rebuildable:
-            preds = self._rebuilt_from[sid] & cand
-            if len(preds) == 1:
-                (p,) = preds
-                if len(self._rebuilds[p]) == 1:
-                    nxt[p] = sid
-        starts = cand - set(nxt.values())
-        out = []
-        for sid in sorted(starts, key=lambda t: plan.storages[t].last_forward_write):
-            run = [sid]
-            while run[-1] in nxt:
-                run.append(nxt[run[-1]])
-            if len(run) > 1:
-                out.append(run)
-        return out
+        """The chains a segment is cut from (segments.runs)."""
+        return segments.runs(self)
 
     def segment_decision(self, runs, segment_bytes: int, offload_checkpoints: bool):
-        """(offload, recompute) cutting each run into segments of at most `segment_bytes`:
-        every map of a segment is recomputed, from the checkpoint that ends the segment
-        before (kept, or offloaded), as checkpoint_sequential does, with a segment length
-        per run by its maps' bytes."""
-        offload, recompute = set(), set()
-        candidates = set(self.candidates)
-        for run in runs:
-            held = 0
-            for sid in run:
-                if held + self._bytes[sid] > segment_bytes and held > 0:
-                    held = 0        # a checkpoint: the next segment starts after it
-                    if offload_checkpoints and sid in candidates:
-                        offload.add(sid)
-                    continue
-                recompute.add(sid)
-                held += self._bytes[sid]
-        return frozenset(offload), frozenset(recompute)
+        """(offload, recompute) of segments of at most `segment_bytes` (segments.decision)."""
+        return segments.decision(self, runs, segment_bytes, offload_checkpoints)
 
     def segments(self, bound: float | None = None) -> Evaluation | None:
-        """Checkpointed segments: each run of candidates cut into segments of a target size
-        (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
-        offloaded; the fastest that fits, or None.
-
-        Longer segments recompute more maps (slower) and keep fewer checkpoints: kept, those
-        take less memory, but the segment rebuilt at once takes more; offloaded, fewer bytes
-        cross the link (faster) and the segment takes more memory. So kept checkpoints are
-        tried from the shortest segments up, offloaded ones from the longest down, each up to
-        the first that fits. A size whose compute alone (every layer's fastest time and the
-        writers of its recomputed maps run again) is slower than `bound` is not walked."""
-        runs = self.runs()
-        if not runs:
-            return None
-        m = self.model
-        largest = max(self._bytes[sid] for run in runs for sid in run)
-        found = []
-        for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
-                                            (True, SEGMENT_MULTIPLES[::-1])):
-            for multiple in ladder:
-                if self._out_of_evaluations():
-                    break
-                offload, recompute = self.segment_decision(runs, largest * multiple,
-                                                           offload_checkpoints)
-                if bound is not None and self.least_step_s(recompute) > bound:
-                    continue
-                # Only the first size that fits is kept: one that a bound shows cannot fit
-                # is walked, not packed or timed (StepModel.evaluate_if_fits).
-                ev = m.evaluate_if_fits(offload, m.algos("fastest"), recompute)
-                if ev is not None:
-                    found.append(ev)
-                    break
-        return min(found, key=lambda ev: ev.step_time_s, default=None)
+        """The fastest checkpointed segments that fit, or None (segments.search)."""
+        return segments.search(self, bound)
 
     def prune(self, ev: Evaluation) -> Evaluation:
         """Undo what the budget does not need, while the step gets faster: each offload (the
@@ -571,14 +512,8 @@ class Planner:
         only on demand would fit."""
         if self.lookahead == 0:
             return ""
-        m = self.model
-        on_demand = StepModel(self.net, self.batch, self.profile, budget=self.budget,
-                              usable=self.usable, prefetch_lookahead=0,
-                              momentum=m.momentum_bytes > 0,
-                              input_batches=m.input_bytes // max(m.input_batch_bytes, 1)
-                              // m.micro_batches,
-                              static_layout=m.static_layout, micro_batches=m.micro_batches,
-                              relu_bits=m.relu_bits, maps=m.maps, chunks=m.chunks)
+        on_demand = StepModel(self.net, self.spec.replace(prefetch_lookahead=0), self.profile,
+                              self.options, usable=self.usable)
         least = on_demand.evaluate(frozenset(self.candidates), on_demand.algos("min_workspace"))
         if not least.fits:
             return ""
@@ -607,6 +542,24 @@ class Planner:
                     {j for sid in recompute for j in self.plan.writers(sid)})
         return self._least_step + self.model.micro_batches * again
 
+    def describe_step(self) -> str:
+        """'vgg16 at batch 256 in 4 micro-batches of 64, layers conv1_1..pool1 in 2 pieces'."""
+        m = self.model
+        what = f"{self.net.name} at batch {self.batch}"
+        if m.micro_batches > 1:
+            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
+                    f"micro-batches of {self.batch}")
+        if m.chunks:
+            what += f", layers {describe(m.chunks)}"
+        return what
+
+    def infeasible_error(self) -> InfeasibleBudgetError:
+        """The error of a budget below this step's least (which it names)."""
+        m = self.model
+        return InfeasibleBudgetError(self.minimum_budget(), self.budget, self.describe_step(),
+                                     m.param_grad_bytes + m.extra_bytes,
+                                     self._lookahead_hint(), bool(m.conv_names))
+
     def run(self, prune: bool = True, bound: float | None = None) -> PlanResult:
         """Plan (see module doc). Raises InfeasibleBudgetError below the minimum. prune=False
         leaves every decision found unpruned (the greedy search's too): `finish` prunes the
@@ -617,16 +570,9 @@ class Planner:
         t0 = time.perf_counter()
         m = self.model
         minimum = self.minimum()
-        what = f"{self.net.name} at batch {self.batch}"
-        if m.micro_batches > 1:
-            what = (f"{self.net.name} at batch {m.step_batch} in {m.micro_batches} "
-                    f"micro-batches of {self.batch}")
-        if m.chunks:
-            what += f", layers {describe(m.chunks)}"
+        what = self.describe_step()
         if not minimum.fits:
-            static = m.param_grad_bytes + m.extra_bytes
-            raise InfeasibleBudgetError(self.minimum_budget(), self.budget, what, static,
-                                        self._lookahead_hint(), bool(m.conv_names))
+            raise self.infeasible_error()
         baselines = _Baselines(self)
         if not self.bulk:   # evaluated now, so that the search may pick one; in bulk, if read
             for policy in ("none", "conv", "all"):
@@ -711,4 +657,4 @@ def plan_lookaheads(net, batch: int, profile: Profile, budget: int | None,
 
 def plan(net, batch: int, profile: Profile, budget: int | None = None, **options) -> PlanResult:
     """Plan `net` at `batch` under `budget` from `profile` (see Planner for the options)."""
-    return Planner(net, batch, profile, budget, **options).run()
+    return Planner(net, batch, profile, budget=budget, **options).run()

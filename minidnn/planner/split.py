@@ -126,7 +126,10 @@ class SplitOption:
     `error` says so, or it was not planned, `skipped` says why); minimum_budget: the least
     budget at this count over the lookaheads tried; pruned: whether the result's fastest
     decision was pruned (only counts within PRUNE_WITHIN of the fastest are). chunks: the
-    layer chunks each pass runs (MemoryDecision.chunks; () for none).
+    layer chunks each pass runs (MemoryDecision.chunks; () for none). trains: whether the
+    option can be chosen at a budget of its least: False for layer chunks that lower their
+    count's least budget by less than CHUNK_GAIN (they are never planned), whose least
+    budget is then no budget a step trains in.
     """
     micro_batches: int
     batch: int
@@ -138,6 +141,7 @@ class SplitOption:
     error: Exception | None = None
     skipped: str = ""
     pruned: bool = False
+    trains: bool = True
 
     @property
     def best(self):
@@ -147,16 +151,29 @@ class SplitOption:
 @dataclass
 class SplitPlan:
     """What plan_split found: options (one per count tried, in order), chosen (the fastest
-    feasible one, or None), minimum_budget (the least over every count)."""
+    feasible one, or None), minimum_budget (the least budget a step trains in: the least
+    over every option that can be chosen, SplitOption.trains)."""
     options: list
     chosen: SplitOption | None
     minimum_budget: int
     seconds: float = 0.0
 
     def infeasible_error(self):
-        """The InfeasibleBudgetError of the count with the least minimum (when none fits)."""
-        errors = [o.error for o in self.options if o.error is not None]
-        return min(errors, key=lambda e: e.minimum) if errors else None
+        """The InfeasibleBudgetError (when nothing fits) of the option with the least budget
+        a step trains in: the one minimum_budget names."""
+        least = _least(self.options)
+        if least is None or least.planner is None:
+            return None
+        if least.error is not None and least.error.minimum == least.minimum_budget:
+            return least.error
+        return least.planner.infeasible_error()
+
+
+def _least(options: list) -> SplitOption | None:
+    """The option that can be chosen (`trains`) with the least budget (the first of
+    equals), or None."""
+    able = [o for o in options if o.trains]
+    return min(able, key=lambda o: o.minimum_budget) if able else None
 
 
 def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
@@ -183,20 +200,10 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                 options: dict, batch_slice: int | None = None) -> SplitPlan:
     """plan_split's work (see there)."""
     t0 = time.perf_counter()
-    profiles: dict = {}   # pass batch -> its Profile, made once (staged lookaheads ask again)
-
-    def profile_of(pass_batch: int):
-        if pass_batch not in profiles:
-            profiles[pass_batch] = profile_at(pass_batch)
-        return profiles[pass_batch]
-
-    forced = () if chunks is None else as_chunks(chunks)
-    found = [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
-             for k in _counts(batch, counts, forced, batch_slice)]
+    profile_of, found = _counts_to_weigh(batch, profile_at, counts, chunks, batch_slice)
     lookaheads = list(lookaheads)
-    staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
-        net, found[0].batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
-    tried = [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
+    tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
+    staged = tried != lookaheads
     order = _planning_order(found, net, profile_of, budget, tried[0], options)
     chosen, planned = None, []
     for option in found:
@@ -232,9 +239,25 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                      [la for la in lookaheads if la != chosen.lookahead], options,
                      bound=_bound(chosen))
     chosen = _prune_the_close(found, chosen)
-    least = min(o.minimum_budget for o in found)
+    least = _least(found).minimum_budget
     return SplitPlan(options=found, chosen=chosen, minimum_budget=int(least),
                      seconds=time.perf_counter() - t0)
+
+
+def _counts_to_weigh(batch: int, profile_at, counts, chunks,
+                     batch_slice: int | None = None) -> tuple:
+    """(profile_of: pass batch -> its Profile, made once, as staged lookaheads ask again;
+    a SplitOption per micro-batch count to weigh, with the `chunks` forced, if any)."""
+    profiles: dict = {}
+
+    def profile_of(pass_batch: int):
+        if pass_batch not in profiles:
+            profiles[pass_batch] = profile_at(pass_batch)
+        return profiles[pass_batch]
+
+    forced = () if chunks is None else as_chunks(chunks)
+    return profile_of, [SplitOption(micro_batches=k, batch=batch // k, chunks=forced)
+                        for k in _counts(batch, counts, forced, batch_slice)]
 
 
 def _counts(batch: int, counts, forced: tuple, batch_slice: int | None = None) -> list:
@@ -336,20 +359,14 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
     for option in planned:
         if option.result is not None and _moves_nothing(option.best):
             continue
-        for chunks in candidates(net, option.batch):
-            if batch_slice is not None and \
-                    not whole_slices(option.batch // chunks[0][2], batch_slice):
-                continue
-            more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
-                               chunks=chunks)
-            prof, names = _option_profile(more, net, profile_of)
-            lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
-            _plan_option(more, net, prof, budget, [lookahead], options, run=False)
+        lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
+        for more, prof, names in _measured_chunks(option, net, profile_of, budget, lookahead,
+                                                  options, batch_slice):
             compute = least_step_s(prof, more.micro_batches, names)
             out.append(more)
             if more.minimum_budget > budget:
                 more.skipped = "does not fit"
-            elif more.minimum_budget > option.minimum_budget * (1 - CHUNK_GAIN):
+            elif not more.trains:
                 more.skipped = f"lowers the least budget by less than {CHUNK_GAIN:.0%}"
             elif chosen is not None and compute >= chosen.best.step_time_s:
                 more.skipped = "its compute alone is slower than the plan chosen"
@@ -362,6 +379,55 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
         _plan_option(more, net, prof, budget, [lookahead], options, bound=_bound(chosen))
         chosen = _faster(more, chosen)
     return out
+
+
+def _measured_chunks(option: SplitOption, net, profile_of, budget: int, lookahead: int,
+                     options: dict, batch_slice: int | None = None):
+    """(SplitOption, its Profile, its layers' names) of each layer chunk chunking.py weighs
+    for `option`'s count, its least budget measured at `lookahead`. `trains` says whether
+    it lowers the count's least budget by CHUNK_GAIN at least: too small a gain is never
+    planned, whatever the budget, so no step trains in it. batch_slice: only chunks whose
+    pieces are whole slices of it (deterministic mode)."""
+    for chunks in candidates(net, option.batch):
+        if batch_slice is not None and not whole_slices(option.batch // chunks[0][2],
+                                                        batch_slice):
+            continue
+        more = SplitOption(micro_batches=option.micro_batches, batch=option.batch,
+                           chunks=chunks)
+        prof, names = _option_profile(more, net, profile_of)
+        _plan_option(more, net, prof, budget, [lookahead], options, run=False)
+        more.trains = more.minimum_budget <= option.minimum_budget * (1 - CHUNK_GAIN)
+        yield more, prof, names
+
+
+def least_budget(net, batch: int, profile_at, budget: int, lookaheads, counts=None,
+                 chunks=None, batch_slice: int | None = None, **options) -> int:
+    """The least budget a step trains in, whatever budget is asked: the one plan_split names
+    when nothing fits (arguments as there). A plan that fits weighs layer chunks only where
+    they may help, and at the lookahead its count chose; this measures, as a budget below
+    the least does, every count at each lookahead plan_split tries and every chunk it
+    weighs at the least lookahead, and plans none of them."""
+    with collector_paused():
+        profile_of, found = _counts_to_weigh(batch, profile_at, counts, chunks, batch_slice)
+        tried = _first_lookaheads(net, found[0].batch, lookaheads, options)
+        for option in found:
+            _plan_option(option, net, _option_profile(option, net, profile_of)[0], budget,
+                         tried, options, run=False)
+        if chunks is None:
+            found += [more for option in list(found) for more, _, _ in
+                      _measured_chunks(option, net, profile_of, budget, min(lookaheads),
+                                       options, batch_slice)]
+        return int(_least(found).minimum_budget)
+
+
+def _first_lookaheads(net, pass_batch: int, lookaheads, options: dict) -> list:
+    """The lookaheads every count is planned at: all of them, or for a network planned in
+    bulk (search.BULK_CANDIDATES: a very deep one) only 1 (or the first), the others only
+    for the count chosen."""
+    lookaheads = list(lookaheads)
+    staged = len(lookaheads) > 1 and len(offload_candidates(LivenessPlan(
+        net, pass_batch, options.get("relu_bits", frozenset())))) > BULK_CANDIDATES
+    return [1 if 1 in lookaheads else lookaheads[0]] if staged else lookaheads
 
 
 def _plan_option(option: SplitOption, net, prof, budget: int, lookaheads, options: dict,

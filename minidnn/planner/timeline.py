@@ -1,6 +1,6 @@
 """Pictures of a planned step: its stream timeline and the bytes each layer holds.
 
-Both are drawn from what the step-time model (simulate.py) predicts for one decision, so they
+Both are drawn from what the step-time model (step_model.py) predicts for one decision, so they
 need no GPU: `minidnn plan --timeline FILE.png` and `--bytes-chart FILE.png` draw them for any
 plan, policy and GPU model.
 
@@ -30,8 +30,8 @@ MIN_STALL = 0.002
 
 
 def timeline_data(model, ev) -> dict:
-    """The last simulated step of evaluation `ev` (simulate.Evaluation) of `model`
-    (simulate.StepModel): {'step_time_s', 'compute_s', 'calls': [{'phase', 'layer', 'start',
+    """The last simulated step of evaluation `ev` (step_model.Evaluation) of `model`
+    (step_model.StepModel): {'step_time_s', 'compute_s', 'calls': [{'phase', 'layer', 'start',
     'end', 'stall'}], 'copies': [{'stream', 'name', 'start', 'end'}]}, times in seconds from
     the step's start; a call's stall is the compute stream's idle time right before it."""
     calls = [{"phase": phase, "layer": model.nodes[i].name, "start": a, "end": b, "stall": st}

@@ -1,4 +1,4 @@
-"""The step-time and memory model of one memory decision: the real memory manager, timed.
+"""The step model: memory and step time of one memory decision, the real memory manager timed.
 
 Nothing here re-derives when the manager offloads, evicts, prefetches or frees, or where its
 static layout puts each block. For every decision a dry-run executor (compute=False) is built
@@ -44,314 +44,79 @@ budget, nothing more is walked, packed or timed (`least_required`, `Unfit`).
 """
 from __future__ import annotations
 
-import math
-import weakref
-from bisect import bisect_right
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..backend import Device
+from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..step_graph import capturable
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
-from ..memory.allocator import CountingAllocator, aligned, wait_until_fits
+from ..memory.allocator import aligned
 from ..memory.layout import StaticLayout, live_peak
-from ..memory.observer import StepObserver
-from ..memory.policy import CALL_PHASES, MemoryDecision
+from ..memory.policy import CALL_PHASES, MemoryDecision, relu_bits_for
 from ..network import DATA, LABEL
+from ..spec import StepSpec
+from ..step_graph import capturable
 from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
                     param_bytes, transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
+from .playback import Timeline
 from .recorded import StepRecording, splice
+from .recording import Recorder, SymbolicDevice, Wait, dry_executor
 from .replay import replay_steps
 
 
-# ---- the recording device ------------------------------------------------------------------------
-class Mark:
-    """An operation on a stream: a layer call or a copy (kind; the observer's begin_layer /
-    begin_copy says which before the call is issued), the optimizer step or a step boundary,
-    or a zero-length marker (the end of a call or copy)."""
-    __slots__ = ("stream", "kind", "label", "nbytes")
-    records = False
-
-    def __init__(self, stream: str, kind: str = "marker", label=None, nbytes: int = 0):
-        self.stream, self.kind, self.label, self.nbytes = stream, kind, label, nbytes
-
-    def again(self, events: dict, shift: int) -> "Mark":
-        """This entry in a replayed step (planner/replay.py): events renamed by `events`
-        ({id: new event}; others stay), block keys moved by `shift`. A mark is only read."""
-        return self
-
-
-class Record:
-    __slots__ = ("stream", "event")
-    records = True
-
-    def __init__(self, stream: str, event):
-        self.stream, self.event = stream, event
-
-    def again(self, events: dict, shift: int) -> "Record":
-        return Record(self.stream, events.get(id(self.event), self.event))
-
-
-class Wait:
-    __slots__ = ("stream", "event")
-    records = False
-
-    def __init__(self, stream: str, event):
-        self.stream, self.event = stream, event
-
-    def again(self, events: dict, shift: int) -> "Wait":
-        return Wait(self.stream, events.get(id(self.event), self.event))
-
-
-class Alloc:
-    __slots__ = ("key", "nbytes")
-    records = False
-
-    def __init__(self, key: int, nbytes: int):
-        self.key, self.nbytes = key, nbytes
-
-    def again(self, events: dict, shift: int) -> "Alloc":
-        return Alloc(self.key + shift, self.nbytes)
-
-
-class Free:
-    __slots__ = ("key", "event")
-    records = False
-
-    def __init__(self, key: int, event):
-        self.key, self.event = key, event
-
-    def again(self, events: dict, shift: int) -> "Free":
-        return Free(self.key + shift, events.get(id(self.event), self.event))
-
-
-class SymbolicEvent:
-    """A CUDA event stand-in that logs where it is recorded, in the log of the stream that
-    records it (it holds no log itself: the log holds it). Always `done` for the dry run's
-    own bookkeeping (its frees happen at once); the timeline gives it a real time."""
-    __slots__ = ("time",)
-
-    def __init__(self):
-        self.time = 0.0
-
-    def record(self, stream) -> None:
-        stream.log.append(Record(stream.name, self))
-
-    @property
-    def done(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-
-class SymbolicStream:
-    """A CUDA stream stand-in that logs what is issued on it."""
-
-    def __init__(self, name: str, log: list):
-        self.name = name
-        self.log = log
-
-    def wait_event(self, event) -> None:
-        self.log.append(Wait(self.name, event))
-
-    def record(self, event=None):
-        event = event if event is not None else SymbolicEvent()
-        event.record(self)
-        return event
-
-    def synchronize(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class SymbolicDevice(Device):
-    """A Device whose streams and events log, for the dry run. Its arrays are NumPy's (the dry
-    run makes none) and it is not a GPU, so the executor picks the CPU kernels (never run).
-    generator_bytes: the planned device's (Profile.generator_bytes), which sizes the scratch
-    blocks of random draws. planned_kind: the planned device's kind ('gpu' or 'cpu'), whose
-    kernels decide which bf16 maps a call widens into its scratch block (layers/precision.py)."""
-
-    def __init__(self, generator_bytes: int = 0, planned_kind: str = "cpu"):
-        # no Device.__init__: nothing to open
-        self._generator_bytes = int(generator_bytes)
-        self.planned_kind = planned_kind
-        self.kind = "cpu"
-        self.xp = np
-        self.name = "symbolic"
-        self.log: list = []
-        self.compute = SymbolicStream("compute", self.log)
-        self.offload = SymbolicStream("offload", self.log)
-        self.prefetch = SymbolicStream("prefetch", self.log)
-
-    def event(self):
-        return SymbolicEvent()
-
-    timing_event = event
-
-    def synchronize(self) -> None:
-        pass
-
-
-class RecordingAllocator(CountingAllocator):
-    """The dry run's device allocator (receipts, no budget), logging allocations and frees."""
-
-    def __init__(self, log: list):
-        super().__init__(None)
-        self.log = log
-        self._serial: dict[int, int] = {}   # id of a live receipt -> its allocation number
-        self._count = 0
-
-    def alloc(self, nbytes: int, where: str = ""):
-        buf = super().alloc(nbytes, where)
-        # Receipts die once freed and Python reuses their ids: the log names blocks by serial.
-        self._count += 1
-        self._serial[id(buf)] = self._count
-        self.log.append(Alloc(self._count, buf.nbytes))
-        return buf
-
-    def free(self, buf, after=None) -> None:
-        super().free(buf, after)
-        self.log.append(Free(self._serial.pop(id(buf)), after))
-
-    @property
-    def serials(self) -> int:
-        """Allocations made so far: every block's serial is at most this."""
-        return self._count
-
-
-class _Recorder(StepObserver):
-    """The observer interface (memory/observer.py) turned into log entries, plus, at the start of
-    every layer call of the first step, the allocator's bytes in use, the feature-map bytes
-    on the device and where the manager's log of the step stands (which storages are on the
-    device then: `residency()`)."""
-
-    def __init__(self, log: list, manager, index: dict):
-        self.log = log
-        # weakly: the manager holds its observer, and a cycle would leave every walk's
-        # objects to the cyclic collector, paused while a decision is evaluated (collector.py)
-        self.manager = weakref.proxy(manager)
-        self.index = index
-        self.samples: list = []      # (phase, node index, device bytes, fm bytes, log position)
-        self.sampling = True
-        self._log, self._base, self._start = None, 0, frozenset()   # see _position
-
-    def mark(self, stream, kind: str = "marker", label=None, nbytes: int = 0):
-        m = Mark(stream.name, kind, label, nbytes)
-        self.log.append(m)
-        return m
-
-    def begin_layer(self, stream, phase, name, index):
-        m = Mark(stream.name, "layer", (phase, index))     # as mark() would, a call fewer
-        self.log.append(m)
-        return m
-
-    def begin_copy(self, stream, track, name, nbytes):
-        return self.mark(stream, "copy", name, int(nbytes))
-
-    def memory(self, at, phase, layer, when, device_bytes, feature_map_bytes) -> None:
-        if self.sampling and when == "start":
-            self.samples.append((phase, self.index[layer], int(device_bytes),
-                                 int(feature_map_bytes), self._position()))
-
-    def _position(self) -> int:
-        """Where the manager's log of the step stands now; at the step's first sample, also
-        which storages have a device block (one scan of every map)."""
-        log = self.manager.log
-        if log is not self._log:
-            self._log, self._base = log, len(log)
-            self._start = frozenset(fm.plan.id for fm in self.manager.maps
-                                    if fm.device is not None)
-        return len(log)
-
-    def residency(self) -> "Residency":
-        """{(phase, node index): storage ids on the device at the start of that call} of the
-        sampled step."""
-        return Residency(self._start, self._log or [], self._base,
-                         {(phase, i): pos for phase, i, _, _, pos in self.samples})
-
-    def optimizer_and_step_end(self) -> None:
-        self.log.append(Mark("compute", "optimizer"))
-        self.log.append(Mark("compute", "step_end"))
-
-
-def _dry_executor(net, batch, device: SymbolicDevice, prefetch_lookahead: int,
-                  offload=frozenset(), static_layout: bool = True, workspace=None,
-                  recompute=frozenset(), relu_bits=frozenset(), maps=None,
-                  global_batch: int | None = None, plan=None, blocks=None,
-                  chunks=()) -> Executor:
-    """A dry-run executor on the recording device, with the recording allocator. With the
-    static layout (the executor's default) its feature-map region is packed for this offload
-    set, exactly as a real run's would be. The decision carries the offload and recompute
-    sets, the workspace blocks and the ReLUs that keep bit masks: conv plans are the
-    profile's business (the dry run runs no kernels). maps: the feature maps' format
-    (kernels/mapformat.py; None: NCHW float32), which sizes every buffer. global_batch: the
-    step's images when `batch` is one micro-batch of it (random draws are the step's).
-    plan: the LivenessPlan of (net, batch, relu_bits, maps) to share (None: the executor
-    makes one). blocks: the feature-map blocks to take instead of a packed layout
-    (recorded.StepRecording: Executor takes them). chunks: the decision's layer chunks
-    (MemoryDecision.chunks)."""
-    maps = maps if maps is not None else MapFormat()
-    decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
-                              recompute=frozenset(recompute), relu_bits=frozenset(relu_bits),
-                              prefetch_lookahead=int(prefetch_lookahead), policy="fixed",
-                              precision=maps.precision, layout=maps.layout,
-                              chunks=tuple(chunks))
-    return Executor(net, batch, device=device, decision=decision, memory_budget=None,
-                    compute=False, static_layout=static_layout,
-                    allocator=RecordingAllocator(device.log), host=CountingAllocator(None),
-                    global_batch=global_batch, plan=plan, blocks=blocks)
-
-
-# ---- results -------------------------------------------------------------------------------------
-class Residency(Mapping):
-    """{(phase, node index): frozenset of the storage ids with a device block at the start of
-    that call}, read off the manager's log of the step when asked: the planner asks at one
-    or two calls of a decision, and a set per call of a deep network costs calls x maps.
-
-    start: the storages on the device at the step's first sample, `base` entries into `log`;
-    at: {call: the log's length at its sample}.
-    """
-
-    # What the manager's log of a step says about a map's device block: it took one (alloc,
-    # fetch) or gave it up (free, evict, drop); an offload copies and keeps it.
-    _TAKES = {"alloc": True, "fetch": True, "free": False, "evict": False, "drop": False}
-
-    def __init__(self, start: frozenset, log: list, base: int, at: dict):
-        self._start, self._log, self._base, self._at = start, log, base, at
-        self._sets: dict = {}
-
-    def __getitem__(self, point) -> frozenset:
-        got = self._sets.get(point)
-        if got is None:
-            now = set(self._start)
-            for _, what, sid in self._log[self._base:self._at[point]]:
-                takes = self._TAKES.get(what)
-                if takes:
-                    now.add(sid)
-                elif takes is not None:
-                    now.discard(sid)
-            got = self._sets[point] = frozenset(now)
-        return got
-
-    def __iter__(self):
-        return iter(self._at)
-
-    def __len__(self) -> int:
-        return len(self._at)
+# The fraction of a budget a plan leaves for fragmentation (search.Planner).
+DEFAULT_RESERVE = 0.01
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What a plan weighs besides the step's spec. momentum: SGD keeps one momentum buffer
+    per parameter; input_batches: input batches the data source keeps on the device (the
+    synthetic source keeps 2 on a GPU); reserve: the fraction of the budget plans leave for
+    fragmentation; recompute: the planner may drop maps after forward and run their layers
+    again in backward (False: offload only); steps: back-to-back steps simulated (>= 2);
+    replay: later steps replayed from the first's log; shortlist and max_evaluations: the
+    search's limits (search.Planner)."""
+    momentum: bool = True
+    input_batches: int = 2
+    reserve: float = DEFAULT_RESERVE
+    recompute: bool = True
+    steps: int = 2
+    replay: bool = True
+    shortlist: int = 6
+    max_evaluations: int = 400
+
+
+_PASS_WORDS = {"budget": "memory_budget", "prefetch_lookahead": "prefetch_lookahead",
+               "static_layout": "static_layout", "micro_batches": "micro_batches",
+               "chunks": "chunks", "graphs": "graphs"}
+
+
+def pass_spec(batch, settings: dict, options: PlanOptions | None = None) -> tuple:
+    """(StepSpec, PlanOptions) of what StepModel and search.Planner are given: a StepSpec (and
+    no settings), or the keyword form: a pass batch, budget=, prefetch_lookahead=, static_layout= (default True),
+    micro_batches= (passes a step runs), relu_bits= (ReLU names: any keep bit masks),
+    maps= (a MapFormat), chunks=, graphs= and PlanOptions' fields."""
+    if isinstance(batch, StepSpec):
+        if settings:
+            raise ValueError(f"give {', '.join(sorted(settings))} in the StepSpec or the "
+                             f"PlanOptions")
+        return batch, options or PlanOptions()
+    settings = dict(settings)
+    fields = {word: settings.pop(key) for key, word in _PASS_WORDS.items() if key in settings}
+    fields.setdefault("static_layout", True)
+    k = int(fields.pop("micro_batches", None) or 1)
+    maps = settings.pop("maps", None) or MapFormat()
+    relu_bits = bool(settings.pop("relu_bits", ()))
+    spec = StepSpec(batch=int(batch) * k, micro_batches=k, relu_bits=relu_bits,
+                    precision=maps.precision, layout=maps.layout, **fields)
+    if settings and options is not None:
+        raise ValueError(f"give {', '.join(sorted(settings))} in the PlanOptions")
+    return spec, options or PlanOptions(**settings)
 
 
 @dataclass
@@ -428,7 +193,7 @@ class _Walk:
     blocks recorded (recorded.StepRecording)."""
     device: SymbolicDevice
     ex: Executor
-    rec: _Recorder
+    rec: Recorder
     stats: dict
     held: int
     peak: int
@@ -449,65 +214,57 @@ class Unfit:
 
 # ---- the model -----------------------------------------------------------------------------------
 class StepModel:
-    """Predicts memory and step time of memory decisions for one network, batch and profile.
+    """Predicts memory and step time of memory decisions for one network, step and profile.
 
-    budget: bytes the arena holds (None: no limit); usable: the part of it plans may fill
-    (the rest is left for fragmentation). momentum: SGD keeps one momentum buffer per
-    parameter; input_batches: input batches the data source keeps on the device (the
-    synthetic source keeps 2 on a GPU). static_layout: as the executor will run (its
-    default: every feature-map block at an address planned before step one). steps:
-    back-to-back steps simulated (>= 2). relu_bits: the ReLUs that keep bit masks in the
-    run (MemoryDecision.relu_bits); the profile must have been made with them.
-    micro_batches: `batch` is one pass of a step that runs this many (planner/split.py):
-    the input batches are the whole step's, a layer with parameters takes a gradient-sized
-    temporary in backward (to add into the accumulated gradient), a dropout draws the whole
-    step's random numbers (in its scratch block); an Evaluation's step time, compute time
-    and bytes moved are the whole step's (k passes, one optimizer update), its memory that
-    of one pass (every pass is alike). replay: only the first step is walked through the
-    memory manager, the later ones are replays of its log (planner/replay.py: the same log,
-    so the same prediction, at a fraction of the cost); False walks every step.
-    shares_with: a StepModel of the same step (network, batch, profile and every other
-    option) at another prefetch lookahead. A decision that offloads nothing prefetches
-    nothing, so the lookahead changes no operation of its walk: such decisions are evaluated
-    once for both models (a planner that tries several lookaheads meets them in each).
-    graphs: the run replays its steps from CUDA graphs where the executor can
-    (minidnn/step_graph.py: on a GPU, a step in a static layout or one that offloads
-    nothing): the host then issues a step in one call, so such a decision's layer calls
-    cost the host nothing and the device runs them back to back. False: every call costs
-    the profile's host time, as a step issued layer by layer does.
-    chunks: the layer chunks every decision runs (MemoryDecision.chunks): the model walks
-    the chunked network, whose storage ids the decisions name, and `profile` must be the
-    chunked step's (planner/chunking.chunk_profile). Convolution plan settings and
-    workspaces stay per convolution layer (`conv_names`): every piece of a layer runs its
-    setting.
+    spec: the StepSpec of the step (minidnn/spec.py): its batch (the whole step's: with
+    `micro_batches` k the model walks one pass of batch / k images, planner/split.py), its
+    budget, prefetch lookahead, static layout, ReLU bit masks, precision and layout (default
+    NCHW), layer chunks and CUDA graphs; or a pass batch with the keyword form of
+    `pass_spec`. options: PlanOptions (momentum, input batches, steps simulated, replay).
+    usable: the part of the budget plans may fill (default: all of it). profile: of one
+    pass (with chunks: the chunked step's, planner/chunking.chunk_profile).
+
+    With k micro-batches the input batches are the whole step's, a layer with parameters
+    takes a gradient-sized temporary in backward (to add into the accumulated gradient), a
+    dropout draws the whole step's random numbers (in its scratch block); an Evaluation's
+    step time, compute time and bytes moved are the whole step's (k passes, one optimizer
+    update), its memory that of one pass (every pass is alike). replay: only the first step
+    is walked through the memory manager, the later ones are replays of its log
+    (planner/replay.py). shares_with: a StepModel of the same step at another prefetch
+    lookahead: a decision that offloads nothing prefetches nothing, so such decisions are
+    evaluated once for both models. graphs: the run replays its steps from CUDA graphs
+    where the executor can (minidnn/step_graph.py): the host then issues a step in one
+    call, so such a decision's layer calls cost the host nothing. With chunks the model
+    walks the chunked network, whose storage ids the decisions name; convolution plan
+    settings and workspaces stay per convolution layer (`conv_names`).
     """
 
-    def __init__(self, net, batch: int, profile: Profile, budget: int | None = None,
-                 usable: int | None = None, prefetch_lookahead: int = 1,
-                 momentum: bool = True, input_batches: int = 2, steps: int = 2,
-                 static_layout: bool = True, relu_bits=frozenset(), maps=None,
-                 micro_batches: int = 1, replay: bool = True, shares_with=None,
-                 graphs: bool = True, chunks=()):
-        self.relu_bits = frozenset(relu_bits)
-        self.maps = maps if maps is not None else MapFormat()
+    def __init__(self, net, spec: StepSpec | int, profile: Profile,
+                 options: PlanOptions | None = None, usable: int | None = None,
+                 shares_with=None, **settings):
+        spec, options = pass_spec(spec, settings, options)
+        self.spec, self.options = spec, options
+        self.relu_bits = relu_bits_for(net) if spec.relu_bits else frozenset()
+        self.maps = MapFormat(spec.layout or "nchw", spec.precision)
+        self.micro_batches = spec.micro_batches or 1
+        batch = spec.batch // self.micro_batches      # one pass's images
         profile.check_matches(net, batch, self.relu_bits)
-        self.chunks = as_chunks(chunks)
+        self.chunks = as_chunks(spec.chunks or ())
         if self.chunks and profile.key_fields.get("chunks") != repr(self.chunks):
             raise ValueError(f"the profile is not that of the step chunked as {self.chunks} "
                              f"(planner/chunking.chunk_profile makes it)")
-        self.net, self.batch, self.profile = net, int(batch), profile
-        self.micro_batches = int(micro_batches)
-        self.step_batch = self.batch * self.micro_batches   # images per step
-        self.budget = budget
-        self.usable = usable if usable is not None else budget
-        self.steps = max(2, int(steps))
-        self.replay = bool(replay)
-        self.lookahead = int(prefetch_lookahead)
-        self.static_layout = bool(static_layout)
-        self.graphs = bool(graphs) and not profile.synchronous
-        probe = _dry_executor(net, batch, self._device(), self.lookahead, static_layout=False,
-                              relu_bits=self.relu_bits, maps=self.maps,
-                              global_batch=self.step_batch, chunks=self.chunks)
+        self.net, self.batch, self.profile = net, batch, profile
+        self.step_batch = spec.batch   # images per step
+        self.budget = spec.memory_budget
+        self.usable = usable if usable is not None else self.budget
+        self.steps = max(2, int(options.steps))
+        self.replay = bool(options.replay)
+        self.lookahead = spec.prefetch_lookahead
+        self.static_layout = spec.static_layout
+        self.graphs = spec.graphs and not profile.synchronous
+        momentum, input_batches = options.momentum, options.input_batches
+        self.plan = None
+        probe = self.dry_executor(self._device(), static_layout=False)
         self.plan = probe.plan      # storage ids are the same in every executor of (net, batch)
         self.scratch = dict(probe.manager.scratch)   # random draws' blocks: every decision's
         self.nodes = self.plan.nodes
@@ -520,7 +277,7 @@ class StepModel:
         self.conv_names = list(self.conv_nodes)
         self.param_grad_bytes = int(probe.allocator.in_use)
         # the storages a run's static layout holds to the step's end (recorded.py)
-        self._layout_kept = frozenset(self.plan.tensors[t].storage for t in probe.layout_keep())
+        self._layout_kept = frozenset(self.plan.tensors[t].storage for t in layout_keep(net))
         self.momentum_bytes = param_bytes(net) if momentum else 0
         data, label = self.plan.tensors[DATA], self.plan.tensors[LABEL]
         self.input_batch_bytes = numel(data.shape) * data.dtype.itemsize + \
@@ -553,6 +310,22 @@ class StepModel:
                 raise ValueError("shares_with must model the same step, at another lookahead "
                                  "at most")
             self._unmoved = shares_with._unmoved
+
+    def dry_executor(self, device, offload=frozenset(), workspace=None, recompute=frozenset(),
+                     static_layout: bool | None = None, blocks=None) -> Executor:
+        """A dry executor of this step (recording.dry_executor) on `device` (a SymbolicDevice)
+        for the decision that offloads `offload`, plans `workspace` ({(conv node name,
+        phase): bytes}) into the static layout and recomputes `recompute`; static_layout:
+        None for the model's. It shares the model's liveness plan once there is one."""
+        decision = MemoryDecision(offload=frozenset(offload), workspace=dict(workspace or {}),
+                                  recompute=frozenset(recompute), relu_bits=self.relu_bits,
+                                  prefetch_lookahead=self.lookahead, policy="fixed",
+                                  precision=self.maps.precision, layout=self.maps.layout,
+                                  chunks=self.chunks)
+        spec = StepSpec(batch=self.batch, global_batch=self.step_batch,
+                        static_layout=self.static_layout if static_layout is None
+                        else static_layout)
+        return dry_executor(self.net, spec, decision, device, self.plan, blocks)
 
     def _step_options(self) -> tuple:
         """What a walk depends on besides the decision and the prefetch lookahead."""
@@ -691,13 +464,10 @@ class StepModel:
         device = self._device()
         planned = self.workspace_blocks(conv_algo, recompute)
         recording = StepRecording(device.log.__len__) if self.static_layout else None
-        ex = _dry_executor(self.net, self.batch, device, self.lookahead, offload,
-                           self.static_layout, planned, recompute, self.relu_bits,
-                           maps=self.maps, global_batch=self.step_batch, plan=self.plan,
-                           blocks=recording, chunks=self.chunks)
+        ex = self.dry_executor(device, offload, planned, recompute, blocks=recording)
         held = int(ex.allocator.in_use)
         device.log.clear()     # parameters were taken before the step: `held`
-        rec = _Recorder(device.log, ex.manager, self.index)
+        rec = Recorder(device.log, ex.manager, self.index)
         ex.watch(rec)
         stats = ex.simulate_step()
         rec.sampling = False
@@ -763,7 +533,8 @@ class StepModel:
         levels["optimizer"] = candidates["optimizer"]
 
         replayed = self.graphs and capturable(bool(offload), self.static_layout)
-        t = self._timeline(log, costs, held, issued=not replayed)
+        t = Timeline(self.profile, self.budget, held + self.extra_bytes,
+                     self.optimizer_transient, issued=not replayed).play(log, costs)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes
@@ -817,161 +588,6 @@ class StepModel:
         """(host s, device s, workspace bytes) of node i's `phase` call on setting `algo`."""
         cost = self.profile.layer(name)
         return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
-
-    def _timeline(self, log: list, costs: dict, held: int, issued: bool = True) -> dict:
-        """Play `log` against the profile (module doc); costs: _call_costs(). issued=False:
-        a step replayed from a CUDA graph, whose calls and update cost the host nothing."""
-        prof = self.profile
-        budget = math.inf if self.budget is None else float(self.budget)
-        host = 0.0
-        tail = {"compute": 0.0, "offload": 0.0, "prefetch": 0.0}
-        sizes: dict = {}
-        pending: deque = deque()
-        in_use = held + self.extra_bytes
-        peak = in_use
-        host_wait = 0.0
-        over = False
-        copies = {"offload": ([], []), "prefetch": ([], [])}   # (starts, ends) per stream
-        spans: list = []             # (stream, storage name, start, end) of every copy
-        rate = {"offload": prof.d2h_bw, "prefetch": prof.h2d_bw}
-        total_bw = prof.d2h_bw + prof.h2d_bw
-        shared = {k: min(v, prof.duplex_bw * v / total_bw) for k, v in rate.items()}
-        step_ends: list = []
-        calls: dict = {}
-        busy = 0.0
-        busy_at_step: list = []
-        last_work = 0.0   # end of the latest layer or optimizer step on the compute stream
-
-        def wait_oldest() -> bool:
-            """The host waits for the oldest free behind a copy (False: none pending)."""
-            nonlocal host, in_use, host_wait
-            if not pending:
-                return False
-            key, ev = pending.popleft()
-            if ev.time > host:
-                host_wait += ev.time - host
-                host = ev.time
-            in_use -= sizes.pop(key)
-            return True
-
-        def take(n: int) -> None:
-            nonlocal host, in_use, peak, host_wait, over
-            if pending:  # what has finished by now is reclaimed (Arena._take: reclaim_done)
-                still = deque()
-                for key, ev in pending:
-                    if ev.time <= host:
-                        in_use -= sizes.pop(key)
-                    else:
-                        still.append((key, ev))
-                pending.clear()
-                pending.extend(still)
-            if in_use + n > budget:
-                # Under pressure the host waits for the oldest pending free: the arena's rule.
-                wait_until_fits(lambda: True if in_use + n <= budget else None, wait_oldest)
-            in_use += n
-            if in_use > budget:
-                over = True
-            if in_use > peak:
-                peak = in_use
-
-        def copy_end(stream: str, start: float, nbytes: int) -> float:
-            other = "prefetch" if stream == "offload" else "offload"
-            starts, ends = copies[other]
-            t, left = start, float(nbytes)
-            k = bisect_right(ends, t)
-            while k < len(starts) and left > 0:
-                a, b = starts[k], ends[k]
-                if a > t:  # the other direction is idle until a
-                    can = (a - t) * rate[stream]
-                    if can >= left:
-                        return t + left / rate[stream]
-                    left -= can
-                    t = a
-                can = (b - t) * shared[stream]
-                if can >= left:
-                    return t + left / shared[stream]
-                left -= can
-                t = b
-                k += 1
-            return t + left / rate[stream]
-
-        sync = prof.synchronous
-        # The log holds tens of thousands of entries per decision: classes as local names.
-        mark_cls, record_cls, wait_cls, alloc_cls = Mark, Record, Wait, Alloc
-        for op in log:
-            cls = type(op)
-            if cls is mark_cls:
-                s = op.stream
-                kind = op.kind
-                # `x if x >= y else y` below is max(x, y) without a call: a deep network's
-                # log has tens of thousands of marks per decision.
-                if kind == "marker":   # the end of a call or copy: the most common mark
-                    t = tail[s]
-                    if host > t:
-                        tail[s] = host
-                elif kind == "layer":
-                    issue, dur, temp = costs[op.label]
-                    if issued:
-                        host += issue
-                    if temp:
-                        take(temp)
-                        in_use -= temp  # dropped when the call is enqueued; reuse is ordered
-                    t = tail[s]
-                    start = host if host >= t else t
-                    # Idle since the last work on compute: waiting for a copy or for the host.
-                    calls[op.label] = (start, start + dur, start - last_work)
-                    tail[s] = last_work = start + dur
-                    busy += dur
-                elif kind == "copy":
-                    t = tail[s]
-                    start = host if host >= t else t
-                    end = copy_end(s, start, op.nbytes)
-                    copies[s][0].append(start)
-                    copies[s][1].append(end)
-                    spans.append((s, op.label, start, end))
-                    tail[s] = end
-                elif kind == "optimizer":
-                    if issued:
-                        host += prof.optimizer_host_s
-                    take(self.optimizer_transient)
-                    in_use -= self.optimizer_transient
-                    start = max(host, tail[s])
-                    tail[s] = last_work = start + prof.optimizer_s
-                    busy += prof.optimizer_s
-                elif kind == "step_end":
-                    tail[s] = max(host, tail[s])
-                    step_ends.append(tail[s])
-                    busy_at_step.append(busy)
-                else:
-                    tail[s] = max(host, tail[s])
-                if sync:  # the host did that work itself
-                    t = tail[s]
-                    if t > host:
-                        host = t
-            elif cls is record_cls:
-                t = tail[op.stream]
-                op.event.time = host if host >= t else t
-            elif cls is wait_cls:
-                t = op.event.time
-                if t > tail[op.stream]:
-                    tail[op.stream] = t
-            elif cls is alloc_cls:
-                take(op.nbytes)
-                sizes[op.key] = op.nbytes
-            else:   # Free
-                ev = op.event
-                if ev is None or ev.time <= host:
-                    in_use -= sizes.pop(op.key)
-                else:
-                    pending.append((op.key, ev))
-
-        begin = step_ends[-2]
-        last = {k: (a - begin, b - begin, stall) for k, (a, b, stall) in calls.items()}
-        moved = [(s, name, a - begin, b - begin) for s, name, a, b in spans if a >= begin]
-        return {"step": step_ends[-1] - step_ends[-2], "peak": peak, "calls": last,
-                "copies": moved,
-                "compute": busy_at_step[-1] - busy_at_step[-2], "host_wait": host_wait,
-                "over_budget": over}
 
     # ---- helpers for reports -----------------------------------------------------------------
     def copy_seconds(self, nbytes: int, direction: str) -> float:

@@ -1,0 +1,150 @@
+"""The one planning road: where a plan's costs come from, and the plan of a step's spec.
+
+`minidnn plan` (planner/command.py) and `minidnn train --policy dyn` (planner/dyn.py) both
+call `plan_step`, so that what the command prints is what a run trains with: the same
+profile (a ProfileSource), the same micro-batch counts and layer chunks weighed
+(planner/split.py), the same re-plan of the option chosen from profiles measured at its own
+batches, and the same least budget.
+
+    source = ProfileSource(gpu="h200")                 # or profile=..., or device="gpu"
+    planned = plan_step(net, spec, source, maps, LOOKAHEADS, options)
+    planned.chosen          # the SplitOption the step runs (None: nothing fits)
+    planned.split           # every option weighed, and the least budget
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from functools import partial
+
+from ..layers.slices import deterministic_slice
+from .split import SplitOption, SplitPlan, least_budget, plan_split
+
+
+def _to_stderr(message: str) -> None:
+    """Say why the first run of a network takes longer (the profiling pass)."""
+    print(f"minidnn: {message}", file=sys.stderr)
+
+
+@dataclass
+class ProfileSource:
+    """Where a plan's costs come from, in this order: `profile` (a Profile, measured
+    beforehand), else the analytic model of the GPU named `gpu` (math: its math mode,
+    default 'tf32'), else measured on `device` (a Device or 'auto'/'gpu'/'cpu') and cached
+    on disk in `cache_dir` (refresh: measure again even when a cached profile matches; log:
+    where a one-line notice of a profiling pass goes, default standard error).
+    host_link_gbps: pinned copies limited to this many GB/s each way
+    (Profile.with_host_link)."""
+    profile: object = None
+    gpu: str | None = None
+    device: object = None
+    math: str | None = None
+    cache_dir: object = None
+    log: object = None
+    refresh: bool = False
+    host_link_gbps: float | None = None
+
+    @property
+    def measures(self) -> bool:
+        """Are the profiles measured on a device (neither given nor analytic)?"""
+        return self.profile is None and self.gpu is None
+
+    def at(self, net, batch: int, relu_bits=frozenset(), maps=None):
+        """The Profile of `net` at `batch` (its ReLUs `relu_bits` keeping bit masks, its maps
+        stored as `maps`, a MapFormat: a measured profile is measured in it)."""
+        if self.profile is not None:
+            self.profile.check_matches(net, batch, relu_bits)
+            return self.profile
+        if self.gpu is not None:
+            from .gpus import analytic_profile
+            return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
+        from .profile import get_profile
+        return get_profile(net, batch, self.device or "auto", refresh=self.refresh,
+                           directory=self.cache_dir, log=self.log or _to_stderr,
+                           relu_bits=relu_bits, maps=maps)
+
+    def measured_at(self, net, batch: int, relu_bits=frozenset(), maps=None):
+        """The profile at `batch` itself (measured there, or the analytic model's), with
+        the host link's limit."""
+        return self.at(net, batch, relu_bits, maps).with_host_link(self.host_link_gbps)
+
+    def pass_profile(self, net, batch: int, pass_batch: int, relu_bits=frozenset(),
+                     maps=None):
+        """The Profile of one pass of `pass_batch` images of a step of `batch`: the analytic
+        model's at that batch, else the step's profile scaled (split.py)."""
+        if self.gpu is not None and self.profile is None:
+            profile = self.at(net, pass_batch, relu_bits, maps)
+        else:
+            from .split import scale_profile
+            profile = scale_profile(self.at(net, batch, relu_bits, maps), net, pass_batch,
+                                    relu_bits)
+        return profile.with_host_link(self.host_link_gbps)
+
+
+@dataclass
+class StepPlan:
+    """What plan_step found. split: every option weighed (from the step's profile, scaled
+    to each pass batch) and the least budget; chosen: the option the step runs (None:
+    nothing fits); first: the option chosen before it was planned again (the same one
+    unless `remeasured`); remeasured: chosen was planned again from profiles measured at
+    its own batches."""
+    split: SplitPlan
+    chosen: SplitOption | None
+    first: SplitOption | None
+    remeasured: SplitPlan | None = None
+    measure_least: object = field(default=None, repr=False)
+    _least: int | None = field(default=None, init=False, repr=False)
+
+    def least_budget(self) -> int:
+        """The least budget the step trains in, whatever the budget planned for: what a run
+        refused a smaller budget names (split.least_budget, measured when first asked: it
+        weighs every count and chunk once more; where nothing fit, the split names it)."""
+        if self.chosen is None or self.measure_least is None:
+            return self.split.minimum_budget
+        if self._least is None:
+            self._least = self.measure_least()
+        return self._least
+
+    def infeasible_error(self):
+        """The InfeasibleBudgetError naming the least budget (when nothing fits)."""
+        return self.split.infeasible_error()
+
+
+def step_counts(net, spec) -> list | None:
+    """The micro-batch counts a plan of `spec` weighs (None: every count split.py tries):
+    the forced one, or one pass for a network with whole-batch statistics."""
+    if spec.micro_batches is not None:
+        return [spec.micro_batches]
+    return [1] if spec.whole_batch(net) else None
+
+
+def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict) -> StepPlan:
+    """Plan the step `spec` names (its batch, budget, micro-batches and layer chunks: None
+    weighs them) of `net`, its feature maps stored as `maps` (a MapFormat), at each prefetch
+    lookahead of `lookaheads`, from the profiles of `source`. options: as search.Planner
+    takes them (momentum, input_batches, reserve, static_layout, recompute, relu_bits).
+
+    An option with several passes or layer chunks, planned from the step's measured profile
+    scaled to its batches, is planned again from profiles measured at its own batches,
+    which is what its steps will run; the plan keeps that one where it fits."""
+    batch, budget = spec.batch, int(spec.memory_budget)
+    relu_bits = options.get("relu_bits", frozenset())
+    counts = step_counts(net, spec)
+    # Under deterministic mode every pass and chunk piece is whole slices (layers/slices.py).
+    batch_slice = deterministic_slice(batch) if spec.deterministic else None
+    scaled = partial(source.pass_profile, net, batch, relu_bits=relu_bits, maps=maps)
+    split = plan_split(net, batch, scaled, budget, lookaheads, counts=counts,
+                       chunks=spec.chunks, batch_slice=batch_slice, maps=maps, **options)
+    least = partial(least_budget, net, batch, scaled, budget, lookaheads, counts=counts,
+                    chunks=spec.chunks, batch_slice=batch_slice, maps=maps, **options)
+    chosen = split.chosen
+    if chosen is None or not (chosen.micro_batches > 1 or chosen.chunks) or \
+            not source.measures:
+        return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
+    measured = plan_split(net, batch, lambda b: source.measured_at(net, b, relu_bits, maps),
+                          budget, lookaheads, counts=[chosen.micro_batches],
+                          chunks=chosen.chunks, batch_slice=batch_slice, maps=maps, **options)
+    if measured.chosen is None:
+        return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
+    return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
+                    measure_least=least)

@@ -1,0 +1,92 @@
+"""Checkpointed segments: the planner's search that recomputes whole runs of maps.
+
+A run is a chain of recompute candidates each rebuilt from the one before alone (a VGG
+stage's convolution maps, a ResNet block's conv and batch-norm maps). `search` cuts every
+run into segments of a target size (a ladder of sizes, in multiples of the largest map),
+every map of a segment recomputed from the checkpoint before it, kept or offloaded, as
+checkpoint_sequential does; it returns the fastest that fits. The functions take the
+search.Planner whose candidates, step model and limits they use.
+"""
+from __future__ import annotations
+
+# Segment sizes the checkpointed-segments search tries, in multiples of the largest map of
+# the runs it cuts.
+SEGMENT_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def runs(planner) -> list[list[int]]:
+    """Maximal runs of recompute candidates each rebuilt from the one before alone (a
+    VGG stage's convolution maps, a ResNet block's conv and batch-norm maps), in forward
+    order: the chains a segment is cut from."""
+    plan, cand = planner.plan, set(planner.rebuildable)
+    nxt = {}
+    for sid in planner.rebuildable:
+        preds = planner._rebuilt_from[sid] & cand
+        if len(preds) == 1:
+            (p,) = preds
+            if len(planner._rebuilds[p]) == 1:
+                nxt[p] = sid
+    starts = cand - set(nxt.values())
+    out = []
+    for sid in sorted(starts, key=lambda t: plan.storages[t].last_forward_write):
+        run = [sid]
+        while run[-1] in nxt:
+            run.append(nxt[run[-1]])
+        if len(run) > 1:
+            out.append(run)
+    return out
+
+
+def decision(planner, runs, segment_bytes: int, offload_checkpoints: bool) -> tuple:
+    """(offload, recompute) cutting each run into segments of at most `segment_bytes`:
+    every map of a segment is recomputed, from the checkpoint that ends the segment
+    before (kept, or offloaded), as checkpoint_sequential does, with a segment length
+    per run by its maps' bytes."""
+    offload, recompute = set(), set()
+    candidates = set(planner.candidates)
+    for run in runs:
+        held = 0
+        for sid in run:
+            if held + planner._bytes[sid] > segment_bytes and held > 0:
+                held = 0        # a checkpoint: the next segment starts after it
+                if offload_checkpoints and sid in candidates:
+                    offload.add(sid)
+                continue
+            recompute.add(sid)
+            held += planner._bytes[sid]
+    return frozenset(offload), frozenset(recompute)
+
+
+def search(planner, bound: float | None = None):
+    """Checkpointed segments: each run of candidates cut into segments of a target size
+    (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
+    offloaded; the fastest that fits, or None.
+
+    Longer segments recompute more maps (slower) and keep fewer checkpoints: kept, those
+    take less memory, but the segment rebuilt at once takes more; offloaded, fewer bytes
+    cross the link (faster) and the segment takes more memory. So kept checkpoints are
+    tried from the shortest segments up, offloaded ones from the longest down, each up to
+    the first that fits. A size whose compute alone (every layer's fastest time and the
+    writers of its recomputed maps run again) is slower than `bound` is not walked."""
+    found_runs = runs(planner)
+    if not found_runs:
+        return None
+    m = planner.model
+    largest = max(planner._bytes[sid] for run in found_runs for sid in run)
+    found = []
+    for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
+                                        (True, SEGMENT_MULTIPLES[::-1])):
+        for multiple in ladder:
+            if planner._out_of_evaluations():
+                break
+            offload, recompute = decision(planner, found_runs, largest * multiple,
+                                                       offload_checkpoints)
+            if bound is not None and planner.least_step_s(recompute) > bound:
+                continue
+            # Only the first size that fits is kept: one that a bound shows cannot fit
+            # is walked, not packed or timed (StepModel.evaluate_if_fits).
+            ev = m.evaluate_if_fits(offload, m.algos("fastest"), recompute)
+            if ev is not None:
+                found.append(ev)
+                break
+    return min(found, key=lambda ev: ev.step_time_s, default=None)

@@ -370,7 +370,7 @@ class Runner:
         micro_batches, chunks = forced_split(cell, cell.split)
         policy = DynPolicy(input_batches=RUN_INPUT_BATCHES,
                            chunks=() if cell.ranks > 1 and chunks is None else None)
-        decide(net, BATCH // cell.ranks, policy, budget, device="cpu",
+        decide(net, BATCH // cell.ranks, policy=policy, memory_budget=budget, device="cpu",
                precision=cell.precision, layout=cell.layout,
                relu_bits=cell.encoding == "bits", micro_batches=micro_batches,
                split_batch_statistics=fam.batch_statistics and micro_batches is not None,

@@ -135,7 +135,7 @@ def test_a_planned_bf16_step_fits_and_counts_its_widened_copies(name, tight, spy
     make, chunks = NETS[name]
     net = make()
     policy = policy_for(net)
-    decide(net, BATCH, policy, 1 << 30, precision="bf16", relu_bits=True, chunks=chunks,
+    decide(net, BATCH, policy=policy, memory_budget=1 << 30, precision="bf16", relu_bits=True, chunks=chunks,
            device="cpu")
     peak, least = policy.result.best.required_bytes, policy.result.minimum_budget
     budget = (peak + least) // 2 if tight else int(peak * 1.02)

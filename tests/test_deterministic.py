@@ -155,7 +155,7 @@ def test_policies_at_a_budget_give_the_same_bits():
                           (1,), counts=[1], chunks=()).minimum_budget
     budget = int(one_pass * 0.8)
     policy = DynPolicy(gpu="h200")
-    decision = decide(net, BATCH, policy, budget, device="cpu", deterministic=True)
+    decision = decide(net, BATCH, policy=policy, memory_budget=budget, device="cpu", deterministic=True)
     assert decision.micro_batches > 1 or decision.chunks
     reference = train(vgg_net, deterministic=True)
     runs = {"all": train(vgg_net, deterministic=True, policy="all"),

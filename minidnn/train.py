@@ -36,11 +36,15 @@ from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
 from .chunks import describe
+from .augment import Augment
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes
 from .executor import Executor
+from .idx import parse_spec as parse_idx_spec
+from .layers.loss import example_losses
 from .optim import SGD
+from .recipe import Recipe, check_recipe
 from .report import MATH_MODES, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 
@@ -50,7 +54,10 @@ SHAPES_IMAGE_SIZE = 64
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not
 # continue the same run.
 RUN_IDENTITY = ("model", "batch", "image_size", "seed", "data", "num_classes", "lr", "momentum",
-                "weight_decay")
+                "weight_decay", "lr_schedule", "lr_warmup", "label_smoothing", "augment")
+# What a checkpoint written before a setting existed ran with.
+IDENTITY_DEFAULTS = {"lr_schedule": "constant", "lr_warmup": 0, "label_smoothing": 0.0,
+                     "augment": "none"}
 
 
 class DivergenceError(MinidnnError):
@@ -102,6 +109,15 @@ class TrainConfig:
     waits for the others in any exchange before it gives up. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
     offload at once, scripts/bench_host_link.py).
+
+    Training recipes (minidnn/recipe.py): epochs: train for this many passes over the
+    training set instead of `steps` (an epoch is floor(training images / batch) steps, the
+    batch loader's; the held-out set is evaluated after every epoch, and the report's
+    `epochs` holds one record per epoch). lr_schedule: 'constant', 'cosine' or 'step'
+    (minidnn/lr_schedule.py), after lr_warmup_steps (or lr_warmup_epochs) of linear warm-up.
+    label_smoothing: the loss's eps. augment: 'none' or e.g. 'crop,flip' (minidnn/augment.py).
+    eval_batches None: the whole held-out set, its last partial batch included. curve: a PNG
+    of the training loss and held-out accuracy per epoch (needs epochs).
     """
     model: str = "alexnet"
     batch: int = 32
@@ -139,6 +155,13 @@ class TrainConfig:
     warmup_steps: int = 2
     collective_timeout: float = 600.0
     host_link_gbps: float | None = None
+    epochs: int | None = None
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0
+    lr_warmup_epochs: int = 0
+    label_smoothing: float = 0.0
+    augment: str = "none"
+    curve: str | None = None
 
 
 def _check_config(cfg: TrainConfig) -> None:
@@ -151,7 +174,8 @@ def _check_config(cfg: TrainConfig) -> None:
     positive("seed", 0)
     positive("steps", 0)
     positive("eval_every", 0)
-    positive("eval_batches")
+    if cfg.eval_batches is not None:
+        positive("eval_batches")
     positive("checkpoint_every", 0)
     positive("log_every")
     positive("warmup_steps", 0)
@@ -164,6 +188,7 @@ def _check_config(cfg: TrainConfig) -> None:
         positive("num_classes")
     if cfg.memory_budget is not None:
         positive("memory_budget")
+    check_recipe(cfg)
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be positive, got {cfg.lr}")
     if not 0 <= cfg.momentum < 1:
@@ -177,14 +202,15 @@ def _check_config(cfg: TrainConfig) -> None:
     if cfg.checkpoint_every and not cfg.checkpoint:
         raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint PATH "
                           f"(where to write the checkpoints)")
-    if cfg.plot:
-        # Checked now, not when the plot is drawn after the whole run.
-        try:
-            import matplotlib  # noqa: F401 (imported to see that it imports)
-        except ImportError as e:
-            raise ConfigError(f"--plot {cfg.plot!r} needs matplotlib, which does not import "
-                              f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'"
-                              ) from None
+    for option, path in (("--plot", cfg.plot), ("--curve", cfg.curve)):
+        if path:
+            # Checked now, not when the figure is drawn after the whole run.
+            try:
+                import matplotlib  # noqa: F401 (imported to see that it imports)
+            except ImportError as e:
+                raise ConfigError(f"{option} {path!r} needs matplotlib, which does not import "
+                                  f"({e}); install the 'plot' extra: pip install "
+                                  f"'minidnn[plot]'") from None
     # Every output path now, so that a run is never lost to a path that cannot be written.
     for option, path in (("--report", cfg.report), ("--trace", cfg.trace),
                          ("--checkpoint", cfg.checkpoint)):
@@ -192,6 +218,8 @@ def _check_config(cfg: TrainConfig) -> None:
             check_output_path(option, path)
     if cfg.plot:
         check_output_path("--plot", cfg.plot, formats=_plot_formats())
+    if cfg.curve:
+        check_output_path("--curve", cfg.curve, formats=_plot_formats())
 
 
 def _plot_formats() -> tuple:
@@ -239,6 +267,8 @@ def resolve_image_size(cfg: TrainConfig) -> int:
         return max(SHAPES_IMAGE_SIZE, models.min_image_size(cfg.model))
     if str(cfg.data).startswith("cifar10:"):
         return max(32, models.min_image_size(cfg.model))
+    if parse_idx_spec(str(cfg.data)) is not None:
+        return max(28, models.min_image_size(cfg.model))
     return models.native_image_size(cfg.model)
 
 
@@ -303,28 +333,46 @@ class StepTimer:
         self._last = self._stamp()
 
 
-def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0,
-             rows: slice | None = None) -> dict:
+def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None,
+             seed: int = 0, rows: slice | None = None, label_smoothing: float = 0.0) -> dict:
     """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`
-    (over `rows` of each batch only, when given: one rank's share)."""
-    steps = min(max_batches, len(dataset) // batch)
+    (over `rows` of each batch only, when given: one rank's share).
+
+    max_batches None: every image. The last, partial batch is filled up with repeats of its
+    own images (evaluation normalises with running statistics and drops nothing, so the
+    repeats change no other row's logits) and only its real images are scored, their loss
+    computed on the host from the logits (layers.loss.example_losses). With `rows`, only
+    full batches. label_smoothing: the loss layer's, for those host-computed losses.
+    """
+    full = len(dataset) // batch
+    whole = max_batches is None and rows is None
+    steps = -(-len(dataset) // batch) if whole else min(max_batches or full, full)
     if steps < 1:
         raise DataError(f"evaluation needs at least one full batch: the held-out set has "
                         f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")
     correct = total = 0
     loss_sum = 0.0
-    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps, rows=rows) as loader:
+    with BatchLoader(dataset, batch, seed, shuffle=False, drop_last=not whole, steps=steps,
+                     rows=rows) as loader:
         for x, y in loader:
-            loss, logits = ex.evaluate(x, y)
+            n = len(y)
+            partial = whole and n < batch
+            if partial:
+                fill = np.arange(batch) % n
+                loss, logits = ex.evaluate(x[fill], y[fill])
+                logits = logits[:n]
+                loss_sum += float(example_losses(logits, y, label_smoothing).sum())
+            else:
+                loss, logits = ex.evaluate(x, y)
+                loss_sum += loss * n
             correct += int((logits.argmax(axis=1) == y).sum())
-            total += len(y)
-            loss_sum += loss * len(y)
+            total += n
     return {"loss": loss_sum / total, "accuracy": correct / total, "images": total}
 
 
-def _identity(cfg: TrainConfig, image_size: int, num_classes: int) -> dict:
-    d = {k: getattr(cfg, k) for k in RUN_IDENTITY}
-    d.update(image_size=image_size, num_classes=num_classes)
+def _identity(cfg: TrainConfig, image_size: int, num_classes: int, recipe: Recipe) -> dict:
+    d = {k: getattr(cfg, k) for k in RUN_IDENTITY if hasattr(cfg, k)}
+    d.update(image_size=image_size, num_classes=num_classes, **recipe.identity())
     return d
 
 
@@ -336,8 +384,8 @@ def _check_resumable(ckpt, identity: dict) -> None:
     if saved["model"] != identity["model"]:
         raise CheckpointError(f"checkpoint {ckpt.path!r} is for model {saved['model']!r}, not "
                               f"{identity['model']!r}")
-    diffs = [f"{k}={saved.get(k)!r} (now {identity[k]!r})" for k in RUN_IDENTITY
-             if saved.get(k) != identity[k]]
+    diffs = [f"{k}={saved.get(k, IDENTITY_DEFAULTS.get(k))!r} (now {identity[k]!r})"
+             for k in RUN_IDENTITY if saved.get(k, IDENTITY_DEFAULTS.get(k)) != identity[k]]
     if diffs:
         raise CheckpointError(f"checkpoint {ckpt.path!r} was written by a run with "
                               f"{', '.join(diffs)}; resume with the same settings")
@@ -352,7 +400,7 @@ def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None):
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
-                         steps=cfg.steps - start, rows=rows)
+                         steps=cfg.steps - start, rows=rows, augment=Augment.parse(cfg.augment))
     return iter(loader), loader
 
 
@@ -414,8 +462,12 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     started = time.perf_counter()
     image_size = resolve_image_size(cfg)
     sources = open_data(cfg.data, image_size, cfg.seed, cfg.num_classes)
-    net = models.build(cfg.model, num_classes=sources.num_classes, image_size=image_size)
-    identity = _identity(cfg, image_size, sources.num_classes)
+    net = models.build(cfg.model, num_classes=sources.num_classes, image_size=image_size,
+                       in_channels=sources.train.image_shape[0])
+    recipe = Recipe.of(cfg, len(sources.train))
+    cfg = dataclasses.replace(cfg, steps=recipe.total_steps)
+    recipe.apply_to(net)
+    identity = _identity(cfg, image_size, sources.num_classes, recipe)
 
     ckpt, start = None, 0
     if cfg.resume:
@@ -460,20 +512,24 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
                 ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
                  if ex.micro_batches > 1 else [])
                 + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
+        if recipe.describe():
+            log(recipe.describe())
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, net, opt, sources, start, pool,
                     dict(dataclasses.asdict(cfg), identity=identity,
-                         world_size=dp.size if dp else 1), log, stop, dp)
+                         world_size=dp.size if dp else 1), log, stop, dp, recipe)
 
         def report_now() -> dict:
-            return build_report(cfg, ex=ex, net=net, image_size=image_size,
-                                num_classes=sources.num_classes, data=sources.description,
-                                start_step=start, losses=run.losses,
-                                step_times=run.timer.times[:len(run.losses)], evals=run.evals,
-                                memory=run.memory or memory_figures(ex),
-                                wall_time_s=time.perf_counter() - started)
+            report = build_report(cfg, ex=ex, net=net, image_size=image_size,
+                                  num_classes=sources.num_classes, data=sources.description,
+                                  start_step=start, losses=run.losses,
+                                  step_times=run.timer.times[:len(run.losses)],
+                                  evals=run.evals, memory=run.memory or memory_figures(ex),
+                                  wall_time_s=time.perf_counter() - started)
+            report.update(recipe.report_fields(), epochs=run.epoch_records)
+            return report
         try:
             run.loop()
         except (DivergenceError, Interrupted) as stopped:
@@ -499,6 +555,10 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
             write_output("--trace", cfg.trace, run.tracer.write_chrome_trace)
         if run.tracer is not None and cfg.plot:
             write_output("--plot", cfg.plot, run.tracer.plot_memory)
+        if cfg.curve:
+            from .curves import plot_curves
+            write_output("--curve", cfg.curve, lambda path: plot_curves(
+                path, {"minidnn": run.epoch_records}, title=f"{cfg.model} on {cfg.data}"))
     finally:
         ex.close()
     return report
@@ -571,7 +631,8 @@ class _Loop:
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
-                 run_config: dict, log, stop: StopSignals | None = None, dp=None):
+                 run_config: dict, log, stop: StopSignals | None = None, dp=None,
+                 recipe: Recipe | None = None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
@@ -585,6 +646,9 @@ class _Loop:
         self.tracer = None
         self.timer = StepTimer(ex.device)
         self.bar = None
+        self.recipe = recipe
+        self.epoch_records: list[dict] = []   # one per epoch ended (runs in epochs)
+        self.started = time.perf_counter()
 
     def loop(self) -> None:
         cfg, ex = self.cfg, self.ex
@@ -599,6 +663,8 @@ class _Loop:
                 done = step + 1
                 last = done == cfg.steps
                 x, y = next(batches)
+                if self.recipe is not None and self.recipe.varies_lr:
+                    self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):
                     ex.enable_trace(True, max_steps=1)
                 self.pending.append(ex.train_step(x, y, self.opt))
@@ -613,9 +679,13 @@ class _Loop:
                 if self.bar is not None:
                     self.bar.update(1)
                 pause = False
-                if eval_ok and ((cfg.eval_every and done % cfg.eval_every == 0) or last):
+                epoch = self.recipe.epoch_of(done) if self.recipe is not None else None
+                if eval_ok and ((cfg.eval_every and done % cfg.eval_every == 0) or last
+                                or epoch is not None):
                     self.evaluate(done)
                     pause = True
+                if epoch is not None:
+                    self.end_epoch(epoch, done)
                 if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
                                        or last):
                     self.checkpoint(done)
@@ -667,16 +737,47 @@ class _Loop:
     def evaluate(self, step: int) -> None:
         cfg = self.cfg
         self.read_losses(step)
+        eps = self.recipe.label_smoothing if self.recipe is not None else 0.0
         result = evaluate(self.ex, self.sources.eval, cfg.batch, cfg.eval_batches, cfg.seed,
-                          self.dp.rows if self.dp else None)
+                          self.dp.rows if self.dp else None, label_smoothing=eps)
         if self.dp:
             result = self.dp.combine_eval(result)
         result = dict(step=step, **result)
         self.evals.append(result)
+        epoch = self.recipe.epoch_of(step) if self.recipe is not None else None
+        if epoch is not None:
+            # The epoch's line (end_epoch records it) says the epoch and the whole epoch's loss.
+            return
         recent = np.mean(self.losses[-cfg.log_every:]) if self.losses else float("nan")
         _write(self.bar, self.log, f"step {step}/{cfg.steps}: training loss {recent:.4f}, "
                                    f"held-out loss {result['loss']:.4f}, accuracy "
                                    f"{result['accuracy']:.3f} ({result['images']} images)")
+
+    def end_epoch(self, epoch: int, step: int) -> None:
+        """Record epoch `epoch`, which `step` ends: its mean training loss (over the steps of
+        it this run made), learning rate at its last step, held-out figures when evaluated,
+        training time so far (step times only: evaluation and checkpoints left out) and wall
+        time; and print it."""
+        self.read_losses(step)
+        first = max(step - self.recipe.steps_per_epoch, self.start)
+        losses = self.losses[first - self.start:step - self.start]
+        record = {"epoch": epoch, "step": step,
+                  "train_loss": float(np.mean(losses)) if losses else None,
+                  "lr": self.recipe.schedule.lr_at(step - 1),
+                  "train_time_s": float(sum(self.timer.times[:step - self.start])),
+                  "wall_time_s": time.perf_counter() - self.started}
+        held_out = self.evals[-1] if self.evals and self.evals[-1]["step"] == step else None
+        if held_out is not None:
+            record.update(accuracy=held_out["accuracy"], eval_loss=held_out["loss"],
+                          eval_images=held_out["images"])
+        self.epoch_records.append(record)
+        line = (f"epoch {epoch}/{self.recipe.epochs} (step {step}/{self.cfg.steps}): training "
+                f"loss {record['train_loss']:.4f}")
+        if held_out is not None:
+            line += (f", held-out loss {held_out['loss']:.4f}, accuracy "
+                     f"{held_out['accuracy']:.4f} ({held_out['images']} images)")
+        line += f", lr {record['lr']:.4g}, {record['wall_time_s']:.1f} s"
+        _write(self.bar, self.log, line)
 
     def checkpoint(self, step: int) -> None:
         """Write the checkpoint of `step`, after checking every loss up to it and every

@@ -334,15 +334,15 @@ class StepTimer:
 
 
 def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None,
-             seed: int = 0, rows: slice | None = None, label_smoothing: float = 0.0) -> dict:
+             seed: int = 0, rows: slice | None = None) -> dict:
     """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`
     (over `rows` of each batch only, when given: one rank's share).
 
     max_batches None: every image. The last, partial batch is filled up with repeats of its
     own images (evaluation normalises with running statistics and drops nothing, so the
     repeats change no other row's logits) and only its real images are scored, their loss
-    computed on the host from the logits (layers.loss.example_losses). With `rows`, only
-    full batches. label_smoothing: the loss layer's, for those host-computed losses.
+    computed on the host from the logits (layers.loss.example_losses, with the network's
+    label smoothing). With `rows`, only full batches.
     """
     full = len(dataset) // batch
     whole = max_batches is None and rows is None
@@ -361,7 +361,8 @@ def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None
                 fill = np.arange(batch) % n
                 loss, logits = ex.evaluate(x[fill], y[fill])
                 logits = logits[:n]
-                loss_sum += float(example_losses(logits, y, label_smoothing).sum())
+                eps = ex.net.nodes[-1].layer.label_smoothing   # the loss layer's
+                loss_sum += float(example_losses(logits, y, eps).sum())
             else:
                 loss, logits = ex.evaluate(x, y)
                 loss_sum += loss * n
@@ -737,9 +738,8 @@ class _Loop:
     def evaluate(self, step: int) -> None:
         cfg = self.cfg
         self.read_losses(step)
-        eps = self.recipe.label_smoothing if self.recipe is not None else 0.0
         result = evaluate(self.ex, self.sources.eval, cfg.batch, cfg.eval_batches, cfg.seed,
-                          self.dp.rows if self.dp else None, label_smoothing=eps)
+                          self.dp.rows if self.dp else None)
         if self.dp:
             result = self.dp.combine_eval(result)
         result = dict(step=step, **result)

@@ -53,16 +53,21 @@ from minidnn.lr_schedule import LRSchedule                        # noqa: E402
 from minidnn.train import TrainConfig, train                      # noqa: E402
 
 #: The recipe per network (the README's "Real data: Fashion-MNIST"); flags override it.
+#: ResNet-18 as torchvision builds it halves the map twice in its stem (7x7 stride 2, then a
+#: max-pool): at 56x56 its first residual stage sees 14x14 maps, as a CIFAR-style stem would
+#: at 28x28. The crop's padding is in pixels of the resized image.
 RECIPES = {
-    "resnet18": dict(epochs=15, batch=128, lr=0.1, lr_schedule="cosine", warmup_epochs=1,
-                     label_smoothing=0.1, augment="crop:2,flip", weight_decay=5e-4),
-    "vgg11": dict(epochs=15, batch=128, lr=0.05, lr_schedule="cosine", warmup_epochs=1,
-                  label_smoothing=0.1, augment="crop:2,flip", weight_decay=5e-4),
-    "tiny_cnn": dict(epochs=2, batch=64, lr=0.02, lr_schedule="cosine", warmup_epochs=0,
-                     label_smoothing=0.0, augment="none", weight_decay=5e-4),
+    "resnet18": dict(image_size=56, epochs=15, batch=128, lr=0.1, lr_schedule="cosine",
+                     warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip",
+                     weight_decay=5e-4),
+    "vgg11": dict(image_size=32, epochs=15, batch=128, lr=0.02, lr_schedule="cosine",
+                  warmup_epochs=1, label_smoothing=0.1, augment="crop:2,flip",
+                  weight_decay=5e-4),
+    "tiny_cnn": dict(image_size=28, epochs=2, batch=64, lr=0.02, lr_schedule="cosine",
+                     warmup_epochs=0, label_smoothing=0.0, augment="none", weight_decay=5e-4),
 }
-RECIPE_KEYS = ("epochs", "batch", "lr", "lr_schedule", "warmup_epochs", "label_smoothing",
-               "augment", "weight_decay")
+RECIPE_KEYS = ("image_size", "epochs", "batch", "lr", "lr_schedule", "warmup_epochs",
+               "label_smoothing", "augment", "weight_decay")
 
 
 # ---- the data ----------------------------------------------------------------------------------
@@ -90,7 +95,8 @@ def limited_copy(spec: str, folder: str, train_limit: int | None, test_limit: in
 
 # ---- minidnn -----------------------------------------------------------------------------------
 def minidnn_config(model: str, recipe: dict, args, data: str, **extra) -> TrainConfig:
-    return TrainConfig(model=model, data=data, batch=recipe["batch"], epochs=recipe["epochs"],
+    return TrainConfig(model=model, data=data, image_size=recipe["image_size"],
+                       batch=recipe["batch"], epochs=recipe["epochs"],
                        lr=recipe["lr"], momentum=args.momentum,
                        weight_decay=recipe["weight_decay"], lr_schedule=recipe["lr_schedule"],
                        lr_warmup_epochs=recipe["warmup_epochs"],
@@ -206,8 +212,10 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"-- {label}: torch {torch.__version__} on {device}", flush=True)
 
-    sources = open_data(data, 28)
-    net = models.build(model_name, num_classes=10, image_size=sources.train.image_shape[1],
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sources = open_data(data, recipe["image_size"])
+    net = models.build(model_name, num_classes=10, image_size=recipe["image_size"],
                        in_channels=sources.train.image_shape[0])
     net.init_params(args.seed)             # what minidnn's executor does with the same seed
     model = torch_twin(net).to(device).to(memory_format=torch.channels_last).train()
@@ -356,7 +364,7 @@ def parse_args(argv=None):
                    help="score the first N test images only")
     for key in RECIPE_KEYS:
         kind = str if key in ("lr_schedule", "augment") else \
-            int if key in ("epochs", "batch", "warmup_epochs") else float
+            int if key in ("image_size", "epochs", "batch", "warmup_epochs") else float
         p.add_argument("--" + key.replace("_", "-"), type=kind, default=None,
                        help="override every model's recipe (see RECIPES)")
     p.add_argument("--budget-fraction", type=float, default=0.0, metavar="F",
@@ -381,8 +389,10 @@ def main(argv=None) -> dict:
                "data": data, "target": args.target, "models": {}}
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-        recipe = dict(RECIPES.get(model, RECIPES["resnet18"]))
+        recipe = dict(RECIPES.get(model) or RECIPES["vgg11" if model.startswith("vgg")
+                                                    else "resnet18"])
         recipe.update({k: getattr(args, k) for k in RECIPE_KEYS if getattr(args, k) is not None})
+        recipe["image_size"] = max(recipe["image_size"], models.min_image_size(model))
         runs = [run_minidnn("minidnn", minidnn_config(model, recipe, args, data))]
         if args.budget_fraction and "error" not in runs[0]:
             budget = int(args.budget_fraction * runs[0]["peak_device_bytes"])

@@ -119,9 +119,8 @@ def test_a_missing_file_or_folder_is_one_error_line(fmnist, tmp_path, capsys):
 
 def test_networks_take_their_input_channels_from_the_data():
     net = models.build("resnet18", num_classes=10, image_size=28, in_channels=1)
-    net.init_params(0)
     assert net.input_shape == (1, 28, 28)
-    assert net.state_dict()["conv1.weight"].shape == (64, 1, 7, 7)
+    assert dict(net.parameters())["conv1.weight"].shape == (64, 1, 7, 7)
     assert models.build("tiny_cnn", 10, 28, in_channels=1).input_shape == (1, 28, 28)
     with pytest.raises(ConfigError, match="in_channels must be a positive integer"):
         models.build("tiny_cnn", 10, 28, in_channels=0)
@@ -247,7 +246,7 @@ def test_a_resume_with_another_recipe_is_refused(fmnist, tmp_path):
 
 def test_the_command_line_trains_epochs_and_draws_the_curve(fmnist, tmp_path, capsys):
     report, curve = tmp_path / "r.json", tmp_path / "curve.png"
-    code = main(["train", "--model", "tiny_cnn", "--data", f"fashion-mnist:{fmnist}",
+    code = main(["train", "--model", "mlp", "--data", f"fashion-mnist:{fmnist}",
                  "--batch", "8", "--epochs", "2", "--lr", "0.05", "--lr-schedule", "step",
                  "--warmup-epochs", "1", "--label-smoothing", "0.05", "--augment", "flip",
                  "--no-progress", "--device", "cpu", "--report", str(report),

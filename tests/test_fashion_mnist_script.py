@@ -1,7 +1,8 @@
 """scripts/fashion_mnist_vs_pytorch.py on the CPU at tiny size, minidnn alone (--no-torch)."""
-import importlib.util
 import json
 import os
+import runpy
+from types import SimpleNamespace
 
 from test_fashion_mnist import make_data
 
@@ -9,11 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "fashion_mnist_vs_pytorch", os.path.join(ROOT, "scripts", "fashion_mnist_vs_pytorch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script's functions (its module namespace; __main__ does not run)."""
+    path = os.path.join(ROOT, "scripts", "fashion_mnist_vs_pytorch.py")
+    return SimpleNamespace(**runpy.run_path(path, run_name="fashion_mnist_vs_pytorch"))
 
 
 def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_path, capsys):

@@ -346,7 +346,8 @@ def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None
     """
     full = len(dataset) // batch
     whole = max_batches is None and rows is None
-    steps = -(-len(dataset) // batch) if whole else min(max_batches or full, full)
+    steps = -(-len(dataset) // batch) if whole else \
+        min(full if max_batches is None else max_batches, full)
     if steps < 1:
         raise DataError(f"evaluation needs at least one full batch: the held-out set has "
                         f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import models
+from .augment import Augment
 from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
 from .chunks import describe
-from .augment import Augment
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
 from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, MinidnnError, fmt_bytes

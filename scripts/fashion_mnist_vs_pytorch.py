@@ -54,8 +54,9 @@ from minidnn.train import TrainConfig, train                      # noqa: E402
 
 #: The recipe per network (the README's "Real data: Fashion-MNIST"); flags override it.
 #: ResNet-18 as torchvision builds it halves the map twice in its stem (7x7 stride 2, then a
-#: max-pool): at 56x56 its first residual stage sees 14x14 maps, as a CIFAR-style stem would
-#: at 28x28. The crop's padding is in pixels of the resized image.
+#: max-pool): from the 28x28 images resized to 56x56 its first residual stage sees 14x14 maps
+#: and its last 2x2, where 28x28 gives 7x7 and 1x1 (--image-size 28 runs that). The crop's
+#: padding is in pixels of the resized image.
 RECIPES = {
     "resnet18": dict(image_size=56, epochs=15, batch=128, lr=0.1, lr_schedule="cosine",
                      warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip",
@@ -167,25 +168,31 @@ def torch_twin(net):
     class Twin(nn.Module):
         def __init__(self):
             super().__init__()
-            self.order = [(n.name.replace(".", "__"), list(n.inputs), type(n.layer).__name__)
-                          for n in nodes]
+            # (module key, map name, input map names, layer kind): plain strings only, so
+            # that torch.compile traces the walk without minidnn's objects.
+            self.order = [(n.name.replace(".", "__"), n.name, list(n.inputs),
+                           type(n.layer).__name__) for n in nodes]
             self.output = nodes[-1].name
-            self.layers = nn.ModuleDict({key: m for (key, _, _), n in zip(self.order, nodes)
-                                         if (m := module_of(n.layer)) is not None})
+            modules = {}
+            for (key, _, _, _), n in zip(self.order, nodes):
+                m = module_of(n.layer)
+                if m is not None:
+                    modules[key] = m
+            self.layers = nn.ModuleDict(modules)
 
         def forward(self, x):
             maps = {DATA: x}
-            for (key, inputs, kind), node in zip(self.order, nodes):
+            for key, name, inputs, kind in self.order:
                 xs = [maps[i] for i in inputs]
                 if kind == "Add":
-                    y = xs[0] + xs[1]
-                    for more in xs[2:]:
+                    y = xs[0]
+                    for more in xs[1:]:
                         y = y + more
                 elif kind == "Concat":
                     y = torch.cat(xs, dim=1)
                 else:
                     y = self.layers[key](xs[0])
-                maps[node.name] = y
+                maps[name] = y
             return maps[self.output]
 
     model = Twin()

@@ -18,6 +18,7 @@ def plot_curves(path: str, runs: dict, title: str = "") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for label, records in runs.items():
@@ -29,6 +30,7 @@ def plot_curves(path: str, runs: dict, title: str = "") -> None:
     ax_loss.set(xlabel="epoch", ylabel="training loss (mean over the epoch)")
     ax_acc.set(xlabel="epoch", ylabel="held-out accuracy")
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs are whole
         ax.grid(alpha=0.3)
         ax.legend()
     if title:

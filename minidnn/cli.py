@@ -186,7 +186,7 @@ def _add_recipe_arguments(t, d: TrainConfig) -> None:
                         "floor(training images / batch) steps); evaluates the whole held-out "
                         "set after every epoch")
     g.add_argument("--lr-schedule", choices=SCHEDULES, default=d.lr_schedule,
-                   help="the learning rate over the run: constant; cosine decay to 0; step: "
+                   help="the learning rate over the run: constant; cosine decay towards 0; step: "
                         "x0.1 at half and again at three quarters of the steps after warm-up "
                         f"(default {d.lr_schedule})")
     g.add_argument("--warmup-steps", type=argtypes.count, default=d.lr_warmup_steps,

@@ -328,11 +328,11 @@ def summary(model: str, runs: list[dict], target: float) -> list[str]:
             lines.append(f"{model}: {run['label']:<18} error: {run['error']}")
             continue
         last = run["epochs"][-1] if run["epochs"] else {}
-        reach = time_to(run, target)
+        reach, compile_s = time_to(run, target), run.get("compile_s")
         lines.append(f"{model}: {run['label']:<18} {last.get('accuracy', float('nan')):>14.4f} "
                      f"{last.get('train_time_s', float('nan')):>11.1f} "
                      f"{'-' if reach is None else format(reach, '.1f'):>8} "
-                     f"{'-' if run.get('compile_s') is None else format(run['compile_s'], '.1f'):>9}")
+                     f"{'-' if compile_s is None else format(compile_s, '.1f'):>9}")
     ours = next((r for r in runs if r["label"] == "minidnn" and "epochs" in r), None)
     for run in runs:
         if ours is None or not run["label"].startswith("pytorch") or "epochs" not in run:

@@ -3,6 +3,7 @@ epochs with a whole held-out evaluation, augmentation, resume and the curve."""
 import gzip
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -107,13 +108,13 @@ def test_a_malformed_file_is_a_data_error_naming_it(fmnist, name, data, message)
 
 def test_a_missing_file_or_folder_is_one_error_line(fmnist, tmp_path, capsys):
     os.remove(os.path.join(fmnist, "t10k-labels-idx1-ubyte.gz"))
-    for spec, message in ((f"fashion-mnist:{fmnist}", "t10k-labels-idx1-ubyte'\\[.gz\\] is missing"),
+    for spec, message in ((f"fashion-mnist:{fmnist}",
+                           "t10k-labels-idx1-ubyte'\\[.gz\\] is missing"),
                           (f"mnist:{tmp_path / 'none'}", "mnist folder .* does not exist"),
                           ("mnist", "--data mnist needs the folder")):
         code = main(["train", "--model", "mlp", "--data", spec, "--steps", "1"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and err[0].startswith("minidnn: error: "), err
-        import re
         assert re.search(message, err[0]), err[0]
 
 

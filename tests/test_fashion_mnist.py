@@ -99,11 +99,11 @@ def corrupt(folder, name, data):
      "is longer than its header says"),
 ])
 def test_a_malformed_file_is_a_data_error_naming_it(fmnist, name, data, message):
-    path = corrupt(fmnist, name, data if name.endswith("labels-idx1-ubyte.gz") or
-                   data[:2] == b"\x1f\x8b" else gzip.compress(data))
+    gzipped = data if data[:2] == b"\x1f\x8b" else gzip.compress(data)
+    path = corrupt(fmnist, name, gzipped)
     with pytest.raises(DataError, match=message) as e:
         open_data(f"fashion-mnist:{fmnist}", 28)
-    assert repr(path) in str(e.value) or "48 images" in str(e.value)
+    assert repr(path) in str(e.value)
 
 
 def test_a_missing_file_or_folder_is_one_error_line(fmnist, tmp_path, capsys):

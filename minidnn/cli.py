@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="height = width of the input images (default: 64 for shapes, 32 for "
                         "CIFAR-10, each raised to the model's minimum; the model's native size "
                         "for synthetic data and image folders)")
-    t.add_argument("--steps", type=argtypes.count, default=d.steps, metavar="N",
+    t.add_argument("--steps", type=argtypes.count, default=None, metavar="N",
                    help=f"train until this step (default {d.steps}; with --resume the total)")
     t.add_argument("--device", choices=("auto", "cpu", "gpu"), default=d.device,
                    help="auto: the GPU when CuPy sees one, else the CPU (default auto)")
@@ -75,10 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"SGD momentum (default {d.momentum})")
     t.add_argument("--weight-decay", type=argtypes.non_negative_float, default=d.weight_decay,
                    help=f"L2 weight decay (default {d.weight_decay})")
-    t.add_argument("--data", default=d.data, metavar="shapes|synthetic|PATH|cifar10:PATH",
+    t.add_argument("--data", default=d.data,
+                   metavar="shapes|synthetic|PATH|cifar10:PATH|fashion-mnist[:DIR]|mnist:DIR",
                    help="shapes: drawn shapes, 10 classes (default); synthetic: random "
                         "ImageNet-shaped batches; PATH: an image folder with one subfolder per "
-                        "class; cifar10:PATH: the CIFAR-10 python batches")
+                        "class; cifar10:PATH: the CIFAR-10 python batches; fashion-mnist: the "
+                        "IDX files where Debian's dataset-fashion-mnist puts them, or in DIR; "
+                        "mnist:DIR: MNIST's IDX files (gzipped or not)")
     t.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default: what the data has; synthetic 1000)")
     from .decide import policy_names
@@ -141,11 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "
                         "which runs nhwc through its reference kernels); parameters keep "
                         "PyTorch's layouts in checkpoints")
-    t.add_argument("--eval-every", type=argtypes.count, default=d.eval_every, metavar="N",
+    t.add_argument("--eval-every", type=argtypes.count, default=None, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
-                        f"the end (default {d.eval_every})")
-    t.add_argument("--eval-batches", type=argtypes.positive_int, default=d.eval_batches, metavar="N",
-                   help=f"held-out batches per evaluation (default {d.eval_batches})")
+                        f"the end (default {d.eval_every}; with --epochs 0, as every epoch "
+                        f"ends with one)")
+    t.add_argument("--eval-batches", type=_eval_batches, default=None, metavar="N|all",
+                   help=f"held-out batches per evaluation; all: every held-out image, the "
+                        f"last partial batch too (default {d.eval_batches}; with --epochs all)")
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write a checkpoint here (atomically) at the end and every "
                         "--checkpoint-every steps")
@@ -173,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "step, at this CPU's measured rate) says the run takes over an hour "
                         "or a step over 5 minutes; a run that needs more RAM than is "
                         "available is refused regardless")
+    _add_recipe_arguments(t, d)
     _add_ranks_arguments(t, d)
 
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
@@ -192,6 +198,59 @@ def build_parser() -> argparse.ArgumentParser:
     from .planner import command as plan_command
     plan_command.add_parser(sub)
     return parser
+
+
+def _eval_batches(text: str):
+    """--eval-batches: a positive integer, or 'all' (the whole held-out set)."""
+    return "all" if text == "all" else argtypes.positive_int(text)
+
+
+def _add_recipe_arguments(t, d: TrainConfig) -> None:
+    """Training recipes (minidnn/recipe.py): epochs, learning-rate schedule, label smoothing,
+    augmentation and the per-epoch curve."""
+    from .lr_schedule import SCHEDULES
+    g = t.add_argument_group("training recipe")
+    g.add_argument("--epochs", type=argtypes.positive_int, default=None, metavar="N",
+                   help="train N passes over the training set instead of --steps (an epoch is "
+                        "floor(training images / batch) steps); evaluates the whole held-out "
+                        "set after every epoch")
+    g.add_argument("--lr-schedule", choices=SCHEDULES, default=d.lr_schedule,
+                   help="the learning rate over the run: constant; cosine decay towards 0; step: "
+                        "x0.1 at half and again at three quarters of the steps after warm-up "
+                        f"(default {d.lr_schedule})")
+    g.add_argument("--warmup-steps", type=argtypes.count, default=d.lr_warmup_steps,
+                   metavar="N", help="learning-rate warm-up: rise linearly to --lr over the "
+                                     "first N steps")
+    g.add_argument("--warmup-epochs", type=argtypes.count, default=d.lr_warmup_epochs,
+                   metavar="N", help="the warm-up in epochs instead")
+    g.add_argument("--label-smoothing", type=argtypes.fraction, default=d.label_smoothing,
+                   metavar="EPS", help="cross-entropy against (1 - EPS) one-hot + EPS / classes "
+                                       "(default 0)")
+    g.add_argument("--augment", default=d.augment, metavar="crop[:P],flip|none",
+                   help="augment training batches in the loader: random crop after padding "
+                        "P pixels (default 4), horizontal flip (default none)")
+    g.add_argument("--curve", default=None, metavar="FILE.png",
+                   help="with --epochs: draw the training loss and held-out accuracy per "
+                        "epoch (needs matplotlib)")
+
+
+def _recipe_settings(args, d: TrainConfig) -> dict:
+    """TrainConfig fields of the recipe flags; --epochs and --steps exclude each other, and
+    --epochs evaluates every epoch on the whole held-out set unless told otherwise."""
+    if args.epochs is not None and args.steps is not None:
+        raise UsageError(f"--epochs {args.epochs} and --steps {args.steps}: give one of them")
+    by_epochs = args.epochs is not None
+    eval_batches = args.eval_batches
+    if eval_batches is None:
+        eval_batches = "all" if by_epochs else d.eval_batches
+    return dict(
+        steps=d.steps if args.steps is None else args.steps, epochs=args.epochs,
+        eval_every=(0 if by_epochs else d.eval_every) if args.eval_every is None
+        else args.eval_every,
+        eval_batches=None if eval_batches == "all" else eval_batches,
+        lr_schedule=args.lr_schedule, lr_warmup_steps=args.warmup_steps,
+        lr_warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing,
+        augment=args.augment, curve=args.curve)
 
 
 def _add_ranks_arguments(t, d: TrainConfig) -> None:
@@ -317,7 +376,7 @@ def _run_training(args, argv: list[str]) -> int:
         split_batch(args.batch, args.ranks)   # before starting any rank
         return launch(argv, args.ranks)
     cfg = TrainConfig(
-        model=args.model, batch=args.batch, image_size=args.image_size, steps=args.steps,
+        model=args.model, batch=args.batch, image_size=args.image_size,
         device=args.device, seed=args.seed, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, data=args.data, num_classes=args.num_classes,
         policy=args.policy, memory_budget=args.memory_budget,
@@ -326,13 +385,12 @@ def _run_training(args, argv: list[str]) -> int:
         micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
         chunks=args.chunks,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
-        graphs=not args.no_graphs, eval_every=args.eval_every,
-        eval_batches=args.eval_batches, checkpoint=args.checkpoint,
+        graphs=not args.no_graphs, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
-        report=args.report,
-        trace=args.trace, plot=args.plot, progress=not args.no_progress,
+        report=args.report, trace=args.trace, plot=args.plot, progress=not args.no_progress,
         log_every=args.log_every, force=args.force, collective_timeout=args.collective_timeout,
-        sync_batchnorm=args.sync_batchnorm, host_link_gbps=args.host_link_gbps)
+        sync_batchnorm=args.sync_batchnorm, host_link_gbps=args.host_link_gbps,
+        **_recipe_settings(args, TrainConfig()))
     refuse_unused_flags(cfg, given={"--prefetch-lookahead"}
                         if args.prefetch_lookahead is not None else ())
     report = train(cfg, world=world)
@@ -341,7 +399,8 @@ def _run_training(args, argv: list[str]) -> int:
     for line in summary_lines(report):
         print(line)
     for what, path in (("report", cfg.report), ("checkpoint", cfg.checkpoint),
-                       ("trace", cfg.trace), ("memory plot", cfg.plot)):
+                       ("trace", cfg.trace), ("memory plot", cfg.plot),
+                       ("training curve", cfg.curve)):
         if path:
             print(f"{what}: {path}")
     return 0

@@ -10,6 +10,10 @@ seen.
     SyntheticImages random ImageNet-shaped images for speed and memory measurements
     ImageFolder     one subfolder per class (Pillow: resize, centre crop, normalise)
     CIFAR10         the python-pickle batches of CIFAR-10 (data_batch_1..5, test_batch)
+    IDXImages       MNIST and Fashion-MNIST from their IDX files (minidnn/idx.py)
+
+A batch loader may also augment each batch (minidnn/augment.py) in its background thread,
+with draws that depend only on (seed, step).
 
 `open_data(spec, ...)` turns the CLI's `--data` string into a (train, held-out) pair.
 """
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import idx
+from .augment import AUGMENT_STREAM, Augment
 from .errors import ConfigError, DataError
 
 
@@ -365,6 +371,45 @@ class CIFAR10(Dataset):
         return np.ascontiguousarray(x, dtype=np.float32), self.labels[indices].copy()
 
 
+# ---- MNIST and Fashion-MNIST (IDX files) --------------------------------------------------------
+
+class IDXImages(Dataset):
+    """One split of MNIST or Fashion-MNIST from its IDX files (minidnn/idx.py).
+
+    folder: the four files' folder; train=True: the 60,000 training images, False: the
+    10,000 test images (t10k). name: 'fashion-mnist' or 'mnist' (whose pixel statistics
+    normalise the images). image_size: resize the 28x28 images (bilinear) for networks that
+    need larger inputs. get_batch gives x float32 (n, 1, S, S), normalised to about mean 0
+    and std 1, and y int64 (n,) in 0..9. `fill` is the normalised value of a black pixel (the
+    background an augmentation pads with).
+    """
+
+    def __init__(self, folder: str, train: bool = True, name: str = "fashion-mnist",
+                 image_size: int = 28):
+        self.root, self.name, self.train = str(folder), name, bool(train)
+        self.images, self.labels = idx.read_split(self.root, self.train, name)
+        self.num_classes = idx.NUM_CLASSES
+        self.size = int(image_size)
+        self.image_shape = (1, self.size, self.size)
+        mean, std = idx.PIXEL_STATS[name]
+        self.mean, self.std = np.float32(mean), np.float32(std)
+        self.fill = float(-self.mean / self.std)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def get_batch(self, indices):
+        indices = np.asarray(indices, dtype=np.int64)
+        raw = self.images[indices]
+        if raw.shape[1:] != (self.size, self.size):
+            from PIL import Image
+            raw = np.stack([np.asarray(Image.fromarray(im).resize((self.size, self.size),
+                                                                  Image.BILINEAR))
+                            for im in raw])
+        x = (raw.astype(np.float32) / np.float32(255.0) - self.mean) / self.std
+        return np.ascontiguousarray(x[:, None], dtype=np.float32), self.labels[indices].copy()
+
+
 # ---- loading batches in the background -----------------------------------------------------------
 
 class BatchLoader:
@@ -382,11 +427,15 @@ class BatchLoader:
     rows: load only these rows of each batch (a slice; one rank's share of a global batch in
     data-parallel training, so that the ranks together see exactly the batches one process
     would). Default: the whole batch.
+
+    augment: an augment.Augment applied to every batch in the loading thread, its draws
+    seeded by (seed, AUGMENT_STREAM, step) for the whole batch (then cut to `rows`), padding
+    with the dataset's `fill` (its normalised black; 0 when it has none).
     """
 
     def __init__(self, dataset: Dataset, batch: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, start_step: int = 0, steps: int | None = None,
-                 prefetch: int = 2, rows: slice | None = None):
+                 prefetch: int = 2, rows: slice | None = None, augment: Augment | None = None):
         if int(batch) < 1:
             raise ConfigError(f"batch must be a positive integer, got {batch}")
         n = len(dataset)
@@ -406,6 +455,7 @@ class BatchLoader:
         self.steps = steps
         self.prefetch = max(int(prefetch), 1)
         self.rows = rows if rows is not None else slice(None)
+        self.augment = augment
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -429,8 +479,14 @@ class BatchLoader:
         return order[b * self.batch:(b + 1) * self.batch]
 
     def batch_at(self, step: int):
-        """The batch at `step` (its `rows`), loaded in the calling thread."""
-        return self.dataset.get_batch(self.indices(step)[self.rows])
+        """The batch at `step` (its `rows`), loaded (and augmented) in the calling thread."""
+        indices = self.indices(step)
+        x, y = self.dataset.get_batch(indices[self.rows])
+        if self.augment:
+            rng = np.random.default_rng([self.seed, AUGMENT_STREAM, int(step)])
+            draws = {k: v[self.rows] for k, v in self.augment.draw(rng, len(indices)).items()}
+            x = self.augment.apply(x, draws, getattr(self.dataset, "fill", 0.0))
+        return x, y
 
     def _work(self) -> None:
         step = self.start_step
@@ -505,13 +561,24 @@ class DataSources:
 
 def open_data(spec: str, image_size: int, seed: int = 0, num_classes: int | None = None,
               train_size: int = 4096, eval_size: int = 512) -> DataSources:
-    """`--data` -> datasets. spec: 'shapes', 'synthetic', 'cifar10:PATH' or an image folder PATH.
+    """`--data` -> datasets. spec: 'shapes', 'synthetic', 'cifar10:PATH', 'fashion-mnist',
+    'fashion-mnist:DIR', 'mnist:DIR' or an image folder PATH.
 
-    num_classes: for shapes (default 10) and synthetic (default 1000); image folders and
-    CIFAR-10 have their own and it must match them if given. Held-out sets: a second Shapes
-    split; the folder's every-10th images; CIFAR-10's test batch; none for synthetic data.
+    num_classes: for shapes (default 10) and synthetic (default 1000); image folders,
+    CIFAR-10 and the IDX data sets have their own and it must match them if given. Held-out
+    sets: a second Shapes split; the folder's every-10th images; CIFAR-10's test batch; the
+    IDX data sets' official test split (t10k); none for synthetic data.
     """
     spec = str(spec)
+    named = idx.parse_spec(spec)
+    if named is not None:
+        name, folder = named
+        train = IDXImages(folder, train=True, name=name, image_size=image_size)
+        held_out = IDXImages(folder, train=False, name=name, image_size=image_size)
+        _check_classes(num_classes, 10, spec)
+        return DataSources(train, held_out, 10,
+                           f"{name} at {folder} ({len(train):,} training, {len(held_out):,} "
+                           f"test images, 1 channel)")
     if spec == "shapes":
         k = 10 if num_classes is None else num_classes
         return DataSources(Shapes(k, image_size, train_size, seed, "train"),
@@ -530,8 +597,9 @@ def open_data(spec: str, image_size: int, seed: int = 0, num_classes: int | None
         _check_classes(num_classes, 10, spec)
         return DataSources(train, held_out, 10, f"CIFAR-10 at {train.root}")
     if not os.path.exists(spec) and os.sep not in spec and "/" not in spec:
-        raise DataError(f"--data {spec!r}: expected shapes, synthetic, cifar10:PATH or the path "
-                        f"of an image folder (no such folder)")
+        raise DataError(f"--data {spec!r}: expected shapes, synthetic, cifar10:PATH, "
+                        f"fashion-mnist[:DIR], mnist:DIR or the path of an image folder (no "
+                        f"such folder)")
     train = ImageFolder(spec, image_size, split="train")
     try:
         held_out = ImageFolder(spec, image_size, split="eval")

@@ -54,6 +54,10 @@ class SGD:
                 if p.data is not None:
                     self._slots[name], self._buffers[name] = self._take_slot(name, p.data)
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next steps (a schedule sets it before each step)."""
+        self.lr = float(lr)
+
     def graph_key(self) -> tuple:
         """What an update replayed from a CUDA graph depends on (minidnn/step_graph.py): the
         settings, and where every weight, gradient and momentum buffer lies."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import models
+from .augment import Augment
 from .backend import select_device
 from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optimizer,
                          save_checkpoint)
@@ -41,10 +42,13 @@ from .decide import build_executor
 from .errors import CheckpointError, ConfigError, DataError, fmt_bytes
 from .executor import Executor
 from .applies import check_resume_precision, device_warnings, refuse_unused_flags
-from .optim import SGD
+from .idx import parse_spec as parse_idx_spec
 from .kernels.math_mode import MATH_MODES
+from .layers.loss import example_losses
+from .optim import SGD
 from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
 from .outputs import check_output_path, write_output  # noqa: F401 (their old home)
+from .recipe import Recipe, check_recipe
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
@@ -56,7 +60,10 @@ SHAPES_IMAGE_SIZE = 64
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not
 # continue the same run.
 RUN_IDENTITY = ("model", "batch", "image_size", "seed", "data", "num_classes", "lr", "momentum",
-                "weight_decay")
+                "weight_decay", "lr_schedule", "lr_warmup", "label_smoothing", "augment")
+# What a checkpoint written before a setting existed ran with.
+IDENTITY_DEFAULTS = {"lr_schedule": "constant", "lr_warmup": 0, "label_smoothing": 0.0,
+                     "augment": "none"}
 
 
 @dataclass
@@ -83,6 +90,15 @@ class TrainConfig:
     statistics. host_link_gbps: --policy dyn
     plans with pinned copies at most this fast (GB/s each way; what each GPU gets when several
     offload at once, scripts/bench_host_link.py).
+
+    Training recipes (minidnn/recipe.py): epochs: train for this many passes over the
+    training set instead of `steps` (an epoch is floor(training images / batch) steps, the
+    batch loader's; the held-out set is evaluated after every epoch, and the report's
+    `epochs` holds one record per epoch). lr_schedule: 'constant', 'cosine' or 'step'
+    (minidnn/lr_schedule.py), after lr_warmup_steps (or lr_warmup_epochs) of linear warm-up.
+    label_smoothing: the loss's eps. augment: 'none' or e.g. 'crop,flip' (minidnn/augment.py).
+    eval_batches None: the whole held-out set, its last partial batch included. curve: a PNG
+    of the training loss and held-out accuracy per epoch (needs epochs).
     """
     model: str = "alexnet"
     batch: int = 32
@@ -123,6 +139,13 @@ class TrainConfig:
     collective_timeout: float = 600.0
     sync_batchnorm: bool = False
     host_link_gbps: float | None = None
+    epochs: int | None = None
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0
+    lr_warmup_epochs: int = 0
+    label_smoothing: float = 0.0
+    augment: str = "none"
+    curve: str | None = None
 
 
 def _check_config(cfg: TrainConfig) -> None:
@@ -135,7 +158,8 @@ def _check_config(cfg: TrainConfig) -> None:
     positive("seed", 0)
     positive("steps", 0)
     positive("eval_every", 0)
-    positive("eval_batches")
+    if cfg.eval_batches is not None:
+        positive("eval_batches")
     positive("checkpoint_every", 0)
     positive("log_every")
     positive("warmup_steps", 0)
@@ -148,6 +172,7 @@ def _check_config(cfg: TrainConfig) -> None:
         positive("num_classes")
     if cfg.memory_budget is not None:
         positive("memory_budget")
+    check_recipe(cfg)
     if not 0 < cfg.lr < math.inf:
         raise ConfigError(f"lr must be a positive finite number, got {cfg.lr}")
     if not 0 <= cfg.momentum < 1:
@@ -161,20 +186,22 @@ def _check_config(cfg: TrainConfig) -> None:
     if cfg.checkpoint_every and not cfg.checkpoint:
         raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint PATH "
                           f"(where to write the checkpoints)")
-    if cfg.plot:
-        # Checked now, not when the plot is drawn after the whole run.
-        try:
-            import matplotlib  # noqa: F401 (imported to see that it imports)
-        except ImportError as e:
-            raise ConfigError(f"--plot {cfg.plot!r} needs matplotlib, which does not import "
-                              f"({e}); install the 'plot' extra: pip install 'minidnn[plot]'"
-                              ) from None
+    for option, path in (("--plot", cfg.plot), ("--curve", cfg.curve)):
+        if path:
+            # Checked now, not when the figure is drawn after the whole run.
+            try:
+                import matplotlib  # noqa: F401 (imported to see that it imports)
+            except ImportError as e:
+                raise ConfigError(f"{option} {path!r} needs matplotlib, which does not import "
+                                  f"({e}); install the 'plot' extra: pip install "
+                                  f"'minidnn[plot]'") from None
     # Every output path now, so that a run is never lost to a path that cannot be written,
     # and no output replaces another output, an input or a checkpoint it should not.
-    check_outputs({"--report": cfg.report, "--trace": cfg.trace, "--plot": cfg.plot,
-                   "--checkpoint": cfg.checkpoint},
+    figures = {"--plot": cfg.plot, "--curve": cfg.curve}
+    check_outputs({"--report": cfg.report, "--trace": cfg.trace, "--checkpoint": cfg.checkpoint,
+                   **figures},
                   inputs={"--model": cfg.model if str(cfg.model).endswith(".py") else None},
-                  formats={"--plot": plot_formats()} if cfg.plot else None)
+                  formats={k: plot_formats() for k, v in figures.items() if v} or None)
     if cfg.checkpoint:
         check_checkpoint_target(cfg.checkpoint, cfg.resume, cfg.overwrite)
     refuse_unused_flags(cfg)
@@ -188,6 +215,8 @@ def resolve_image_size(cfg: TrainConfig) -> int:
         return max(SHAPES_IMAGE_SIZE, models.min_image_size(cfg.model))
     if str(cfg.data).startswith("cifar10:"):
         return max(32, models.min_image_size(cfg.model))
+    if parse_idx_spec(str(cfg.data)) is not None:
+        return max(28, models.min_image_size(cfg.model))
     return models.native_image_size(cfg.model)
 
 
@@ -252,28 +281,48 @@ class StepTimer:
         self._last = self._stamp()
 
 
-def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int, seed: int = 0,
-             rows: slice | None = None) -> dict:
+def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None,
+             seed: int = 0, rows: slice | None = None) -> dict:
     """Held-out loss and accuracy over the first `max_batches` full batches of `dataset`
-    (over `rows` of each batch only, when given: one rank's share)."""
-    steps = min(max_batches, len(dataset) // batch)
+    (over `rows` of each batch only, when given: one rank's share).
+
+    max_batches None: every image. The last, partial batch is filled up with repeats of its
+    own images (evaluation normalises with running statistics and drops nothing, so the
+    repeats change no other row's logits) and only its real images are scored, their loss
+    computed on the host from the logits (layers.loss.example_losses, with the network's
+    label smoothing). With `rows`, only full batches.
+    """
+    full = len(dataset) // batch
+    whole = max_batches is None and rows is None
+    steps = -(-len(dataset) // batch) if whole else \
+        min(full if max_batches is None else max_batches, full)
     if steps < 1:
         raise DataError(f"evaluation needs at least one full batch: the held-out set has "
                         f"{len(dataset)} images, batch {batch}, max_batches {max_batches}")
     correct = total = 0
     loss_sum = 0.0
-    with BatchLoader(dataset, batch, seed, shuffle=False, steps=steps, rows=rows) as loader:
+    with BatchLoader(dataset, batch, seed, shuffle=False, drop_last=not whole, steps=steps,
+                     rows=rows) as loader:
         for x, y in loader:
-            loss, logits = ex.evaluate(x, y)
+            n = len(y)
+            partial = whole and n < batch
+            if partial:
+                fill = np.arange(batch) % n
+                loss, logits = ex.evaluate(x[fill], y[fill])
+                logits = logits[:n]
+                eps = ex.net.nodes[-1].layer.label_smoothing   # the loss layer's
+                loss_sum += float(example_losses(logits, y, eps).sum())
+            else:
+                loss, logits = ex.evaluate(x, y)
+                loss_sum += loss * n
             correct += int((logits.argmax(axis=1) == y).sum())
-            total += len(y)
-            loss_sum += loss * len(y)
+            total += n
     return {"loss": loss_sum / total, "accuracy": correct / total, "images": total}
 
 
-def _identity(cfg: TrainConfig, image_size: int, num_classes: int) -> dict:
-    d = {k: getattr(cfg, k) for k in RUN_IDENTITY}
-    d.update(image_size=image_size, num_classes=num_classes)
+def _identity(cfg: TrainConfig, image_size: int, num_classes: int, recipe: Recipe) -> dict:
+    d = {k: getattr(cfg, k) for k in RUN_IDENTITY if hasattr(cfg, k)}
+    d.update(image_size=image_size, num_classes=num_classes, **recipe.identity())
     return d
 
 
@@ -285,8 +334,8 @@ def _check_resumable(ckpt, identity: dict) -> None:
     if saved["model"] != identity["model"]:
         raise CheckpointError(f"checkpoint {ckpt.path!r} is for model {saved['model']!r}, not "
                               f"{identity['model']!r}")
-    diffs = [f"{k}={saved.get(k)!r} (now {identity[k]!r})" for k in RUN_IDENTITY
-             if saved.get(k) != identity[k]]
+    diffs = [f"{k}={saved.get(k, IDENTITY_DEFAULTS.get(k))!r} (now {identity[k]!r})"
+             for k in RUN_IDENTITY if saved.get(k, IDENTITY_DEFAULTS.get(k)) != identity[k]]
     if diffs:
         raise CheckpointError(f"checkpoint {ckpt.path!r} was written by a run with "
                               f"{', '.join(diffs)}; resume with the same settings")
@@ -301,7 +350,7 @@ def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None):
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
-                         steps=cfg.steps - start, rows=rows)
+                         steps=cfg.steps - start, rows=rows, augment=Augment.parse(cfg.augment))
     return iter(loader), loader
 
 
@@ -369,8 +418,12 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     started = time.perf_counter()
     image_size = resolve_image_size(cfg)
     sources = open_data(cfg.data, image_size, cfg.seed, cfg.num_classes)
-    net = models.build(cfg.model, num_classes=sources.num_classes, image_size=image_size)
-    identity = _identity(cfg, image_size, sources.num_classes)
+    net = models.build(cfg.model, num_classes=sources.num_classes, image_size=image_size,
+                       in_channels=sources.train.image_shape[0])
+    recipe = Recipe.of(cfg, len(sources.train))
+    cfg = dataclasses.replace(cfg, steps=recipe.total_steps)
+    recipe.apply_to(net)
+    identity = _identity(cfg, image_size, sources.num_classes, recipe)
 
     ckpt, start = None, 0
     if cfg.resume:
@@ -422,20 +475,24 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
                 ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
                  if ex.micro_batches > 1 else [])
                 + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
+        if recipe.describe():
+            log(recipe.describe())
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, net, opt, sources, start, pool,
                     dict(dataclasses.asdict(cfg), identity=identity,
-                         world_size=dp.size if dp else 1), log, stop, dp)
+                         world_size=dp.size if dp else 1), log, stop, dp, recipe)
 
         def report_now() -> dict:
-            return build_report(cfg, ex=ex, net=net, image_size=image_size,
-                                num_classes=sources.num_classes, data=sources.description,
-                                start_step=start, losses=run.losses,
-                                step_times=run.timer.times[:len(run.losses)], evals=run.evals,
-                                memory=run.memory or memory_figures(ex),
-                                wall_time_s=time.perf_counter() - started)
+            report = build_report(cfg, ex=ex, net=net, image_size=image_size,
+                                  num_classes=sources.num_classes, data=sources.description,
+                                  start_step=start, losses=run.losses,
+                                  step_times=run.timer.times[:len(run.losses)],
+                                  evals=run.evals, memory=run.memory or memory_figures(ex),
+                                  wall_time_s=time.perf_counter() - started)
+            report.update(recipe.report_fields(), epochs=run.epoch_records)
+            return report
         stop.arm()   # from here a signal stops the run after the step under way
         try:
             with np.errstate(all="ignore"):   # a loss gone NaN is reported as divergence
@@ -455,6 +512,10 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
             write_output("--trace", cfg.trace, run.tracer.write_chrome_trace)
         if run.tracer is not None and cfg.plot:
             write_output("--plot", cfg.plot, run.tracer.plot_memory)
+        if cfg.curve:
+            from .curves import plot_curves
+            write_output("--curve", cfg.curve, lambda path: plot_curves(
+                path, {"minidnn": run.epoch_records}, title=f"{cfg.model} on {cfg.data}"))
     finally:
         ex.close()
     return report
@@ -481,7 +542,8 @@ class _Loop:
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
-                 run_config: dict, log, stop: StopSignals | None = None, dp=None):
+                 run_config: dict, log, stop: StopSignals | None = None, dp=None,
+                 recipe: Recipe | None = None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
@@ -495,6 +557,9 @@ class _Loop:
         self.tracer = None
         self.timer = StepTimer(ex.device)
         self.bar = None
+        self.recipe = recipe
+        self.epoch_records: list[dict] = []   # one per epoch ended (runs in epochs)
+        self.started = time.perf_counter()
 
     def loop(self) -> None:
         cfg, ex = self.cfg, self.ex
@@ -509,6 +574,8 @@ class _Loop:
                 done = step + 1
                 last = done == cfg.steps
                 x, y = next(batches)
+                if self.recipe is not None and self.recipe.varies_lr:
+                    self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):
                     ex.enable_trace(True, max_steps=1)
                 self.pending.append(ex.train_step(x, y, self.opt))
@@ -523,9 +590,13 @@ class _Loop:
                 if self.bar is not None:
                     self.bar.update(1)
                 pause = False
-                if eval_ok and ((cfg.eval_every and done % cfg.eval_every == 0) or last):
+                epoch = self.recipe.epoch_of(done) if self.recipe is not None else None
+                if eval_ok and ((cfg.eval_every and done % cfg.eval_every == 0) or last
+                                or epoch is not None):
                     self.evaluate(done)
                     pause = True
+                if epoch is not None:
+                    self.end_epoch(epoch, done)
                 if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
                                        or last):
                     self.checkpoint(done)
@@ -590,10 +661,40 @@ class _Loop:
             result = self.dp.combine_eval(result)
         result = dict(step=step, **result)
         self.evals.append(result)
+        epoch = self.recipe.epoch_of(step) if self.recipe is not None else None
+        if epoch is not None:
+            # The epoch's line (end_epoch records it) says the epoch and the whole epoch's loss.
+            return
         recent = np.mean(self.losses[-cfg.log_every:]) if self.losses else float("nan")
         _write(self.bar, self.log, f"step {step}/{cfg.steps}: training loss {recent:.4f}, "
                                    f"held-out loss {result['loss']:.4f}, accuracy "
                                    f"{result['accuracy']:.3f} ({result['images']} images)")
+
+    def end_epoch(self, epoch: int, step: int) -> None:
+        """Record epoch `epoch`, which `step` ends: its mean training loss (over the steps of
+        it this run made), learning rate at its last step, held-out figures when evaluated,
+        training time so far (step times only: evaluation and checkpoints left out) and wall
+        time; and print it."""
+        self.read_losses(step)
+        first = max(step - self.recipe.steps_per_epoch, self.start)
+        losses = self.losses[first - self.start:step - self.start]
+        record = {"epoch": epoch, "step": step,
+                  "train_loss": float(np.mean(losses)) if losses else None,
+                  "lr": self.recipe.schedule.lr_at(step - 1),
+                  "train_time_s": float(sum(self.timer.times[:step - self.start])),
+                  "wall_time_s": time.perf_counter() - self.started}
+        held_out = self.evals[-1] if self.evals and self.evals[-1]["step"] == step else None
+        if held_out is not None:
+            record.update(accuracy=held_out["accuracy"], eval_loss=held_out["loss"],
+                          eval_images=held_out["images"])
+        self.epoch_records.append(record)
+        line = (f"epoch {epoch}/{self.recipe.epochs} (step {step}/{self.cfg.steps}): training "
+                f"loss {record['train_loss']:.4f}")
+        if held_out is not None:
+            line += (f", held-out loss {held_out['loss']:.4f}, accuracy "
+                     f"{held_out['accuracy']:.4f} ({held_out['images']} images)")
+        line += f", lr {record['lr']:.4g}, {record['wall_time_s']:.1f} s"
+        _write(self.bar, self.log, line)
 
     def checkpoint(self, step: int) -> None:
         """Write the checkpoint of `step`, after checking every loss up to it and every

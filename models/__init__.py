@@ -15,6 +15,7 @@ and may set `NATIVE_IMAGE_SIZE`.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import re
 from dataclasses import dataclass
@@ -104,10 +105,12 @@ def min_image_size(name: str) -> int:
 
 
 def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = None,
-          dtype=None):
+          dtype=None, in_channels: int = 3):
     """A Network for a built-in model name or a model file, shapes inferred at batch 1.
 
     image_size: height = width of the input images; None means the model's native size.
+    in_channels: channels of the input images (1 for grey data such as Fashion-MNIST); a
+    model file that builds for other than 3 must accept the keyword `in_channels`.
     dtype: the float type of parameters and feature maps, float32 or float64 (None: the
     definition's own, float32 for the built-in models).
     Raises ConfigError for an unknown name, an image too small for the network (with the
@@ -123,26 +126,28 @@ def build(name_or_path: str, num_classes: int = 1000, image_size: int | None = N
             dtype = None
         if dtype not in (np.float32, np.float64):
             raise ConfigError(f"dtype must be float32 or float64, got {dtype!r}")
-    net = _build(name_or_path, num_classes, image_size)
+    if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+        raise ConfigError(f"in_channels must be a positive integer, got {in_channels!r}")
+    net = _build(name_or_path, num_classes, image_size, in_channels)
     if dtype is not None and dtype != net.dtype:
         net.dtype = dtype
         net.infer_shapes(1)   # the layers' buffers are declared in the network's dtype
     return net
 
 
-def _build(name_or_path: str, num_classes: int, image_size: int | None):
+def _build(name_or_path: str, num_classes: int, image_size: int | None, in_channels: int):
     if is_model_file(name_or_path):
         module = _load_module(str(name_or_path))
         if image_size is None:
             image_size = int(getattr(module, "NATIVE_IMAGE_SIZE", 224))
         _check_image_size(image_size)
-        return _build_from_file(module, str(name_or_path), num_classes, image_size)
+        return _build_from_file(module, str(name_or_path), num_classes, image_size, in_channels)
     s = spec(name_or_path)
     if image_size is None:
         image_size = s.native_image_size
     _check_image_size(image_size)
     try:
-        b = NetBuilder(s.name, image_size, num_classes)
+        b = NetBuilder(s.name, image_size, num_classes, in_channels=in_channels)
         s.define(b, num_classes)
     except ImageTooSmall as e:
         raise ConfigError(f"model {s.name!r} needs image_size >= {_min_size(s.define)}; "
@@ -181,11 +186,17 @@ def _check_image_size(image_size) -> None:
         raise ConfigError(f"image_size must be a positive integer, got {image_size!r}")
 
 
-def _build_from_file(module, path: str, num_classes: int, image_size: int):
+def _build_from_file(module, path: str, num_classes: int, image_size: int, in_channels: int):
     from minidnn.errors import MinidnnError
     from minidnn.network import Network
+    # Only grey (or other non-RGB) data asks a model file for its channel count, so that
+    # files written for RGB with build(num_classes, image_size) keep working.
+    extra = {} if in_channels == 3 else {"in_channels": in_channels}
+    if extra and "in_channels" not in inspect.signature(module.build).parameters:
+        raise ConfigError(f"model file {path!r}: the data has {in_channels} channel(s); its "
+                          f"build() must accept in_channels= (it builds for 3)")
     try:
-        net = module.build(num_classes, image_size)
+        net = module.build(num_classes, image_size, **extra)
     except MinidnnError:
         raise
     except Exception as e:

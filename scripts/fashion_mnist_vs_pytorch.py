@@ -1,0 +1,429 @@
+"""Fashion-MNIST with minidnn and with PyTorch side by side: accuracy per epoch, time to accuracy.
+
+For each network (--models, default resnet18 and tiny_cnn, built by minidnn for 28x28 grey
+input), in one call:
+
+  minidnn            `minidnn.train.train` with the recipe (epochs, SGD, learning-rate
+                     schedule, warm-up, label smoothing, augmentation), the whole test set
+                     scored after every epoch
+  minidnn-budget     optional (--budget-fraction F): the same run under --memory-budget F x the
+                     first run's peak, --policy dyn
+  pytorch-eager      the same network translated layer by layer into torch.nn (torch_twin),
+                     channels_last, the same initial weights (minidnn's state_dict: PyTorch's
+                     layouts), fed the very batches minidnn's loader makes (same order, same
+                     augmentation), SGD with the same per-step learning rates and
+                     cross_entropy with the same label smoothing
+  pytorch-compiled   the same under torch.compile; the compilation (a warm-up step and an
+                     evaluation on a copy of the weights, which are then put back) is timed
+                     apart and left out of time to accuracy
+
+Training time is the time of the training steps only (evaluation left out), summed over the
+epochs; "time to 94%" is the training time at the end of the first epoch whose test accuracy
+reaches --target (0.94). Printed per epoch for every run, then a table; written to --out:
+results.json (commit, command, device, every run's epochs) and curves_<model>.png (training
+loss and test accuracy per epoch, every run of the model in one figure).
+
+    python3 scripts/fashion_mnist_vs_pytorch.py --data fashion-mnist:/data/fashion-mnist
+    python3 scripts/fashion_mnist_vs_pytorch.py --models tiny_cnn --epochs 2 --train-limit 6000
+    python3 scripts/fashion_mnist_vs_pytorch.py --no-torch --device cpu --models tiny_cnn \\
+        --epochs 1 --train-limit 256 --test-limit 64          # minidnn alone, on a CPU
+
+--train-limit / --test-limit: only the first N images of each split (written as IDX files into
+the output folder, so that minidnn reads them like the full set). PyTorch is imported only in
+the PyTorch part, and not at all with --no-torch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from minidnn import models                                      # noqa: E402
+from minidnn.augment import Augment                               # noqa: E402
+from minidnn.data import BatchLoader, open_data                   # noqa: E402
+from minidnn.errors import MinidnnError                           # noqa: E402
+from minidnn.idx import read_split                                # noqa: E402
+from minidnn.lr_schedule import LRSchedule                        # noqa: E402
+from minidnn.train import TrainConfig, train                      # noqa: E402
+
+#: The recipe per network (the README's "Real data: Fashion-MNIST"); flags override it.
+#: ResNet-18 as torchvision builds it halves the map twice in its stem (7x7 stride 2, then a
+#: max-pool): from the 28x28 images resized to 56x56 its first residual stage sees 14x14 maps
+#: and its last 2x2, where 28x28 gives 7x7 and 1x1 (--image-size 28 runs that). The crop's
+#: padding is in pixels of the resized image.
+RECIPES = {
+    "resnet18": dict(image_size=56, epochs=15, batch=128, lr=0.1, lr_schedule="cosine",
+                     warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip",
+                     weight_decay=5e-4),
+    "vgg11": dict(image_size=32, epochs=15, batch=128, lr=0.02, lr_schedule="cosine",
+                  warmup_epochs=1, label_smoothing=0.1, augment="crop:2,flip",
+                  weight_decay=5e-4),
+    "tiny_cnn": dict(image_size=28, epochs=2, batch=64, lr=0.02, lr_schedule="cosine",
+                     warmup_epochs=0, label_smoothing=0.0, augment="none", weight_decay=5e-4),
+}
+RECIPE_KEYS = ("image_size", "epochs", "batch", "lr", "lr_schedule", "warmup_epochs",
+               "label_smoothing", "augment", "weight_decay")
+
+
+# ---- the data ----------------------------------------------------------------------------------
+def limited_copy(spec: str, folder: str, train_limit: int | None, test_limit: int | None) -> str:
+    """A --data spec for the first train_limit / test_limit images of `spec`'s data set,
+    written as IDX files into `folder` (the spec itself when there is no limit)."""
+    if not train_limit and not test_limit:
+        return spec
+    from minidnn.idx import parse_spec
+    name, source = parse_spec(spec) or (None, None)
+    if name is None:
+        raise SystemExit(f"--data {spec!r}: expected fashion-mnist[:DIR] or mnist:DIR")
+    os.makedirs(folder, exist_ok=True)
+    for train_split, limit, prefix in ((True, train_limit, "train"), (False, test_limit, "t10k")):
+        images, labels = read_split(source, train_split, name)
+        if limit:
+            images, labels = images[:limit], labels[:limit]
+        for kind, array in (("images-idx3", images), ("labels-idx1", labels.astype("uint8"))):
+            header = bytes((0, 0, 8, array.ndim)) + b"".join(
+                int(d).to_bytes(4, "big") for d in array.shape)
+            with open(os.path.join(folder, f"{prefix}-{kind}-ubyte"), "wb") as f:
+                f.write(header + array.tobytes())
+    return f"{name}:{folder}"
+
+
+# ---- minidnn -----------------------------------------------------------------------------------
+def minidnn_config(model: str, recipe: dict, args, data: str, **extra) -> TrainConfig:
+    return TrainConfig(model=model, data=data, image_size=recipe["image_size"],
+                       batch=recipe["batch"], epochs=recipe["epochs"],
+                       lr=recipe["lr"], momentum=args.momentum,
+                       weight_decay=recipe["weight_decay"], lr_schedule=recipe["lr_schedule"],
+                       lr_warmup_epochs=recipe["warmup_epochs"],
+                       label_smoothing=recipe["label_smoothing"], augment=recipe["augment"],
+                       device=args.device, seed=args.seed, deterministic=args.deterministic,
+                       eval_every=0, eval_batches=None, progress=False, **extra)
+
+
+def run_minidnn(label: str, cfg: TrainConfig) -> dict:
+    """One minidnn run: its epoch records and figures, or its error."""
+    print(f"-- {label}: minidnn train --model {cfg.model} --epochs {cfg.epochs}"
+          + (f" --memory-budget {cfg.memory_budget} --policy {cfg.policy}"
+             if cfg.memory_budget else ""), flush=True)
+    try:
+        report = train(cfg, log=lambda line: print(f"   {line}", flush=True))
+    except MinidnnError as e:
+        print(f"   {label}: error: {e}", flush=True)
+        return {"label": label, "error": str(e)}
+    return {"label": label, "epochs": report["epochs"], "images_per_s": report["images_per_s"],
+            "peak_device_bytes": report["peak_device_bytes"],
+            "param_checksum": report["param_checksum"], "device": report["device_name"],
+            "memory_budget_bytes": cfg.memory_budget}
+
+
+# ---- PyTorch -----------------------------------------------------------------------------------
+def torch_twin(net):
+    """A torch.nn.Module computing minidnn Network `net` (loss left out): one module per
+    layer, run in the network's order over its graph (branches and joins included), and its
+    parameters and buffers named as minidnn's state dict names them (dots become '__' in the
+    module names, which torch does not allow)."""
+    import torch
+    import torch.nn as nn
+    from minidnn.layers import Add, BatchNorm2d, Concat, Flatten, Linear, ReLU
+    from minidnn.layers.conv import Conv2d
+    from minidnn.layers.dropout import Dropout
+    from minidnn.layers.pool import AvgPool2d, MaxPool2d
+    from minidnn.network import DATA
+
+    def module_of(layer):
+        if isinstance(layer, Conv2d):
+            return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
+                             layer.stride, layer.padding, layer.dilation, layer.groups,
+                             layer.bias)
+        if isinstance(layer, BatchNorm2d):
+            return nn.BatchNorm2d(layer.in_shapes[0][1], eps=layer.eps, momentum=layer.momentum)
+        if isinstance(layer, ReLU):
+            return nn.ReLU()
+        if isinstance(layer, MaxPool2d):
+            return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding,
+                                ceil_mode=layer.ceil_mode)
+        if isinstance(layer, AvgPool2d):
+            return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding,
+                                ceil_mode=layer.ceil_mode,
+                                count_include_pad=layer.count_include_pad)
+        if isinstance(layer, Flatten):
+            return nn.Flatten()
+        if isinstance(layer, Linear):
+            return nn.Linear(layer.in_features, layer.out_features, layer.bias)
+        if isinstance(layer, Dropout):
+            return nn.Dropout(layer.p)
+        if isinstance(layer, (Add, Concat)):
+            return None
+        raise SystemExit(f"fashion_mnist_vs_pytorch: no PyTorch twin for "
+                         f"{type(layer).__name__} ({layer.name})")
+
+    nodes = [n for n in net.nodes if n.layer.kind != "loss"]
+
+    class Twin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            # (module key, map name, input map names, layer kind): plain strings only, so
+            # that torch.compile traces the walk without minidnn's objects.
+            self.order = [(n.name.replace(".", "__"), n.name, list(n.inputs),
+                           type(n.layer).__name__) for n in nodes]
+            self.output = nodes[-1].name
+            modules = {}
+            for (key, _, _, _), n in zip(self.order, nodes):
+                m = module_of(n.layer)
+                if m is not None:
+                    modules[key] = m
+            self.layers = nn.ModuleDict(modules)
+
+        def forward(self, x):
+            maps = {DATA: x}
+            for key, name, inputs, kind in self.order:
+                xs = [maps[i] for i in inputs]
+                if kind == "Add":
+                    y = xs[0]
+                    for more in xs[1:]:
+                        y = y + more
+                elif kind == "Concat":
+                    y = torch.cat(xs, dim=1)
+                else:
+                    y = self.layers[key](xs[0])
+                maps[name] = y
+            return maps[self.output]
+
+    model = Twin()
+    weights = net.state_dict()
+    own = {}
+    for name, tensor in model.layers.state_dict().items():
+        key, _, field = name.rpartition(".")
+        own[f"{key.replace('__', '.')}.{field}"] = name
+    missing = sorted(set(own) ^ set(weights))
+    if missing:
+        raise SystemExit(f"fashion_mnist_vs_pytorch: the twin's state differs from minidnn's "
+                         f"at {missing[:5]}")
+    model.layers.load_state_dict({own[k]: torch.from_numpy(v.copy()) for k, v in weights.items()})
+    return model
+
+
+def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool) -> dict:
+    """PyTorch on the batches minidnn's loader makes, channels_last, eager or compiled."""
+    import torch
+    import torch.nn.functional as F
+    device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = True      # minidnn's GPU default: TF32 in convolutions
+    torch.backends.cuda.matmul.allow_tf32 = True
+    print(f"-- {label}: torch {torch.__version__} on {device}", flush=True)
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    sources = open_data(data, recipe["image_size"])
+    net = models.build(model_name, num_classes=10, image_size=recipe["image_size"],
+                       in_channels=sources.train.image_shape[0])
+    net.init_params(args.seed)             # what minidnn's executor does with the same seed
+    model = torch_twin(net).to(device).to(memory_format=torch.channels_last).train()
+    batch = recipe["batch"]
+    per_epoch = len(sources.train) // batch
+    total = recipe["epochs"] * per_epoch
+    schedule = LRSchedule(recipe["lr_schedule"], recipe["lr"], total,
+                          recipe["warmup_epochs"] * per_epoch)
+    opt = torch.optim.SGD(model.parameters(), lr=recipe["lr"], momentum=args.momentum,
+                          weight_decay=recipe["weight_decay"])
+    eps = recipe["label_smoothing"]
+
+    def on_device(x, y):
+        x = torch.from_numpy(x).to(device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last), torch.from_numpy(y).to(device)
+
+    def train_step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(runner(x), y, label_smoothing=eps)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def evaluate():
+        """Test accuracy over every image, the last batch filled up as minidnn does."""
+        model.eval()
+        correct = 0
+        n = len(sources.eval)
+        with torch.no_grad(), BatchLoader(sources.eval, batch, shuffle=False, drop_last=False,
+                                          steps=-(-n // batch)) as loader:
+            for x, y in loader:
+                real = len(y)
+                fill = [i % real for i in range(batch)]
+                xd, yd = on_device(x[fill], y[fill])
+                correct += int((runner(xd)[:real].argmax(1) == yd[:real]).sum())
+        model.train()
+        return correct / n
+
+    runner, compile_s = model, None
+    if compiled:
+        runner = torch.compile(model)
+        saved = copy.deepcopy(model.state_dict())
+        saved_opt = copy.deepcopy(opt.state_dict())
+        t0 = time.perf_counter()
+        x, y = BatchLoader(sources.train, batch, args.seed).batch_at(0)
+        train_step(*on_device(x, y))
+        evaluate()
+        sync(device)
+        compile_s = time.perf_counter() - t0
+        model.load_state_dict(saved)       # the warm-up step leaves no trace
+        opt.load_state_dict(saved_opt)
+        opt.state.clear()
+        print(f"   compiled in {compile_s:.1f} s (left out of the times below)", flush=True)
+
+    records, train_s, losses = [], 0.0, []
+    augment = Augment.parse(recipe["augment"])
+    with BatchLoader(sources.train, batch, args.seed, steps=total, augment=augment) as loader:
+        started = time.perf_counter()
+        for step, (x, y) in enumerate(loader):
+            for group in opt.param_groups:
+                group["lr"] = schedule.lr_at(step)
+            losses.append(train_step(*on_device(x, y)))
+            if (step + 1) % per_epoch == 0:
+                sync(device)
+                train_s += time.perf_counter() - started
+                epoch = (step + 1) // per_epoch
+                mean_loss = float(torch.stack(losses).float().mean())
+                losses.clear()
+                accuracy = evaluate()
+                records.append({"epoch": epoch, "step": step + 1, "train_loss": mean_loss,
+                                "accuracy": accuracy, "eval_images": len(sources.eval),
+                                "lr": schedule.lr_at(step), "train_time_s": train_s})
+                print(f"   epoch {epoch}/{recipe['epochs']}: training loss {mean_loss:.4f}, "
+                      f"accuracy {accuracy:.4f} ({len(sources.eval)} images), "
+                      f"{train_s:.1f} s of training", flush=True)
+                started = time.perf_counter()
+    peak = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
+    return {"label": label, "epochs": records, "compile_s": compile_s,
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "peak_device_bytes": peak, "torch": torch.__version__}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+# ---- the comparison ----------------------------------------------------------------------------
+def time_to(run: dict, target: float):
+    """Training seconds at the end of the first epoch reaching `target` accuracy, or None."""
+    for r in run.get("epochs", []):
+        if r.get("accuracy") is not None and r["accuracy"] >= target:
+            return r["train_time_s"]
+    return None
+
+
+def summary(model: str, runs: list[dict], target: float) -> list[str]:
+    lines = [f"{model}: {'run':<18} {'final accuracy':>14} {'training s':>11} "
+             f"{'to ' + format(target, '.0%'):>8} {'compile s':>9}"]
+    for run in runs:
+        if "error" in run:
+            lines.append(f"{model}: {run['label']:<18} error: {run['error']}")
+            continue
+        last = run["epochs"][-1] if run["epochs"] else {}
+        reach, compile_s = time_to(run, target), run.get("compile_s")
+        lines.append(f"{model}: {run['label']:<18} {last.get('accuracy', float('nan')):>14.4f} "
+                     f"{last.get('train_time_s', float('nan')):>11.1f} "
+                     f"{'-' if reach is None else format(reach, '.1f'):>8} "
+                     f"{'-' if compile_s is None else format(compile_s, '.1f'):>9}")
+    ours = next((r for r in runs if r["label"] == "minidnn" and "epochs" in r), None)
+    for run in runs:
+        if ours is None or not run["label"].startswith("pytorch") or "epochs" not in run:
+            continue
+        mine, theirs = time_to(ours, target), time_to(run, target)
+        if mine and theirs:
+            lines.append(f"{model}: time to {target:.0%}: minidnn {theirs / mine:.2f}x as fast as "
+                         f"{run['label']}")
+        if ours["epochs"] and run["epochs"]:
+            gap = 100 * (ours["epochs"][-1]["accuracy"] - run["epochs"][-1]["accuracy"])
+            lines.append(f"{model}: final accuracy minidnn - {run['label']}: {gap:+.2f} points")
+    return lines
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default="fashion-mnist", help="fashion-mnist[:DIR] or mnist:DIR")
+    p.add_argument("--models", default="resnet18,tiny_cnn", help="comma-separated")
+    p.add_argument("--out", default="runs/fashion_mnist_vs_pytorch", help="output folder")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--target", type=float, default=0.94, help="accuracy of 'time to'")
+    p.add_argument("--train-limit", type=int, default=None, metavar="N",
+                   help="train on the first N training images only")
+    p.add_argument("--test-limit", type=int, default=None, metavar="N",
+                   help="score the first N test images only")
+    for key in RECIPE_KEYS:
+        kind = str if key in ("lr_schedule", "augment") else \
+            int if key in ("image_size", "epochs", "batch", "warmup_epochs") else float
+        p.add_argument("--" + key.replace("_", "-"), type=kind, default=None,
+                       help="override every model's recipe (see RECIPES)")
+    p.add_argument("--budget-fraction", type=float, default=0.0, metavar="F",
+                   help="also run minidnn under a memory budget of F x its unconstrained peak "
+                        "with --policy dyn (0: not; the issue's experiment is 0.25)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="minidnn: deterministic GPU algorithms (budget runs then give the "
+                        "same bits)")
+    p.add_argument("--no-torch", action="store_true", help="minidnn only (no PyTorch import)")
+    p.add_argument("--no-compile", action="store_true", help="PyTorch eager only")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    data = limited_copy(args.data, os.path.join(args.out, "data"), args.train_limit,
+                        args.test_limit)
+    results = {"commit": commit(), "command": " ".join([os.path.basename(sys.argv[0])] +
+                                                        list(sys.argv[1:] if argv is None
+                                                             else argv)),
+               "data": data, "target": args.target, "models": {}}
+    lines = []
+    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        recipe = dict(RECIPES.get(model) or RECIPES["vgg11" if model.startswith("vgg")
+                                                    else "resnet18"])
+        recipe.update({k: getattr(args, k) for k in RECIPE_KEYS if getattr(args, k) is not None})
+        recipe["image_size"] = max(recipe["image_size"], models.min_image_size(model))
+        runs = [run_minidnn("minidnn", minidnn_config(model, recipe, args, data))]
+        if args.budget_fraction and "error" not in runs[0]:
+            budget = int(args.budget_fraction * runs[0]["peak_device_bytes"])
+            runs.append(run_minidnn(f"minidnn-{args.budget_fraction:g}-budget", minidnn_config(
+                model, recipe, args, data, memory_budget=budget, policy="dyn")))
+        if not args.no_torch:
+            runs.append(run_torch("pytorch-eager", model, recipe, args, data, compiled=False))
+            if not args.no_compile:
+                runs.append(run_torch("pytorch-compiled", model, recipe, args, data,
+                                      compiled=True))
+        results["models"][model] = {"recipe": recipe, "runs": runs}
+        results["device"] = runs[0].get("device")
+        lines += summary(model, runs, args.target)
+        from minidnn.curves import plot_curves
+        plot_curves(os.path.join(args.out, f"curves_{model}.png"),
+                    {r["label"]: r["epochs"] for r in runs if r.get("epochs")},
+                    title=f"{model} on {args.data}")
+    print("\n".join(lines))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"results: {os.path.join(args.out, 'results.json')}; figures: "
+          f"{os.path.join(args.out, 'curves_<model>.png')}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

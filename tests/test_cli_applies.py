@@ -41,7 +41,6 @@ def test_the_default_lookahead_is_not_a_choice(capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (("--math", "tf32"), "--math tf32 changes nothing on the CPU"),
-    (("--deterministic",), "--deterministic changes nothing on the CPU"),
 ])
 def test_gpu_only_flags_on_the_cpu_are_warned_about(capsys, argv, needle):
     code, out, err = cli(capsys, *MLP, *argv)

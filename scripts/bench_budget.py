@@ -52,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minidnn.chunks import describe as describe_chunks  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
 from benchlib import emit, run_worker  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 

@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
 from benchlib import emit, run_worker  # noqa: E402
 
 DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32", "resnet50:256:tf32")

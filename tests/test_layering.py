@@ -8,8 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Bottom to top. A name covers the module and, for a package, every module inside it.
 FLOORS = (
-    ("errors", "version", "jsonsafe"),
-    ("backend", "argtypes", "checkpoint", "data"),
+    ("errors", "version", "jsonsafe", "import_interrupt"),
+    ("backend", "argtypes", "checkpoint", "idx", "augment", "lr_schedule", "data"),
     ("kernels",),
     ("layers", "network", "optim", "builder", "gradcheck", "models"),
     ("memory",),
@@ -17,7 +17,8 @@ FLOORS = (
     ("spec", "assembly", "executor"),
     ("planner",),
     ("decide",),
-    ("planner.command", "commands", "report"),
+    ("planner.command", "commands", "report", "recipe", "curves", "applies", "outputs",
+     "stopping", "cpu_check"),
     ("train", "cli", "__main__", ""),
 )
 

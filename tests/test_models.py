@@ -182,12 +182,12 @@ def test_model_file_errors(tmp_path):
 
 
 def test_the_models_package_is_the_top_level_models_folder():
-    """Run from a checkout, minidnn.models is the checkout's models/ (setup.py installs the
-    same folder as minidnn/models)."""
+    """Run from a checkout, minidnn.models is the checkout's models/ (pyproject.toml installs
+    the same folder as minidnn.models)."""
     from pathlib import Path
     import minidnn
     root = Path(minidnn.__file__).resolve().parent.parent
     assert Path(models.__file__).resolve() == root / "models" / "__init__.py"
     assert Path(models.resnet.__file__).resolve().parent == root / "models"
-    setup = (root / "setup.py").read_text()
-    assert '"minidnn.models": "models"' in setup
+    setup = (root / "pyproject.toml").read_text()
+    assert '"minidnn.models" = "models"' in setup

@@ -37,7 +37,7 @@ def test_layer_times_lists_every_layer_kind_and_writes_each_layers_times(tmp_pat
                "--image-size", "16", "--device", "cpu", "--top", "3", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = proc.stdout
-    assert text.startswith("tiny_cnn b2 on cpu (fp32, NCHW)")
+    assert text.startswith("tiny_cnn b2 on cpu (fp32, fp32 maps, NCHW)")
     kinds = [ln.split()[0] for ln in text.split("\n\n")[0].splitlines()[2:]]
     data = json.loads(out.read_text())
     assert set(kinds) == {layer["kind"] for layer in data["layers"]} >= {"conv", "relu", "loss"}

@@ -368,8 +368,9 @@ class Runner:
         fam = FAMILIES[cell.family]
         net = models.build(fam.path, num_classes=10, image_size=IMAGE_SIZE)
         micro_batches, chunks = forced_split(cell, cell.split)
-        policy = DynPolicy(input_batches=RUN_INPUT_BATCHES,
-                           chunks=() if cell.ranks > 1 and chunks is None else None)
+        policy = DynPolicy(input_batches=RUN_INPUT_BATCHES)
+        if cell.ranks > 1 and chunks is None:
+            chunks = ()     # data parallel runs no layer chunks
         decide(net, BATCH // cell.ranks, policy=policy, memory_budget=budget, device="cpu",
                precision=cell.precision, layout=cell.layout,
                relu_bits=cell.encoding == "bits", micro_batches=micro_batches,

@@ -14,18 +14,6 @@ FULL = os.environ.get("MINIDNN_FULL_MATRIX", "") not in ("", "0")
 
 def known_failure(cell: Cell) -> str | None:
     """Why a cell fails today (None: it must pass)."""
-    if FAMILIES[cell.family].batch_statistics and cell.ranks > 1:
-        return ("ranks with BatchNorm: each rank updates the running statistics from its own "
-                "half of the batch and nothing synchronizes them, so the run ends with 'ranks "
-                "hold different parameters at the end' (the cell's reference run included)")
-    if cell.policy == "dyn" and cell.split == "micro2" and cell.rung == "least" and \
-            cell.ranks == 1 and not FAMILIES[cell.family].batch_statistics:
-        return ("the least budget dyn names with --micro-batches forced is that of the "
-                "unchunked passes (planner/split.py: the refusal's minimum is taken over the "
-                "options planned, and layer chunks are weighed only under a budget that "
-                "fits), so 1% below it trains: dyn then runs the passes with a layer chunk "
-                "(tiny_vgg: 2 x 4 with conv1_1..pool1 in 2 pieces trains in 80% of the "
-                "figure named)")
     if dropout_scratch_at_the_peak(cell):
         return ("a rank draws the dropout masks of the whole global batch (its scratch block "
                 "is scratch_bytes(shape, global_batch): executor._scratch_blocks), but the step "
@@ -104,10 +92,6 @@ def test_the_least_budget_named_on_the_command_line_is_plans_and_trains(runner):
     assert runner.run(cell, "dyn", named).error is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the refusal rounds the least budget up to whole MiB below 1 GiB (planner/search.py, "
-    "InfeasibleBudgetError: math.ceil(minimum / 2**20)): this network needs about 213 KiB "
-    "and is told 1MiB, so 1% less than the figure it is told still trains"))
 def test_one_percent_below_the_least_budget_on_the_command_line_is_refused(runner):
     cell = Cell("vgg", "fp32", "nchw", "dyn", "least", "whole", 1)
     refused = runner.run(cell, "dyn", 4096)

@@ -1,19 +1,18 @@
 """vDNN_dyn's planner: analytic GPU presets, the timed dry run, the search and the dyn policy."""
 import dataclasses
-import math
 
 import numpy as np
 import pytest
 
 from minidnn.spec import StepSpec
 from minidnn import Network, SGD
-from minidnn.errors import ConfigError, MemoryBudgetError
+from minidnn.errors import ConfigError, MemoryBudgetError, parse_bytes
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
 from minidnn.memory.allocator import aligned
 from minidnn.memory.policy import get_policy
 from minidnn.planner import DynPolicy, LayerCost, Profile
 from minidnn.planner.gpus import H200, K40, analytic_profile, get_gpu
-from minidnn.planner.search import InfeasibleBudgetError, Planner
+from minidnn.planner.search import InfeasibleBudgetError, Planner, budget_to_give
 from minidnn.planner.step_model import StepModel
 from minidnn.decide import build_executor
 
@@ -293,8 +292,9 @@ def test_a_budget_below_the_minimum_names_the_minimum():
         Planner(net, 32, prof, budget=minimum - 4096).run()
     assert isinstance(err.value, MemoryBudgetError)
     assert err.value.minimum == minimum
-    suggested = math.ceil(minimum / 2**20)        # small networks are told in MiB, rounded up
-    assert f"--memory-budget {suggested}MiB or more" in str(err.value)
+    suggested = budget_to_give(minimum)   # rounded up, by less than 1%
+    assert f"--memory-budget {suggested} or more" in str(err.value)
+    assert minimum <= parse_bytes(suggested) < minimum / 0.99
     result = Planner(net, 32, prof, budget=minimum).run()   # exactly the minimum works
     assert result.best.fits
     with pytest.raises(MemoryBudgetError):      # one pass, no layer chunks

@@ -77,11 +77,17 @@ class NothingFaster(Exception):
 
 
 def budget_to_give(minimum: int) -> str:
-    """The least budget as --memory-budget takes it, rounded up so that it trains:
-    '2.02GiB', '300MiB'."""
+    """The least budget as --memory-budget takes it, rounded up so that it trains and by so
+    little that 1% less would not: '2.02GiB', '301MiB', '5.01MiB', '214KiB' (hundredths of a
+    GiB, else three significant digits)."""
     if minimum >= 2**30:
         return f"{math.ceil(minimum / 2**30 * 100) / 100:.2f}GiB"
-    return f"{math.ceil(minimum / 2**20)}MiB"
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if minimum >= size:
+            value = minimum / size
+            decimals = max(0, 3 - len(str(int(value))))
+            return f"{math.ceil(value * 10**decimals) / 10**decimals:.{decimals}f}{unit}"
+    return f"{int(minimum)}B"
 
 
 class InfeasibleBudgetError(MemoryBudgetError):

@@ -1,7 +1,6 @@
 """`minidnn plan`: the per-layer table, the summary, JSON, and predicted against measured."""
 import argparse
 import json
-import math
 
 import pytest
 
@@ -9,7 +8,7 @@ from minidnn.errors import ConfigError, MinidnnError, fmt_bytes
 from minidnn.kernels.mapformat import MapFormat
 from minidnn.planner import command
 from minidnn.planner.planning import ProfileSource
-from minidnn.planner.search import InfeasibleBudgetError
+from minidnn.planner.search import InfeasibleBudgetError, budget_to_give
 
 
 def parse(*argv):
@@ -79,7 +78,8 @@ def test_a_budget_below_the_minimum_is_an_error_with_the_minimum():
     with pytest.raises(InfeasibleBudgetError) as err:
         run(*BASE, "--memory-budget", str(loose["minimum_budget_bytes"] // 2))
     assert isinstance(err.value, MinidnnError)
-    assert f"{math.ceil(loose['minimum_budget_bytes'] / 2**20)}MiB" in str(err.value)
+    assert f"give --memory-budget {budget_to_give(loose['minimum_budget_bytes'])} or more" \
+        in str(err.value)
     # A fixed policy is predicted even where nothing fits, and says so.
     text = run(*BASE, "--memory-budget", str(loose["minimum_budget_bytes"] // 2),
                "--policy", "all")

@@ -435,6 +435,7 @@ def test_bf16_pooling_keeps_the_contract(spec, layout):
                     np.testing.assert_array_equal(g, w, err_msg=f"{shape} {kind}")
 
 
+
 def _max_pool_nhwc(x, gy, spec, offset=0):
     """Max-pool forward and backward on channels-last copies of x and gy (logical NCHW device
     arrays) whose memory starts `offset` values past an aligned address: (y, argmax, gx)."""

@@ -24,10 +24,10 @@ per value, channel fastest, so that neighbouring threads touch neighbouring byte
 per grid row (32-bit index math by launch constants, as above: with 64-bit divisions the
 H200 ran VGG-16's NHWC max-pool backward at 17.3 ms a step against PyTorch's 7.8); they find
 a value's window range with a division, and sum backward's windows in the same order as the
-NCHW kernels, so both layouts give the same bits. The max-pool ones take a vector width VEC:
-where the channels allow, on float32 and bf16 maps a thread moves 16 bytes of channels with
-each load and store, the same code value for value (VGG-16 b256 on the H200, its five max-pool
-layers: forward 4.58 -> 2.43 ms, backward 2.73 -> 2.01 ms, scripts/layer_times.py).
+NCHW kernels, so both layouts give the same bits. Where the channels allow, max pooling on
+float32 and bf16 maps runs the `_vec` kernels instead: the same code value for value, a thread
+moving 16 bytes of channels with each load and store (VGG-16's pool1 at batch 256 on the H200:
+forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms).
 
 bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
 once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps
@@ -236,6 +236,74 @@ __device__ __forceinline__ void covering(int h, int K, int S, int P, int O, int&
 }
 
 template<typename T>
+__global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y,
+                                       unsigned char* __restrict__ argmax, GEOMETRY, int C,
+                                       LAST_LAUNCH) {
+    Pixel p;                                          // (n, oh, ow, c)
+    if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const long long i = p.index;
+    const int h0 = p.h * SH - PH, w0 = p.w * SW - PW;
+    x += p.n * H * W * C + p.c;
+    const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
+    const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
+    typedef acc_t<T> A;
+    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? widen(x[((long long)h0 * W + w0) * C])
+                                                         : minus_inf(A(0));
+    int arg = 0;
+    for (int kh = kh0; kh < kh1; ++kh) {
+        for (int kw = kw0; kw < kw1; ++kw) {
+            if (kh == 0 && kw == 0) continue;
+            const A v = widen(x[((long long)(h0 + kh) * W + (w0 + kw)) * C]);
+            if (v > best) { best = v; arg = kh * KW + kw; }
+        }
+    }
+    y[i] = narrow<T>(best);
+    argmax[i] = (unsigned char)arg;
+}
+
+template<typename T>
+__global__ void maxpool2d_backward_last(const T* __restrict__ gy,
+                                        const unsigned char* __restrict__ argmax,
+                                        T* __restrict__ gx, GEOMETRY, int C, LAST_LAUNCH) {
+    Pixel p;              // (n, h, w, c)
+    if (!pixel_last(p, C, W, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const long long i = p.index;
+    int oh_lo, oh_hi, ow_lo, ow_hi;
+    covering(p.h, KH, SH, PH, OH, oh_lo, oh_hi);
+    covering(p.w, KW, SW, PW, OW, ow_lo, ow_hi);
+    const long long base = p.n * OH * OW * C + p.c;
+    acc_t<T> acc = 0;
+    for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+        const int kh = p.h - (oh * SH - PH);
+        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            const long long o = base + ((long long)oh * OW + ow) * C;
+            if (argmax[o] == kh * KW + (p.w - (ow * SW - PW))) acc += widen(gy[o]);
+        }
+    }
+    gx[i] = narrow<T>(acc);
+}
+
+// Windows that tile the input exactly (stride = kernel, no padding, KH * OH = H, KW * OW = W):
+// each input value lies in one window, so a thread per window writes its KH x KW gradients
+// (gy at the winner, 0 elsewhere), reading gy and argmax once. 0 + g, not g: the gather above
+// adds into +0, which turns a -0 gradient into +0; this gives the same bits.
+template<typename T>
+__global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
+                                              const unsigned char* __restrict__ argmax,
+                                              T* __restrict__ gx, GEOMETRY, int C,
+                                              LAST_LAUNCH) {
+    Pixel p;              // (n, oh, ow, c)
+    if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const acc_t<T> zero = 0;
+    const T g = narrow<T>(zero + widen(gy[p.index])), z = narrow<T>(zero);
+    const int arg = argmax[p.index];
+    T* out = gx + ((p.n * H + (long long)p.h * KH) * W + (long long)p.w * KW) * C + p.c;
+    for (int kh = 0; kh < KH; ++kh)
+        for (int kw = 0; kw < KW; ++kw)
+            out[((long long)kh * W + kw) * C] = kh * KW + kw == arg ? g : z;
+}
+
+template<typename T>
 __global__ void avgpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y, GEOMETRY,
                                        int include_pad, int C, LAST_LAUNCH) {
     Pixel p;
@@ -275,14 +343,15 @@ __global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict_
     gx[i] = narrow<T>(acc);
 }
 
-// Max pooling, channels last, VEC channels of a pixel per thread: CV = C / VEC vectors in a
-// pixel, thread k owns values k * VEC ... k * VEC + VEC - 1 and moves them with one load or
-// store per window position (VEC > 1: 16 bytes; C % VEC == 0, maps aligned). A thread per
-// value (VEC = 1) kept the H200's max-pool forward at about a third of memory speed.
+// ---- channels last, VEC channels per thread (C % VEC == 0, maps 16-byte aligned) ----
+// The kernels above, value for value (the same windows, comparisons and order of sums), but a
+// thread moves VEC channels of a pixel with one 16-byte load or store per window position: a
+// thread per value kept the H200's max-pool forward at about a third of memory speed. CV is
+// C / VEC, the vectors in a pixel; thread k owns values k * VEC ... k * VEC + VEC - 1.
 template<typename T, int VEC>
-__global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y,
-                                       unsigned char* __restrict__ argmax, GEOMETRY, int CV,
-                                       LAST_LAUNCH) {
+__global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y,
+                                      unsigned char* __restrict__ argmax, GEOMETRY, int CV,
+                                      LAST_LAUNCH) {
     Pixel p;                                          // (n, oh, ow, vector)
     if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -318,9 +387,9 @@ __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
 }
 
 template<typename T, int VEC>
-__global__ void maxpool2d_backward_last(const T* __restrict__ gy,
-                                        const unsigned char* __restrict__ argmax,
-                                        T* __restrict__ gx, GEOMETRY, int CV, LAST_LAUNCH) {
+__global__ void maxpool2d_backward_vec(const T* __restrict__ gy,
+                                       const unsigned char* __restrict__ argmax,
+                                       T* __restrict__ gx, GEOMETRY, int CV, LAST_LAUNCH) {
     Pixel p;              // (n, h, w, vector)
     if (!pixel_last(p, CV, W, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -346,15 +415,11 @@ __global__ void maxpool2d_backward_last(const T* __restrict__ gy,
     store<T, VEC>(gx + p.index * VEC, 0, out);
 }
 
-// Windows that tile the input exactly (stride = kernel, no padding, KH * OH = H, KW * OW = W):
-// each input value lies in one window, so a thread per window writes its KH x KW gradients
-// (gy at the winner, 0 elsewhere), reading gy and argmax once. 0 + g, not g: the gather above
-// adds into +0, which turns a -0 gradient into +0; this gives the same bits.
 template<typename T, int VEC>
-__global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
-                                              const unsigned char* __restrict__ argmax,
-                                              T* __restrict__ gx, GEOMETRY, int CV,
-                                              LAST_LAUNCH) {
+__global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
+                                             const unsigned char* __restrict__ argmax,
+                                             T* __restrict__ gx, GEOMETRY, int CV,
+                                             LAST_LAUNCH) {
     Pixel p;              // (n, oh, ow, vector)
     if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -373,17 +438,17 @@ __global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
 """
 
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+            "maxpool2d_forward_last", "maxpool2d_backward_last", "maxpool2d_backward_tiles_last",
             "avgpool2d_forward_last", "avgpool2d_backward_last")
-_VECTOR_KERNELS = ("maxpool2d_forward_last", "maxpool2d_backward_last",
-                   "maxpool2d_backward_tiles_last")    # template<T, VEC>
+_VECTOR_KERNELS = ("maxpool2d_forward_vec", "maxpool2d_backward_vec",
+                   "maxpool2d_backward_tiles_vec")
 _VECTOR_BYTES = 16
-# Maps the max-pool kernels run on with VEC > 1, and their values per vector. float64 maps
-# (tests, gradient checks) run VEC = 1: at VEC = 2 NVRTC orders a double sum's operands
-# otherwise, and the sign of a NaN made from inf + -inf follows that order.
+# Maps the vector kernels take, and their values per vector. float64 maps (tests, gradient
+# checks) keep the per-value kernels: NVRTC orders a double sum's operands differently in
+# the two, and the sign of a NaN made from inf + -inf follows that order.
 _VECTOR_WIDTH = {"float": 4, "bf16": 8}
 _module = cp.RawModule(code=_SOURCE, name_expressions=[
     *(f"{k}<{t}>" for k in _KERNELS for t in ("float", "double", "bf16")),
-    *(f"{k}<{t}, 1>" for k in _VECTOR_KERNELS for t in ("float", "double", "bf16")),
     *(f"{k}<{t}, {vec}>" for k in _VECTOR_KERNELS for t, vec in _VECTOR_WIDTH.items())])
 
 _THREADS = 256
@@ -451,19 +516,19 @@ _MAX_IMAGES = 65535         # images per launch: the grid's y dimension
 
 
 def _vector(ctype: str, channels: int, maps: tuple, argmax) -> int:
-    """Channels per thread of the channels-last max-pool kernels (VEC): a 16-byte vector of
-    float32 or bf16 values when the channels are a multiple of it and every map starts 16-byte
-    aligned (argmax: a vector of bytes), else 1."""
+    """Channels per thread of the `_vec` kernels: a 16-byte vector of float32 or bf16 values
+    when the channels are a multiple of it and every map starts 16-byte aligned (argmax: a
+    vector of bytes), else 1."""
     vec = _VECTOR_WIDTH.get(ctype, 1)
     aligned = all(m.data.ptr % _VECTOR_BYTES == 0 for m in maps) and argmax.data.ptr % vec == 0
     return vec if aligned and channels % vec == 0 else 1
 
 
-def _launch_last(kernel: str, shape, maps: tuple, args: tuple, vec: int = 1) -> None:
-    """Runs channels-last kernel `kernel` (its name with template arguments) with one thread
-    per `vec` channels of a pixel of a map of logical `shape` (N, C, H, W): `maps` (the
-    arrays, image-sliced when a launch cannot take every image), then `args`, then the
-    launch's constants."""
+def _launch_last(name: str, ctype: str, shape, maps: tuple, args: tuple, vec: int = 1) -> None:
+    """Runs channels-last kernel `name` + '_last' with one thread per value of a map of logical
+    `shape` (N, C, H, W), or `name` + '_vec' with one thread per `vec` channels of a pixel:
+    `maps` (the arrays, image-sliced when a launch cannot take every image), then `args`,
+    then the launch's constants."""
     n, c, h, w = (int(d) for d in shape)
     c //= vec
     per_image = c * h * w
@@ -472,7 +537,8 @@ def _launch_last(kernel: str, shape, maps: tuple, args: tuple, vec: int = 1) -> 
     if per_image * vec >= INDEX_LIMIT:
         raise ConfigError(f"pooling: images of {per_image * vec} values; each must hold fewer "
                           f"than 2**31")
-    kernel = _module.get_function(kernel)
+    kernel = _module.get_function(f"{name}_last<{ctype}>" if vec == 1 else
+                                  f"{name}_vec<{ctype}, {vec}>")
     constants = (np.uint32(per_image), *divider(c), *divider(w))
     for n0 in range(0, n, _MAX_IMAGES):
         images = min(_MAX_IMAGES, n - n0)
@@ -493,7 +559,7 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
     n, c, oh, ow = y.shape
     if layout == "nhwc":
         vec = _vector(ctype, c, (x, y), argmax)
-        _launch_last(f"maxpool2d_forward_last<{ctype}, {vec}>", y.shape, (x, y, argmax),
+        _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
                      geometry + (np.int32(c // vec),), vec)
         return
     _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry)
@@ -514,11 +580,10 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
         tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
                  and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
         if tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
-            _launch_last(f"maxpool2d_backward_tiles_last<{ctype}, {vec}>", gy.shape,
-                         (gy, argmax, gx), args, vec)
+            _launch_last("maxpool2d_backward_tiles", ctype, gy.shape, (gy, argmax, gx), args,
+                         vec)
         else:       # one thread per input value, gathering its windows
-            _launch_last(f"maxpool2d_backward_last<{ctype}, {vec}>", gx.shape, (gy, argmax, gx),
-                         args, vec)
+            _launch_last("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), args, vec)
         return
     rows, cols, cells = _cells(gx.shape, spec)
     _launch("maxpool2d_backward", ctype, n * c, rows, cols,
@@ -532,7 +597,7 @@ def avgpool2d_forward(x, y, spec) -> None:
     n, c, oh, ow = y.shape
     include = np.int32(bool(spec.count_include_pad))
     if layout == "nhwc":
-        _launch_last(f"avgpool2d_forward_last<{ctype}>", y.shape, (x, y),
+        _launch_last("avgpool2d_forward", ctype, y.shape, (x, y),
                      geometry + (include, np.int32(c)))
         return
     _launch("avgpool2d_forward", ctype, n * c, oh, ow, (x, y) + geometry + (include,))
@@ -545,7 +610,7 @@ def avgpool2d_backward(gy, gx, spec) -> None:
     n, c = gx.shape[:2]
     include = np.int32(bool(spec.count_include_pad))
     if layout == "nhwc":
-        _launch_last(f"avgpool2d_backward_last<{ctype}>", gx.shape, (gy, gx),
+        _launch_last("avgpool2d_backward", ctype, gx.shape, (gy, gx),
                      geometry + (include, np.int32(c)))
         return
     rows, cols, cells = _cells(gx.shape, spec)

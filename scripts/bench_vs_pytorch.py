@@ -189,12 +189,18 @@ def torch_reference(name, net):
     resnetN (the same state dict keys and layouts, running statistics included), any other
     network translated by torch_model."""
     import torch
-    weights = net.state_dict()
     if name.startswith("resnet"):
         import torchvision
         model = getattr(torchvision.models, name)(num_classes=net.num_classes)
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in net.state_dict().items()})
         return model
+    return torch_copy(net)
+
+
+def torch_copy(net):
+    """torch_model(net) holding `net`'s parameters and buffers (its state dict's values)."""
+    import torch
+    weights = net.state_dict()
     model, pairs = torch_model(net)
     with torch.no_grad():
         for key, p in pairs:

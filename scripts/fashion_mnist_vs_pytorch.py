@@ -124,89 +124,10 @@ def run_minidnn(label: str, cfg: TrainConfig) -> dict:
 
 # ---- PyTorch -----------------------------------------------------------------------------------
 def torch_twin(net):
-    """A torch.nn.Module computing minidnn Network `net` (loss left out): one module per
-    layer, run in the network's order over its graph (branches and joins included), and its
-    parameters and buffers named as minidnn's state dict names them (dots become '__' in the
-    module names, which torch does not allow)."""
-    import torch
-    import torch.nn as nn
-    from minidnn.layers import Add, BatchNorm2d, Concat, Flatten, Linear, ReLU
-    from minidnn.layers.conv import Conv2d
-    from minidnn.layers.dropout import Dropout
-    from minidnn.layers.pool import AvgPool2d, MaxPool2d
-    from minidnn.network import DATA
-
-    def module_of(layer):
-        if isinstance(layer, Conv2d):
-            return nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size,
-                             layer.stride, layer.padding, layer.dilation, layer.groups,
-                             layer.bias)
-        if isinstance(layer, BatchNorm2d):
-            return nn.BatchNorm2d(layer.in_shapes[0][1], eps=layer.eps, momentum=layer.momentum)
-        if isinstance(layer, ReLU):
-            return nn.ReLU()
-        if isinstance(layer, MaxPool2d):
-            return nn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding,
-                                ceil_mode=layer.ceil_mode)
-        if isinstance(layer, AvgPool2d):
-            return nn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding,
-                                ceil_mode=layer.ceil_mode,
-                                count_include_pad=layer.count_include_pad)
-        if isinstance(layer, Flatten):
-            return nn.Flatten()
-        if isinstance(layer, Linear):
-            return nn.Linear(layer.in_features, layer.out_features, layer.bias)
-        if isinstance(layer, Dropout):
-            return nn.Dropout(layer.p)
-        if isinstance(layer, (Add, Concat)):
-            return None
-        raise SystemExit(f"fashion_mnist_vs_pytorch: no PyTorch twin for "
-                         f"{type(layer).__name__} ({layer.name})")
-
-    nodes = [n for n in net.nodes if n.layer.kind != "loss"]
-
-    class Twin(nn.Module):
-        def __init__(self):
-            super().__init__()
-            # (module key, map name, input map names, layer kind): plain strings only, so
-            # that torch.compile traces the walk without minidnn's objects.
-            self.order = [(n.name.replace(".", "__"), n.name, list(n.inputs),
-                           type(n.layer).__name__) for n in nodes]
-            self.output = nodes[-1].name
-            modules = {}
-            for (key, _, _, _), n in zip(self.order, nodes):
-                m = module_of(n.layer)
-                if m is not None:
-                    modules[key] = m
-            self.layers = nn.ModuleDict(modules)
-
-        def forward(self, x):
-            maps = {DATA: x}
-            for key, name, inputs, kind in self.order:
-                xs = [maps[i] for i in inputs]
-                if kind == "Add":
-                    y = xs[0]
-                    for more in xs[1:]:
-                        y = y + more
-                elif kind == "Concat":
-                    y = torch.cat(xs, dim=1)
-                else:
-                    y = self.layers[key](xs[0])
-                maps[name] = y
-            return maps[self.output]
-
-    model = Twin()
-    weights = net.state_dict()
-    own = {}
-    for name, tensor in model.layers.state_dict().items():
-        key, _, field = name.rpartition(".")
-        own[f"{key.replace('__', '.')}.{field}"] = name
-    missing = sorted(set(own) ^ set(weights))
-    if missing:
-        raise SystemExit(f"fashion_mnist_vs_pytorch: the twin's state differs from minidnn's "
-                         f"at {missing[:5]}")
-    model.layers.load_state_dict({own[k]: torch.from_numpy(v.copy()) for k, v in weights.items()})
-    return model
+    """A torch.nn.Module computing minidnn Network `net` (loss left out) with its weights:
+    bench_vs_pytorch's translation of the network graph (branches and joins included)."""
+    from bench_vs_pytorch import torch_copy
+    return torch_copy(net)
 
 
 def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool) -> dict:

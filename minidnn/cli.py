@@ -54,6 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a network. With no options: the main job, AlexNet "
                        f"on drawn shapes at 64x64 pixels, batch {d.batch}, {d.steps} steps, on "
                        "the GPU when there is one, else on the CPU.")
+    _add_run_arguments(t, d)
+    _add_memory_arguments(t, d)
+    _add_output_arguments(t, d)
+    _add_recipe_arguments(t, d)
+    _add_ranks_arguments(t, d)
+
+    _add_summary_parser(sub)
+    sub.add_parser("models", help="list the built-in models")
+    from .planner import command as plan_command
+    plan_command.add_parser(sub)
+    return parser
+
+
+def _add_run_arguments(t, d: TrainConfig) -> None:
+    """`train`: the network, the data, the optimizer and the device."""
     t.add_argument("--model", default=d.model, metavar="NAME|PATH",
                    help=f"built-in model (see 'minidnn models') or a .py file defining "
                         f"build(num_classes, image_size) (default {d.model})")
@@ -84,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "mnist:DIR: MNIST's IDX files (gzipped or not)")
     t.add_argument("--num-classes", type=argtypes.positive_int, default=None, metavar="K",
                    help="classes (default: what the data has; synthetic 1000)")
+
+
+def _add_memory_arguments(t, d: TrainConfig) -> None:
+    """`train`: the memory policy, its budget, the splits and the step's numerics."""
     from .decide import policy_names
     t.add_argument("--policy", default=d.policy, metavar="|".join(policy_names()),
                    help="which feature maps to offload to host memory: none; all (vDNN_all: "
@@ -144,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "
                         "which runs nhwc through its reference kernels); parameters keep "
                         "PyTorch's layouts in checkpoints")
+
+
+def _add_output_arguments(t, d: TrainConfig) -> None:
+    """`train`: evaluation, checkpoints, the report and the other files a run writes."""
     t.add_argument("--eval-every", type=argtypes.count, default=None, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
                         f"the end (default {d.eval_every}; with --epochs 0, as every epoch "
@@ -178,9 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "step, at this CPU's measured rate) says the run takes over an hour "
                         "or a step over 5 minutes; a run that needs more RAM than is "
                         "available is refused regardless")
-    _add_recipe_arguments(t, d)
-    _add_ranks_arguments(t, d)
 
+
+def _add_summary_parser(sub) -> None:
+    """`summary`: a network's layers, parameters and memory."""
     s = sub.add_parser("summary", help="print a network's layers, parameters and memory",
                        description="Print every layer of a network with its output shape, "
                        "parameters, feature-map size and FLOPs, and the memory a training "
@@ -193,11 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="height = width of the images (default: the model's native size)")
     s.add_argument("--num-classes", type=argtypes.positive_int, default=1000, metavar="K",
                    help="classes of the last layer (default 1000)")
-
-    sub.add_parser("models", help="list the built-in models")
-    from .planner import command as plan_command
-    plan_command.add_parser(sub)
-    return parser
 
 
 def _eval_batches(text: str):

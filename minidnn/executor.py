@@ -112,17 +112,12 @@ class Executor:
     prefetch one layer ahead); one made for another spec is refused. Its conv plan settings,
     ReLU bit masks and fused pairs reach the layers through the StepContext; the layers keep
     their own. Its `micro_batches` runs each training step as that many passes, gradients
-    accumulated, one optimizer update; its `layout` and `precision` (kernels/mapformat.py)
-    say how feature maps are stored ('nhwc': 4-D parameters laid out (O, KH, KW, C) on the
-    device, state_dict() still OIHW; 'bf16': maps and their gradients in bfloat16,
-    layers/precision.py). trace: keep a trace.Tracer in `self.tracer`. compute=False: a dry
-    run (simulate_step only). host_limit: bytes of pinned host memory for offloaded maps
-    (None: no limit). input_grad: also compute d loss / d input batch in backward
-    (`input_gradient()`). Everything set up before a step (allocator, parameters, plan,
-    layout, manager) is made by an Assembly (minidnn/assembly.py), which says more.
-
-    Parameters move to the device here; `net.state_dict()` reads them back; `close()` brings
-    them back to host memory and releases the device memory.
+    accumulated, one optimizer update; its `layout` and `precision` say how feature maps are
+    stored (kernels/mapformat.py, layers/precision.py). trace: keep a trace.Tracer in
+    `self.tracer`. compute=False: a dry run (simulate_step only). host_limit: bytes of pinned
+    host memory for offloaded maps (None: no limit). input_grad: also compute d loss / d
+    input batch (`input_gradient()`). An Assembly (minidnn/assembly.py) sets up everything
+    before a step: parameters move to the device there; `close()` brings them back.
     """
 
     def __init__(self, net: Network, spec: StepSpec | int, decision: MemoryDecision | None = None,

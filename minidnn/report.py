@@ -20,6 +20,7 @@ diverged_at_step or interrupted_by where they apply (minidnn/stopping.py).
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 import json
 
 from .checkpoint import atomic_write
@@ -61,14 +62,27 @@ def memory_figures(ex) -> dict:
     return dict(ex.memory_stats())
 
 
-def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
-                 start_step: int, losses: list[float], step_times: list[float],
-                 evals: list[dict], memory: dict, wall_time_s: float) -> dict:
-    """The report of a finished run (see the module docstring for the fields).
+@dataclass(frozen=True)
+class RunProgress:
+    """What a run has done so far, as its report says it. start_step: the step it resumed
+    from (0: none); losses and step_times: one per step of this run; evals: the held-out
+    evaluations; memory: `memory_figures(ex)` taken right after the last training step;
+    wall_time_s: since the run began."""
+    start_step: int
+    losses: list
+    step_times: list
+    evals: list
+    memory: dict
+    wall_time_s: float
 
-    memory: `memory_figures(ex)` taken right after the last training step.
-    """
-    mem = memory
+
+def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
+                 progress: RunProgress) -> dict:
+    """The report of a run (see the module docstring for the fields): its config `cfg`, its
+    executor and network, the data it read (images of `image_size`, `num_classes`, the
+    data's description) and what it has done (`progress`)."""
+    mem, start_step, losses = progress.memory, progress.start_step, progress.losses
+    step_times, evals, wall_time_s = progress.step_times, progress.evals, progress.wall_time_s
     report = {
         "model": cfg.model,
         "batch": cfg.batch,

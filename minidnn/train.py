@@ -50,7 +50,7 @@ from .outputs import check_checkpoint_target, check_not_backward, check_outputs,
 from .outputs import check_output_path, write_output  # noqa: F401 (their old home)
 from .recipe import Recipe, check_recipe
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
-from .report import build_report, capture_steps, memory_figures, \
+from .report import RunProgress, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 from .spec import StepSpec
 
@@ -480,17 +480,18 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
-        run = _Loop(cfg, ex, net, opt, sources, start, pool,
+        run = _Loop(cfg, ex, opt, sources, start, pool,
                     dict(dataclasses.asdict(cfg), identity=identity,
                          world_size=dp.size if dp else 1), log, stop, dp, recipe)
 
         def report_now() -> dict:
-            report = build_report(cfg, ex=ex, net=net, image_size=image_size,
-                                  num_classes=sources.num_classes, data=sources.description,
-                                  start_step=start, losses=run.losses,
-                                  step_times=run.timer.times[:len(run.losses)],
-                                  evals=run.evals, memory=run.memory or memory_figures(ex),
-                                  wall_time_s=time.perf_counter() - started)
+            report = build_report(
+                cfg, ex=ex, net=net, image_size=image_size, num_classes=sources.num_classes,
+                data=sources.description, progress=RunProgress(
+                    start_step=start, losses=run.losses,
+                    step_times=run.timer.times[:len(run.losses)], evals=run.evals,
+                    memory=run.memory or memory_figures(ex),
+                    wall_time_s=time.perf_counter() - started))
             report.update(recipe.report_fields(), epochs=run.epoch_records)
             return report
         stop.arm()   # from here a signal stops the run after the step under way
@@ -541,10 +542,10 @@ class _Loop:
     StopSignals of the run; a signal ends the loop between two steps (Interrupted).
     """
 
-    def __init__(self, cfg: TrainConfig, ex: Executor, net, opt, sources, start: int, pool,
+    def __init__(self, cfg: TrainConfig, ex: Executor, opt, sources, start: int, pool,
                  run_config: dict, log, stop: StopSignals | None = None, dp=None,
                  recipe: Recipe | None = None):
-        self.cfg, self.ex, self.net, self.opt = cfg, ex, net, opt
+        self.cfg, self.ex, self.net, self.opt = cfg, ex, ex.net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
         self.stop = stop

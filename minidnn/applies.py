@@ -3,7 +3,7 @@ line, instead of being ignored silently.
 
     refuse_unused_flags(cfg, given={"--prefetch-lookahead"})   # ConfigError under --policy none
     for line in device_warnings(cfg, device): print("minidnn: warning: " + line)
-    check_resume_precision(ckpt, cfg)                           # CheckpointError on a mismatch
+    check_resume_precision(ckpt, cfg.precision)                 # CheckpointError on a mismatch
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     relus = relu_bits_for(net) if spec.relu_bits else frozenset()
     planning = chosen.plans
     if planning:  # a planning policy learns what it plans for
-        chosen.bind(spec, device, whole_batch=spec.whole_batch(net))
+        chosen.bind(spec, device)
     if isinstance(device, str):
         device = select_device(device)
     maps = MapFormat(map_layout(device, spec.layout) if device is not None

@@ -36,8 +36,6 @@ DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 #: Pixel mean and standard deviation of each data set's training images (scaled to [0, 1]).
 PIXEL_STATS = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 
-FASHION_MNIST_CLASSES = ("T-shirt/top", "trouser", "pullover", "dress", "coat", "sandal",
-                         "shirt", "sneaker", "bag", "ankle boot")
 
 NUM_CLASSES = 10
 _UNSIGNED_BYTE = 0x08

@@ -47,7 +47,7 @@ from .kernels.math_mode import MATH_MODES
 from .layers.loss import example_losses
 from .optim import SGD
 from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
-from .outputs import check_output_path, write_output  # noqa: F401 (their old home)
+from .outputs import write_output
 from .recipe import Recipe, check_recipe
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import RunProgress, build_report, capture_steps, memory_figures, \

@@ -1,6 +1,6 @@
 """The model registry: the networks of this folder by name, or your own from a .py file.
 
-This folder is the package `minidnn.models` (setup.py maps it there when minidnn is
+This folder is the package `minidnn.models` (pyproject.toml maps it there when minidnn is
 installed); each family is one short file written against the builder (minidnn/builder.py).
 
     net = models.build("alexnet", num_classes=10, image_size=64)
@@ -9,8 +9,8 @@ installed); each family is one short file written against the builder (minidnn/b
     models.names()        # ['alexnet', 'googlenet', 'mlp', ..., 'resnet152', ..., 'vgg416']
 
 Any `vgg<depth>` resolves through `vgg.stage_depths` (11, 13 or >= 16). A model file
-defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added)
-and may set `NATIVE_IMAGE_SIZE`.
+defines `build(num_classes, image_size) -> Network` (it may leave off the loss; it is added;
+it may take `in_channels` too, for data that is not 3-channel) and may set `NATIVE_IMAGE_SIZE`.
 """
 from __future__ import annotations
 

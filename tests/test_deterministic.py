@@ -191,3 +191,20 @@ def test_the_train_command_refuses_it_in_one_line(capsys):
                  "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("minidnn: error: --deterministic")
+
+
+def test_the_step_model_counts_the_slices_gradient_temporaries():
+    """Under --deterministic a backward over several slices sums through one set of
+    gradient-sized temporaries (sum_in_slices): counted where temporaries are in the arena
+    (the GPU), even in one pass; none for a call of one slice."""
+    from minidnn.layers import Linear
+    from minidnn.memory.allocator import aligned
+    from minidnn.planner.costs import accumulation_bytes
+    fc = Linear(7)
+    fc.setup([(8, 5)])
+    grads = aligned(7 * 5 * 4) + aligned(7 * 4)
+    assert accumulation_bytes(fc, "backward", 1, None, 2, rows=8, in_arena=1) == grads
+    assert accumulation_bytes(fc, "backward", 1, None, 2, rows=8, in_arena=0) == 0
+    assert accumulation_bytes(fc, "backward", 1, None, 8, rows=8, in_arena=1) == 0
+    assert accumulation_bytes(fc, "backward", 1, None, None, rows=8, in_arena=1) == 0
+    assert accumulation_bytes(fc, "forward", 1, None, 2, rows=8, in_arena=1) == 0

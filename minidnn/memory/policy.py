@@ -250,11 +250,9 @@ class Policy:
     description = ""
     plans = False
 
-    def bind(self, spec, device=None, whole_batch: bool = False) -> None:
-        """What the executor will run with (minidnn/decide.py): its StepSpec (spec.py), the
-        device, and whether the network keeps one pass (whole_batch: it normalizes with the
-        whole batch's statistics and nothing allows a split). A policy that does not plan
-        needs none of it."""
+    def bind(self, spec, device=None) -> None:
+        """What the executor will run with (minidnn/decide.py): its StepSpec (spec.py) and
+        the device. A policy that does not plan needs neither."""
 
     def decide(self, plan: LivenessPlan, budget: int | None = None) -> MemoryDecision:
         raise NotImplementedError

@@ -238,17 +238,26 @@ def transient_bytes(layer, phase: str) -> int:
     return 0
 
 
-def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None) -> int:
+def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None,
+                       batch_slice: int | None = None, rows: int = 0, in_arena: int = 1) -> int:
     """In a step of several micro-batches, a backward after the first writes its parameter
     gradients into temporaries, all of them at once, and adds them to the accumulated ones
     (executor.py); so does the backward of every piece of a layer chunk but the last (the
     first to run backward: piece (j, p) of a chunk node, minidnn/chunks.py). Those come out
-    of the device allocator on every device, one aligned block per gradient."""
-    adds = micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1)
-    if phase != "backward" or not adds:
+    of the device allocator on every device, one aligned block per gradient.
+
+    Under --deterministic (batch_slice: the images of a slice) a backward over more rows
+    than one slice sums its slices' gradients through one such set of temporaries too
+    (layers/slices.sum_in_slices; rows: the call's images), made by the array module: in the
+    device allocator where temporaries are (in_arena 1: the GPU's arena), not on the CPU
+    (0)."""
+    if phase != "backward":
         return 0
-    return sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
-               for p in layer.params.values())
+    grads = sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
+                for p in layer.params.values())
+    if micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1):
+        return grads
+    return in_arena * grads if batch_slice is not None and rows > batch_slice else 0
 
 
 def optimizer_transient_bytes(net) -> int:

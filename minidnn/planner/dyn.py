@@ -79,31 +79,24 @@ class DynPolicy(Policy):
         self.source = ProfileSource(profile=profile, gpu=gpu, device=device, **source)
         self.options = DynOptions(**options)
         self.spec = None
-        self.whole_batch = False
         self.result = None
         self.split = None
         self.remeasured = None   # the chosen count planned again from its own measured profile
 
-    def bind(self, spec, device=None, whole_batch: bool = False) -> None:
+    def bind(self, spec, device=None) -> None:
         """What the executor the decision is for will run with (minidnn/decide.py calls this
-        before `decide`): its StepSpec, the device to profile (a device given at
-        construction stays), and whether the network keeps one pass."""
-        self.spec, self.whole_batch = spec, bool(whole_batch)
+        before `decide`): its StepSpec and the device to profile (a device given at
+        construction stays). A network that normalizes with the whole batch keeps one pass
+        unless the spec allows a split (planning.step_counts)."""
+        self.spec = spec
         if device is not None and self.source.device is None:
             self.source.device = device
-
-    def profile_at(self, net, batch: int, pass_batch: int, relu_bits=frozenset(), maps=None):
-        """The Profile of one pass of `pass_batch` images of a step of `batch`
-        (ProfileSource.pass_profile)."""
-        return self.source.pass_profile(net, batch, pass_batch, relu_bits, maps)
 
     def _spec_for(self, plan, budget):
         """The spec to plan: the bound one, or one of the plan's batch; with the budget
         asked for."""
         from ..spec import StepSpec
         spec = self.spec or StepSpec(batch=plan.batch)
-        if self.whole_batch and spec.micro_batches is None:
-            spec = spec.replace(micro_batches=1)
         return spec.replace(memory_budget=budget)
 
     def decide(self, plan, budget=None):

@@ -43,6 +43,9 @@ class ProfileSource:
     log: object = None
     refresh: bool = False
     host_link_gbps: float | None = None
+    # Profiles made so far, by (network, batch, bit-mask ReLUs, maps): each pass batch and
+    # the least budget ask for the step's profile again (and `refresh` measures only once).
+    _made: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def measures(self) -> bool:
@@ -55,6 +58,12 @@ class ProfileSource:
         if self.profile is not None:
             self.profile.check_matches(net, batch, relu_bits)
             return self.profile
+        key = (net, int(batch), frozenset(relu_bits), maps)
+        if key not in self._made:
+            self._made[key] = self._make(net, batch, relu_bits, maps)
+        return self._made[key]
+
+    def _make(self, net, batch: int, relu_bits, maps):
         if self.gpu is not None:
             from .gpus import analytic_profile
             return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)

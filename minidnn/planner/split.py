@@ -193,7 +193,7 @@ def plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts=None
     # freed by reference counting, so the cyclic collector only costs time here (collector.py).
     with collector_paused():
         return _plan_split(net, batch, profile_at, budget, lookaheads, counts, chunks,
-                           options, batch_slice)
+                           dict(options, batch_slice=batch_slice), batch_slice)
 
 
 def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, chunks,
@@ -407,6 +407,7 @@ def least_budget(net, batch: int, profile_at, budget: int, lookaheads, counts=No
     they may help, and at the lookahead its count chose; this measures, as a budget below
     the least does, every count at each lookahead plan_split tries and every chunk it
     weighs at the least lookahead, and plans none of them."""
+    options = dict(options, batch_slice=batch_slice)   # the step model counts its sums
     with collector_paused():
         profile_of, found = _counts_to_weigh(batch, profile_at, counts, chunks, batch_slice)
         tried = _first_lookaheads(net, found[0].batch, lookaheads, options)

@@ -80,7 +80,8 @@ class PlanOptions:
     fragmentation; recompute: the planner may drop maps after forward and run their layers
     again in backward (False: offload only); steps: back-to-back steps simulated (>= 2);
     replay: later steps replayed from the first's log; shortlist and max_evaluations: the
-    search's limits (search.Planner)."""
+    search's limits (search.Planner); batch_slice: under --deterministic, the images of a
+    slice (layers/slices.py; None: not deterministic)."""
     momentum: bool = True
     input_batches: int = 2
     reserve: float = DEFAULT_RESERVE
@@ -89,6 +90,7 @@ class PlanOptions:
     replay: bool = True
     shortlist: int = 6
     max_evaluations: int = 400
+    batch_slice: int | None = None
 
 
 _PASS_WORDS = {"budget": "memory_budget", "prefetch_lookahead": "prefetch_lookahead",
@@ -291,7 +293,10 @@ class StepModel:
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
-                           + accumulation_bytes(node.layer, phase, k, node.piece)
+                           + accumulation_bytes(node.layer, phase, k, node.piece,
+                                                options.batch_slice,
+                                                batch // node.piece[1] if node.piece else batch,
+                                                counted)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks

@@ -160,11 +160,6 @@ class StepSpec:
         return ", ".join(f"{f.name} {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
                          for f in fields(self) if getattr(self, f.name) != getattr(other, f.name))
 
-    @property
-    def policy_name(self) -> str:
-        """The memory policy's name ('none', 'dyn', ...)."""
-        return self.policy if isinstance(self.policy, str) else self.policy.name
-
     def check_network(self, net) -> None:
         """The checks that need the network: a forced micro-batch count splits a network with
         whole-batch statistics only when allowed, and the forced layer chunks are runs the

@@ -8,7 +8,8 @@ input), in one call:
                      scored after every epoch
   minidnn-budget     optional (--budget-fraction F): the same run under --memory-budget F x the
                      first run's peak, --policy dyn
-  pytorch-eager      the same network translated layer by layer into torch.nn (torch_twin),
+  pytorch-eager      the same network translated layer by layer into torch.nn
+                     (bench_vs_pytorch.torch_copy),
                      channels_last, the same initial weights (minidnn's state_dict: PyTorch's
                      layouts), fed the very batches minidnn's loader makes (same order, same
                      augmentation), SGD with the same per-step learning rates and
@@ -123,13 +124,6 @@ def run_minidnn(label: str, cfg: TrainConfig) -> dict:
 
 
 # ---- PyTorch -----------------------------------------------------------------------------------
-def torch_twin(net):
-    """A torch.nn.Module computing minidnn Network `net` (loss left out) with its weights:
-    bench_vs_pytorch's translation of the network graph (branches and joins included)."""
-    from bench_vs_pytorch import torch_copy
-    return torch_copy(net)
-
-
 def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool) -> dict:
     """PyTorch on the batches minidnn's loader makes, channels_last, eager or compiled."""
     import torch
@@ -146,7 +140,8 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
     net = models.build(model_name, num_classes=10, image_size=recipe["image_size"],
                        in_channels=sources.train.image_shape[0])
     net.init_params(args.seed)             # what minidnn's executor does with the same seed
-    model = torch_twin(net).to(device).to(memory_format=torch.channels_last).train()
+    from bench_vs_pytorch import torch_copy
+    model = torch_copy(net).to(device).to(memory_format=torch.channels_last).train()
     batch = recipe["batch"]
     per_epoch = len(sources.train) // batch
     total = recipe["epochs"] * per_epoch

@@ -40,6 +40,10 @@ KINDS = ("challenge", "hello", "welcome", "refused", "data", "abort")
 DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool")
 
 
+class PeerClosed(CollectiveError):
+    """The peer closed the connection before a whole message came."""
+
+
 class FrameError(CollectiveError):
     """A frame that is not what the receiver expects (see the module docstring)."""
 
@@ -132,10 +136,10 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from sock (CollectiveError when the peer closes first)."""
+    """Fill `view` from sock (PeerClosed when the peer closes first)."""
     got, n = 0, view.nbytes
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise CollectiveError("connection closed")
+            raise PeerClosed("connection closed")
         got += k

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import CollectiveError, ConfigError
+from .frames import PeerClosed
 from .handshake import HELLO_TIMEOUT_S, Refused, admit, join, new_secret, require_secret, \
     secret_from_env
 
@@ -251,12 +252,13 @@ def _connect(world, address, deadline, timeout) -> socket.socket:
             sock.close()
             raise CollectiveError(f"rank {world.rank}: lost the connection to rank 0 at "
                                   f"{host}:{port} while meeting it ({e})") from None
-        except CollectiveError as e:
+        except PeerClosed:
             sock.close()
-            if str(e) == "connection closed":
-                raise CollectiveError(f"rank {world.rank}: rank 0 at {host}:{port} closed the "
-                                      f"connection while meeting this rank (see rank 0's "
-                                      f"error)") from None
+            raise CollectiveError(f"rank {world.rank}: rank 0 at {host}:{port} closed the "
+                                  f"connection while meeting this rank (see rank 0's "
+                                  f"error)") from None
+        except CollectiveError:
+            sock.close()
             raise
         return sock
     raise CollectiveError(f"rank {world.rank}: cannot reach rank 0 at {host}:{port} within "

@@ -20,6 +20,7 @@ import contextlib
 import numpy as np
 
 from ..backend import get_array_module
+from . import mapformat
 from .mapformat import pointwise_views
 
 # Largest temporary (in elements) an op builds per batch chunk: 64 MiB of float32. One image
@@ -28,7 +29,7 @@ TEMP_BUDGET = 1 << 24
 
 #: The ops that take bf16 feature maps themselves (mixed precision). None here: on the CPU a
 #: layer sees bf16 maps widened to float32 and rounds its outputs (layers/precision.py).
-BF16_OPS = frozenset()
+BF16_OPS = mapformat.BF16_OPS["cpu"]
 
 
 def shared_weight_copies():

@@ -77,14 +77,15 @@ class Augment:
             out["flips"] = rng.random(n) < 0.5
         return out
 
-    def apply(self, x: np.ndarray, draws: dict, fill: float = 0.0) -> np.ndarray:
+    def apply(self, x: np.ndarray, draws: dict, fill=0.0) -> np.ndarray:
         """x float32 (n, C, H, W) augmented by `draws` (see draw; their rows match x's); a
-        new array."""
+        new array. fill: what a crop pads with, a float or one value per channel (C, 1, 1)."""
         out = np.array(x, copy=True)
         n, _, h, w = x.shape
         if self.crop_padding:
             p = self.crop_padding
-            padded = np.full(x.shape[:2] + (h + 2 * p, w + 2 * p), fill, dtype=x.dtype)
+            padded = np.empty(x.shape[:2] + (h + 2 * p, w + 2 * p), dtype=x.dtype)
+            padded[...] = fill     # broadcast: a channel's value over its whole plane
             padded[:, :, p:p + h, p:p + w] = x
             for i, (top, left) in enumerate(draws["offsets"]):
                 out[i] = padded[i, :, top:top + h, left:left + w]

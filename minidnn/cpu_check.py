@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from .errors import ConfigError, HostMemoryError, fmt_bytes
+from .planner.profile import DEFAULT_REPEATS
 
 #: Longest whole run (seconds) and longest single step allowed on the CPU without `force`.
 MAX_RUN_S = 3600.0
@@ -34,8 +35,6 @@ MAX_STEP_S = 300.0
 #: first or fail at the second are decided without measuring.
 FASTEST_CPU_FLOPS = 2e12
 SLOWEST_CPU_FLOPS = 1e9
-#: Timed calls a profile makes of each layer (planner/profile.py: one warm-up, two repeats).
-PROFILE_CALLS = 3
 
 
 def step_flops(net, batch: int) -> float:
@@ -67,7 +66,8 @@ def check_cpu_time(net, batch: int, steps: int, policy: str, rate=measured_cpu_f
     take more than MAX_RUN_S, or one step more than MAX_STEP_S. rate(): this CPU's FLOP/s,
     called only when the fastest and slowest rates disagree."""
     flops = step_flops(net, batch)
-    calls = steps + (PROFILE_CALLS if policy == "dyn" else 0)
+    # dyn's profile calls each layer once to warm up, then DEFAULT_REPEATS times (profile.py)
+    calls = steps + (1 + DEFAULT_REPEATS["cpu"] if policy == "dyn" else 0)
 
     def too_long(flops_per_s):
         return flops / flops_per_s > MAX_STEP_S or flops * calls / flops_per_s > MAX_RUN_S
@@ -87,12 +87,17 @@ def check_cpu_time(net, batch: int, steps: int, policy: str, rate=measured_cpu_f
         f"(--device gpu); --force runs it anyway")
 
 
+def _weights_bytes(net) -> int:
+    """Parameters, their gradients and momentum: three arrays of every parameter's size."""
+    return 3 * net.num_params() * net.dtype.itemsize
+
+
 def cpu_step_bytes(net, batch: int, micro_batches: int | None = None) -> int:
     """Host bytes a CPU training step without a budget holds at its peak: parameters,
     gradients and momentum, the feature maps alive at the liveness peak of a pass, and the
     input batch."""
     from .memory.plan import LivenessPlan
-    params = 3 * net.num_params() * net.dtype.itemsize
+    params = _weights_bytes(net)
     passes = micro_batches or 1
     maps = LivenessPlan(net, max(1, batch // passes)).liveness_peak_bytes()
     inputs = batch * int(np.prod(net.input_shape)) * net.dtype.itemsize
@@ -102,7 +107,7 @@ def cpu_step_bytes(net, batch: int, micro_batches: int | None = None) -> int:
 def profile_bytes(net, batch: int) -> int:
     """Host bytes dyn's profiling holds at most: parameters, gradients and momentum, and one
     layer's inputs, outputs and their gradients at the whole batch."""
-    params = 3 * net.num_params() * net.dtype.itemsize
+    params = _weights_bytes(net)
     rows = net.summary_rows(batch)
     out_bytes = {row["name"]: row["bytes"] for row in rows}
     data = batch * int(np.prod(net.input_shape)) * net.dtype.itemsize

@@ -33,10 +33,13 @@ from .errors import ConfigError, DataError
 
 
 class Dataset:
-    """Base of the datasets: indexable examples of one image shape."""
+    """Base of the datasets: indexable examples of one image shape. `fill`: the value of a
+    black pixel as get_batch gives it (0 where images are not normalised; a normalising
+    dataset sets its own, per channel (C, 1, 1) or one float), what a crop pads with."""
 
     num_classes: int
     image_shape: tuple
+    fill = 0.0
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -231,6 +234,7 @@ class ImageFolder(Dataset):
         self.image_shape = (3, self.size, self.size)
         self.mean = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+        self.fill = -self.mean / self.std        # black, normalised per channel
         self.classes = sorted(d for d in os.listdir(self.root) if not d.startswith(".")
                               and os.path.isdir(os.path.join(self.root, d)))
         if not self.classes:
@@ -333,6 +337,7 @@ class CIFAR10(Dataset):
         self.labels = np.concatenate(labels)
         self.mean = np.asarray(CIFAR_MEAN, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(CIFAR_STD, dtype=np.float32).reshape(3, 1, 1)
+        self.fill = -self.mean / self.std        # black, normalised per channel
 
     @staticmethod
     def _read(path: str):
@@ -430,7 +435,7 @@ class BatchLoader:
 
     augment: an augment.Augment applied to every batch in the loading thread, its draws
     seeded by (seed, AUGMENT_STREAM, step) for the whole batch (then cut to `rows`), padding
-    with the dataset's `fill` (its normalised black; 0 when it has none).
+    with the dataset's `fill` (its normalised black).
     """
 
     def __init__(self, dataset: Dataset, batch: int, seed: int = 0, shuffle: bool = True,
@@ -485,7 +490,7 @@ class BatchLoader:
         if self.augment:
             rng = np.random.default_rng([self.seed, AUGMENT_STREAM, int(step)])
             draws = {k: v[self.rows] for k, v in self.augment.draw(rng, len(indices)).items()}
-            x = self.augment.apply(x, draws, getattr(self.dataset, "fill", 0.0))
+            x = self.augment.apply(x, draws, self.dataset.fill)
         return x, y
 
     def _work(self) -> None:

@@ -53,14 +53,16 @@ def floors(layer, peak: float, map_bytes: int) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
+    from minidnn.kernels.mapformat import LAYOUTS, PRECISIONS
+    from minidnn.kernels.math_mode import MATH_MODES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--image-size", type=int, default=None)
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
-    ap.add_argument("--math", default="tf32", choices=("tf32", "fp32"))
-    ap.add_argument("--layout", default=None, choices=("nchw", "nhwc"))
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+    ap.add_argument("--math", default="tf32", choices=MATH_MODES)
+    ap.add_argument("--layout", default=None, choices=LAYOUTS)
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="feature maps in float32, or bf16 (mixed precision)")
     ap.add_argument("--top", type=int, default=15, help="costliest layers to list")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every layer's times")

@@ -39,9 +39,6 @@ sys.path.insert(0, ROOT)
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
 MODELS = ("vgg16", "resnet50", "googlenet", "alexnet", "overfeat")
-#: Networks whose BatchNorm layers normalize with the whole batch's statistics: also run with
-#: --split-batch-statistics, which lets dyn split their batch.
-BATCH_STATISTICS = ("resnet",)
 PEAK_TARGET = 0.03
 STEP_TARGET = 0.10
 #: What a budget error says about where it happened: in a layer call, or in the set-up.
@@ -324,11 +321,19 @@ def parse_args(argv=None):
     return opts
 
 
+def batch_statistics(model: str) -> bool:
+    """Has the network layers that normalize with the whole batch's statistics?"""
+    from minidnn import models
+    return bool(models.build(model, num_classes=10, image_size=None).batch_statistics_layers())
+
+
 def main(argv=None) -> int:
     opts = parse_args(argv)
     matrix = Matrix(opts)
     for model in opts.models:
-        splits = (False, True) if model.startswith(BATCH_STATISTICS) else (False,)
+        # A network that normalizes with the whole batch's statistics (BatchNorm) also runs
+        # with --split-batch-statistics, which lets dyn split its batch.
+        splits = (False, True) if batch_statistics(model) else (False,)
         for precision in opts.precisions:
             for split in splits:
                 if matrix.left_s() <= 0:

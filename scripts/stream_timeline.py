@@ -13,7 +13,7 @@ between the streams (the compute stream idle until a copy ends) drawn in red.
 The measured panel is read from a minidnn `--trace` file (Chrome trace format, written by
 minidnn/trace.py: one 'X' event per layer call on the compute stream, per copy on the offload
 and prefetch streams, each with its step in args); the predicted one is the `timeline` of
-`minidnn plan ARGS --json` (the step model, planner/simulate.py). Each panel has its own time
+`minidnn plan ARGS --json` (the step model, planner/step_model.py). Each panel has its own time
 axis: a CPU trace beside a GPU model differs by orders of magnitude, and the shapes are what
 compare. A measured step split into micro-batches shows each pass's calls one after the
 other; the step model's timeline (planner/timeline.py: timeline_data) keeps one call per layer

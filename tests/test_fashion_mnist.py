@@ -276,3 +276,15 @@ def test_recipe_errors_are_one_line(fmnist, capsys, argv, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("minidnn: error: ")
     assert message in err[0], err[0]
+
+
+def test_a_crop_pads_each_channel_with_its_own_black():
+    """A dataset normalised per channel (CIFAR-10, image folders) pads with its black of each
+    channel, (C, 1, 1); here a crop offset of 0 shows the padding rows."""
+    from minidnn.augment import Augment
+    aug = Augment.parse("crop:2")
+    x = np.ones((1, 3, 4, 4), np.float32)
+    fill = np.array([-1.0, -2.0, -3.0], np.float32).reshape(3, 1, 1)
+    out = aug.apply(x, {"offsets": [(0, 0)]}, fill)
+    for c in range(3):
+        assert (out[0, c, :2, :] == fill[c, 0, 0]).all() and (out[0, c, 2:, 2:] == 1).all()

@@ -29,8 +29,9 @@ raises instead of taking memory nobody planned. Called without a block (a layer 
 an executor), the copies come from the array module.
 
 A layer that computes only with kernel ops (`Layer.kernel_ops`) that all take bf16 maps
-themselves (the kernels' `BF16_OPS`: the GPU's convolutions, matrix products, ReLU, pooling,
-dropout) is called on the bf16 maps as they are: no widened copies, and cuDNN and cuBLAS run
+themselves (the kernels' `BF16_OPS`, kernels/mapformat.py: the GPU's convolutions, matrix
+products, ReLU, pooling, dropout, batch norm, LRN and two-input adds; Concat and BatchJoin
+only copy) is called on the bf16 maps as they are: no widened copies, and cuDNN and cuBLAS run
 bf16 tensor-core plans. Those kernels keep the same contract (float32 sums, each output
 rounded once) with two differences, both as PyTorch's autocast computes: a convolution's
 output is rounded before its bias is added (rounded again), and the weights a convolution

@@ -33,7 +33,7 @@ from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
 from .layers.draws import scratch_bytes
 from .layers.merge import BatchJoin
-from .layers.slices import check_split, deterministic_slice
+from .layers.slices import check_split
 from .memory.allocator import Allocator, CountingAllocator, aligned
 from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
@@ -120,7 +120,7 @@ class Assembly:
         self.micro_batch = self.batch // self.micro_batches  # images in one pass
         # Deterministic: sums over the batch in fixed slices, passes last to first
         # (layers/slices.py); BatchNorm with split statistics normalizes each slice.
-        self.batch_slice = deterministic_slice(self.batch) if spec.deterministic else None
+        self.batch_slice = spec.batch_slice
         if self.batch_slice is not None:
             check_split(self.batch, self.micro_batches, decision.chunks)
         self.statistics_slice = self.batch_slice if spec.split_batch_statistics else None

@@ -26,7 +26,7 @@ import numpy as np
 from .chunks import as_chunks, chunk_network, describe
 from .errors import ConfigError, parse_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
-from .layers.slices import check_split
+from .layers.slices import check_split, deterministic_slice
 
 
 def check_micro_batches(net, batch: int, micro_batches, allow_statistics: bool) -> int:
@@ -179,6 +179,12 @@ class StepSpec:
             raise ConfigError(f"layer chunks are planned: policy {policy.name!r} decides for "
                               f"the unchunked network ({describe(self.chunks)}); use the dyn "
                               f"policy (--policy dyn)")
+
+    @property
+    def batch_slice(self) -> int | None:
+        """Under --deterministic, the images of one slice the sums over the batch run in
+        (layers/slices.py); None otherwise."""
+        return deterministic_slice(self.batch) if self.deterministic else None
 
     def whole_batch(self, net) -> bool:
         """Does a planning policy keep one pass because the network normalizes with the whole

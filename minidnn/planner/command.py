@@ -413,7 +413,7 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
                     prefetch_lookahead=1 if args.prefetch_lookahead is None
                     else args.prefetch_lookahead,
                     relu_bits=bool(args.relu_bits), precision=s["precision"],
-                    layout=s["layout"])
+                    layout=s["layout"], deterministic=s["deterministic"] or None)
     spec.check_network(net)
     spec.check_policy(get_policy(s["policy"]))
     stats = net.batch_statistics_layers()

@@ -17,7 +17,6 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..layers.slices import deterministic_slice
 from .split import SplitOption, SplitPlan, least_budget, plan_split
 
 
@@ -140,7 +139,7 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
     relu_bits = options.get("relu_bits", frozenset())
     counts = step_counts(net, spec)
     # Under deterministic mode every pass and chunk piece is whole slices (layers/slices.py).
-    batch_slice = deterministic_slice(batch) if spec.deterministic else None
+    batch_slice = spec.batch_slice
     scaled = partial(source.pass_profile, net, batch, relu_bits=relu_bits, maps=maps)
     split = plan_split(net, batch, scaled, budget, lookaheads, counts=counts,
                        chunks=spec.chunks, batch_slice=batch_slice, maps=maps, **options)

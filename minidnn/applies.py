@@ -24,6 +24,10 @@ def refuse_unused_flags(cfg, given=()) -> None:
         raise ConfigError(f"--host-link-gbps is the copy speed --policy dyn plans with; "
                           f"--policy {cfg.policy} makes no plan (use --policy dyn or drop the "
                           f"flag)")
+    if cfg.data == "synthetic" and str(cfg.augment or "none").strip() not in ("", "none"):
+        raise ConfigError(f"--augment {cfg.augment}: synthetic data is random pixels, drawn on "
+                          f"the GPU where there is one, past the loader that augments (drop the "
+                          f"flag, or train on a data set)")
 
 
 def device_warnings(cfg, device) -> list[str]:

@@ -482,7 +482,7 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
                 f"fewer than one batch of {cfg.batch}")
         run = _Loop(cfg, ex, opt, sources, start, pool,
                     dict(dataclasses.asdict(cfg), identity=identity,
-                         world_size=dp.size if dp else 1), log, stop, dp, recipe)
+                         world_size=dp.size if dp else 1), log, recipe, stop, dp)
 
         def report_now() -> dict:
             report = build_report(
@@ -543,8 +543,8 @@ class _Loop:
     """
 
     def __init__(self, cfg: TrainConfig, ex: Executor, opt, sources, start: int, pool,
-                 run_config: dict, log, stop: StopSignals | None = None, dp=None,
-                 recipe: Recipe | None = None):
+                 run_config: dict, log, recipe: Recipe, stop: StopSignals | None = None,
+                 dp=None):
         self.cfg, self.ex, self.net, self.opt = cfg, ex, ex.net, opt
         self.sources, self.start, self.pool = sources, start, pool
         self.run_config, self.log = run_config, log
@@ -575,7 +575,7 @@ class _Loop:
                 done = step + 1
                 last = done == cfg.steps
                 x, y = next(batches)
-                if self.recipe is not None and self.recipe.varies_lr:
+                if self.recipe.varies_lr:
                     self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):
                     ex.enable_trace(True, max_steps=1)
@@ -591,7 +591,7 @@ class _Loop:
                 if self.bar is not None:
                     self.bar.update(1)
                 pause = False
-                epoch = self.recipe.epoch_of(done) if self.recipe is not None else None
+                epoch = self.recipe.epoch_of(done)
                 if eval_ok and ((cfg.eval_every and done % cfg.eval_every == 0) or last
                                 or epoch is not None):
                     self.evaluate(done)
@@ -662,7 +662,7 @@ class _Loop:
             result = self.dp.combine_eval(result)
         result = dict(step=step, **result)
         self.evals.append(result)
-        epoch = self.recipe.epoch_of(step) if self.recipe is not None else None
+        epoch = self.recipe.epoch_of(step)
         if epoch is not None:
             # The epoch's line (end_epoch records it) says the epoch and the whole epoch's loss.
             return

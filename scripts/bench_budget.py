@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minidnn.chunks import describe as describe_chunks  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
-from benchlib import emit, run_worker  # noqa: E402
+from benchlib import emit, run_worker, warm_up  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
 
 
@@ -177,14 +177,10 @@ def torch_worker(spec: dict) -> dict:
             opt.step()
             return total_loss
 
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        if spec.get("compiled"):     # the first step compiles: paid once, timed apart
-            result["compile_s"] = time.perf_counter() - t0
-        for _ in range(max(spec["warmup"] - 1, 1 if spec.get("compiled") else 0)):
-            step()
-        torch.cuda.synchronize()
+        _, compile_s = warm_up(step, spec["warmup"], bool(spec.get("compiled")),
+                               torch.cuda.synchronize)
+        if compile_s is not None:
+            result["compile_s"] = compile_s
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         for _ in range(spec["steps"]):

@@ -49,7 +49,7 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
-from benchlib import emit, run_worker  # noqa: E402
+from benchlib import emit, run_worker, warm_up  # noqa: E402
 
 DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32", "resnet50:256:tf32")
 GiB = 1024 ** 3
@@ -355,11 +355,7 @@ def run_torch(name, batch, math, steps, warmup, profile=False, channels_last=Fal
         return loss.detach()
 
     t0 = time.perf_counter()
-    losses = [step()]
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0 if compiled else None
-    losses += [step() for _ in range(max(warmup - 1, 1 if compiled else 0))]
-    torch.cuda.synchronize()
+    losses, compile_s = warm_up(step, warmup, compiled, torch.cuda.synchronize)
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 PREFIX = "RESULT "
 
@@ -22,6 +23,23 @@ def parse(output: str) -> dict | None:
     """The result in a child's standard output, or None when it printed none."""
     line = next((ln for ln in output.splitlines() if ln.startswith(PREFIX)), None)
     return None if line is None else json.loads(line[len(PREFIX):])
+
+
+def warm_up(step, warmup: int, compiled: bool, synchronize) -> tuple[list, float | None]:
+    """Worker side: the untimed steps before the timed ones. A compiled step compiles in its
+    first call: that call is timed apart (paid once, in no timed step), and one more step
+    follows it whatever `warmup` says.
+
+    Returns:
+        (what each step returned, the seconds the first step took when `compiled`, else None).
+    """
+    t0 = time.perf_counter()
+    out = [step()]
+    synchronize()
+    compile_s = time.perf_counter() - t0 if compiled else None
+    out += [step() for _ in range(max(warmup - 1, 1 if compiled else 0))]
+    synchronize()
+    return out, compile_s
 
 
 def _text(stream) -> str:

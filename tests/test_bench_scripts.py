@@ -87,3 +87,12 @@ def test_a_layers_floor_is_its_bytes_or_its_flops():
     assert fwd == 2 * n * 2 / layer_times.HBM_BYTES_PER_S
     fwd, bwd = layer_times.floors(conv, layer_times.PEAK_FLOPS["tf32"], 4)
     assert fwd == conv.flops() / layer_times.PEAK_FLOPS["tf32"] and bwd == 2 * fwd
+
+
+def test_a_compiled_step_is_warmed_up_once_more_and_timed_apart():
+    calls = []
+    out, compile_s = benchlib.warm_up(lambda: calls.append(1) or len(calls), 0, True,
+                                      lambda: None)
+    assert out == [1, 2] and compile_s is not None and compile_s >= 0
+    out, compile_s = benchlib.warm_up(lambda: 7, 3, False, lambda: None)
+    assert out == [7, 7, 7] and compile_s is None

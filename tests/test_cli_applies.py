@@ -171,3 +171,10 @@ def test_the_plot_title_says_the_last_step(tmp_path, monkeypatch):
                       eval_every=0, eval_batches=1, progress=False,
                       plot=str(tmp_path / "m.png")), log=lambda *a: None)
     assert any("over step 3 " in t for t in titles), titles
+
+
+def test_augmenting_synthetic_data_is_refused(capsys):
+    code, out, err = cli(capsys, "train", "--model", "mlp", "--data", "synthetic",
+                         "--image-size", "16", "--batch", "4", "--steps", "1",
+                         "--augment", "flip", "--no-progress", "--device", "cpu")
+    assert code == 2 and "--augment flip: synthetic data" in one_error_line(err)

@@ -290,6 +290,47 @@ class ImageFolder(Dataset):
 
 # ---- CIFAR-10 ------------------------------------------------------------------------------------
 
+# ---- resizing a whole in-memory split once ---------------------------------------------------------
+
+#: The most bytes of resized uint8 images a split keeps (a split whose resized images would take
+#: more is resized batch by batch, as it is read). Fashion-MNIST's 60,000 training images at
+#: 56x56 take 188 MB: resized once at the first batch (about 2 s), then every batch is a slice.
+RESIZED_CACHE_BYTES = 1 << 30
+
+
+def _resize_images(images, size: int):
+    """Bilinear resize (Pillow's) of uint8 images (n, H, W) or (n, H, W, C) to (n, size, size)
+    or (n, size, size, C)."""
+    from PIL import Image
+    return np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR))
+                     for im in images])
+
+
+class _Resized:
+    """A split's uint8 images at `size` x `size`, resized once on first use when they fit in
+    RESIZED_CACHE_BYTES, else image by image for each batch: the same pixels either way.
+
+    images: uint8 (n, H, W) or (n, H, W, C) (channels last, as Pillow takes them)."""
+
+    def __init__(self, images, size: int):
+        self.images, self.size = images, int(size)
+        self._all = None
+        per_image = self.size * self.size * int(np.prod(images.shape[3:], dtype=np.int64))
+        self._cache = per_image * len(images) <= RESIZED_CACHE_BYTES
+        self._lock = threading.Lock()
+
+    def take(self, indices):
+        """uint8 images `indices` at the split's size."""
+        if self.images.shape[1:3] == (self.size, self.size):
+            return self.images[indices]
+        if not self._cache:
+            return _resize_images(self.images[indices], self.size)
+        with self._lock:                    # the loader's thread and an evaluation may race
+            if self._all is None:
+                self._all = _resize_images(self.images, self.size)
+        return self._all[indices]
+
+
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
@@ -335,6 +376,7 @@ class CIFAR10(Dataset):
             labels.append(lab)
         self.images = np.concatenate(images)          # uint8 (N, 3, 32, 32): 150 MB for train
         self.labels = np.concatenate(labels)
+        self._resized = _Resized(self.images.transpose(0, 2, 3, 1), self.size)
         self.mean = np.asarray(CIFAR_MEAN, dtype=np.float32).reshape(3, 1, 1)
         self.std = np.asarray(CIFAR_STD, dtype=np.float32).reshape(3, 1, 1)
         self.fill = -self.mean / self.std        # black, normalised per channel
@@ -367,11 +409,7 @@ class CIFAR10(Dataset):
 
     def get_batch(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
-        raw = self.images[indices]
-        if self.size != 32:
-            from PIL import Image
-            raw = np.stack([np.asarray(Image.fromarray(im.transpose(1, 2, 0)).resize(
-                (self.size, self.size), Image.BILINEAR)).transpose(2, 0, 1) for im in raw])
+        raw = self._resized.take(indices).transpose(0, 3, 1, 2)
         x = (raw.astype(np.float32) / np.float32(255.0) - self.mean) / self.std
         return np.ascontiguousarray(x, dtype=np.float32), self.labels[indices].copy()
 
@@ -395,6 +433,7 @@ class IDXImages(Dataset):
         self.images, self.labels = idx.read_split(self.root, self.train, name)
         self.num_classes = idx.NUM_CLASSES
         self.size = int(image_size)
+        self._resized = _Resized(self.images, self.size)
         self.image_shape = (1, self.size, self.size)
         mean, std = idx.PIXEL_STATS[name]
         self.mean, self.std = np.float32(mean), np.float32(std)
@@ -405,12 +444,7 @@ class IDXImages(Dataset):
 
     def get_batch(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
-        raw = self.images[indices]
-        if raw.shape[1:] != (self.size, self.size):
-            from PIL import Image
-            raw = np.stack([np.asarray(Image.fromarray(im).resize((self.size, self.size),
-                                                                  Image.BILINEAR))
-                            for im in raw])
+        raw = self._resized.take(indices)
         x = (raw.astype(np.float32) / np.float32(255.0) - self.mean) / self.std
         return np.ascontiguousarray(x[:, None], dtype=np.float32), self.labels[indices].copy()
 

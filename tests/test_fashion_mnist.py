@@ -79,6 +79,20 @@ def test_images_are_resized_for_networks_that_need_larger_inputs(fmnist):
     assert x.shape == (2, 1, 32, 32)
 
 
+def test_a_split_resized_once_gives_the_pixels_of_resizing_each_batch(fmnist, monkeypatch):
+    import minidnn.data as data
+    order = [5, 0, 3, 3, 1]
+    cached = IDXImages(fmnist, train=True, image_size=40).get_batch(order)
+    monkeypatch.setattr(data, "RESIZED_CACHE_BYTES", 0)        # too big to keep: per batch
+    each = IDXImages(fmnist, train=True, image_size=40)
+    assert not each._resized._cache
+    per_batch = each.get_batch(order)
+    assert each._resized._all is None
+    np.testing.assert_array_equal(cached[0], per_batch[0])
+    np.testing.assert_array_equal(cached[1], per_batch[1])
+    assert cached[0].shape == (5, 1, 40, 40)
+
+
 def corrupt(folder, name, data):
     path = os.path.join(folder, name)
     with open(path, "wb") as f:

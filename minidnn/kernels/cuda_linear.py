@@ -95,16 +95,19 @@ def _status(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with cuBLAS status {code}")
 
 
-def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, lda: int, b, ldb: int,
-          c, ldc: int) -> None:
+def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c) -> None:
     """Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), float32 sums; A, B bf16 (C bf16 or
-    float32) or all float32 (summed as set_math says); on CuPy's current stream."""
+    float32) or all float32 (summed as set_math says); on CuPy's current stream.
+
+    a, b, c: C-contiguous 2-D arrays, which cuBLAS reads as column-major matrices of their
+    transposed shape: each one's leading dimension is its last axis."""
     bind_stream(cp.cuda.get_current_stream().ptr)
     compute = _float32_compute["type"] if a.dtype == np.float32 else _COMPUTE_32F
     _status(_cublas().cublasGemmEx(
         cp.cuda.device.get_cublas_handle(), int(trans_a), int(trans_b), m, n, k,
-        _ONE.ctypes.data, a.data.ptr, _cuda_type(a), lda, b.data.ptr, _cuda_type(b), ldb,
-        _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), ldc, compute, _GEMM_DEFAULT), "cublasGemmEx")
+        _ONE.ctypes.data, a.data.ptr, _cuda_type(a), a.shape[-1], b.data.ptr, _cuda_type(b),
+        b.shape[-1], _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), c.shape[-1], compute,
+        _GEMM_DEFAULT), "cublasGemmEx")
 
 
 def _check(*arrays) -> None:
@@ -123,7 +126,7 @@ def linear_forward(x, w, b, y) -> None:
     """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""
     if x.dtype == np.float32 and _dense(x, w, y):
         (n, k), out = x.shape, w.shape[0]
-        _gemm(True, False, out, n, k, w, k, x, k, y, out)     # as below, with w itself
+        _gemm(True, False, out, n, k, w, x, y)     # as below, with w itself
         if b is not None:
             y += b
         return
@@ -134,7 +137,7 @@ def linear_forward(x, w, b, y) -> None:
     (n, k), out = x.shape, w.shape[0]
     y32 = cp.empty(y.shape, dtype=np.float32)
     # y^T (out, N) = w16 (in, out)^T @ x^T (in, N)
-    _gemm(True, False, out, n, k, weights_in(w, x.dtype), k, x, k, y32, out)
+    _gemm(True, False, out, n, k, weights_in(w, x.dtype), x, y32)
     if b is not None:
         y32 += b
     float_to_bf16(y32, y)
@@ -150,12 +153,12 @@ def linear_backward(x, gy, w, gw, gb, gx) -> None:
     _check(x, gy, w, gw, gx)
     (n, k), out = x.shape, w.shape[0]
     # gw^T (in, out) = x^T (in, N) @ gy (N, out), straight into float32 gw
-    _gemm(False, True, k, out, n, x, k, gy, out, gw, k)
+    _gemm(False, True, k, out, n, x, gy, gw)
     if wide:
         if gb is not None:
             gy.sum(axis=0, out=gb)
         if gx is not None:
-            _gemm(False, False, k, n, out, w, k, gy, out, gx, k)
+            _gemm(False, False, k, n, out, w, gy, gx)
         return
     if gb is not None:
         gy32 = cp.empty(gy.shape, dtype=np.float32)
@@ -163,4 +166,4 @@ def linear_backward(x, gy, w, gw, gb, gx) -> None:
         gy32.sum(axis=0, out=gb)
     if gx is not None:
         # gx^T (in, N) = w16^T (in, out) @ gy^T (out, N)
-        _gemm(False, False, k, n, out, weights_in(w, gy.dtype), k, gy, out, gx, k)
+        _gemm(False, False, k, n, out, weights_in(w, gy.dtype), gy, gx)

@@ -42,6 +42,8 @@ import contextlib
 import traceback
 import warnings
 
+import numpy as np
+
 from .memory.arena import Arena
 from .memory.graph_pool import GraphPool
 
@@ -230,20 +232,19 @@ class DeviceInputs:
     """
 
     def __init__(self, device, x_shape):
-        import numpy as np
         self.device = device
         with device.compute:
             self.x = device.xp.empty(tuple(x_shape), np.float32)
             self.labels = device.xp.empty(int(x_shape[0]), np.int64)
 
     def __call__(self, x, labels):
-        """(x, labels) copied into the device arrays; a batch of another shape or dtype (none
-        in a run: every batch has the run's) is passed on as it is."""
-        if getattr(x, "shape", None) != self.x.shape or x.dtype != self.x.dtype or \
-                getattr(labels, "shape", None) != self.labels.shape or \
-                labels.dtype != self.labels.dtype:
+        """(x, labels) copied into the device arrays; anything but NumPy arrays of the run's
+        shapes and dtypes (none in a run: every batch of the loader is) is passed on as it
+        is."""
+        if not all(isinstance(a, np.ndarray) and a.shape == d.shape and a.dtype == d.dtype
+                   for a, d in ((x, self.x), (labels, self.labels))):
             return x, labels
         stream = self.device.compute
-        self.x.set(x, stream=stream)
+        self.x.set(x, stream=stream)      # from pageable memory: staged before set returns
         self.labels.set(labels, stream=stream)
         return self.x, self.labels

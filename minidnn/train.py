@@ -573,7 +573,7 @@ class _Loop:
     StopSignals of the run; a signal ends the loop between two steps (Interrupted).
     """
 
-    def __init__(self, parts: "LoopParts", run_config: dict, log,
+    def __init__(self, parts: LoopParts, run_config: dict, log,
                  stop: StopSignals | None = None):
         self.cfg, self.ex, self.net, self.opt = parts.cfg, parts.ex, parts.ex.net, parts.opt
         self.sources, self.start, self.pool = parts.sources, parts.start, parts.pool

@@ -107,12 +107,6 @@ __global__ void sgd_update(const Chunk* __restrict__ chunks, const T* __restrict
         if (MOM) v[i] = m;
     }
 }
-
-// The learning rate of the next launches, each dtype's rounding of it made on the host.
-__global__ void write_rate(float* rate32, double* rate64, float lr32, double lr64) {
-    *rate32 = lr32;
-    *rate64 = lr64;
-}
 """
 
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -124,7 +118,7 @@ def _kernel_name(ctype: str, weight_decay: bool, momentum: bool) -> str:
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=[
     _kernel_name(ctype, wd, mom) for ctype in _CTYPES.values()
-    for wd in (False, True) for mom in (False, True)] + ["write_rate"])
+    for wd in (False, True) for mom in (False, True)])
 
 _THREADS = 256
 #: Values per chunk (one block each): 32 iterations of a thread over float vectors, enough
@@ -150,11 +144,11 @@ class DeviceRate:
         self.alone = False
 
     def write(self, lr: float) -> None:
-        """Set the rate of the next launches, on the current stream (one launch)."""
+        """Set the rate of the next launches, on the current stream (a fill per dtype, the
+        value rounded on the host as the reference rounds it)."""
         lr = float(lr)
-        _module.get_function("write_rate")(
-            (1,), (1,), (self.arrays[np.dtype(np.float32)], self.arrays[np.dtype(np.float64)],
-                         np.float32(lr), np.float64(lr)))
+        for dtype, array in self.arrays.items():
+            array.fill(dtype.type(lr))
         self.value = lr
 
 

@@ -184,3 +184,30 @@ def test_a_scheduled_gpu_run_replays_its_graph_to_the_bits_of_plain_steps(tmp_pa
     assert replayed["loss"] == plain["loss"]
     assert replayed["param_checksum"] == plain["param_checksum"]
     assert [r["accuracy"] for r in replayed["epochs"]] == [r["accuracy"] for r in plain["epochs"]]
+
+
+@pytest.mark.gpu
+def test_a_captured_fused_update_replays_with_the_rate_written_before_each_launch():
+    cp = pytest.importorskip("cupy")
+    from minidnn.kernels import cpu, cuda_sgd
+    rng = np.random.default_rng(2)
+    host = [tuple(rng.standard_normal(n).astype(dtype) for _ in range(3))
+            for n, dtype in ((5, np.float32), (1000, np.float32), (77, np.float64))]
+    stream = cp.cuda.Stream(non_blocking=True)
+    cache = {}
+    with stream:
+        device = [tuple(cp.asarray(a) for a in triple) for triple in host]
+        cuda_sgd.sgd_update(device, 0.1, 0.9, 5e-4, cache=cache)   # plain: table and rate made
+        cpu.sgd_update(host, 0.1, 0.9, 5e-4)
+        stream.begin_capture(cp.cuda.runtime.streamCaptureModeRelaxed)
+        cuda_sgd.sgd_update(device, 0.1, 0.9, 5e-4, cache=cache)
+        graph = stream.end_capture()
+        assert cache[SGD_RATE].alone
+        for lr in SCHEDULE.lr_at(0), SCHEDULE.lr_at(5), 0.2:
+            cache[SGD_RATE].write(lr)
+            graph.launch(stream)
+            cpu.sgd_update(host, lr, 0.9, 5e-4)
+    stream.synchronize()
+    for on_device, on_host in zip(device, host):
+        for a, b in zip(on_device, on_host):
+            assert cp.asnumpy(a).tobytes() == b.tobytes()

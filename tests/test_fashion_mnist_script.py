@@ -18,7 +18,9 @@ def load_script():
     return SimpleNamespace(**runpy.run_path(path, run_name="fashion_mnist_vs_pytorch"))
 
 
-def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_path, capsys):
+def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_path, capsys,
+                                                                        monkeypatch):
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))   # the budget run's profile
     script = load_script()
     folder = make_data(tmp_path / "fmnist")
     out = tmp_path / "out"

@@ -31,7 +31,7 @@ accuracy per epoch, every run of the model in one figure).
     python3 scripts/fashion_mnist_vs_pytorch.py --data fashion-mnist:/data/fashion-mnist
     python3 scripts/fashion_mnist_vs_pytorch.py --models tiny_cnn --epochs 2 --train-limit 6000
     python3 scripts/fashion_mnist_vs_pytorch.py --no-torch --device cpu --models tiny_cnn \\
-        --epochs 1 --train-limit 256 --test-limit 64          # minidnn alone, on a CPU
+        --epochs 1 --train-limit 256 --test-limit 64 --budget-fraction 0   # minidnn alone, CPU
 
 --train-limit / --test-limit: only the first N images of each split (written as IDX files into
 the output folder, so that minidnn reads them like the full set). PyTorch is imported only in

@@ -30,6 +30,7 @@ from .errors import MinidnnError, fmt_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .kernels.math_mode import MATH_MODES
 from .applies import refuse_unused_flags
+from .recipe import AUTO, EVAL_BATCHES_OF_STEPS, EVAL_EVERY_OF_STEPS
 from .train import Interrupted, TrainConfig
 
 
@@ -169,11 +170,12 @@ def _add_output_arguments(t, d: TrainConfig) -> None:
     """`train`: evaluation, checkpoints, the report and the other files a run writes."""
     t.add_argument("--eval-every", type=argtypes.count, default=None, metavar="N",
                    help=f"evaluate on held-out data every N steps and at the end; 0: only at "
-                        f"the end (default {d.eval_every}; with --epochs 0, as every epoch "
-                        f"ends with one)")
+                        f"the end (default {EVAL_EVERY_OF_STEPS}; with --epochs 0, as every "
+                        f"epoch ends with one)")
     t.add_argument("--eval-batches", type=_eval_batches, default=None, metavar="N|all",
                    help=f"held-out batches per evaluation; all: every held-out image, the "
-                        f"last partial batch too (default {d.eval_batches}; with --epochs all)")
+                        f"last partial batch too (default {EVAL_BATCHES_OF_STEPS}; with --epochs "
+                        f"all)")
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write a checkpoint here (atomically) at the end and every "
                         "--checkpoint-every steps")
@@ -254,18 +256,15 @@ def _add_recipe_arguments(t, d: TrainConfig) -> None:
 
 
 def _recipe_settings(args, d: TrainConfig) -> dict:
-    """TrainConfig fields of the recipe flags; --epochs and --steps exclude each other, and
-    --epochs evaluates every epoch on the whole held-out set unless told otherwise."""
+    """TrainConfig fields of the recipe flags; --epochs and --steps exclude each other.
+    Evaluation not given follows the run's length in TrainConfig (recipe.evaluation_defaults:
+    --epochs evaluates every epoch on the whole held-out set)."""
     if args.epochs is not None and args.steps is not None:
         raise UsageError(f"--epochs {args.epochs} and --steps {args.steps}: give one of them")
-    by_epochs = args.epochs is not None
-    eval_batches = args.eval_batches
-    if eval_batches is None:
-        eval_batches = "all" if by_epochs else d.eval_batches
+    eval_batches = AUTO if args.eval_batches is None else args.eval_batches
     return dict(
         steps=d.steps if args.steps is None else args.steps, epochs=args.epochs,
-        eval_every=(0 if by_epochs else d.eval_every) if args.eval_every is None
-        else args.eval_every,
+        eval_every=AUTO if args.eval_every is None else args.eval_every,
         eval_batches=None if eval_batches == "all" else eval_batches,
         lr_schedule=args.lr_schedule, lr_warmup_steps=args.warmup_steps,
         lr_warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing,

@@ -19,6 +19,11 @@ array operation at a time; kernels/cuda_sgd.py: all parameters of a dtype in one
 the same bits). The optimizer takes the kernel module of its device (`kernels=ex.kernels`;
 by default the one of the parameters' array module). The first step
 with momentum, which has no buffer yet (v = g), runs here, one operation at a time.
+
+The learning rate on the GPU. The fused kernel reads the rate from device memory (the
+kernels' DeviceRate, kept in the optimizer's launch cache), so a step replayed from a CUDA
+graph (minidnn/step_graph.py) runs at the rate a schedule set for it: the graph does not
+depend on the rate (graph_key leaves it out), and `write_lr()` writes it before each replay.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import numpy as np
 from .backend import get_array_module, to_numpy
 from .errors import CheckpointError, ConfigError
 from .kernels import cpu as _cpu_kernels
+from .kernels.cpu import SGD_RATE
 from .kernels.mapformat import layout_of, shaped
 
 
@@ -58,12 +64,25 @@ class SGD:
         """The learning rate of the next steps (a schedule sets it before each step)."""
         self.lr = float(lr)
 
+    def write_lr(self) -> None:
+        """Write the learning rate where the GPU's update reads it (its DeviceRate), on the
+        current stream: what a step replayed from a CUDA graph needs before its launch (a
+        plain step writes it itself). Nothing to do on the CPU, or before the first step."""
+        rate = self._launches.get(SGD_RATE)
+        if rate is not None:
+            rate.write(self.lr)
+
     def graph_key(self) -> tuple:
         """What an update replayed from a CUDA graph depends on (minidnn/step_graph.py): the
-        settings, and where every weight, gradient and momentum buffer lies."""
-        return (self.lr, self.momentum, self.weight_decay,
-                tuple((p.data.data.ptr, p.grad.data.ptr) for _, p in self.params),
-                tuple(v.data.ptr for v in self.velocity.values()))
+        momentum and weight decay, and where every weight, gradient and momentum buffer lies.
+        Not the learning rate, which the kernel reads from device memory (write_lr), unless
+        the last update took some parameter through the reference's operations, which are
+        captured with the host's number."""
+        rate = self._launches.get(SGD_RATE)
+        lr = () if rate is not None and rate.alone else (self.lr,)
+        return lr + (self.momentum, self.weight_decay,
+                     tuple((p.data.data.ptr, p.grad.data.ptr) for _, p in self.params),
+                     tuple(v.data.ptr for v in self.velocity.values()))
 
     def _take_slot(self, name: str, like):
         """(array, buffer): a momentum buffer from the allocator, shaped and laid out in

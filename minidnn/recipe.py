@@ -8,6 +8,11 @@ smoothing and augmentation, resolved once the training set's size is known.
 An epoch is floor(train_size / batch) steps: the batch loader draws a new permutation of the
 training set every that many steps and leaves the remainder of each out (see data.BatchLoader),
 so every epoch sees each image at most once. Warm-up given in epochs becomes steps the same way.
+
+Evaluation follows the run's length unless told (`evaluation_defaults`, which `train` applies
+to every TrainConfig, so the CLI and the Python API agree): a run in steps scores
+EVAL_BATCHES_OF_STEPS held-out batches every EVAL_EVERY_OF_STEPS steps; a run in epochs
+scores the whole held-out set at the end of every epoch and nowhere else.
 """
 from __future__ import annotations
 
@@ -17,6 +22,26 @@ from .augment import Augment
 from .errors import ConfigError
 from .layers.loss import SoftmaxCrossEntropy, check_label_smoothing
 from .lr_schedule import SCHEDULES, LRSchedule
+
+
+#: TrainConfig's eval_every and eval_batches when they follow the run's length.
+AUTO = "auto"
+#: The evaluation of a run counted in steps, unless told: every this many steps ...
+EVAL_EVERY_OF_STEPS = 50
+#: ... on this many held-out batches.
+EVAL_BATCHES_OF_STEPS = 8
+
+
+def evaluation_defaults(cfg) -> dict:
+    """The TrainConfig fields eval_every and eval_batches of `cfg` with AUTO resolved by the
+    run's length: EVAL_EVERY_OF_STEPS and EVAL_BATCHES_OF_STEPS for a run in steps; for one
+    in epochs (cfg.epochs not None) 0 (no evaluation but the one that ends each epoch) and
+    None (every held-out image). Values given are kept."""
+    by_epochs = cfg.epochs is not None
+    return {"eval_every": (0 if by_epochs else EVAL_EVERY_OF_STEPS)
+            if cfg.eval_every == AUTO else cfg.eval_every,
+            "eval_batches": (None if by_epochs else EVAL_BATCHES_OF_STEPS)
+            if cfg.eval_batches == AUTO else cfg.eval_batches}
 
 
 def check_recipe(cfg) -> None:

@@ -16,6 +16,8 @@ graph: one call on the host per step. Why a replay gives the plain step's bits:
   (memory/graph_pool.py), so nothing else is handed the addresses the graph writes;
 * dropout's keys, which change every step, are read from device memory when the draws run
   (kernels/cuda_random.StepKeys), and written before each replay as a plain step passes them;
+  so is the learning rate, which a schedule changes every step (the optimizer's write_lr:
+  kernels/cuda_sgd.DeviceRate);
 * the loss of each replay is copied to a slot of its own (a ring of LOSS_SLOTS), so a loss
   kept and read later is that step's.
 
@@ -39,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import traceback
 import warnings
+
+import numpy as np
 
 from .memory.arena import Arena
 from .memory.graph_pool import GraphPool
@@ -121,6 +125,7 @@ class StepGraphs:
         with stream:
             if self._keys is not None:
                 self._keys.fill(self.seed, step)
+            optimizer.write_lr()       # this step's rate, where the captured update reads it
             graph.launch(stream)
             self.replays += 1
             out = self._losses[self._turn]
@@ -141,8 +146,9 @@ class StepGraphs:
     @staticmethod
     def _key(x, labels, optimizer, dropout):
         """What a graph depends on: the inputs' addresses and shapes, the optimizer and its
-        settings, the addresses of every weight, gradient and momentum buffer. None when the
-        inputs are not device arrays (a host batch is copied in by the host)."""
+        settings (not the learning rate: SGD.graph_key), the addresses of every weight,
+        gradient and momentum buffer. None when the inputs are not device arrays (a host batch
+        is copied in by the host)."""
         import cupy as cp
         if not (isinstance(x, cp.ndarray) and isinstance(labels, cp.ndarray)):
             return None
@@ -207,3 +213,38 @@ def step_graphs(ex, setup) -> StepGraphs | None:
                    setup.plan.nodes[i].layer.random_draws(phase) is not None}
     return StepGraphs(setup.device, setup.allocator, ex._step, setup.seed, draw_layers,
                       setup.kernels.bind_libraries, setup.manager.ordered_by_streams)
+
+
+class DeviceInputs:
+    """The device copy of each host batch, always at the same addresses: a step reads its
+    inputs where its graph was captured, so batches from the data loader (host arrays, which
+    the executor would copy in itself, step by step, and which no graph can read) can be
+    replayed too.
+
+    Made before the executor, like a loader's buffers, so that they stay outside its arena.
+    Each batch is copied on the compute stream: after the step before has read the last one,
+    before this step's kernels.
+
+    Args:
+        device: a backend.Device (GPU).
+        x_shape: (batch, C, H, W) of the images (float32, data.Dataset's contract);
+            the labels are int64 (batch,).
+    """
+
+    def __init__(self, device, x_shape):
+        self.device = device
+        with device.compute:
+            self.x = device.xp.empty(tuple(x_shape), np.float32)
+            self.labels = device.xp.empty(int(x_shape[0]), np.int64)
+
+    def __call__(self, x, labels):
+        """(x, labels) copied into the device arrays; anything but NumPy arrays of the run's
+        shapes and dtypes (none in a run: every batch of the loader is) is passed on as it
+        is."""
+        if not all(isinstance(a, np.ndarray) and a.shape == d.shape and a.dtype == d.dtype
+                   for a, d in ((x, self.x), (labels, self.labels))):
+            return x, labels
+        stream = self.device.compute
+        self.x.set(x, stream=stream)      # from pageable memory: staged before set returns
+        self.labels.set(labels, stream=stream)
+        return self.x, self.labels

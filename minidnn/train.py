@@ -48,11 +48,12 @@ from .layers.loss import example_losses
 from .optim import SGD
 from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
 from .outputs import write_output
-from .recipe import Recipe, check_recipe
+from .recipe import AUTO, Recipe, check_recipe, evaluation_defaults
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import RunProgress, build_report, capture_steps, memory_figures, \
     steady_images_per_s, write_report
 from .spec import StepSpec
+from .step_graph import DeviceInputs
 
 #: Shapes are drawn at this size unless the model needs more (AlexNet: 55 at least).
 SHAPES_IMAGE_SIZE = 64
@@ -81,7 +82,8 @@ class TrainConfig:
     kernels (None: their default, tf32); deterministic: GPU algorithms that give the same bits
     every run. precision: 'fp32' or 'bf16' (mixed: bf16 feature maps, float32 weights and
     optimizer state; kernels/mapformat.py); layout: 'nchw' or 'nhwc' (GPU feature maps; None:
-    the device's default). eval_every / checkpoint_every 0: only at the end. overwrite: the
+    the device's default). eval_every / checkpoint_every 0: only at the end (eval_every
+    'auto': by the run's length, recipe.evaluation_defaults). overwrite: the
     run may replace an existing checkpoint at `checkpoint` (else only resume continues one).
     force: a CPU run that the estimate says takes hours runs anyway (minidnn/cpu_check.py).
     log_every: how often the loss is read back from the device. collective_timeout: seconds
@@ -97,7 +99,8 @@ class TrainConfig:
     `epochs` holds one record per epoch). lr_schedule: 'constant', 'cosine' or 'step'
     (minidnn/lr_schedule.py), after lr_warmup_steps (or lr_warmup_epochs) of linear warm-up.
     label_smoothing: the loss's eps. augment: 'none' or e.g. 'crop,flip' (minidnn/augment.py).
-    eval_batches None: the whole held-out set, its last partial batch included. curve: a PNG
+    eval_batches None: the whole held-out set, its last partial batch included ('auto': the
+    whole set for a run in epochs, 8 batches for one in steps). curve: a PNG
     of the training loss and held-out accuracy per epoch (needs epochs).
     """
     model: str = "alexnet"
@@ -123,8 +126,8 @@ class TrainConfig:
     precision: str = "fp32"
     layout: str | None = None
     graphs: bool = True
-    eval_every: int = 50
-    eval_batches: int = 8
+    eval_every: int | str = AUTO
+    eval_batches: int | str | None = AUTO
     checkpoint: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
@@ -369,7 +372,8 @@ def train(config: TrainConfig | None = None, log=print, world=None) -> dict:
     world: a distributed.World when this process is one rank of a data-parallel run of more
     than one rank; config.batch is then the global batch (see _rank).
     """
-    cfg = dataclasses.replace(config) if config is not None else TrainConfig()
+    cfg = config if config is not None else TrainConfig()
+    cfg = dataclasses.replace(cfg, **evaluation_defaults(cfg))
     _check_config(cfg)
     cfg, log, dp = _rank(cfg, log, world)
     try:
@@ -448,6 +452,11 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         # Made on the device before the executor exists, so that, like a data loader's
         # buffers, they stay outside its arena and no host copy or RNG work is timed.
         pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
+    inputs = None
+    if device.is_gpu and pool is None and dp is None and cfg.graphs:
+        # The loader's batches copied to fixed addresses (likewise outside the arena), so
+        # that the steps can be replayed from a CUDA graph (minidnn/step_graph.py).
+        inputs = DeviceInputs(device, (cfg.batch,) + tuple(sources.train.image_shape))
     if not device.is_gpu:   # hours of compute or more RAM than there is: refused now
         check_cpu_run(net, dp.local_batch if dp else cfg.batch, cfg.steps - start, cfg.policy,
                       cfg.memory_budget, cfg.micro_batches, force=cfg.force)
@@ -480,9 +489,9 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         if sources.eval is not None and len(sources.eval) < cfg.batch:
             log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
                 f"fewer than one batch of {cfg.batch}")
-        run = _Loop(cfg, ex, opt, sources, start, pool,
+        run = _Loop(LoopParts(cfg, ex, opt, sources, recipe, start, pool, inputs, dp),
                     dict(dataclasses.asdict(cfg), identity=identity,
-                         world_size=dp.size if dp else 1), log, recipe, stop, dp)
+                         world_size=dp.size if dp else 1), log, stop)
 
         def report_now() -> dict:
             report = build_report(
@@ -533,6 +542,28 @@ def _check_world_size(ckpt, size: int) -> None:
                               f"rank(s); resume it with --ranks {saved}, not {size}")
 
 
+@dataclass
+class LoopParts:
+    """What the training loop of a run works with.
+
+    cfg: the run's TrainConfig (steps resolved from the recipe); ex: its Executor; opt: its
+    optimizer (SGD, or a rank's data-parallel one); sources: data.DataSources (train and
+    held-out sets); recipe: its recipe.Recipe; start: the step it starts at (a resumed run's
+    checkpoint step); pool: batches already on the device, used in turn (synthetic data on a
+    GPU), or None; inputs: a step_graph.DeviceInputs the loader's batches are copied into, or
+    None; dp: this rank's distributed.DataParallel, or None.
+    """
+    cfg: TrainConfig
+    ex: Executor
+    opt: object
+    sources: object
+    recipe: Recipe
+    start: int = 0
+    pool: list | None = None
+    inputs: object = None
+    dp: object = None
+
+
 class _Loop:
     """The steps of one run: train, read the loss now and then, evaluate, checkpoint.
 
@@ -542,23 +573,23 @@ class _Loop:
     StopSignals of the run; a signal ends the loop between two steps (Interrupted).
     """
 
-    def __init__(self, cfg: TrainConfig, ex: Executor, opt, sources, start: int, pool,
-                 run_config: dict, log, recipe: Recipe, stop: StopSignals | None = None,
-                 dp=None):
-        self.cfg, self.ex, self.net, self.opt = cfg, ex, ex.net, opt
-        self.sources, self.start, self.pool = sources, start, pool
+    def __init__(self, parts: LoopParts, run_config: dict, log,
+                 stop: StopSignals | None = None):
+        self.cfg, self.ex, self.net, self.opt = parts.cfg, parts.ex, parts.ex.net, parts.opt
+        self.sources, self.start, self.pool = parts.sources, parts.start, parts.pool
+        self.inputs = parts.inputs
         self.run_config, self.log = run_config, log
         self.stop = stop
-        self.dp = dp                     # distributed.DataParallel of a rank, or None
+        self.dp = parts.dp               # distributed.DataParallel of a rank, or None
         self.saved_step: int | None = None   # the step of the last checkpoint written
         self.losses: list[float] = []
         self.pending: list = []          # loss values still on the device
         self.evals: list[dict] = []
         self.memory: dict | None = None
         self.tracer = None
-        self.timer = StepTimer(ex.device)
+        self.timer = StepTimer(parts.ex.device)
         self.bar = None
-        self.recipe = recipe
+        self.recipe = parts.recipe
         self.epoch_records: list[dict] = []   # one per epoch ended (runs in epochs)
         self.started = time.perf_counter()
 
@@ -575,6 +606,8 @@ class _Loop:
                 done = step + 1
                 last = done == cfg.steps
                 x, y = next(batches)
+                if self.inputs is not None:
+                    x, y = self.inputs(x, y)   # at fixed device addresses: a graph replays
                 if self.recipe.varies_lr:
                     self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):

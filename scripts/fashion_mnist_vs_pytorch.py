@@ -6,8 +6,8 @@ input), in one call:
   minidnn            `minidnn.train.train` with the recipe (epochs, SGD, learning-rate
                      schedule, warm-up, label smoothing, augmentation), the whole test set
                      scored after every epoch
-  minidnn-budget     optional (--budget-fraction F): the same run under --memory-budget F x the
-                     first run's peak, --policy dyn
+  minidnn-budget     the same run under --memory-budget F x the first run's peak, --policy dyn
+                     (--budget-fraction F, default 0.25; 0: not run)
   pytorch-eager      the same network translated layer by layer into torch.nn
                      (bench_vs_pytorch.torch_copy),
                      channels_last, the same initial weights (minidnn's state_dict: PyTorch's
@@ -20,14 +20,18 @@ input), in one call:
 
 Training time is the time of the training steps only (evaluation left out), summed over the
 epochs; "time to 94%" is the training time at the end of the first epoch whose test accuracy
-reaches --target (0.94). Printed per epoch for every run, then a table; written to --out:
-results.json (commit, command, device, every run's epochs) and curves_<model>.png (training
-loss and test accuracy per epoch, every run of the model in one figure).
+reaches --target (0.94); images/s are training images per second of training time. Printed
+per epoch for every run, then a table per model (final and best test accuracy, training time,
+time to the target, compile time, images/s), minidnn's time to the target against PyTorch's
+fastest run, and, with --deterministic, whether the budget run's per-epoch training losses and
+test accuracies are bit-identical to the unconstrained run's. Written to --out: results.json
+(commit, command, device, every run's epochs) and curves_<model>.png (training loss and test
+accuracy per epoch, every run of the model in one figure).
 
     python3 scripts/fashion_mnist_vs_pytorch.py --data fashion-mnist:/data/fashion-mnist
     python3 scripts/fashion_mnist_vs_pytorch.py --models tiny_cnn --epochs 2 --train-limit 6000
     python3 scripts/fashion_mnist_vs_pytorch.py --no-torch --device cpu --models tiny_cnn \\
-        --epochs 1 --train-limit 256 --test-limit 64          # minidnn alone, on a CPU
+        --epochs 1 --train-limit 256 --test-limit 64 --budget-fraction 0   # minidnn alone, CPU
 
 --train-limit / --test-limit: only the first N images of each split (written as IDX files into
 the output folder, so that minidnn reads them like the full set). PyTorch is imported only in
@@ -104,7 +108,7 @@ def minidnn_config(model: str, recipe: dict, args, data: str, **extra) -> TrainC
                        lr_warmup_epochs=recipe["warmup_epochs"],
                        label_smoothing=recipe["label_smoothing"], augment=recipe["augment"],
                        device=args.device, seed=args.seed, deterministic=args.deterministic,
-                       eval_every=0, eval_batches=None, progress=False, **extra)
+                       progress=False, **extra)    # a run in epochs: scored every epoch
 
 
 def run_minidnn(label: str, cfg: TrainConfig) -> dict:
@@ -117,7 +121,9 @@ def run_minidnn(label: str, cfg: TrainConfig) -> dict:
     except MinidnnError as e:
         print(f"   {label}: error: {e}", flush=True)
         return {"label": label, "error": str(e)}
-    return {"label": label, "epochs": report["epochs"], "images_per_s": report["images_per_s"],
+    return {"label": label, "epochs": report["epochs"],
+            "images_per_s": images_per_s(report["epochs"], cfg.batch),
+            "steady_images_per_s": report["images_per_s"], "step_graphs": report["step_graphs"],
             "peak_device_bytes": report["peak_device_bytes"],
             "param_checksum": report["param_checksum"], "device": report["device_name"],
             "memory_budget_bytes": cfg.memory_budget}
@@ -217,6 +223,7 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
                 started = time.perf_counter()
     peak = int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
     return {"label": label, "epochs": records, "compile_s": compile_s,
+            "images_per_s": images_per_s(records, batch),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "peak_device_bytes": peak, "torch": torch.__version__}
 
@@ -236,30 +243,91 @@ def time_to(run: dict, target: float):
     return None
 
 
-def summary(model: str, runs: list[dict], target: float) -> list[str]:
-    lines = [f"{model}: {'run':<18} {'final accuracy':>14} {'training s':>11} "
-             f"{'to ' + format(target, '.0%'):>8} {'compile s':>9}"]
+def best_accuracy(run: dict):
+    """The highest test accuracy of any epoch of `run`, or None."""
+    scores = [r["accuracy"] for r in run.get("epochs", []) if r.get("accuracy") is not None]
+    return max(scores) if scores else None
+
+
+def images_per_s(epochs: list[dict], batch: int):
+    """Training images per second of training time (evaluation left out) over `epochs`
+    (records with `step` and `train_time_s`, the last one the run's end), or None."""
+    if not epochs or not epochs[-1].get("train_time_s"):
+        return None
+    return epochs[-1]["step"] * batch / epochs[-1]["train_time_s"]
+
+
+def fastest_torch(runs: list[dict], target: float):
+    """(run, seconds) of the PyTorch run that reaches `target` first, or None."""
+    reached = [(time_to(r, target), r) for r in runs
+               if r["label"].startswith("pytorch") and "epochs" in r]
+    reached = [(t, r) for t, r in reached if t is not None]
+    if not reached:
+        return None
+    seconds, run = min(reached, key=lambda pair: pair[0])
+    return run, seconds
+
+
+def first_difference(run: dict, reference: dict):
+    """The first epoch whose training loss or test accuracy differs, bit for bit, between
+    `run` and `reference` (or whose count differs); None when every epoch is the same."""
+    mine, theirs = run.get("epochs", []), reference.get("epochs", [])
+    for a, b in zip(mine, theirs):
+        if (a.get("train_loss"), a.get("accuracy")) != (b.get("train_loss"), b.get("accuracy")):
+            return a["epoch"]
+    if len(mine) != len(theirs):
+        return min(len(mine), len(theirs)) + 1
+    return None
+
+
+def summary(model: str, runs: list[dict], target: float, deterministic: bool = False) -> list[str]:
+    """The table of `runs` of one model (final and best test accuracy, training seconds,
+    seconds to `target`, compile seconds, images/s), then minidnn's time to `target` against
+    PyTorch's fastest run, the final accuracies' gaps, and, when `deterministic`, whether each
+    budget run's epochs are bit-identical to the unconstrained run's."""
+    dash = "-"
+    lines = [f"{model}: {'run':<22} {'final acc':>9} {'best acc':>9} {'training s':>10} "
+             f"{'to ' + format(target, '.0%'):>8} {'compile s':>9} {'images/s':>9}"]
+
+    def cell(value, spec, width):
+        return format(dash if value is None else format(value, spec), f">{width}")
     for run in runs:
         if "error" in run:
-            lines.append(f"{model}: {run['label']:<18} error: {run['error']}")
+            lines.append(f"{model}: {run['label']:<22} error: {run['error']}")
             continue
         last = run["epochs"][-1] if run["epochs"] else {}
-        reach, compile_s = time_to(run, target), run.get("compile_s")
-        lines.append(f"{model}: {run['label']:<18} {last.get('accuracy', float('nan')):>14.4f} "
-                     f"{last.get('train_time_s', float('nan')):>11.1f} "
-                     f"{'-' if reach is None else format(reach, '.1f'):>8} "
-                     f"{'-' if compile_s is None else format(compile_s, '.1f'):>9}")
+        lines.append(f"{model}: {run['label']:<22} {cell(last.get('accuracy'), '.4f', 9)} "
+                     f"{cell(best_accuracy(run), '.4f', 9)} "
+                     f"{cell(last.get('train_time_s'), '.1f', 10)} "
+                     f"{cell(time_to(run, target), '.1f', 8)} "
+                     f"{cell(run.get('compile_s'), '.1f', 9)} "
+                     f"{cell(run.get('images_per_s'), '.0f', 9)}")
     ours = next((r for r in runs if r["label"] == "minidnn" and "epochs" in r), None)
+    if ours is None:
+        return lines
+    mine, best = time_to(ours, target), fastest_torch(runs, target)
+    if best is not None:
+        run, theirs = best
+        if mine:
+            lines.append(f"{model}: time to {target:.0%}: minidnn {mine:.1f} s, PyTorch's "
+                         f"fastest ({run['label']}) {theirs:.1f} s: minidnn {theirs / mine:.2f}x "
+                         f"as fast")
+        else:
+            lines.append(f"{model}: time to {target:.0%}: minidnn did not reach it; PyTorch's "
+                         f"fastest ({run['label']}) {theirs:.1f} s")
+    elif any(r["label"].startswith("pytorch") for r in runs):
+        lines.append(f"{model}: time to {target:.0%}: no PyTorch run reached it")
     for run in runs:
-        if ours is None or not run["label"].startswith("pytorch") or "epochs" not in run:
-            continue
-        mine, theirs = time_to(ours, target), time_to(run, target)
-        if mine and theirs:
-            lines.append(f"{model}: time to {target:.0%}: minidnn {theirs / mine:.2f}x as fast as "
-                         f"{run['label']}")
-        if ours["epochs"] and run["epochs"]:
+        if run["label"].startswith("pytorch") and run.get("epochs") and ours["epochs"]:
             gap = 100 * (ours["epochs"][-1]["accuracy"] - run["epochs"][-1]["accuracy"])
             lines.append(f"{model}: final accuracy minidnn - {run['label']}: {gap:+.2f} points")
+    for run in runs:
+        if not run["label"].endswith("-budget") or "epochs" not in run or not deterministic:
+            continue
+        differs = first_difference(run, ours)
+        lines.append(f"{model}: {run['label']} vs minidnn, per-epoch training loss and test "
+                     f"accuracy: " + ("bit-identical" if differs is None else
+                                      f"NOT bit-identical (from epoch {differs})"))
     return lines
 
 
@@ -290,12 +358,12 @@ def parse_args(argv=None):
             int if key in ("image_size", "epochs", "batch", "warmup_epochs") else float
         p.add_argument("--" + key.replace("_", "-"), type=kind, default=None,
                        help="override every model's recipe (see RECIPES)")
-    p.add_argument("--budget-fraction", type=float, default=0.0, metavar="F",
+    p.add_argument("--budget-fraction", type=float, default=0.25, metavar="F",
                    help="also run minidnn under a memory budget of F x its unconstrained peak "
-                        "with --policy dyn (0: not; the issue's experiment is 0.25)")
+                        "with --policy dyn (default 0.25; 0: not)")
     p.add_argument("--deterministic", action="store_true",
-                   help="minidnn: deterministic GPU algorithms (budget runs then give the "
-                        "same bits)")
+                   help="minidnn: deterministic GPU algorithms (the budget run then gives the "
+                        "same bits, which the summary checks epoch by epoch)")
     p.add_argument("--no-torch", action="store_true", help="minidnn only (no PyTorch import)")
     p.add_argument("--no-compile", action="store_true", help="PyTorch eager only")
     return p.parse_args(argv)
@@ -327,8 +395,12 @@ def main(argv=None) -> dict:
                 runs.append(run_torch("pytorch-compiled", model, recipe, args, data,
                                       compiled=True))
         results["models"][model] = {"recipe": recipe, "runs": runs}
+        budget_runs = [r for r in runs[1:] if r["label"].endswith("-budget") and "epochs" in r]
+        if args.deterministic and budget_runs:
+            results["models"][model]["budget_bit_identical"] = \
+                first_difference(budget_runs[0], runs[0]) is None
         results["device"] = runs[0].get("device")
-        lines += summary(model, runs, args.target)
+        lines += summary(model, runs, args.target, args.deterministic)
         from minidnn.curves import plot_curves
         plot_curves(os.path.join(args.out, f"curves_{model}.png"),
                     {r["label"]: r["epochs"] for r in runs if r.get("epochs")},

@@ -1,5 +1,8 @@
-"""scripts/fashion_mnist_vs_pytorch.py on the CPU at tiny size, minidnn alone (--no-torch)."""
+"""scripts/fashion_mnist_vs_pytorch.py on the CPU at tiny size, minidnn alone (--no-torch),
+with its budget run, and its summary of runs (time to the target, best accuracy, images/s,
+PyTorch's fastest run, the budget run's bits)."""
 import json
+import math
 import os
 import runpy
 from types import SimpleNamespace
@@ -15,41 +18,74 @@ def load_script():
     return SimpleNamespace(**runpy.run_path(path, run_name="fashion_mnist_vs_pytorch"))
 
 
-def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_path, capsys):
+def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_path, capsys,
+                                                                        monkeypatch):
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))   # the budget run's profile
     script = load_script()
     folder = make_data(tmp_path / "fmnist")
     out = tmp_path / "out"
     results = script.main(["--data", f"fashion-mnist:{folder}", "--models", "tiny_cnn",
                            "--epochs", "2", "--batch", "8", "--train-limit", "32",
                            "--test-limit", "11", "--device", "cpu", "--no-torch",
-                           "--out", str(out)])
+                           "--budget-fraction", "0.9", "--deterministic", "--out", str(out)])
     printed = capsys.readouterr().out
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
     assert saved["command"].endswith("--out " + str(out)) and saved["device"] == "cpu"
-    run, = saved["models"]["tiny_cnn"]["runs"]
-    assert run["label"] == "minidnn"
+    run, budget = saved["models"]["tiny_cnn"]["runs"]
+    assert run["label"] == "minidnn" and budget["label"] == "minidnn-0.9-budget"
+    assert budget["memory_budget_bytes"] == int(0.9 * run["peak_device_bytes"])
     assert [e["epoch"] for e in run["epochs"]] == [1, 2]
     assert [e["step"] for e in run["epochs"]] == [4, 8]          # 32 training images, batch 8
     assert all(e["eval_images"] == 11 for e in run["epochs"])     # the limited test split
+    assert run["images_per_s"] == 8 * 8 / run["epochs"][-1]["train_time_s"]
     assert saved["models"]["tiny_cnn"]["recipe"]["lr_schedule"] == "cosine"
+    assert saved["models"]["tiny_cnn"]["budget_bit_identical"] is True
     assert (out / "curves_tiny_cnn.png").read_bytes()[:4] == b"\x89PNG"
+    assert "tiny_cnn: minidnn-0.9-budget vs minidnn, per-epoch training loss and test " \
+           "accuracy: bit-identical" in printed
     assert "tiny_cnn: minidnn" in printed and "torch" not in printed.lower().replace(
         "vs_pytorch", "")
 
 
+def epochs(*points):
+    """Epoch records of (accuracy, training seconds, training loss), a step of 10 each."""
+    return [{"epoch": k + 1, "step": 10 * (k + 1), "accuracy": a, "train_time_s": t,
+             "train_loss": loss} for k, (a, t, loss) in enumerate(points)]
+
+
 def test_time_to_accuracy_and_the_comparison_lines():
     script = load_script()
-    ours = {"label": "minidnn", "epochs": [
-        {"epoch": 1, "accuracy": 0.90, "train_time_s": 10.0},
-        {"epoch": 2, "accuracy": 0.945, "train_time_s": 20.0}]}
-    theirs = {"label": "pytorch-eager", "compile_s": None, "epochs": [
-        {"epoch": 1, "accuracy": 0.93, "train_time_s": 15.0},
-        {"epoch": 2, "accuracy": 0.941, "train_time_s": 30.0}]}
-    assert script.time_to(ours, 0.94) == 20.0 and script.time_to(theirs, 0.95) is None
-    lines = script.summary("resnet18", [ours, theirs], 0.94)
-    assert "resnet18: time to 94%: minidnn 1.50x as fast as pytorch-eager" in lines
-    assert "resnet18: final accuracy minidnn - pytorch-eager: +0.40 points" in lines
+    ours = {"label": "minidnn", "images_per_s": 640.0,
+            "epochs": epochs((0.90, 10.0, 0.5), (0.945, 20.0, 0.4), (0.944, 30.0, 0.3))}
+    eager = {"label": "pytorch-eager", "compile_s": None, "images_per_s": 400.0,
+             "epochs": epochs((0.93, 15.0, 0.5), (0.941, 30.0, 0.4), (0.942, 45.0, 0.3))}
+    compiled = {"label": "pytorch-compiled", "compile_s": 42.0,
+                "epochs": epochs((0.941, 12.5, 0.5), (0.942, 25.0, 0.4), (0.943, 37.5, 0.3))}
+    # the same accuracies, a training loss one bit apart in the third epoch
+    budget = {"label": "minidnn-0.25-budget", "epochs": ours["epochs"][:2] + epochs(
+        (0, 0, 0), (0, 0, 0), (0.944, 31.0, math.nextafter(0.3, 1)))[2:]}
+    assert script.time_to(ours, 0.94) == 20.0 and script.time_to(eager, 0.95) is None
+    assert script.best_accuracy(ours) == 0.945 and script.best_accuracy({"epochs": []}) is None
+    assert script.images_per_s(ours["epochs"], 64) == 30 * 64 / 30.0
+    assert script.fastest_torch([ours, eager, compiled], 0.94) == (compiled, 12.5)
+    lines = script.summary("resnet18", [ours, budget, eager, compiled], 0.94, deterministic=True)
+    assert lines[1].split() == ["resnet18:", "minidnn", "0.9440", "0.9450", "30.0", "20.0", "-",
+                                "640"]
+    assert lines[4].split()[-3:] == ["12.5", "42.0", "-"]    # compile time apart; no images/s
+    assert "resnet18: time to 94%: minidnn 20.0 s, PyTorch's fastest (pytorch-compiled) " \
+           "12.5 s: minidnn 0.62x as fast" in lines
+    assert "resnet18: final accuracy minidnn - pytorch-eager: +0.20 points" in lines
+    assert "resnet18: minidnn-0.25-budget vs minidnn, per-epoch training loss and test " \
+           "accuracy: NOT bit-identical (from epoch 3)" in lines
+    same = dict(budget, epochs=ours["epochs"])
+    assert any(line.endswith("accuracy: bit-identical")
+               for line in script.summary("resnet18", [ours, same], 0.94, deterministic=True))
+    assert not any("bit-identical" in line
+                   for line in script.summary("resnet18", [ours, same], 0.94))
+    slow = dict(ours, epochs=epochs((0.5, 10.0, 1.0)))
+    assert "resnet18: time to 94%: minidnn did not reach it; PyTorch's fastest " \
+           "(pytorch-compiled) 12.5 s" in script.summary("resnet18", [slow, compiled], 0.94)
 
 
 def test_the_script_imports_torch_only_in_its_pytorch_part():

@@ -92,9 +92,13 @@ class Event:
 class Optimizer:
     def __init__(self, lr=0.1):
         self.lr = lr
+        self.written = []    # the rates written before replays
 
     def graph_key(self):
         return (self.lr,)
+
+    def write_lr(self):
+        self.written.append(self.lr)
 
 
 @pytest.fixture

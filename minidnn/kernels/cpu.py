@@ -486,6 +486,11 @@ def bf16_to_float(src, dst) -> None:
 
 
 # ---- SGD update -------------------------------------------------------------------------------
+#: The key, in sgd_update's cache, of the GPU version's learning rate in device memory
+#: (cuda_sgd.DeviceRate: `write(lr)`, `alone`); absent on the CPU.
+SGD_RATE = "sgd learning rate"
+
+
 def sgd_update(params, lr: float, momentum: float, weight_decay: float, cache=None) -> None:
     """One SGD step over parameters in place, PyTorch's formulas (minidnn/optim.py):
 
@@ -497,8 +502,8 @@ def sgd_update(params, lr: float, momentum: float, weight_decay: float, cache=No
     dtype per triple (the three alike); v is updated in place and ignored (may be None) when
     momentum is 0. The first step of momentum (no buffer yet, v = g) is the optimizer's.
     lr, momentum, weight_decay: Python floats, rounded to each parameter's dtype.
-    cache: a dict the caller keeps between steps for the GPU version's launch tables; unused
-    here.
+    cache: a dict the caller keeps between steps for the GPU version's launch tables and
+    its learning rate in device memory (SGD_RATE); unused here.
 
     Each operation is one NumPy ufunc, rounded on its own in the parameter's dtype, with one
     parameter-sized temporary (w * weight_decay + g, then lr * v): these are the bits that

@@ -19,6 +19,15 @@ commutative in IEEE arithmetic, so `tmp + g` as the kernel writes it is `tmp += 
 The scalars are rounded to the dtype on the host (np.float32(lr)), as the reference rounds
 them. Only NaN payloads may differ (the GPU makes canonical NaNs).
 
+The learning rate in device memory. A schedule changes the rate every step, and a step
+replayed from a CUDA graph (minidnn/step_graph.py) launches the kernels with the arguments
+they were captured with. So the kernel does not take the rate as an argument: it reads it
+from a one-element array of its dtype (a DeviceRate, kept in the caller's `cache`), which a
+plain call writes on the current stream before its launches, and which the caller writes
+before each replay when the update was captured (SGD.write_lr: nothing is written inside a
+capture, where the write would be recorded with this step's rate). The write is ordered
+before the launches that read it, and after those of the step before, by the stream alone.
+
 The launch table. The parameters are cut into chunks of at most _CHUNK values; a device array
 of rows (addresses in w, g and v of the chunk's first value, its number of values) lists
 them, and block b updates chunk b. The table is built on the host and uploaded once, then
@@ -67,8 +76,10 @@ __device__ __forceinline__ T update(T w, T g, T& v, T lr, T momentum, T wd) {
 // Block b updates chunk b: 16-byte vectors when its addresses allow, then the rest value by
 // value (all of it when they do not).
 template<typename T, bool WD, bool MOM>
-__global__ void sgd_update(const Chunk* __restrict__ chunks, T lr, T momentum, T wd) {
+__global__ void sgd_update(const Chunk* __restrict__ chunks, const T* __restrict__ rate,
+                           T momentum, T wd) {
     const int VEC = 16 / sizeof(T);
+    const T lr = *rate;          // written before the launch (DeviceRate.write)
     const Chunk c = chunks[blockIdx.x];
     T* w = reinterpret_cast<T*>(c.w);
     const T* g = reinterpret_cast<const T*>(c.g);
@@ -115,6 +126,41 @@ _THREADS = 256
 #: below 2**31, so the kernel's indices are 32-bit.
 _CHUNK = 2**15
 _CACHE_KEY = "cuda_sgd"
+
+
+class DeviceRate:
+    """The learning rate where the kernel reads it: one float32 and one float64 value in
+    device memory, each np.float32(lr) / np.float64(lr) as the reference rounds it.
+
+    alone: True when the last update that used it read its rate from here alone (no
+    parameter went through the reference's operations, which take the host's number): a
+    graph captured of such an update replays with whatever rate was written before.
+    """
+
+    def __init__(self):
+        self.arrays = {np.dtype(np.float32): cp.empty(1, np.float32),
+                       np.dtype(np.float64): cp.empty(1, np.float64)}
+        self.value: float | None = None   # the rate last written
+        self.alone = False
+
+    def write(self, lr: float) -> None:
+        """Set the rate of the next launches, on the current stream (a fill per dtype, the
+        value rounded on the host as the reference rounds it)."""
+        lr = float(lr)
+        for dtype, array in self.arrays.items():
+            array.fill(dtype.type(lr))
+        self.value = lr
+
+
+def device_rate(cache) -> DeviceRate:
+    """The DeviceRate kept in `cache` (kernels/cpu.SGD_RATE), made at the first call; a new
+    one when there is no cache."""
+    if cache is None:
+        return DeviceRate()
+    rate = cache.get(_cpu.SGD_RATE)
+    if rate is None:
+        rate = cache[_cpu.SGD_RATE] = DeviceRate()
+    return rate
 
 
 def _fusable(w, g, v) -> bool:
@@ -185,10 +231,14 @@ def sgd_update(params, lr: float, momentum: float, weight_decay: float, cache=No
     params: [(w, g, v)]: parameter, gradient and momentum buffer of one shape and dtype each
     (float32 or float64 for the kernel; any other dtype or layout goes through the reference);
     v is updated in place, and ignored (may be None) when momentum is 0.
-    lr, momentum, weight_decay: Python floats (rounded to each parameter's dtype).
-    cache: a dict the caller keeps between steps (the optimizer does); the launch table lives
-    there and is rebuilt only when the arrays' addresses, shapes, strides or dtypes, or the
-    current stream, change. None: built and uploaded for this call alone.
+    lr, momentum, weight_decay: Python floats (rounded to each parameter's dtype). The
+    kernel reads lr from the cache's DeviceRate, which this call writes first on the current
+    stream, except while the stream is captured into a CUDA graph: the caller then writes it
+    before each replay (`cache[SGD_RATE].write(lr)`; optim.SGD.write_lr).
+    cache: a dict the caller keeps between steps (the optimizer does); the launch table and
+    the DeviceRate live there, the table rebuilt only when the arrays' addresses, shapes,
+    strides or dtypes, or the current stream, change. None: built and uploaded for this call
+    alone.
     """
     params = [(w, g, v if momentum else None) for w, g, v in params]
     if momentum and any(v is None for _, _, v in params):
@@ -199,10 +249,17 @@ def sgd_update(params, lr: float, momentum: float, weight_decay: float, cache=No
         plan = _Plan(key, params)
         if cache is not None:
             cache[_CACHE_KEY] = plan
+    rate = device_rate(cache)
+    if not cp.cuda.get_current_stream().is_capturing():
+        rate.write(lr)
+    elif rate.value is None:
+        raise ValueError("sgd_update: captured before its learning rate was ever written "
+                         "(run one plain update with the same cache first)")
+    rate.alone = not plan.rest
     for ctype, dtype, table, chunks in plan.launches:
         scalar = dtype.type
         kernel = _module.get_function(_kernel_name(ctype, bool(weight_decay), bool(momentum)))
         kernel((chunks,), (_THREADS,),
-               (table, scalar(lr), scalar(momentum), scalar(weight_decay)))
+               (table, rate.arrays[dtype], scalar(momentum), scalar(weight_decay)))
     if plan.rest:
         _cpu.sgd_update([params[i] for i in plan.rest], lr, momentum, weight_decay)

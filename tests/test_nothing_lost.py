@@ -196,9 +196,11 @@ def test_a_second_sigint_during_the_shutdown_leaves_a_partial_report(tmp_path, c
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]   # no half-written file
 
 
-def test_a_signal_while_setting_up_stops_at_once(monkeypatch):
+def test_a_signal_while_setting_up_stops_at_once(monkeypatch, tmp_path):
     """Profiling (--policy dyn) can take minutes on a CPU: Ctrl-C must not wait for it."""
     from minidnn.planner import profile
+
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path))   # no cached profile: it must measure
 
     def measure_layers(*args, **kw):
         os.kill(os.getpid(), signal.SIGINT)

@@ -7,7 +7,11 @@ input), in one call:
                      schedule, warm-up, label smoothing, augmentation), the whole test set
                      scored after every epoch
   minidnn-budget     the same run under --memory-budget F x the first run's peak, --policy dyn
-                     (--budget-fraction F, default 0.25; 0: not run)
+                     (--budget-fraction F, default 0.25; 0: not run). With --budget-epochs N,
+                     a pair of N-epoch runs instead, both --deterministic, the recipe cut to
+                     N epochs: minidnn-deterministic (no budget) and the budget run; their
+                     bits are compared epoch by epoch (the same bits for every step of N
+                     epochs: the budget changes nothing the full run would compute either)
   pytorch-eager      the same network translated layer by layer into torch.nn
                      (bench_vs_pytorch.torch_copy),
                      channels_last, the same initial weights (minidnn's state_dict: PyTorch's
@@ -17,6 +21,10 @@ input), in one call:
   pytorch-compiled   the same under torch.compile; the compilation (a warm-up step and an
                      evaluation on a copy of the weights, which are then put back) is timed
                      apart and left out of time to accuracy
+
+--eager-epochs N stops PyTorch's eager run after the first N epochs of the same recipe (its
+learning rates those of the full run): enough to show its speed beside the compiled run's when
+the compiled one is the faster, without spending the whole run on it.
 
 Training time is the time of the training steps only (evaluation left out), summed over the
 epochs; "time to 94%" is the training time at the end of the first epoch whose test accuracy
@@ -63,7 +71,7 @@ from minidnn.train import TrainConfig, train                      # noqa: E402
 #: and its last 2x2, where 28x28 gives 7x7 and 1x1 (--image-size 28 runs that). The crop's
 #: padding is in pixels of the resized image.
 RECIPES = {
-    "resnet18": dict(image_size=56, epochs=15, batch=128, lr=0.1, lr_schedule="cosine",
+    "resnet18": dict(image_size=56, epochs=30, batch=128, lr=0.1, lr_schedule="cosine",
                      warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip",
                      weight_decay=5e-4),
     "vgg11": dict(image_size=32, epochs=15, batch=128, lr=0.02, lr_schedule="cosine",
@@ -102,12 +110,13 @@ def limited_copy(spec: str, folder: str, train_limit: int | None, test_limit: in
 # ---- minidnn -----------------------------------------------------------------------------------
 def minidnn_config(model: str, recipe: dict, args, data: str, **extra) -> TrainConfig:
     return TrainConfig(model=model, data=data, image_size=recipe["image_size"],
-                       batch=recipe["batch"], epochs=recipe["epochs"],
+                       batch=recipe["batch"], epochs=extra.pop("epochs", recipe["epochs"]),
                        lr=recipe["lr"], momentum=args.momentum,
                        weight_decay=recipe["weight_decay"], lr_schedule=recipe["lr_schedule"],
                        lr_warmup_epochs=recipe["warmup_epochs"],
                        label_smoothing=recipe["label_smoothing"], augment=recipe["augment"],
-                       device=args.device, seed=args.seed, deterministic=args.deterministic,
+                       device=args.device, seed=args.seed,
+                       deterministic=extra.pop("deterministic", args.deterministic),
                        progress=False, **extra)    # a run in epochs: scored every epoch
 
 
@@ -130,8 +139,10 @@ def run_minidnn(label: str, cfg: TrainConfig) -> dict:
 
 
 # ---- PyTorch -----------------------------------------------------------------------------------
-def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool) -> dict:
-    """PyTorch on the batches minidnn's loader makes, channels_last, eager or compiled."""
+def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool,
+              epoch_limit: int | None = None) -> dict:
+    """PyTorch on the batches minidnn's loader makes, channels_last, eager or compiled; with
+    epoch_limit, only the recipe's first epoch_limit epochs (the full run's learning rates)."""
     import torch
     import torch.nn.functional as F
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
@@ -201,7 +212,8 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
 
     records, train_s, losses = [], 0.0, []
     augment = Augment.parse(recipe["augment"])
-    with BatchLoader(sources.train, batch, args.seed, steps=total, augment=augment) as loader:
+    steps = total if not epoch_limit else min(total, epoch_limit * per_epoch)
+    with BatchLoader(sources.train, batch, args.seed, steps=steps, augment=augment) as loader:
         started = time.perf_counter()
         for step, (x, y) in enumerate(loader):
             for group in opt.param_groups:
@@ -268,6 +280,13 @@ def fastest_torch(runs: list[dict], target: float):
     return run, seconds
 
 
+def budget_reference(runs: list[dict]) -> dict:
+    """The unconstrained run a budget run's bits are held to: minidnn-deterministic (the
+    --budget-epochs pair) when there is one, else minidnn."""
+    return next((r for r in runs if r["label"] == "minidnn-deterministic"),
+                next(r for r in runs if r["label"] == "minidnn"))
+
+
 def first_difference(run: dict, reference: dict):
     """The first epoch whose training loss or test accuracy differs, bit for bit, between
     `run` and `reference` (or whose count differs); None when every epoch is the same."""
@@ -324,10 +343,11 @@ def summary(model: str, runs: list[dict], target: float, deterministic: bool = F
     for run in runs:
         if not run["label"].endswith("-budget") or "epochs" not in run or not deterministic:
             continue
-        differs = first_difference(run, ours)
-        lines.append(f"{model}: {run['label']} vs minidnn, per-epoch training loss and test "
-                     f"accuracy: " + ("bit-identical" if differs is None else
-                                      f"NOT bit-identical (from epoch {differs})"))
+        reference = budget_reference(runs)
+        differs = first_difference(run, reference)
+        lines.append(f"{model}: {run['label']} vs {reference['label']}, per-epoch training "
+                     f"loss and test accuracy: " + ("bit-identical" if differs is None else
+                                                    f"NOT bit-identical (from epoch {differs})"))
     return lines
 
 
@@ -364,9 +384,28 @@ def parse_args(argv=None):
     p.add_argument("--deterministic", action="store_true",
                    help="minidnn: deterministic GPU algorithms (the budget run then gives the "
                         "same bits, which the summary checks epoch by epoch)")
+    p.add_argument("--budget-epochs", type=int, default=None, metavar="N",
+                   help="the budget run as a pair of N-epoch --deterministic runs (without and "
+                        "with the budget), compared bit for bit")
+    p.add_argument("--eager-epochs", type=int, default=None, metavar="N",
+                   help="stop PyTorch's eager run after N epochs (its speed, not its accuracy)")
     p.add_argument("--no-torch", action="store_true", help="minidnn only (no PyTorch import)")
     p.add_argument("--no-compile", action="store_true", help="PyTorch eager only")
     return p.parse_args(argv)
+
+
+def budget_runs(model: str, recipe: dict, args, data: str, unconstrained: dict) -> list[dict]:
+    """The budget run (F x the unconstrained run's peak, --policy dyn), or with
+    --budget-epochs N the pair of N-epoch deterministic runs without and with that budget."""
+    budget = int(args.budget_fraction * unconstrained["peak_device_bytes"])
+    label = f"minidnn-{args.budget_fraction:g}-budget"
+    if not args.budget_epochs:
+        return [run_minidnn(label, minidnn_config(model, recipe, args, data,
+                                                  memory_budget=budget, policy="dyn"))]
+    cut = dict(epochs=args.budget_epochs, deterministic=True)
+    return [run_minidnn("minidnn-deterministic", minidnn_config(model, recipe, args, data, **cut)),
+            run_minidnn(label, minidnn_config(model, recipe, args, data, memory_budget=budget,
+                                              policy="dyn", **cut))]
 
 
 def main(argv=None) -> dict:
@@ -386,21 +425,20 @@ def main(argv=None) -> dict:
         recipe["image_size"] = max(recipe["image_size"], models.min_image_size(model))
         runs = [run_minidnn("minidnn", minidnn_config(model, recipe, args, data))]
         if args.budget_fraction and "error" not in runs[0]:
-            budget = int(args.budget_fraction * runs[0]["peak_device_bytes"])
-            runs.append(run_minidnn(f"minidnn-{args.budget_fraction:g}-budget", minidnn_config(
-                model, recipe, args, data, memory_budget=budget, policy="dyn")))
+            runs += budget_runs(model, recipe, args, data, runs[0])
         if not args.no_torch:
-            runs.append(run_torch("pytorch-eager", model, recipe, args, data, compiled=False))
+            runs.append(run_torch("pytorch-eager", model, recipe, args, data, compiled=False,
+                                  epoch_limit=args.eager_epochs))
             if not args.no_compile:
                 runs.append(run_torch("pytorch-compiled", model, recipe, args, data,
                                       compiled=True))
         results["models"][model] = {"recipe": recipe, "runs": runs}
-        budget_runs = [r for r in runs[1:] if r["label"].endswith("-budget") and "epochs" in r]
-        if args.deterministic and budget_runs:
+        budgeted = [r for r in runs[1:] if r["label"].endswith("-budget") and "epochs" in r]
+        if (args.deterministic or args.budget_epochs) and budgeted:
             results["models"][model]["budget_bit_identical"] = \
-                first_difference(budget_runs[0], runs[0]) is None
+                first_difference(budgeted[0], budget_reference(runs)) is None
         results["device"] = runs[0].get("device")
-        lines += summary(model, runs, args.target, args.deterministic)
+        lines += summary(model, runs, args.target, args.deterministic or bool(args.budget_epochs))
         from minidnn.curves import plot_curves
         plot_curves(os.path.join(args.out, f"curves_{model}.png"),
                     {r["label"]: r["epochs"] for r in runs if r.get("epochs")},

@@ -48,6 +48,27 @@ def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_pat
         "vs_pytorch", "")
 
 
+def test_a_budget_pair_of_fewer_epochs_is_held_to_its_own_deterministic_run(tmp_path, capsys,
+                                                                            monkeypatch):
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    script = load_script()
+    folder = make_data(tmp_path / "fmnist")
+    results = script.main(["--data", f"fashion-mnist:{folder}", "--models", "tiny_cnn",
+                           "--epochs", "2", "--batch", "8", "--train-limit", "32",
+                           "--test-limit", "11", "--device", "cpu", "--no-torch",
+                           "--budget-fraction", "0.9", "--budget-epochs", "1",
+                           "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    run, pair, budget = results["models"]["tiny_cnn"]["runs"]
+    assert [r["label"] for r in (run, pair, budget)] == [
+        "minidnn", "minidnn-deterministic", "minidnn-0.9-budget"]
+    assert len(run["epochs"]) == 2 and len(pair["epochs"]) == len(budget["epochs"]) == 1
+    assert budget["memory_budget_bytes"] == int(0.9 * run["peak_device_bytes"])
+    assert results["models"]["tiny_cnn"]["budget_bit_identical"] is True
+    assert "tiny_cnn: minidnn-0.9-budget vs minidnn-deterministic, per-epoch training loss " \
+           "and test accuracy: bit-identical" in printed
+
+
 def epochs(*points):
     """Epoch records of (accuracy, training seconds, training loss), a step of 10 each."""
     return [{"epoch": k + 1, "step": 10 * (k + 1), "accuracy": a, "train_time_s": t,

@@ -31,6 +31,9 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
+    concat_forward(xs, y, axis)                      y = the xs joined along axis (copies)
+    concat_backward(gy, gxs, sizes, axis)            gxs[k] = gy's slice k (sizes[k] wide);
+                                                     None entries skipped
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
     add(a, b, out)                                   out = a + b (one shape); out may be a or b
     sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place

@@ -20,10 +20,10 @@ BF16 = mapformat.bfloat16()
 
 
 def to_device(a, layout):
-    """A host array on the GPU, channels last for 'nhwc' (4-D arrays only)."""
-    if layout == "nhwc" and a.ndim == 4:
-        return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    return cp.asarray(a)
+    """A host array (any dtype, bf16 included) on the GPU through its raw bytes, channels last
+    for 'nhwc' (4-D arrays only)."""
+    flat = cp.asarray(mapformat.arrange(a, layout).reshape(-1).view(np.uint8))
+    return mapformat.shaped(flat, a.shape, a.dtype, layout)
 
 
 def to_host(a):

@@ -4,9 +4,9 @@
   same code also runs on CuPy arrays, which the GPU tests use as a second opinion).
 * `cuda.py` — the GPU implementation, every function with the signature of its cpu.py twin:
   convolutions through cuDNN (`cudnn_conv.py`: the frontend's graphs and measured plans),
-  pooling, ReLU and the bias add as CuPy raw kernels (`cuda_pool.py`, `cuda_pointwise.py`,
-  with `cuda_divide.py`'s division by launch constants), LRN as CuPy elementwise kernels
-  (`cuda_lrn.py`), Linear's products on bf16 maps through cuBLAS (`cuda_linear.py`) and the
+  pooling, ReLU, the bias add, LRN and concatenation as CuPy raw kernels (`cuda_pool.py`,
+  `cuda_pointwise.py`, `cuda_lrn.py`, `cuda_concat.py`, with `cuda_divide.py`'s division by
+  launch constants), Linear's products on bf16 maps through cuBLAS (`cuda_linear.py`) and the
   bf16 copies of the weights those products read (`cuda_weights.py`).
 
 Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.gpu
 
 cp = pytest.importorskip("cupy")
 cuda = pytest.importorskip("minidnn.kernels.cuda")
+from test_kernels_gpu import ref_lrn, ref_lrn_backward, rel_err  # noqa: E402  (float64)
 
 BF16 = mapformat.bfloat16()
 
@@ -85,38 +86,6 @@ def test_concat_of_strided_views_goes_through_cupy():
 
 
 # ---- LRN ------------------------------------------------------------------------------------
-def ref_lrn(x, spec):
-    """float64 forward: (y, scale)."""
-    x = x.astype(np.float64)
-    c = x.shape[1]
-    before, after = spec.size // 2, (spec.size - 1) // 2
-    sq = x * x
-    s = np.zeros_like(x)
-    for ch in range(c):
-        s[:, ch] = sq[:, max(ch - before, 0):min(ch + after, c - 1) + 1].sum(axis=1)
-    scale = spec.k + spec.alpha / spec.size * s
-    return x * scale ** -spec.beta, scale
-
-
-def ref_lrn_backward(x, gy, spec):
-    """float64 gradient of ref_lrn's y, channel pair by channel pair."""
-    x, gy = x.astype(np.float64), gy.astype(np.float64)
-    c = x.shape[1]
-    before, after = spec.size // 2, (spec.size - 1) // 2
-    _, s = ref_lrn(x, spec)
-    gx = gy * s ** -spec.beta
-    for j in range(c):
-        for i in range(max(j - before, 0), min(j + after, c - 1) + 1):
-            gx[:, i] -= (gy[:, j] * x[:, j] * spec.beta * s[:, j] ** (-spec.beta - 1)
-                         * 2 * spec.alpha / spec.size * x[:, i])
-    return gx
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-
-
 GOOGLENET = LRNSpec(size=5, alpha=1e-4, beta=0.75, k=1.0)
 LRN_CASES = [
     (GOOGLENET, (2, 64, 3, 5)),          # GoogLeNet's settings, vectors in NHWC

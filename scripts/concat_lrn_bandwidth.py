@@ -1,4 +1,5 @@
-"""Memory speed of the GPU's concatenation and LRN kernels on a network's own shapes.
+"""Memory speed of the GPU's concatenation, LRN and 3x3 stride-1 max-pool kernels on a
+network's own shapes.
 
     python3 scripts/concat_lrn_bandwidth.py [--model googlenet] [--batch 256]
                                             [--layout nhwc] [--precision fp32] [--repeat 20]
@@ -12,9 +13,14 @@ achieved GB/s and its fraction of the H200's 4.8 TB/s:
   and writes every input gradient: twice the output's bytes each way.
 * LRN forward reads x and writes y and the scale (float32 beside bf16 maps); backward reads x,
   the scale and the output gradient and writes the input gradient.
+* 3x3 stride-1 max pooling (inception's pool branch) forward reads x and writes y and the
+  argmax (a byte per value); backward reads the output gradient and the argmax and writes the
+  input gradient.
 
 Beside each concatenation stands the time of CuPy's strided copies (one per input, the
-layer's previous path), so the gain is measured on the same run.
+layer's previous path), and beside each pool that of the kernels covering one pixel per
+thread (cuda_pool.RUN3_POOLS off, on channels-last maps), so the gain is measured on the same
+run.
 """
 from __future__ import annotations
 
@@ -61,12 +67,15 @@ def empty_map(cp, shape, dtype, layout: str):
     return mapformat.shaped(flat, shape, dtype, layout)
 
 
-def report(name: str, kind: str, seconds: float, nbytes: int, before: float | None) -> str:
+def report(name: str, kind: str, seconds: float, nbytes: int, before: float | None = None,
+           before_name: str = "CuPy copies") -> str:
+    """One kernel's line: time, bytes, GB/s, fraction of HBM; `before`: the time of the path
+    it replaced (`before_name`) and the speed-up."""
     rate = nbytes / seconds
     line = (f"  {name:<24} {kind:<8} {seconds * 1e3:8.3f} ms  {nbytes / 1e6:9.1f} MB  "
             f"{rate / 1e9:7.0f} GB/s  {rate / HBM_BYTES_PER_S:6.1%} of 4.8 TB/s")
     if before is not None:
-        line += f"  (CuPy copies {before * 1e3:.3f} ms, {before / seconds:.1f}x)"
+        line += f"  ({before_name} {before * 1e3:.3f} ms, {before / seconds:.1f}x)"
     return line
 
 
@@ -86,11 +95,12 @@ def main(argv=None) -> int:
     from minidnn.kernels import cpu, mapformat
     from minidnn.layers.lrn import LRN
     from minidnn.layers.merge import Concat
+    from minidnn.layers.pool import MaxPool2d
 
     if not backend.gpu_available():
         raise ConfigError("concat_lrn_bandwidth.py times GPU kernels: no CUDA GPU here")
     import cupy as cp
-    from minidnn.kernels import cuda
+    from minidnn.kernels import cuda, cuda_pool
 
     net = models.build(args.model)
     net.infer_shapes(args.batch)
@@ -99,7 +109,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     print(f"{net.name} b{args.batch}, {args.layout.upper()}, {args.precision} maps, "
           f"{args.repeat} calls each")
-    totals = {"concat": [0.0, 0], "lrn": [0.0, 0]}
+    totals = {"concat": [0.0, 0], "lrn": [0.0, 0], "3x3 stride-1 max pool": [0.0, 0]}
     for node in net.nodes:
         layer = node.layer
         if isinstance(layer, Concat):
@@ -135,7 +145,30 @@ def main(argv=None) -> int:
                 seconds = timed(cp, call, args.repeat)
                 totals["lrn"][0] += seconds
                 totals["lrn"][1] += nbytes
-                print(report(node.name, kind, seconds, nbytes, None))
+                print(report(node.name, kind, seconds, nbytes))
+        elif (isinstance(layer, MaxPool2d) and tuple(layer.spec.kernel) == (3, 3)
+              and tuple(layer.spec.stride) == (1, 1)):
+            spec = layer.spec
+            x = random_map(cp, layer.in_shapes[0], dtype, args.layout, rng)
+            gy = random_map(cp, layer.out_shape, dtype, args.layout, rng)
+            y, gx = (empty_map(cp, s, dtype, args.layout)
+                     for s in (layer.out_shape, layer.in_shapes[0]))
+            argmax = empty_map(cp, layer.out_shape, np.uint8, args.layout)
+            values_in, values_out = math.prod(layer.in_shapes[0]), math.prod(layer.out_shape)
+            for kind, call, nbytes in (
+                    ("forward", lambda: cuda.maxpool2d_forward(x, y, argmax, spec),
+                     values_in * item + values_out * (item + 1)),
+                    ("backward", lambda: cuda.maxpool2d_backward(gy, argmax, gx, spec),
+                     values_out * (item + 1) + values_in * item)):
+                seconds = timed(cp, call, args.repeat)
+                cuda_pool.RUN3_POOLS = False
+                try:
+                    before = timed(cp, call, args.repeat)
+                finally:
+                    cuda_pool.RUN3_POOLS = True
+                totals["3x3 stride-1 max pool"][0] += seconds
+                totals["3x3 stride-1 max pool"][1] += nbytes
+                print(report(node.name, kind, seconds, nbytes, before, "a pixel a thread"))
     for kind, (seconds, nbytes) in totals.items():
         if seconds:
             print(f"{kind}: {seconds * 1e3:.2f} ms forward + backward, "

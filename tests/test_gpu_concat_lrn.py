@@ -1,6 +1,7 @@
 """The GPU's concatenation and LRN kernels (kernels/cuda_concat.py, kernels/cuda_lrn.py)
-against NumPy, in both layouts, float32 and bfloat16 maps, odd sizes; run-to-run bits.
-Skipped without a CUDA GPU.
+against NumPy, in both layouts, float32 and bfloat16 maps, odd sizes, run-to-run bits; and
+the channels-last 3x3 stride-1 max pooling that covers a run of pixels per thread
+(kernels/cuda_pool.py) against the kernels that cover one. Skipped without a CUDA GPU.
 
 A concatenation is a copy: its outputs must be NumPy's bits exactly. LRN is checked against
 a float64 reference within the tolerance of the other LRN tests (float32), or of a few bf16
@@ -146,3 +147,38 @@ def test_lrn_gives_the_same_bits_every_run(layout):
         again = _lrn(x, gy, GOOGLENET, layout)
         for a, b in zip(first, again):
             np.testing.assert_array_equal(a, b)
+
+
+# ---- 3x3 stride-1 max pooling, channels last (inception's pool branch) ------------------------
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("padding", [(1, 1), (0, 0)])
+@pytest.mark.parametrize("shape", [(2, 16, 7, 9), (1, 8, 5, 2), (3, 32, 1, 6), (1, 64, 4, 4)],
+                         ids=str)
+def test_3x3_stride_1_max_pooling_by_runs_gives_the_per_pixel_kernels_bits(shape, padding,
+                                                                           dtype, monkeypatch):
+    """The kernels that cover a run of pixels per thread against those that cover one pixel:
+    the same bits, ties, NaN, infinities and signed zeros included; widths that are not a
+    multiple of the run."""
+    from minidnn.kernels import PoolSpec, cuda_pool
+    spec = PoolSpec(kernel=(3, 3), stride=(1, 1), padding=padding)
+    n, c, h, w = shape
+    oh, ow = h + 2 * padding[0] - 2, w + 2 * padding[1] - 2
+    if min(oh, ow) < 1:
+        pytest.skip("no output")
+    rng = np.random.default_rng(9)
+    x = rng.integers(-2, 3, shape).astype(np.float32)           # many ties
+    x.reshape(-1)[rng.choice(x.size, 5, replace=False)] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    gy = rng.standard_normal((n, c, oh, ow)).astype(np.float32)
+    gy.reshape(-1)[:2] = [-0.0, np.nan]
+    x, gy = x.astype(dtype), gy.astype(dtype)
+    results = {}
+    for runs in (True, False):
+        monkeypatch.setattr(cuda_pool, "RUN3_POOLS", runs)
+        y = to_device(np.full((n, c, oh, ow), 5, dtype), "nhwc")
+        arg = to_device(np.full((n, c, oh, ow), 77, np.uint8), "nhwc")
+        gx = to_device(np.full(shape, 5, dtype), "nhwc")
+        cuda_pool.maxpool2d_forward(to_device(x, "nhwc"), y, arg, spec)
+        cuda_pool.maxpool2d_backward(to_device(gy, "nhwc"), arg, gx, spec)
+        results[runs] = [to_host(a).view(np.uint8) for a in (y, arg, gx)]
+    for got, want in zip(results[True], results[False]):
+        np.testing.assert_array_equal(got, want)

@@ -27,7 +27,9 @@ a value's window range with a division, and sum backward's windows in the same o
 NCHW kernels, so both layouts give the same bits. Where the channels allow, max pooling on
 float32 and bf16 maps runs the `_vec` kernels instead: the same code value for value, a thread
 moving 16 bytes of channels with each load and store (VGG-16's pool1 at batch 256 on the H200:
-forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms).
+forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms). 3x3 windows
+at stride 1 (GoogLeNet's inception pools) run the `_run3_vec` kernels there: a thread covers a
+run of pixels along a row and loads the pixels their windows share once (RUN3_POOLS).
 
 bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
 once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps

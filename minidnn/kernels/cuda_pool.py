@@ -651,9 +651,12 @@ def _launch(name: str, ctype: str, planes: int, rows: int, cols: int, args: tupl
 _MAX_IMAGES = 65535         # images per launch: the grid's y dimension
 
 #: Channels-last 3x3 max pooling at stride 1 runs the `_run3_vec` kernels (a thread per run of
-#: pixels along a row) where the channels allow vectors; False: the `_vec` kernels, a thread
-#: per pixel (the same bits; kept to compare the two).
+#: pixels along a row) on float32 maps where the channels allow vectors; False: the `_vec`
+#: kernels, a thread per pixel (the same bits; kept to compare the two). bf16 maps keep the
+#: `_vec` kernels: on the H200 (GoogLeNet b256's inception pools) runs took 1.3-1.6x less time
+#: than a pixel a thread on float32 maps, but about 1.1x more on bf16 ones.
 RUN3_POOLS = True
+_RUN3_TYPES = ("float",)
 
 
 def _vector(ctype: str, channels: int, maps: tuple, argmax) -> int:
@@ -687,10 +690,10 @@ def _launch_last(name: str, ctype: str, shape, maps: tuple, args: tuple, vec: in
                tuple(m[n0:n0 + images] for m in maps) + args + constants)
 
 
-def _runs3(spec, vec: int) -> bool:
+def _runs3(spec, vec: int, ctype: str) -> bool:
     """Whether channels-last max pooling runs the `_run3_vec` kernels: 3x3 windows at stride
-    1 (any padding), channels in vectors."""
-    return (RUN3_POOLS and vec > 1 and tuple(spec.kernel) == (3, 3)
+    1 (any padding), channels in vectors, maps of a type in _RUN3_TYPES."""
+    return (RUN3_POOLS and vec > 1 and ctype in _RUN3_TYPES and tuple(spec.kernel) == (3, 3)
             and tuple(spec.stride) == (1, 1))
 
 
@@ -716,7 +719,7 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
     n, c, oh, ow = y.shape
     if layout == "nhwc":
         vec = _vector(ctype, c, (x, y), argmax)
-        if _runs3(spec, vec):
+        if _runs3(spec, vec, ctype):
             _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec)
             return
         _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
@@ -739,7 +742,7 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
         args = geometry + (np.int32(c // vec),)
         tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
                  and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
-        if _runs3(spec, vec):
+        if _runs3(spec, vec, ctype):
             _launch_run3("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), geometry, vec)
         elif tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
             _launch_last("maxpool2d_backward_tiles", ctype, gy.shape, (gy, argmax, gx), args,

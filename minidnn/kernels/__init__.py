@@ -4,9 +4,9 @@
   same code also runs on CuPy arrays, which the GPU tests use as a second opinion).
 * `cuda.py` — the GPU implementation, every function with the signature of its cpu.py twin:
   convolutions through cuDNN (`cudnn_conv.py`: the frontend's graphs and measured plans),
-  pooling, ReLU and the bias add as CuPy raw kernels (`cuda_pool.py`, `cuda_pointwise.py`,
-  with `cuda_divide.py`'s division by launch constants), LRN as CuPy elementwise kernels
-  (`cuda_lrn.py`), Linear's products on bf16 maps through cuBLAS (`cuda_linear.py`) and the
+  pooling, ReLU, the bias add, LRN and concatenation as CuPy raw kernels (`cuda_pool.py`,
+  `cuda_pointwise.py`, `cuda_lrn.py`, `cuda_concat.py`, with `cuda_divide.py`'s division by
+  launch constants), Linear's products on bf16 maps through cuBLAS (`cuda_linear.py`) and the
   bf16 copies of the weights those products read (`cuda_weights.py`).
 
 Layers never import either module: they call `ctx.kernels.<op>(...)`, and the executor puts
@@ -31,6 +31,9 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
     lrn_backward(x, y, scale, gy, gx, spec)          y may be None: y / scale = x * scale**(-beta-1)
+    concat_forward(xs, y, axis)                      y = the xs joined along axis (copies)
+    concat_backward(gy, gxs, sizes, axis)            gxs[k] = gy's slice k (sizes[k] wide);
+                                                     None entries skipped
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
     add(a, b, out)                                   out = a + b (one shape); out may be a or b
     sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place

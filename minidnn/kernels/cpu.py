@@ -392,6 +392,30 @@ def lrn_backward(x, y, scale, gy, gx, spec) -> None:
         gxc -= total
 
 
+# ---- concatenation ------------------------------------------------------------------------------
+def _concat_slices(y, sizes, axis: int):
+    """y's consecutive slices along axis, sizes[k] wide."""
+    axis = axis + y.ndim if axis < 0 else axis
+    lead = (slice(None),) * axis
+    start = 0
+    for size in sizes:
+        yield y[lead + (slice(start, start + size),)]
+        start += size
+
+
+def concat_forward(xs, y, axis: int = 1) -> None:
+    """y = the xs joined along axis, bit for bit (bf16 maps as their 16-bit patterns)."""
+    for x, part in zip(xs, _concat_slices(y, [x.shape[axis] for x in xs], axis)):
+        mapformat.copy_values(part, x)
+
+
+def concat_backward(gy, gxs, sizes, axis: int = 1) -> None:
+    """gxs[k] = gy's slice k along axis (sizes[k] wide), bit for bit; None entries skipped."""
+    for gx, part in zip(gxs, _concat_slices(gy, sizes, axis)):
+        if gx is not None:
+            mapformat.copy_values(gx, part)
+
+
 # ---- sums ---------------------------------------------------------------------------------------
 def add(a, b, out) -> None:
     """out = a + b, value by value (a residual add, a gradient sum at a fork); out may be a

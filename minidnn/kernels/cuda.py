@@ -38,6 +38,7 @@ from . import out_size
 from .mapformat import BF16_OPS as MAP_OPS
 from .cuda_linear import bind_stream as bind_cublas, linear_backward, linear_forward, \
     set_math as _linear_math
+from .cuda_concat import concat_backward, concat_forward
 from .cuda_lrn import lrn_backward, lrn_forward
 from .cuda_pointwise import add, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits, scale_by_mask
@@ -50,8 +51,9 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
            "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
-           "lrn_forward", "lrn_backward", "relu_forward", "relu_backward", "relu_forward_bits",
-           "relu_backward_bits", "scale_by_mask", "float_to_bf16", "bf16_to_float", "configure",
+           "lrn_forward", "lrn_backward", "concat_forward", "concat_backward", "relu_forward",
+           "relu_backward", "relu_forward_bits", "relu_backward_bits", "scale_by_mask",
+           "float_to_bf16", "bf16_to_float", "configure",
            "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks", "linear_forward", "linear_backward",

@@ -1,158 +1,253 @@
-"""Local response normalization across channels on the GPU (CuPy ElementwiseKernels).
+"""Local response normalization across channels on the GPU, as CuPy raw kernels.
 
 PyTorch's LocalResponseNorm, as cpu.py: for channel c the window is c - size//2 ..
 c + (size-1)//2 (zero outside), scale = k + alpha/size * sum of x**2 over it, y = x * scale**-beta.
-Backward runs one thread per input element and sums over the windows that contain it (the
-mirror image of its own window), so it needs no atomics and is deterministic:
+Backward sums, for each input value, over the windows that contain it (the mirror image of its
+own window), so it needs no atomics and is deterministic:
 
-    gx_c = gy_c * s_c**-beta - 2 alpha beta / size * x_c * sum_{j: c in window(j)} gy_j x_j s_j**(-beta-1)
+    gx_c = gy_c * s_c**-beta - 2 alpha beta / size * x_c * sum_{j: c in window(j)} q_j,
+    q_j = gy_j * x_j * s_j**-beta / s_j
 
-float32 and float64 maps (CuPy elementwise kernels) and bfloat16 maps (mixed precision,
-kernels/mapformat.py: raw kernels that read and write the bf16 maps as they are, widen each
-value exactly in registers, compute as the float32 kernels compute, and round each output
-once; the scale, an aux buffer, stays float32). So a bf16 call gives the bits of the float32
-kernels on bf16_to_float of its maps followed by float_to_bf16 of its outputs, with no
-float32 map in memory. No allocation, no host synchronization. Shapes: x, y, scale, gy, gx
-(N, C, H, W), all C-contiguous or all channels last (kernels/mapformat.py). The kernels run
-over the values in memory order; a value's channel neighbours lie CS values away (CS = H*W in
-NCHW, 1 in NHWC), so one kernel serves both layouts.
+A thread owns a run of RUN consecutive channels at one position (a pixel of an image) and
+reads, once, the values of its run and of the window's reach on either side into registers:
+forward sums each output's squares from them, backward computes each q_j once (one power and
+one division per value read, not one per window member) and sums them. So every value of x
+(and of scale and gy in backward) is read about once from memory, and neighbouring runs'
+overlaps come from the cache. The reach (size // 2 before, (size - 1) // 2 after) is a template
+argument, so the windows live in registers; a size's kernels are compiled at its first use
+(GoogLeNet's and AlexNet's size 5 when this module is imported). s**-beta takes square roots
+and a division for beta = 0.75, 0.5 and 1 (cpu.py's _negative_power), `pow` otherwise.
+
+Layouts: a map is (N, C, inner) in memory with inner = H*W (NCHW) or 1 (NHWC, where a pixel's
+channels are contiguous: kernels/mapformat.py). Thread t of a launch works on image or pixel
+n = t / (runs * inner), run r = t / inner % runs, position t % inner, so neighbouring threads
+touch neighbouring memory in both layouts: two divisions by launch constants (cuda_divide.py),
+32-bit index math with 64-bit offsets, launches of fewer than 2**31 threads. Channels last,
+when C is a multiple of RUN and the arrays are aligned, a run's own values move as one vector
+load or store (16 bytes of bf16, two of float32).
+
+Maps are float32, float64 or bfloat16; scale is in the type the maps compute in (float32
+beside bf16 maps). One template serves every map type: values are widened exactly, computed in
+acc_t<M> and each output is rounded once (cuda_pointwise's STORAGE_SOURCE), so a call on bf16
+maps gives the bits of the float32 kernels on bf16_to_float of its maps followed by
+float_to_bf16 of its outputs, with no float32 map in memory. No allocation, no host
+synchronization; CuPy's current stream.
 """
 from __future__ import annotations
+
+import functools
 
 import cupy as cp
 import numpy as np
 
 from .cpu import _lrn_reach
-from .cuda_pointwise import STORAGE_SOURCE
-from .mapformat import common_layout, in_memory_order, is_bfloat16
+from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
+from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
+from .mapformat import common_layout, in_memory_order
 
-_lrn_forward = cp.ElementwiseKernel(
-    "raw T x, int32 C, int64 CS, int32 before, int32 after, float64 alpha_over_size, "
-    "float64 k, float64 beta",
-    "T y, T scale",
-    r"""
-    const int c = (int)((i / CS) % C);
-    const long long base = i - c * CS;                       // channel 0 at this pixel
-    const int lo = max(c - before, 0), hi = min(c + after, C - 1);
-    T sum = 0;
-    for (int j = lo; j <= hi; ++j) { const T v = x[base + j * CS]; sum += v * v; }
-    const T s = sum * (T)alpha_over_size + (T)k;
-    scale = s;
-    y = x[i] * pow(s, (T)(-beta));
-    """,
-    "minidnn_lrn_forward")
+#: Channels a thread owns (a multiple of every vector width).
+RUN = 8
 
-_lrn_backward = cp.ElementwiseKernel(
-    "raw T x, raw T scale, raw T gy, int32 C, int64 CS, int32 before, int32 after, "
-    "float64 coef, float64 beta",
-    "T gx",
-    r"""
-    const int c = (int)((i / CS) % C);
-    const long long base = i - c * CS;
-    // Channel c lies in the windows of channels c - after .. c + before.
-    const int lo = max(c - after, 0), hi = min(c + before, C - 1);
-    const T nb = (T)(-beta);
-    T acc = 0;
-    for (int j = lo; j <= hi; ++j) {
-        const long long o = base + j * CS;
-        const T s = scale[o];
-        acc += gy[o] * x[o] * pow(s, nb) / s;
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+#define RUN """ + str(RUN) + r"""
+
+// s**-beta: square roots and a division for AlexNet's 0.75 (and 0.5, 1), as cpu.py computes it.
+template<typename A>
+__device__ __forceinline__ A negative_power(A s, A beta) {
+    if (beta == (A)0.75) { const A r = sqrt(s); return (A)1 / (r * sqrt(r)); }
+    if (beta == (A)0.5) return (A)1 / sqrt(s);
+    if (beta == (A)1) return (A)1 / s;
+    return pow(s, -beta);
+}
+
+// Where a thread works: channel c of its position lies at base + c * inner.
+struct Run { long long base; int c0; };
+
+__device__ __forceinline__ bool locate(Run& run, unsigned int C, unsigned int inner,
+                                       unsigned int runs, unsigned int inner_mul,
+                                       unsigned int inner_shift, unsigned int runs_mul,
+                                       unsigned int runs_shift, unsigned int count) {
+    const unsigned int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= count) return false;
+    const unsigned int q = divide(t, inner_mul, inner_shift);      // n * runs + r
+    const unsigned int n = divide(q, runs_mul, runs_shift);
+    run.c0 = (int)((q - n * runs) * RUN);
+    run.base = (long long)n * C * inner + (t - q * inner);
+    return true;
+}
+
+// v[m] = a at channel c0 - LEAD + m, widened, for m < LEAD + RUN + TRAIL; 0 outside [0, C).
+// `vectors` (channels last, C a multiple of RUN, aligned): the run's own values in one load.
+template<typename M, int LEAD, int TRAIL>
+__device__ __forceinline__ void window(const M* a, acc_t<M>* v, const Run& run, int C,
+                                       unsigned int inner, bool vectors) {
+    if (vectors) {
+        const Pack<M, RUN> own = load<M, RUN>(a + run.base, run.c0 / RUN);
+        #pragma unroll
+        for (int j = 0; j < RUN; ++j) v[LEAD + j] = widen(own.v[j]);
+        #pragma unroll
+        for (int m = 0; m < LEAD; ++m) {
+            const int c = run.c0 - LEAD + m;
+            v[m] = c >= 0 ? widen(a[run.base + c]) : (acc_t<M>)0;
+        }
+        #pragma unroll
+        for (int m = 0; m < TRAIL; ++m) {
+            const int c = run.c0 + RUN + m;
+            v[LEAD + RUN + m] = c < C ? widen(a[run.base + c]) : (acc_t<M>)0;
+        }
+        return;
     }
-    gx = gy[i] * pow(scale[i], nb) - (T)coef * x[i] * acc;
-    """,
-    "minidnn_lrn_backward")
-
-# The same two passes over bf16 maps M (scale float32): the elementwise kernels' arithmetic
-# in T = acc_t<M>, on widened values, each output rounded once; a grid-stride loop over n.
-_BF16_SOURCE = STORAGE_SOURCE + r"""
-template<typename M>
-__global__ void lrn_forward_maps(const M* x, M* y, acc_t<M>* scale, int C, long long CS,
-                                 int before, int after, double alpha_over_size, double k,
-                                 double beta, long long n) {
-    typedef acc_t<M> T;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)((i / CS) % C);
-        const long long base = i - c * CS;
-        const int lo = max(c - before, 0), hi = min(c + after, C - 1);
-        T sum = 0;
-        for (int j = lo; j <= hi; ++j) { const T v = widen(x[base + j * CS]); sum += v * v; }
-        const T s = sum * (T)alpha_over_size + (T)k;
-        scale[i] = s;
-        y[i] = narrow<M>(widen(x[i]) * pow(s, (T)(-beta)));
+    #pragma unroll
+    for (int m = 0; m < LEAD + RUN + TRAIL; ++m) {
+        const int c = run.c0 - LEAD + m;
+        v[m] = c >= 0 && c < C ? widen(a[run.base + (long long)c * inner]) : (acc_t<M>)0;
     }
 }
 
+// a at the run's channels (those below C) = v, each rounded once to M.
 template<typename M>
-__global__ void lrn_backward_maps(const M* x, const acc_t<M>* scale, const M* gy, M* gx,
-                                  int C, long long CS, int before, int after, double coef,
-                                  double beta, long long n) {
-    typedef acc_t<M> T;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)((i / CS) % C);
-        const long long base = i - c * CS;
-        const int lo = max(c - after, 0), hi = min(c + before, C - 1);
-        const T nb = (T)(-beta);
-        T acc = 0;
-        for (int j = lo; j <= hi; ++j) {
-            const long long o = base + j * CS;
-            const T s = scale[o];
-            acc += widen(gy[o]) * widen(x[o]) * pow(s, nb) / s;
-        }
-        gx[i] = narrow<M>(widen(gy[i]) * pow(scale[i], nb) - (T)coef * widen(x[i]) * acc);
+__device__ __forceinline__ void put(M* a, const acc_t<M>* v, const Run& run, int C,
+                                    unsigned int inner, bool vectors) {
+    if (vectors) {
+        Pack<M, RUN> own;
+        #pragma unroll
+        for (int j = 0; j < RUN; ++j) own.v[j] = narrow<M>(v[j]);
+        store<M, RUN>(a + run.base, run.c0 / RUN, own);
+        return;
     }
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j)
+        if (run.c0 + j < C) a[run.base + (long long)(run.c0 + j) * inner] = narrow<M>(v[j]);
+}
+
+#define LAUNCH unsigned int C, unsigned int inner, unsigned int runs, unsigned int inner_mul, \
+               unsigned int inner_shift, unsigned int runs_mul, unsigned int runs_shift, \
+               unsigned int count, int vectors
+
+// Window of channel c: c - BEFORE .. c + AFTER. Sums in ascending channel order.
+template<typename M, int BEFORE, int AFTER>
+__global__ void lrn_forward(const M* __restrict__ x, M* __restrict__ y,
+                            acc_t<M>* __restrict__ scale, double alpha_over_size, double k,
+                            double beta, LAUNCH) {
+    typedef acc_t<M> A;
+    Run run;
+    if (!locate(run, C, inner, runs, inner_mul, inner_shift, runs_mul, runs_shift, count))
+        return;
+    A v[BEFORE + RUN + AFTER];
+    window<M, BEFORE, AFTER>(x, v, run, (int)C, inner, vectors);
+    A s[RUN], out[RUN];
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j) {
+        A sum = 0;
+        #pragma unroll
+        for (int m = 0; m <= BEFORE + AFTER; ++m) sum += v[j + m] * v[j + m];
+        s[j] = sum * (A)alpha_over_size + (A)k;
+        out[j] = v[BEFORE + j] * negative_power(s[j], (A)beta);
+    }
+    put<A>(scale, s, run, (int)C, inner, vectors);
+    put<M>(y, out, run, (int)C, inner, vectors);
+}
+
+// Channel c lies in the windows of channels c - AFTER .. c + BEFORE: q over the run's channels
+// and that reach (0 outside the map), then each gx from its own values and its q's in
+// ascending channel order.
+template<typename M, int BEFORE, int AFTER>
+__global__ void lrn_backward(const M* __restrict__ x, const acc_t<M>* __restrict__ scale,
+                             const M* __restrict__ gy, M* __restrict__ gx, double coef,
+                             double beta, LAUNCH) {
+    typedef acc_t<M> A;
+    const int SPAN = AFTER + RUN + BEFORE;
+    Run run;
+    if (!locate(run, C, inner, runs, inner_mul, inner_shift, runs_mul, runs_shift, count))
+        return;
+    A xv[SPAN], sv[SPAN], gv[SPAN], q[SPAN], p[RUN] = {};
+    window<M, AFTER, BEFORE>(x, xv, run, (int)C, inner, vectors);
+    window<A, AFTER, BEFORE>(scale, sv, run, (int)C, inner, vectors);
+    window<M, AFTER, BEFORE>(gy, gv, run, (int)C, inner, vectors);
+    #pragma unroll
+    for (int m = 0; m < SPAN; ++m) {
+        const int c = run.c0 - AFTER + m;
+        q[m] = 0;
+        if (c >= 0 && c < (int)C) {
+            const A power = negative_power(sv[m], (A)beta);
+            q[m] = gv[m] * xv[m] * power / sv[m];
+            if (m >= AFTER && m < AFTER + RUN) p[m - AFTER] = power;
+        }
+    }
+    A out[RUN];
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j) {
+        A acc = 0;
+        #pragma unroll
+        for (int m = 0; m <= AFTER + BEFORE; ++m) acc += q[j + m];
+        out[j] = run.c0 + j < (int)C
+            ? gv[AFTER + j] * p[j] - (A)coef * xv[AFTER + j] * acc : (A)0;
+    }
+    put<M>(gx, out, run, (int)C, inner, vectors);
 }
 """
-_bf16_module = cp.RawModule(code=_BF16_SOURCE, options=("--std=c++14",),
-                            name_expressions=["lrn_forward_maps<bf16>",
-                                              "lrn_backward_maps<bf16>"])
+
+_CTYPES = ("float", "double", "bf16")
 _THREADS = 256
-_MAX_BLOCKS = 4096
 
 
-def _run_bf16(name: str, n: int, args: tuple) -> None:
-    """Kernel name<bf16> over n values (a grid-stride loop)."""
-    if n:
-        blocks = min(_MAX_BLOCKS, -(-n // _THREADS))
-        _bf16_module.get_function(f"{name}<bf16>")((blocks,), (_THREADS,),
-                                                   args + (np.int64(n),))
+@functools.lru_cache(maxsize=None)
+def _module(before: int, after: int):
+    """The kernels of one window reach, compiled at their first use."""
+    return cp.RawModule(code=_SOURCE, options=("--std=c++14",), name_expressions=[
+        f"{name}<{t}, {before}, {after}>" for name in ("lrn_forward", "lrn_backward")
+        for t in _CTYPES])
 
 
+_module(*_lrn_reach(5))              # AlexNet's and GoogLeNet's size
 
-def _channel_step(name: str, arrays) -> int:
-    """Values between channel neighbours in the arrays' common layout."""
-    n, c, h, w = arrays[0].shape
-    return 1 if common_layout(name, arrays) == "nhwc" else h * w
+
+def _run(name: str, spec, arrays, args: tuple) -> None:
+    """Kernel `name` over `arrays` in its order: maps (N, C, H, W) of one dtype and the scale
+    (the second array), all of one dense layout, in launches of fewer than 2**31 threads.
+    `args`: the kernel's arguments between its arrays and its launch geometry."""
+    x, scale = arrays[0], arrays[1 if name == "lrn_backward" else 2]
+    maps = [a for a in arrays if a is not scale]
+    layout = common_layout(name, arrays)
+    ctype = map_ctype(x.dtype)
+    if ctype is None or any(m.dtype != x.dtype or m.shape != x.shape for m in maps):
+        raise TypeError(f"{name}: takes float32, float64 or bfloat16 maps of one dtype and "
+                        f"shape, got {[(str(m.dtype), m.shape) for m in maps]}")
+    want = np.dtype(np.float32 if ctype == "bf16" else x.dtype)
+    if scale.dtype != want or scale.shape != x.shape:
+        raise TypeError(f"{name}: scale must be {want} {x.shape} beside {x.dtype} maps, got "
+                        f"{scale.dtype} {scale.shape}")
+    if not x.size:
+        return
+    n, c, h, w = x.shape
+    inner = 1 if layout == "nhwc" else h * w
+    runs = -(-c // RUN)
+    flat = [in_memory_order(a) for a in arrays]
+    vectors = inner == 1 and c % RUN == 0 and all(a.data.ptr % (RUN * a.itemsize) == 0
+                                                  for a in flat)
+    before, after = _lrn_reach(spec.size)
+    kernel = _module(before, after).get_function(f"{name}<{ctype}, {before}, {after}>")
+    per_image = c * inner                             # values of one image (or pixel)
+    outer = x.size // per_image                       # images (NCHW) or pixels (NHWC)
+    per_launch = max((INDEX_LIMIT - 1) // (runs * inner), 1)
+    by_inner, by_runs = divider(inner), divider(runs)
+    for o0 in range(0, outer, per_launch):
+        o1 = min(o0 + per_launch, outer)
+        count = (o1 - o0) * runs * inner
+        kernel(((count + _THREADS - 1) // _THREADS,), (_THREADS,),
+               tuple(a[o0 * per_image:o1 * per_image] for a in flat) + args
+               + (np.uint32(c), np.uint32(inner), np.uint32(runs), *by_inner, *by_runs,
+                  np.uint32(count), np.int32(vectors)))
 
 
 def lrn_forward(x, y, scale, spec) -> None:
-    """scale = k + alpha/size * window sum of x**2; y = x * scale**-beta."""
-    step = _channel_step("lrn_forward", (x, y, scale))
-    before, after = _lrn_reach(spec.size)
-    if is_bfloat16(x.dtype):
-        _run_bf16("lrn_forward_maps", x.size,
-                  (in_memory_order(x), in_memory_order(y), in_memory_order(scale),
-                   np.int32(x.shape[1]), np.int64(step), np.int32(before), np.int32(after),
-                   np.float64(spec.alpha / spec.size), np.float64(spec.k),
-                   np.float64(spec.beta)))
-        return
-    _lrn_forward(in_memory_order(x), x.shape[1], step, before, after, spec.alpha / spec.size,
-                 spec.k, spec.beta, in_memory_order(y), in_memory_order(scale))
+    """scale = k + alpha/size * window sum of x**2; y = x * scale**-beta. x, y, scale
+    (N, C, H, W), all NCHW or all channels last; scale float32 beside bf16 maps."""
+    _run("lrn_forward", spec, (x, y, scale),
+         (np.float64(spec.alpha / spec.size), np.float64(spec.k), np.float64(spec.beta)))
 
 
 def lrn_backward(x, y, scale, gy, gx, spec) -> None:
     """gx from x, scale and gy (y is not read and may be None); overwrites gx."""
-    step = _channel_step("lrn_backward", (x, scale, gy, gx))
-    before, after = _lrn_reach(spec.size)
-    if is_bfloat16(x.dtype):
-        _run_bf16("lrn_backward_maps", x.size,
-                  (in_memory_order(x), in_memory_order(scale), in_memory_order(gy),
-                   in_memory_order(gx), np.int32(x.shape[1]), np.int64(step),
-                   np.int32(before), np.int32(after),
-                   np.float64(2.0 * spec.alpha * spec.beta / spec.size),
-                   np.float64(spec.beta)))
-        return
-    _lrn_backward(in_memory_order(x), in_memory_order(scale), in_memory_order(gy), x.shape[1],
-                  step, before, after, 2.0 * spec.alpha * spec.beta / spec.size, spec.beta,
-                  in_memory_order(gx))
+    _run("lrn_backward", spec, (x, scale, gy, gx),
+         (np.float64(2.0 * spec.alpha * spec.beta / spec.size), np.float64(spec.beta)))

@@ -27,7 +27,9 @@ a value's window range with a division, and sum backward's windows in the same o
 NCHW kernels, so both layouts give the same bits. Where the channels allow, max pooling on
 float32 and bf16 maps runs the `_vec` kernels instead: the same code value for value, a thread
 moving 16 bytes of channels with each load and store (VGG-16's pool1 at batch 256 on the H200:
-forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms).
+forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms). 3x3 windows
+at stride 1 (GoogLeNet's inception pools) run the `_run3_vec` kernels there: a thread covers a
+run of pixels along a row and loads the pixels their windows share once (RUN3_POOLS).
 
 bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
 once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps
@@ -435,13 +437,147 @@ __global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
             store<T, VEC>(out + ((long long)kh * W + kw) * C, 0, o);
         }
 }
+
+// ---- channels last, 3x3 windows at stride 1 (inception's pool branch), VEC channels of RUN
+// neighbouring pixels of a row per thread ----
+// The _vec kernels above, value for value (the same windows, comparisons and order of sums),
+// but a thread covers RUN outputs (forward) or inputs (backward) along a row, whose windows
+// overlap: it loads each of the 3 x (RUN + 2) pixels they span once, a row at a time, instead
+// of 9 pixels per output. Rows go in ascending order and within a row columns ascend, so each
+// value sees its window positions in the _vec kernels' order. The loops run over constants,
+// so the per-pixel state stays in registers. RUN = 16 / VEC: 4 pixels of float32, 2 of bf16.
+// Thread (n, row, run, vector): pixel_last over `runs` = ceil(width / RUN) runs per row.
+template<typename T, int VEC>
+__global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restrict__ y,
+                                           unsigned char* __restrict__ argmax, GEOMETRY,
+                                           int CV, int runs, LAST_LAUNCH) {
+    const int RUN = 16 / VEC;
+    Pixel p;                                          // (n, oh, run, vector)
+    if (!pixel_last(p, CV, runs, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const int C = CV * VEC;
+    const int h0 = p.h - PH, ow0 = p.w * RUN;
+    const long long image = p.n * H * W * C + p.c * VEC;
+    const int kh0 = max(-h0, 0), kh1 = min(3, H - h0);
+    typedef acc_t<T> A;
+    A best[RUN][VEC];
+    unsigned char arg[RUN][VEC];
+    #pragma unroll
+    for (int kh = 0; kh < 3; ++kh) {
+        const int h = h0 + kh;
+        // Row h at columns ow0 - PW + m (a pixel outside the input is never read).
+        Pack<T, VEC> cell[RUN + 2];
+        #pragma unroll
+        for (int m = 0; m < RUN + 2; ++m) {
+            const int w = ow0 - PW + m;
+            cell[m] = h >= 0 && h < H && w >= 0 && w < W
+                ? load<T, VEC>(x + image + ((long long)h * W + w) * C, 0) : Pack<T, VEC>();
+        }
+        #pragma unroll
+        for (int j = 0; j < RUN; ++j) {
+            const int w0 = ow0 + j - PW;
+            const int kw0 = max(-w0, 0), kw1 = min(3, W - w0);
+            if (kh == 0) {        // window position 0 (padding reads as -inf) starts the search
+                const bool first = h0 >= 0 && h0 < H && w0 >= 0 && w0 < W;
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    best[j][v] = first ? widen(cell[j].v[v]) : minus_inf(A(0));
+                    arg[j][v] = 0;
+                }
+            }
+            if (kh < kh0 || kh >= kh1) continue;
+            #pragma unroll
+            for (int kw = 0; kw < 3; ++kw) {
+                if ((kh == 0 && kw == 0) || kw < kw0 || kw >= kw1) continue;
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A value = widen(cell[j + kw].v[v]);
+                    if (value > best[j][v]) {
+                        best[j][v] = value;
+                        arg[j][v] = (unsigned char)(kh * 3 + kw);
+                    }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j) {
+        const int ow = ow0 + j;
+        if (ow >= OW) break;
+        Pack<T, VEC> out;
+        Pack<unsigned char, VEC> args;
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) { out.v[v] = narrow<T>(best[j][v]); args.v[v] = arg[j][v]; }
+        const long long o = ((p.n * OH + p.h) * OW + ow) * C + p.c * VEC;
+        store<T, VEC>(y + o, 0, out);
+        store<unsigned char, VEC>(argmax + o, 0, args);
+    }
+}
+
+// Input pixel (h, w) lies in the windows oh = h + PH - 2 + r, ow = w + PW - 2 + d (r, d < 3,
+// inside the output), at window position (2 - r) * 3 + (2 - d); they are summed with oh, then
+// ow, ascending, as maxpool2d_backward_vec sums them.
+template<typename T, int VEC>
+__global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
+                                            const unsigned char* __restrict__ argmax,
+                                            T* __restrict__ gx, GEOMETRY, int CV, int runs,
+                                            LAST_LAUNCH) {
+    const int RUN = 16 / VEC;
+    Pixel p;                                          // (n, h, run, vector)
+    if (!pixel_last(p, CV, runs, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const int C = CV * VEC;
+    const int w0 = p.w * RUN;
+    const long long image = p.n * OH * OW * C + p.c * VEC;
+    acc_t<T> acc[RUN][VEC];
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j)
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[j][v] = 0;
+    #pragma unroll
+    for (int r = 0; r < 3; ++r) {
+        const int oh = p.h + PH - 2 + r;
+        if (oh < 0 || oh >= OH) continue;
+        // gy and argmax of output row oh at columns w0 + PW - 2 + m.
+        Pack<T, VEC> g[RUN + 2];
+        Pack<unsigned char, VEC> a[RUN + 2];
+        #pragma unroll
+        for (int m = 0; m < RUN + 2; ++m) {
+            const int ow = w0 + PW - 2 + m;
+            const bool inside = ow >= 0 && ow < OW;
+            const long long o = image + ((long long)oh * OW + ow) * C;
+            g[m] = inside ? load<T, VEC>(gy + o, 0) : Pack<T, VEC>();
+            a[m] = inside ? load<unsigned char, VEC>(argmax + o, 0) : Pack<unsigned char, VEC>();
+        }
+        #pragma unroll
+        for (int j = 0; j < RUN; ++j) {
+            #pragma unroll
+            for (int d = 0; d < 3; ++d) {
+                const int ow = w0 + j + PW - 2 + d;
+                if (ow < 0 || ow >= OW) continue;
+                const int at = (2 - r) * 3 + (2 - d);
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    if (a[j + d].v[v] == at) acc[j][v] += widen(g[j + d].v[v]);
+            }
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < RUN; ++j) {
+        const int w = w0 + j;
+        if (w >= W) break;
+        Pack<T, VEC> out;
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) out.v[v] = narrow<T>(acc[j][v]);
+        store<T, VEC>(gx + ((p.n * H + p.h) * W + w) * C + p.c * VEC, 0, out);
+    }
+}
 """
 
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
             "maxpool2d_forward_last", "maxpool2d_backward_last", "maxpool2d_backward_tiles_last",
             "avgpool2d_forward_last", "avgpool2d_backward_last")
 _VECTOR_KERNELS = ("maxpool2d_forward_vec", "maxpool2d_backward_vec",
-                   "maxpool2d_backward_tiles_vec")
+                   "maxpool2d_backward_tiles_vec", "maxpool2d_forward_run3_vec",
+                   "maxpool2d_backward_run3_vec")
 _VECTOR_BYTES = 16
 # Maps the vector kernels take, and their values per vector. float64 maps (tests, gradient
 # checks) keep the per-value kernels: NVRTC orders a double sum's operands differently in
@@ -514,6 +650,14 @@ def _launch(name: str, ctype: str, planes: int, rows: int, cols: int, args: tupl
 
 _MAX_IMAGES = 65535         # images per launch: the grid's y dimension
 
+#: Channels-last 3x3 max pooling at stride 1 runs the `_run3_vec` kernels (a thread per run of
+#: pixels along a row) on float32 maps where the channels allow vectors; False: the `_vec`
+#: kernels, a thread per pixel (the same bits; kept to compare the two). bf16 maps keep the
+#: `_vec` kernels: on the H200 (GoogLeNet b256's inception pools) runs took 1.3-1.6x less time
+#: than a pixel a thread on float32 maps, but about 1.1x more on bf16 ones.
+RUN3_POOLS = True
+_RUN3_TYPES = ("float",)
+
 
 def _vector(ctype: str, channels: int, maps: tuple, argmax) -> int:
     """Channels per thread of the `_vec` kernels: a 16-byte vector of float32 or bf16 values
@@ -546,6 +690,22 @@ def _launch_last(name: str, ctype: str, shape, maps: tuple, args: tuple, vec: in
                tuple(m[n0:n0 + images] for m in maps) + args + constants)
 
 
+def _runs3(spec, vec: int, ctype: str) -> bool:
+    """Whether channels-last max pooling runs the `_run3_vec` kernels: 3x3 windows at stride
+    1 (any padding), channels in vectors, maps of a type in _RUN3_TYPES."""
+    return (RUN3_POOLS and vec > 1 and ctype in _RUN3_TYPES and tuple(spec.kernel) == (3, 3)
+            and tuple(spec.stride) == (1, 1))
+
+
+def _launch_run3(name: str, ctype: str, shape, maps: tuple, geometry: tuple, vec: int) -> None:
+    """Kernel `name` + '_run3_vec' over a channels-last map of logical `shape` (N, C, rows,
+    width): a thread per vector of channels of 16 / vec pixels along a row."""
+    n, c, rows, width = shape
+    runs = -(-int(width) // (16 // vec))          # the kernels' RUN = 16 / VEC pixels
+    _launch_last(name + "_run3", ctype, (n, c, rows, runs), maps,
+                 geometry + (np.int32(c // vec), np.int32(runs)), vec)
+
+
 def maxpool2d_forward(x, y, argmax, spec) -> None:
     """y = window maxima of x; argmax (uint8) = kh * KW + kw of each window's first maximum."""
     kh, kw = spec.kernel
@@ -559,6 +719,9 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
     n, c, oh, ow = y.shape
     if layout == "nhwc":
         vec = _vector(ctype, c, (x, y), argmax)
+        if _runs3(spec, vec, ctype):
+            _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec)
+            return
         _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
                      geometry + (np.int32(c // vec),), vec)
         return
@@ -579,7 +742,9 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
         args = geometry + (np.int32(c // vec),)
         tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
                  and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
-        if tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
+        if _runs3(spec, vec, ctype):
+            _launch_run3("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), geometry, vec)
+        elif tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
             _launch_last("maxpool2d_backward_tiles", ctype, gy.shape, (gy, argmax, gx), args,
                          vec)
         else:       # one thread per input value, gathering its windows

@@ -45,22 +45,13 @@ class Concat(Layer):
         out[axis] = sum(self.sizes)
         return tuple(out)
 
-    def _slices(self):
-        start = 0
-        lead = (slice(None),) * self._axis
-        for size in self.sizes:
-            yield lead + (slice(start, start + size),)
-            start += size
-
     def forward(self, xs, y, aux, ctx):
         """xs[k] (N, ..., C_k, ...) -> y (N, ..., sum C_k, ...)."""
-        for x, part in zip(xs, self._slices()):
-            copy_values(y[part], x)
+        ctx.kernels.concat_forward(xs, y, self._axis)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
-        for gx, part in zip(gxs, self._slices()):
-            if gx is not None:
-                copy_values(gx, gy[part])
+        """gxs[k] = gy's slice k along the axis (None: not wanted)."""
+        ctx.kernels.concat_backward(gy, gxs, self.sizes, self._axis)
 
     def describe(self):
         return f"axis {self.axis}"

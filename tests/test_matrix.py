@@ -66,12 +66,6 @@ def test_every_cell_runs_as_planned_or_is_refused_before_step_one(runner, cell):
     check_cell(runner, cell)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a vDNN policy (none, all, conv) is never weighed against the budget before step one: "
-    "the executor takes the static region and the parameters up front, but the temporaries "
-    "a step takes (here the gradient of a branch's input, written into a temporary and "
-    "summed: memory/manager.py backward_buffers) come out of the arena only in backward, "
-    "so 1% below what the policy needs trains a forward first and fails mid-step"))
 def test_a_vdnn_policy_below_what_it_needs_is_refused_before_step_one(runner):
     cell = Cell("googlenet", "fp32", "nchw", "conv", "least", "whole", 1)
     need = runner.least_budget(cell)

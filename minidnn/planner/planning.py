@@ -10,6 +10,14 @@ batches, and the same least budget.
     planned = plan_step(net, spec, source, maps, LOOKAHEADS, options)
     planned.chosen          # the SplitOption the step runs (None: nothing fits)
     planned.split           # every option weighed, and the least budget
+
+A vDNN policy (none, all, conv) plans nothing: it has one decision, and what that decision
+needs is its least budget. `plan_policy` predicts it from the same step model, so that
+`minidnn plan --policy all` names the figure `minidnn train --policy all` is refused with
+before step one (`check_policy_budget`):
+
+    static = plan_policy(net, spec, source, maps, decision, options)
+    static.least_budget     # bytes; a smaller budget raises PolicyBudgetError
 """
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 
+from ..errors import MinidnnError, fmt_bytes
+from .search import InfeasibleBudgetError, Planner, budget_to_give
 from .split import SplitOption, SplitPlan, least_budget, plan_split
 
 
@@ -156,3 +166,59 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
                     measure_least=least)
+
+
+# ---- a vDNN policy's one decision ------------------------------------------------------------
+class PolicyBudgetError(InfeasibleBudgetError):
+    """A budget below what a vDNN policy's one decision needs (its planned peak). `minimum`
+    is that least budget (bytes), as for dyn's InfeasibleBudgetError."""
+
+    def __init__(self, minimum: int, budget: int, what: str, policy: str):
+        self.requested, self.in_use, self.budget, self.where = minimum, 0, budget, what
+        self.minimum = int(minimum)
+        suggest = budget_to_give(minimum)
+        MinidnnError.__init__(
+            self, f"memory budget {fmt_bytes(budget)} is too small for {what} under policy "
+                  f"{policy}: the least it can train in is {suggest} (the peak the step "
+                  f"model plans for the policy's one decision, which does not change with "
+                  f"the budget); give --memory-budget {suggest} or more, or --policy dyn, "
+                  f"which plans for the budget")
+
+
+@dataclass
+class PolicyPlan:
+    """What plan_policy found. planner: the Planner of the step's pass (its model walked the
+    decision); evaluation: the step model's prediction of the decision; least_budget: the
+    bytes the decision needs (the larger of what must fit and the arena's peak: with a
+    static layout the two agree), below which a run is refused before step one."""
+    planner: Planner
+    evaluation: object
+    least_budget: int
+
+    def check(self, budget: int | None, policy: str) -> None:
+        """Raise PolicyBudgetError when `budget` (bytes; None: no budget) is below the least
+        budget."""
+        if budget is not None and int(budget) < self.least_budget:
+            raise PolicyBudgetError(self.least_budget, int(budget),
+                                    self.planner.describe_step(), policy)
+
+
+def plan_policy(net, spec, source: ProfileSource, maps, offload, conv_algo: dict,
+                options: dict) -> PolicyPlan:
+    """The step model's prediction for a vDNN policy's one decision: `offload` (storage ids
+    of the liveness plan of one pass) and `conv_algo` ({conv name: plan setting}; missing:
+    'fastest'), for the step `spec` names (its batch in spec.micro_batches passes, no layer
+    chunks, its budget, prefetch lookahead and static layout), its feature maps stored as
+    `maps`, from the profiles of `source`. options: as search.Planner takes them (momentum,
+    input_batches, relu_bits, ...)."""
+    k = spec.micro_batches or 1
+    pass_batch = spec.batch // k
+    relu_bits = options.get("relu_bits", frozenset())
+    profile = source.pass_profile(net, spec.batch, pass_batch, relu_bits=relu_bits, maps=maps)
+    options = dict(options, static_layout=spec.static_layout)
+    planner = Planner(net, pass_batch, profile, budget=spec.memory_budget,
+                      prefetch_lookahead=spec.prefetch_lookahead, micro_batches=k,
+                      batch_slice=spec.batch_slice, maps=maps, **options)
+    ev = planner.model.evaluate(frozenset(offload), dict(conv_algo))
+    return PolicyPlan(planner=planner, evaluation=ev,
+                      least_budget=int(max(ev.required_bytes, ev.peak_bytes)))

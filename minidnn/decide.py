@@ -104,11 +104,12 @@ def check_policy_budget(net, spec: StepSpec, policy: str, device, maps: MapForma
     MemoryBudgetError naming the least budget): the step model walks the decision as the run
     will (the spec's micro-batches, static layout and prefetch lookahead; the run's input
     batch, outside the arena, not counted), from the profile dyn would plan from on
-    `device` (measured once and cached)."""
+    `device` (a GPU's measured once and cached; the CPU's, whose kernels take no workspace,
+    not measured: planning.ProfileSource.memory_only)."""
     from .planner.dyn import RUN_INPUT_BATCHES
     from .planner.planning import ProfileSource, plan_policy
-    static = plan_policy(net, spec, ProfileSource(device=device), maps, decision.offload,
-                         decision.conv_algo,
+    source = ProfileSource(device=device, memory_only=True)
+    static = plan_policy(net, spec, source, maps, decision.offload, decision.conv_algo,
                          dict(relu_bits=relus, input_batches=RUN_INPUT_BATCHES))
     static.check(spec.memory_budget, policy)
 

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 
+from ..backend import Device, select_device
 from ..errors import MinidnnError, fmt_bytes
 from .search import InfeasibleBudgetError, Planner, budget_to_give
 from .split import SplitOption, SplitPlan, least_budget, plan_split
@@ -43,7 +44,8 @@ class ProfileSource:
     on disk in `cache_dir` (refresh: measure again even when a cached profile matches; log:
     where a one-line notice of a profiling pass goes, default standard error).
     host_link_gbps: pinned copies limited to this many GB/s each way
-    (Profile.with_host_link)."""
+    (Profile.with_host_link). memory_only: only the step's memory is read, so a device
+    whose kernels take no workspace (the CPU) is not measured (profile.untimed_profile)."""
     profile: object = None
     gpu: str | None = None
     device: object = None
@@ -52,6 +54,7 @@ class ProfileSource:
     log: object = None
     refresh: bool = False
     host_link_gbps: float | None = None
+    memory_only: bool = False
     # Profiles made so far, by (network, batch, bit-mask ReLUs, maps): each pass batch and
     # the least budget ask for the step's profile again (and `refresh` measures only once).
     _made: dict = field(default_factory=dict, repr=False, compare=False)
@@ -76,8 +79,12 @@ class ProfileSource:
         if self.gpu is not None:
             from .gpus import analytic_profile
             return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
-        from .profile import get_profile
-        return get_profile(net, batch, self.device or "auto", refresh=self.refresh,
+        from .profile import get_profile, untimed_profile
+        device = self.device if isinstance(self.device, Device) else \
+            select_device(self.device or "auto")
+        if self.memory_only and not device.is_gpu:
+            return untimed_profile(net, batch, device, relu_bits)
+        return get_profile(net, batch, device, refresh=self.refresh,
                            directory=self.cache_dir, log=self.log or _to_stderr,
                            relu_bits=relu_bits, maps=maps)
 

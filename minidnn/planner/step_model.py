@@ -228,7 +228,8 @@ class StepModel:
 
     With k micro-batches the input batches are the whole step's, a layer with parameters
     takes a gradient-sized temporary in backward (to add into the accumulated gradient), a
-    dropout draws the whole step's random numbers (in its scratch block); an Evaluation's
+    dropout draws its pass's rows of the step's random numbers (in its scratch block, sized
+    as the layer declares: layers/draws.py); an Evaluation's
     step time, compute time and bytes moved are the whole step's (k passes, one optimizer
     update), its memory that of one pass (every pass is alike). replay: only the first step
     is walked through the memory manager, the later ones are replays of its log

@@ -59,8 +59,9 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
-                    param_bytes, transient_bytes, weight_copy_bytes)
+from .costs import (ALGOS, Profile, accumulation_bytes, gradient_copy_bytes, numel,
+                    optimizer_transient_bytes, param_bytes, transient_bytes,
+                    weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
 from .recorded import StepRecording, splice
@@ -293,7 +294,10 @@ class StepModel:
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
+        # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
+        copies = counted if self.maps.precision == "bf16" else 0
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
+                           + copies * gradient_copy_bytes(node.layer, phase)
                            + accumulation_bytes(node.layer, phase, k, node.piece,
                                                 options.batch_slice,
                                                 batch // node.piece[1] if node.piece else batch,

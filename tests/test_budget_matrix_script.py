@@ -1,0 +1,55 @@
+"""scripts/matrix_gpu.py's step and peak columns: the measured step is the median of the
+steady steps (the warm-up and the steps captured as CUDA graphs left out), set beside the
+step model's as predicted/measured with a pass or fail against the issue's tolerances (peak
+within 3%, step within 10%)."""
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location(
+        "matrix_gpu", os.path.join(ROOT, "scripts", "matrix_gpu.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_timed_steps_leave_out_the_warm_up_and_the_captures(script):
+    report = {"step_time_s": [2.0, 0.9, 0.8, 0.11, 0.1, 0.12, 0.1],
+              "step_graphs": {"captured_at": [2], "replayed_steps": 4}}
+    assert script.timed_steps(report) == [0.11, 0.1, 0.12, 0.1]
+    assert script.median(script.timed_steps(report)) == pytest.approx(0.105)
+    plain = {"step_time_s": [2.0, 0.9, 0.3, 0.1, 0.2], "step_graphs": None}
+    assert script.median(script.timed_steps(plain)) == 0.2
+    assert script.timed_steps({"step_time_s": [1.0, 2.0]}) == []
+
+
+def test_predicted_over_measured_passes_within_the_tolerances(script):
+    c = script.compared(1030, 1000, 0.095, 0.1, 9)
+    assert c["peak_ratio"] == pytest.approx(1.03) and c["peak_verdict"] == "pass"
+    assert c["step_ratio"] == pytest.approx(0.95) and c["step_verdict"] == "pass"
+    c = script.compared(960, 1000, 0.12, 0.1, 9)
+    assert c["peak_verdict"] == "fail" and c["step_verdict"] == "fail"
+    assert c["peak_within_target"] is False and c["step_within_target"] is False
+    c = script.compared(1000, 1000, 0.1, None, 0)
+    assert c["step_ratio"] is None and c["step_verdict"] is None
+
+
+def test_the_table_shows_the_ratios_and_verdicts(script):
+    cell = dict(model="vgg16", precision="bf16", split_batch_statistics=False, budget="50%",
+                budget_bytes=2**30, outcome="ran",
+                **script.compared(2**30, int(2**30 * 1.01), 0.05, 0.06, 9))
+    data = {"settings": {"batch": 256, "steps": 12, "device": "gpu", "relu_bits": True,
+                         "time_limit": 230.0},
+            "cells": [cell], "skipped": ["overfeat-fp32-all budgets"]}
+    table = script.markdown(data)
+    assert "predicted/measured peak" in table and "predicted/measured step" in table
+    assert "| 0.990 pass |" in table and "| 0.833 fail |" in table
+    assert "60.0 ms (9)" in table
+    assert "1 ran outside the peak or step target" in table
+    assert "Skipped at the time limit (230 s): overfeat-fp32-all budgets." in table

@@ -37,7 +37,7 @@ from .costs import ALGOS
 from ..memory.policy import get_policy, relu_bits_for
 from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
-from .planning import ProfileSource, plan_policy, plan_step
+from .planning import PolicyBudgetError, ProfileSource, plan_policy, plan_step
 from .search import LOOKAHEADS, budget_to_give
 from .split import PRUNE_WITHIN, micro_batch_counts
 from .timeline import bytes_by_layer, timeline_data
@@ -502,7 +502,13 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, looka
         planner = static.planner
     model = planner.model
     alternatives = _alternatives(planner, result)
-    if result is None and infeasible is not None:
+    if static is not None:
+        # The policy's own refusal (what `minidnn train` says), not dyn's.
+        try:
+            static.check(budget, s["policy"])
+        except PolicyBudgetError as e:
+            notes.append(str(e))
+    elif result is None and infeasible is not None:
         # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
         # not news about the budget (the plan above fits).
         notes.append(str(infeasible))

@@ -222,7 +222,9 @@ def plan_policy(net, spec, source: ProfileSource, maps, offload, conv_algo: dict
     pass_batch = spec.batch // k
     relu_bits = options.get("relu_bits", frozenset())
     profile = source.pass_profile(net, spec.batch, pass_batch, relu_bits=relu_bits, maps=maps)
-    options = dict(options, static_layout=spec.static_layout)
+    # The decision is not planned for the budget, so none of it is left for fragmentation:
+    # the step fits when what it needs fits the budget itself.
+    options = dict(options, static_layout=spec.static_layout, reserve=0.0)
     planner = Planner(net, pass_batch, profile, budget=spec.memory_budget,
                       prefetch_lookahead=spec.prefetch_lookahead, micro_batches=k,
                       batch_slice=spec.batch_slice, maps=maps, **options)

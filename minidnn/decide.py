@@ -82,7 +82,7 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     if not planning and spec.micro_batches is not None:
         decision = replace(decision, micro_batches=spec.micro_batches)
     if not planning and spec.memory_budget is not None and chosen.name in VDNN_POLICIES:
-        check_policy_budget(net, spec, chosen.name, device, maps, decision, relus)
+        decision = weighed(net, spec, chosen.name, device, maps, decision, relus)
     lookahead = decision.prefetch_lookahead
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
@@ -98,20 +98,26 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
 VDNN_POLICIES = ("none", "all", "conv")
 
 
-def check_policy_budget(net, spec: StepSpec, policy: str, device, maps: MapFormat,
-                        decision: MemoryDecision, relus: frozenset) -> None:
-    """Refuse a budget below what a vDNN policy's `decision` needs (PolicyBudgetError, a
-    MemoryBudgetError naming the least budget): the step model walks the decision as the run
-    will (the spec's micro-batches, static layout and prefetch lookahead; the run's input
-    batch, outside the arena, not counted), from the profile dyn would plan from on
-    `device` (a GPU's measured once and cached; the CPU's, whose kernels take no workspace,
-    not measured: planning.ProfileSource.memory_only)."""
+def weighed(net, spec: StepSpec, policy: str, device, maps: MapFormat,
+            decision: MemoryDecision, relus: frozenset) -> MemoryDecision:
+    """A vDNN policy's `decision` weighed against the spec's budget: PolicyBudgetError (a
+    MemoryBudgetError naming the least budget) when the budget is below what it needs, as
+    the step model walks it (the spec's micro-batches, static layout and prefetch lookahead;
+    the run's input batch, outside the arena, not counted), from the profile dyn would plan
+    from on `device` (a GPU's measured once and cached; the CPU's, whose kernels take no
+    workspace, not measured: planning.ProfileSource.memory_only). Returns the decision with
+    the cuDNN workspaces that walk planned, where it planned any (a GPU's), each
+    convolution's plan held to its planned workspace, so that the run is the step planned."""
     from .planner.dyn import RUN_INPUT_BATCHES
     from .planner.planning import ProfileSource, plan_policy
     source = ProfileSource(device=device, memory_only=True)
     static = plan_policy(net, spec, source, maps, decision.offload, decision.conv_algo,
                          dict(relu_bits=relus, input_batches=RUN_INPUT_BATCHES))
     static.check(spec.memory_budget, policy)
+    planned = static.evaluation.decision
+    if not any(planned.workspace.values()):
+        return decision
+    return replace(decision, conv_algo=planned.conv_algo, workspace=planned.workspace)
 
 
 def build_executor(net, spec: StepSpec | int, device: str | Device = "auto", seed: int = 0,

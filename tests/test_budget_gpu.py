@@ -10,6 +10,7 @@ refusal of 4 KiB): a step the plan says fits must run, its measured peak within 
   allocation between layer calls (conv1_2's weight in float32): an allocation named by nothing
   now says the code that asked (memory/arena.caller); the second test lists any made in a
   steady step of such a run.
+* A vDNN policy (none, all, conv) trains at the least budget it is refused with.
 """
 import os
 
@@ -23,13 +24,13 @@ pytestmark = [pytest.mark.gpu,
 MODELS = os.path.join(os.path.dirname(__file__), "matrix_models")
 
 
-def run(tmp_path, model: str, budget, **settings):
+def run(tmp_path, model: str, budget, policy="dyn", **settings):
     """`minidnn train` of a small model in bf16 on the GPU (synthetic data, 4 steps, ReLU bit
-    masks, policy dyn): its report, or the error it ended with."""
+    masks, policy dyn unless given): its report, or the error it ended with."""
     from minidnn.train import TrainConfig, train
     cfg = TrainConfig(model=os.path.join(MODELS, model), image_size=32, batch=32, steps=4,
                       device="gpu", data="synthetic", eval_every=0, eval_batches=1,
-                      progress=False, precision="bf16", policy="dyn", relu_bits=True,
+                      progress=False, precision="bf16", policy=policy, relu_bits=True,
                       memory_budget=budget, report=str(tmp_path / f"{budget}.json"),
                       **settings)
     return train(cfg, log=lambda *_: None)
@@ -53,6 +54,21 @@ def test_a_bf16_step_trains_at_its_least_budget(tmp_path, monkeypatch, model, se
     report = run(tmp_path, model, least, **settings)
     assert report["steps"] == 4
     assert report["peak_device_bytes"] <= least
+
+
+@pytest.mark.parametrize("policy", ["none", "all", "conv"])
+def test_a_vdnn_policy_trains_at_the_least_budget_its_refusal_names(tmp_path, monkeypatch,
+                                                                     policy):
+    """The vDNN policies are weighed before step one (decide.weighed): their least budget,
+    the planned peak of their one decision with its convolutions' workspaces planned, trains
+    on the GPU, and 1% less is refused before step one."""
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    least = least_budget(tmp_path, "tiny_googlenet.py", policy=policy)
+    report = run(tmp_path, "tiny_googlenet.py", least, policy=policy)
+    assert report["steps"] == 4 and report["peak_device_bytes"] <= least
+    from minidnn.planner import InfeasibleBudgetError
+    with pytest.raises(InfeasibleBudgetError):
+        run(tmp_path, "tiny_googlenet.py", int(least * 0.99), policy=policy)
 
 
 def test_no_allocation_of_a_steady_bf16_step_is_named_by_nothing(tmp_path, monkeypatch):

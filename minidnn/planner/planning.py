@@ -14,10 +14,11 @@ batches, and the same least budget.
 A vDNN policy (none, all, conv) plans nothing: it has one decision, and what that decision
 needs is its least budget. `plan_policy` predicts it from the same step model, so that
 `minidnn plan --policy all` names the figure `minidnn train --policy all` is refused with
-before step one (`check_policy_budget`):
+before step one (decide.weighed):
 
-    static = plan_policy(net, spec, source, maps, decision, options)
-    static.least_budget     # bytes; a smaller budget raises PolicyBudgetError
+    static = plan_policy(net, spec, source, maps, decision.offload, decision.conv_algo,
+                         options)
+    static.least_budget     # bytes; static.check(budget, "all") raises PolicyBudgetError
 """
 from __future__ import annotations
 

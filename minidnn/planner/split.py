@@ -24,7 +24,7 @@ proportional to the batch; a workspace, and a plan setting's workspace limit, is
 to the batch; the host's time per call and the optimizer step do not change (a dropout's
 forward draws only its pass's rows: layers/draws.py). Checked against the H200
 profiles of VGG-16 (benchmarks/profiles): scaled from batch 256 to 128, the step's device time
-comes out at 84.03 ms against 83.99 ms measured at 128 (+0.05%; every time proportional:
+comes out at 83.39 ms against 83.99 ms measured at 128 (-0.7%; every time proportional:
 -1.7%), the fastest plans' workspaces 4.5% below those measured.
 """
 from __future__ import annotations

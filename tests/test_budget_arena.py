@@ -25,3 +25,16 @@ def test_an_unnamed_allocation_over_the_budget_names_the_code_that_asked():
         ask_for_too_much(arena)
     with pytest.raises(MemoryBudgetError, match="in momentum of w: requested"):
         arena.alloc(8192, "momentum of w")
+
+
+def test_the_order_a_channels_last_array_lies_in():
+    """backend.memory_order: the axes in the order the bytes lie, which a copy to the host
+    follows so that it needs no C-ordered copy on the device (backend.to_numpy)."""
+    import numpy as np
+    from minidnn.backend import memory_order
+    w = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 4, 5, 3).transpose(0, 3, 1, 2)
+    order = memory_order(w)
+    assert order == (0, 2, 3, 1) and w.transpose(order).flags.c_contiguous
+    assert np.array_equal(w.transpose(order).transpose(np.argsort(order)), w)
+    assert memory_order(np.ascontiguousarray(w)) is None     # C order already
+    assert memory_order(w[:, :2]) is None                    # a slice: no order is contiguous

@@ -7,8 +7,11 @@ refusal of 4 KiB): a step the plan says fits must run, its measured peak within 
   (planner/costs.gradient_copy_bytes): uncounted, ResNet-50 with split batch statistics at its
   least budget (64 micro-batches of 4) failed asking for layer4.2.conv2's 4.5 MiB copy.
 * VGG-16 bf16 at 3 GiB (8 micro-batches, conv1_1..pool1 in 2 pieces) failed on a 144 KiB
-  allocation between layer calls (conv1_2's weight in float32): an allocation named by nothing
-  now says the code that asked (memory/arena.caller); the second test lists any made in a
+  allocation between layer calls (conv1_2's weight in float32): after training, with the
+  arena full (the static region, the captured step's blocks), a weight laid out channels
+  last was brought to the host through a C-ordered copy on the device (CuPy's asnumpy of a
+  strided view); backend.to_numpy now copies it as its bytes lie. An allocation named by
+  nothing now says the code that asked (memory/arena.caller); a test lists any made in a
   steady step of such a run.
 * A vDNN policy (none, all, conv) trains at the least budget it is refused with.
 """
@@ -97,3 +100,25 @@ def test_no_allocation_of_a_steady_bf16_step_is_named_by_nothing(tmp_path, monke
     monkeypatch.setattr(executor_module.Executor, "train_step", steady_step)
     run(tmp_path, "tiny_vgg.py", 64 * 2**20, **settings)
     assert not seen, f"allocations between layer calls: {seen}"
+
+
+def test_a_channels_last_weight_comes_to_the_host_without_a_device_copy():
+    """After training, the checksum and the executor's release bring every weight to the host.
+    A channels-last weight (a strided view) copied by CuPy would first be made C-ordered on
+    the device: VGG-16 bf16 at 3 GiB failed on conv1_2's 144 KiB that way, the arena full.
+    backend.to_numpy copies it as its bytes lie: nothing is allocated on the device."""
+    import cupy as cp
+    import numpy as np
+    from minidnn.backend import Device, to_numpy
+    from minidnn.memory.arena import Arena
+    arena = Arena(Device("gpu"), 2**20)
+    with arena, arena.route_cupy():          # CuPy's allocations come from the arena too
+        buf = arena.alloc(64 * 3 * 3 * 64 * 4)
+        w = buf.view(cp.float32).reshape(64, 3, 3, 64).transpose(0, 3, 1, 2)  # (O, C, H, W)
+        w[...] = cp.arange(w.size, dtype=cp.float32).reshape(w.shape)
+        allocs = arena.allocs
+        host = to_numpy(w)
+        assert arena.allocs == allocs
+        assert host.flags.c_contiguous
+        np.testing.assert_array_equal(host, np.arange(w.size, dtype=np.float32).reshape(
+            64, 64, 3, 3))

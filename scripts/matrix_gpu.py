@@ -56,9 +56,11 @@ STEP_TARGET = 0.10
 #: Steps a run's measured step leaves out first: the training loop's own warm-up (its report's
 #: images_per_s leaves out as many), in which each convolution measures its cuDNN plans.
 WARMUP_STEPS = 2
-#: What a budget error says about where it happened: in a layer call, or in the set-up.
-MID_RUN = re.compile(r"exceeded in (forward|backward|recompute|gradient of .* \(summed\)|"
-                     r"the optimizer|optimizer)")
+#: What a budget error names when it happened in the set-up, before step one (the
+#: parameters, their gradients, the static layout's region); any other budget error
+#: (a layer call, the optimizer, code between calls) happened in a step.
+SET_UP = re.compile(r"exceeded in (feature maps \(static layout\)|parameter \S+|"
+                    r"buffer \S+|gradient of \S+): requested")
 
 
 # ---- one run -------------------------------------------------------------------------------------
@@ -96,7 +98,7 @@ def outcome(result: dict) -> str:
     if "too small for" in line and "the least it can train in" in line:
         return "refused"
     if "memory budget exceeded" in line:
-        return "failed mid-run" if MID_RUN.search(line) else "refused"
+        return "refused" if SET_UP.search(line) else "failed mid-run"
     return "failed"
 
 

@@ -54,3 +54,22 @@ def test_the_table_shows_the_ratios_and_verdicts(script):
     assert "60.0 ms (9)" in table
     assert "1 ran outside the peak or step target" in table
     assert "Skipped at the time limit (230 s): overfeat-fp32-all budgets." in table
+
+
+@pytest.mark.parametrize("line, outcome", [
+    ("memory budget 4.00 KiB is too small for vgg16 at batch 256: the least it can train in "
+     "is 2.05GiB (...)", "refused"),
+    ("memory budget exceeded in feature maps (static layout): requested 1.00 GiB", "refused"),
+    ("memory budget exceeded in parameter fc6.weight: requested 392.00 MiB", "refused"),
+    ("memory budget exceeded in backward of layer4.2.conv2: requested 4.50 MiB", "failed mid-run"),
+    ("memory budget exceeded in gradient of conv1_2 (summed): requested 144.00 KiB",
+     "failed mid-run"),
+    ("memory budget exceeded: requested 2.25 MiB, in use 2.63 GiB", "failed mid-run"),
+    ("memory budget exceeded in code at minidnn/backend.py:57 (to_numpy): requested 144.00 KiB",
+     "failed mid-run"),
+])
+def test_a_budget_error_outside_the_set_up_is_a_failure_mid_run(script, line, outcome):
+    """Only the set-up's allocations (parameters, their gradients, the static layout's region)
+    fail before step one; an error between layer calls (named by nothing, or by the code
+    that asked) came in a step, and the matrix says so."""
+    assert script.outcome({"returncode": 2, "stderr": f"minidnn: error: {line}"}) == outcome

@@ -346,7 +346,7 @@ class Assembly:
     def _scratch_blocks(self) -> dict:
         """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
         maps to float32 (layers/precision.py: the copies, first in the block) or draw random
-        numbers (layers/draws.py: the whole batch's draws and this device's generator)."""
+        numbers (layers/draws.py: the call's own rows' draws and this device's generator)."""
         # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
         kind = getattr(self.device, "planned_kind", self.device.kind)
         bf16_ops = BF16_OPS[kind]
@@ -358,8 +358,7 @@ class Assembly:
                                                self.plan.call_maps(i, phase)) if widens else 0
                 shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
-                    nbytes += scratch_bytes(shape, self.global_batch,
-                                            self.device.generator_bytes)
+                    nbytes += scratch_bytes(shape, self.device.generator_bytes)
                 if nbytes:
                     blocks[(i, phase)] = nbytes
         return blocks

@@ -45,10 +45,28 @@ def get_array_module(*arrays):
 
 
 def to_numpy(a) -> np.ndarray:
-    """A NumPy copy (or view, for NumPy input) of a host or device array."""
+    """A NumPy copy (or view, for NumPy input) of a host or device array. A device array laid
+    out in another order than C's (a channels-last weight) is copied in the order its bytes
+    lie and put back in C order on the host: CuPy's own copy would first make a C-ordered
+    copy on the device, an allocation of the array's size that no step counts (under a
+    tight budget, after training, it failed)."""
     if _cupy is not None and isinstance(a, _cupy.ndarray):
-        return _cupy.asnumpy(a)
+        order = memory_order(a)
+        if order is None:
+            return _cupy.asnumpy(a)
+        host = _cupy.asnumpy(a.transpose(order))
+        return np.ascontiguousarray(host.transpose(np.argsort(order)))
     return np.asarray(a)
+
+
+def memory_order(a) -> tuple | None:
+    """The axes of `a` from its largest stride to its smallest, when `a` viewed in that order
+    is C-contiguous and `a` itself is not (a channels-last (N, C, H, W) array: (0, 2, 3, 1));
+    else None."""
+    if a.ndim < 2 or a.flags.c_contiguous:
+        return None
+    order = tuple(sorted(range(a.ndim), key=lambda axis: -a.strides[axis]))
+    return order if a.transpose(order).flags.c_contiguous else None
 
 
 def address(a) -> int:

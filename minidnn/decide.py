@@ -15,7 +15,10 @@ or both at once, as train.py and the scripts do:
     ex = build_executor(net, StepSpec(batch=32, policy="dyn", memory_budget="12GiB"))
 
 Policies: memory/policy.py (none, all, conv) and planner/dyn.py (dyn), which registers itself
-when imported here.
+when imported here. A vDNN policy (none, all, conv) under a budget is weighed here too: the
+step model predicts what its one decision needs (planner/planning.plan_policy, the figure
+`minidnn plan --policy NAME` prints), and a smaller budget is refused before any executor
+exists, naming that least budget (planning.PolicyBudgetError).
 """
 from __future__ import annotations
 
@@ -78,6 +81,8 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     decision = chosen.decide(plan, spec.memory_budget)
     if not planning and spec.micro_batches is not None:
         decision = replace(decision, micro_batches=spec.micro_batches)
+    if not planning and spec.memory_budget is not None and chosen.name in VDNN_POLICIES:
+        decision = weighed(net, spec, chosen.name, device, maps, decision, relus)
     lookahead = decision.prefetch_lookahead
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
@@ -87,6 +92,32 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    precision=maps.precision, layout=maps.layout,
                    bias_relu=bias_relu_pairs(plan) if spec.fuse else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {}, spec=spec)
+
+
+# The policies that decide once, from the liveness plan alone (memory/policy.py).
+VDNN_POLICIES = ("none", "all", "conv")
+
+
+def weighed(net, spec: StepSpec, policy: str, device, maps: MapFormat,
+            decision: MemoryDecision, relus: frozenset) -> MemoryDecision:
+    """A vDNN policy's `decision` weighed against the spec's budget: PolicyBudgetError (a
+    MemoryBudgetError naming the least budget) when the budget is below what it needs, as
+    the step model walks it (the spec's micro-batches, static layout and prefetch lookahead;
+    the run's input batch, outside the arena, not counted), from the profile dyn would plan
+    from on `device` (a GPU's measured once and cached; the CPU's, whose kernels take no
+    workspace, not measured: planning.ProfileSource.memory_only). Returns the decision with
+    the cuDNN workspaces that walk planned, where it planned any (a GPU's), each
+    convolution's plan held to its planned workspace, so that the run is the step planned."""
+    from .planner.dyn import RUN_INPUT_BATCHES
+    from .planner.planning import ProfileSource, plan_policy
+    source = ProfileSource(device=device, memory_only=True)
+    static = plan_policy(net, spec, source, maps, decision.offload, decision.conv_algo,
+                         dict(relu_bits=relus, input_batches=RUN_INPUT_BATCHES))
+    static.check(spec.memory_budget, policy)
+    planned = static.evaluation.decision
+    if not any(planned.workspace.values()):
+        return decision
+    return replace(decision, conv_algo=planned.conv_algo, workspace=planned.workspace)
 
 
 def build_executor(net, spec: StepSpec | int, device: str | Device = "auto", seed: int = 0,

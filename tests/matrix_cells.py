@@ -37,8 +37,8 @@ What a cell asserts (check_cell):
   train() raised before it logged the run's first line; over ranks, rank 0 did not print
   it), naming the least budget, which trains while 1% less is refused, and `minidnn
   plan` names the same least budget. The vDNN policies (none, all, conv) plan nothing: their
-  least budget is the peak `plan` predicts for their one decision, and below it they end
-  with the budget error, before step one or, today, in it (see assert_refused).
+  least budget is the peak `plan` predicts for their one decision, and below it they are
+  refused before step one too (decide.py weighs that decision against the budget).
 Over two ranks the figures are rank 0's (its report), predicted for a rank's batch.
 """
 from __future__ import annotations
@@ -443,18 +443,15 @@ def check_cell(runner: Runner, cell: Cell) -> None:
 
 
 def assert_refused(out: Outcome, cell: Cell, budget: int) -> None:
-    """A budget below the least must not train. dyn refuses it before step one. The vDNN
-    policies (none, all, conv) do not plan, and nothing weighs their need against the budget
-    before step one: the static region is taken up front, but the temporaries a step takes
-    (a branch's gradient sum, a micro-batch's parameter gradients) only in the step; there
-    they end with the budget error (test_matrix.py has the strict expected failure)."""
+    """A budget below the least must not train: every policy refuses it before step one
+    (dyn plans for it; a vDNN policy's one decision is weighed against it by decide.py), a
+    MemoryBudgetError (over ranks: its one line)."""
     from minidnn.errors import MemoryBudgetError
     assert out.error is not None, f"{cell.id}: {budget} B is below the least budget, yet " \
                                   f"the run trained"
-    if cell.policy == "dyn":
-        assert out.before_step_one, f"{cell.id}: {budget} B failed mid-run, not refused " \
-                                    f"before step one: {out.error}"
-    elif cell.ranks == 1:
+    assert out.before_step_one, f"{cell.id}: {budget} B failed mid-run, not refused " \
+                                f"before step one: {out.error}"
+    if cell.ranks == 1:
         assert isinstance(out.error, MemoryBudgetError), f"{cell.id}: {out.error!r}"
     else:
         assert "memory budget" in str(out.error), f"{cell.id}: {out.error}"

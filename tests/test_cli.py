@@ -39,7 +39,7 @@ def one_error_line(err):
     (["train", "--model", "alexnet", "--image-size", "40"], "'alexnet' needs image_size >= 55"),
     (["train", "--resume"], "--resume needs --checkpoint"),
     (["train", "--model", "mlp", "--image-size", "16", "--memory-budget", "64KiB",
-      "--no-progress"], "memory budget exceeded"),
+      "--no-progress"], "memory budget 64.00 KiB is too small for mlp"),
     (["train", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["summary"], "the following arguments are required: --model"),
     (["launch"], "argument COMMAND: invalid choice: 'launch'"),

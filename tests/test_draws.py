@@ -16,7 +16,7 @@ from minidnn.backend import Device
 from minidnn.executor import Executor
 from minidnn.layers import Dropout, Flatten, Linear, ReLU
 from minidnn.layers.base import StepContext
-from minidnn.layers.draws import draw_shape, scratch_bytes
+from minidnn.layers.draws import scratch_bytes
 from minidnn.memory.allocator import SimpleAllocator
 from minidnn.planner.gpus import H200, analytic_profile
 from minidnn.planner.profile import measure_profile
@@ -60,14 +60,14 @@ def test_draws_made_in_a_scratch_block_are_the_generators_own_numbers(global_bat
     layer.setup([(4, 3, 5)])
     shape = (4, 3, 5)
     plain = StepContext(np, step=3, seed=11, batch_offset=offset, global_batch=global_batch)
-    block = np.zeros(scratch_bytes(shape, global_batch, 0), np.uint8)
+    block = np.zeros(scratch_bytes(shape, 0), np.uint8)
     inside = StepContext(np, step=3, seed=11, batch_offset=offset, global_batch=global_batch,
                          device=Device("cpu"), scratch=block)
     want = plain.uniform_rows(layer, shape)
     got = inside.uniform_rows(layer, shape)
     np.testing.assert_array_equal(got, want)
     assert got.dtype == np.float32 and np.shares_memory(got, block)
-    assert block.nbytes == 4 * int(np.prod(draw_shape(shape, global_batch)))
+    assert block.nbytes == 4 * int(np.prod(shape))     # the call's own rows only
 
 
 @pytest.mark.parametrize("budget", [None, 64 * MiB])
@@ -79,7 +79,7 @@ def test_a_training_step_takes_each_dropout_draw_from_the_memory_manager(budget)
     net.init_params(0)
     x = np.random.default_rng(0).standard_normal((batch, 8)).astype(np.float32)
     y = np.arange(batch) % 10
-    need = scratch_bytes((batch, 256), None, gen)
+    need = scratch_bytes((batch, 256), gen)
     allocator = LoggingAllocator() if budget is None else None
     setup = Assembly(net, StepSpec(batch=batch, memory_budget=budget), NO_DECISION,
                      BigGeneratorCpu(gen), dry=DryParts(allocator=allocator))
@@ -112,7 +112,7 @@ def test_the_plan_counts_the_generator_and_the_draws_of_a_dropout(static_layout)
     model = StepModel(net, batch, prof, static_layout=static_layout, input_batches=0,
                       momentum=False)
     ev = model.evaluate(frozenset())
-    draws = scratch_bytes(net.node("drop3").layer.in_shapes[0], None, prof.generator_bytes)
+    draws = scratch_bytes(net.node("drop3").layer.in_shapes[0], prof.generator_bytes)
     assert ev.required_bytes >= model.param_grad_bytes + draws
     assert ev.peak_bytes >= model.param_grad_bytes + draws
 

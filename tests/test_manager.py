@@ -13,6 +13,12 @@ from minidnn.memory.allocator import CountingAllocator, SimpleAllocator, aligned
 from minidnn.memory.manager import MemoryManager
 from minidnn.network import DATA, LABEL
 from minidnn.decide import build_executor
+from minidnn.memory.policy import NO_DECISION
+from minidnn.planner.dyn import FixedDecision
+
+# The executor's own guard: a decision made by hand is not weighed against the budget before
+# step one (decide.py weighs the vDNN policies' decisions), so the arena meets the budget.
+UNWEIGHED = FixedDecision(NO_DECISION)
 
 BATCH = 2
 
@@ -265,7 +271,7 @@ def test_too_small_budget_names_the_layer_and_leaves_nothing_behind():
     probe = build_executor(dag_net(), BATCH, device="cpu", static_layout=False)
     params = probe.allocator.in_use
     ex = build_executor(dag_net(), BATCH, device="cpu", memory_budget=params + 2048,
-                  static_layout=False)
+                        static_layout=False, policy=UNWEIGHED)
     with pytest.raises(MemoryBudgetError) as err:
         ex.forward(*batch())
     msg = str(err.value)
@@ -280,7 +286,8 @@ def test_too_small_budget_for_the_static_layout_fails_before_step_one():
     region = probe.memory_stats()["layout_bytes"]
     assert region >= probe.layout.live_peak() > 0
     with pytest.raises(MemoryBudgetError, match="feature maps \\(static layout\\)"):
-        build_executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256)
+        build_executor(dag_net(), BATCH, device="cpu", memory_budget=probe.allocator.in_use - 256,
+                       policy=UNWEIGHED)
     # With a budget the layout is planned by default; without one, blocks are dynamic.
     assert build_executor(dag_net(), BATCH, device="cpu", memory_budget="1GiB").layout is not None
     assert build_executor(dag_net(), BATCH, device="cpu").layout is None
@@ -288,7 +295,7 @@ def test_too_small_budget_for_the_static_layout_fails_before_step_one():
 
 def test_budget_below_the_parameters_names_the_parameter():
     with pytest.raises(MemoryBudgetError, match="parameter conv1.weight|gradient of conv1"):
-        build_executor(dag_net(), BATCH, device="cpu", memory_budget=512)
+        build_executor(dag_net(), BATCH, device="cpu", memory_budget=512, policy=UNWEIGHED)
 
 
 # ---- dry runs -----------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ def test_a_soak_that_cannot_run_in_its_budget_fails_with_one_clear_line():
     proc = run("scripts/soak.py", "--steps", "4", "--memory-budget", "1KiB")
     assert proc.returncode == 2
     err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("soak: error: memory budget exceeded"), err
+    assert len(err) == 1 and err[0].startswith("soak: error: memory budget 1.00 KiB is too "
+                                               "small for tiny_cnn"), err
 
 
 def test_layer_times_lists_every_layer_kind_and_writes_each_layers_times(tmp_path):

@@ -126,12 +126,20 @@ def _handle():
 
 def _time_plan(graph, index, workspace_bytes, operands, best_ms=float("inf")):
     """Milliseconds of plan `index` on the current stream (see SLOW_FACTOR), or None if its
-    workspace cannot be had or cuDNN refuses to run it."""
-    try:
-        ws = cp.empty(workspace_bytes, dtype=np.uint8) if workspace_bytes else None
-    except MemoryError:  # CuPy's OutOfMemoryError and the arena's budget error both are
-        return None
-    ptrs = (*operands, ws.data.ptr if ws is not None else 0)
+    workspace cannot be had or cuDNN refuses to run it. operands: the pointers of x, w and
+    y, and the call's planned workspace block (None: none), in which a plan whose
+    workspace it holds runs: under a budget the plan reserved that block for this call."""
+    *operands, reserved = operands
+    ws = None
+    if reserved is not None and workspace_bytes <= reserved.nbytes:
+        ws_ptr = reserved.data.ptr if workspace_bytes else 0
+    else:
+        try:
+            ws = cp.empty(workspace_bytes, dtype=np.uint8) if workspace_bytes else None
+        except MemoryError:  # CuPy's OutOfMemoryError and the arena's budget error both are
+            return None
+        ws_ptr = ws.data.ptr if ws is not None else 0
+    ptrs = (*operands, ws_ptr)
     stream = cp.cuda.get_current_stream()
     events = [cp.cuda.Event() for _ in range(3)]
     try:
@@ -183,20 +191,21 @@ def _ptrs(x, w, y) -> tuple:
     return x.data.ptr, w.data.ptr, y.data.ptr
 
 
-def _entry_and_parts(op, x, w, y, spec):
+def _entry_and_parts(op, x, w, y, spec, reserved=None):
     """(cache entry, [(x, w, y)] to run it on): the grouped problem itself, or one part per
-    group when cuDNN cannot run it grouped."""
+    group when cuDNN cannot run it grouped. reserved: the call's planned workspace block, in
+    which a problem seen for the first time measures the plans it holds (_time_plan)."""
     cache = _cache()
     math, det = _state["math"], _state["deterministic"]
     problem = ConvProblem.of(op, x, w, y, spec, math, det)
     try:
-        return cache.get(problem, _ptrs(x, w, y)), [(x, w, y)]
+        return cache.get(problem, _ptrs(x, w, y) + (reserved,)), [(x, w, y)]
     except PlanUnavailable:
         if spec.groups == 1:
             raise
     parts = split_by_group(x, w, y, spec.groups)
     problem = ConvProblem.of(op, *parts[0], spec, math, det, groups=1)
-    return cache.get(problem, _ptrs(*parts[0])), parts
+    return cache.get(problem, _ptrs(*parts[0]) + (reserved,)), parts
 
 
 class _Ready(NamedTuple):
@@ -213,10 +222,11 @@ class _Ready(NamedTuple):
 _ready: dict = {}
 
 
-def _prepare(op, x, w, y, spec, plan_index) -> _Ready:
-    """First call of a key: graph and measurements from the plan cache, the plan chosen."""
+def _prepare(op, x, w, y, spec, plan_index, reserved=None) -> _Ready:
+    """First call of a key: graph and measurements from the plan cache (in the call's
+    planned workspace block `reserved`, when it has one), the plan chosen."""
     try:
-        entry, parts = _entry_and_parts(op, x, w, y, spec)
+        entry, parts = _entry_and_parts(op, x, w, y, spec, reserved)
     except PlanUnavailable as exc:
         raise ConfigError(f"convolution {spec.key or '(unnamed)'}: {exc}") from None
     if plan_index is None:
@@ -251,7 +261,7 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None)
            y.dtype, spec, dev, _state["math"], _state["deterministic"], plan_index)
     ready = _ready.get(key)
     if ready is None:
-        ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index)
+        ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index, workspace)
     ws = None
     if workspace is not None and workspace.nbytes >= ready.workspace_bytes:
         ws_ptr = workspace.data.ptr if ready.workspace_bytes else 0

@@ -60,14 +60,21 @@ def fold_key(key) -> int:
 
 class CounterUniform:
     """The generator of one key: `random(shape, dtype=float32, out=None)` as CuPy's
-    Generator.random for float32 (the interface layers/draws.py uses). Allocates nothing
-    but the output when none is given.
+    Generator.random for float32, and `skip(count)` (the interface layers/draws.py uses):
+    successive calls continue the sequence. Allocates nothing but the output when none is
+    given.
 
     key: the 64-bit key, or a `KeySlot`, whose key the kernel reads from device memory when it
     runs (so that a step captured once as a CUDA graph draws each replay's own numbers)."""
 
     def __init__(self, key):
         self.key = key if isinstance(key, KeySlot) else int(key) & (2**64 - 1)
+        self.first = 0    # the index of the next draw (skip moves it on)
+
+    def skip(self, count: int) -> None:
+        """Start the next draw `count` draws later, as if they had been made
+        (layers/draws.skip_draws): a counter needs no work to skip."""
+        self.first += int(count)
 
     def random(self, shape, dtype=np.float32, out=None):
         if np.dtype(dtype) != np.float32:
@@ -85,7 +92,8 @@ class CounterUniform:
                 kernel, key = _module.get_function("uniform_float_at"), self.key.array
             else:
                 kernel, key = _module.get_function("uniform_float"), np.uint64(self.key)
-            kernel((blocks,), (_THREADS,), (out, key, np.uint64(0), np.uint64(n)))
+            kernel((blocks,), (_THREADS,), (out, key, np.uint64(self.first), np.uint64(n)))
+        self.first += n
         return out
 
 

@@ -273,7 +273,8 @@ class ConvPlanCache:
     workspace_bytes, operands, best_ms) -> milliseconds, or None when the plan could not run;
     best_ms is the best time so far (inf at first), so that a timer may cut short a plan that
     is clearly slower. Only the first `max_measured` candidates (None: all) are measured; the
-    rest stay in the table, unmeasured (time NaN).
+    rest stay in the table, unmeasured (time NaN), unless none of the measured ones could
+    run: then the rest are measured leanest first until one runs (`_measure_leanest`).
     """
 
     def __init__(self, build_graph: Callable, time_plan: Callable,
@@ -326,9 +327,29 @@ class ConvPlanCache:
             ms = math.inf if ms is None else float(ms)
             best = min(best, ms)
             table.append(PlanTiming(int(index), int(workspace), ms))
+        if not math.isfinite(best):
+            table = self._measure_leanest(graph, table, operands)
         self.stats["measure_s"] += time.perf_counter() - t1
         entry = self._entries[problem] = ConvEntry(problem, graph, table)
         return entry
+
+    def _measure_leanest(self, graph, table: list, operands) -> list:
+        """The table after none of the measured plans could run (each one's workspace was
+        more than the memory free, as in a run under a tight budget that meets a problem
+        its profile measured in another process): the plans not measured, leanest first,
+        until one runs, so that a plan within what the budget holds is found where cuDNN
+        offers one."""
+        table = list(table)
+        for k in sorted((k for k, p in enumerate(table) if math.isnan(p.time_ms)),
+                        key=lambda k: (table[k].workspace_bytes, k)):
+            plan = table[k]
+            ms = self._time_plan(graph, plan.index, plan.workspace_bytes, operands, math.inf)
+            self.stats["plans_measured"] += 1
+            self.stats["plans_skipped"] -= 1
+            table[k] = plan._replace(time_ms=math.inf if ms is None else float(ms))
+            if ms is not None:
+                break
+        return table
 
     def clear(self) -> None:
         self._entries.clear()

@@ -154,16 +154,11 @@ class StepContext:
 
     def uniform_rows(self, layer: "Layer", shape: tuple):
         """float32 draws in [0, 1) of `shape` (N, ...): rows [batch_offset, batch_offset + N)
-        of the draws of the whole batch (global_batch, ...), so a split batch sees the same
-        numbers row for row. The whole batch's draws are made and sliced: a cost of
-        global_batch / N times the draws, small for the layers that draw (dropout). They
-        are made in `scratch` when the call has one (layers/draws.py)."""
-        shape = tuple(shape)
-        full = draws.draw_shape(shape, self.global_batch)
-        drawn = draws.uniform_into(lambda: self.rng(layer), full, self.scratch, self.device)
-        if full[0] == shape[0]:
-            return drawn
-        return drawn[self.batch_offset:self.batch_offset + shape[0]]
+        of the draws of the whole batch, so a split batch sees the same numbers row for row.
+        Only those rows are drawn (the generator skips the ones before them), in `scratch`
+        when the call has one (layers/draws.py)."""
+        return draws.uniform_rows_into(lambda: self.rng(layer), tuple(shape),
+                                       self.batch_offset, self.scratch, self.device)
 
 
 class Layer:

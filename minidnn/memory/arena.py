@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
+import traceback
 from collections import deque
 
 import numpy as np
@@ -26,6 +28,22 @@ from ..backend import address
 from ..errors import ConfigError, DeviceError, MemoryBudgetError, fmt_bytes
 from .allocator import ALIGNMENT, Allocator, SimpleAllocator, wait_until_fits
 from .blocks import BlockList, PendingFrees
+
+def caller() -> str:
+    """Where an allocation named by nothing (made outside any layer call, the optimizer and
+    the executor's named buffers) was asked for: 'code at FILE:LINE (FUNCTION)', the
+    innermost frame of minidnn's outside memory/, else of any code outside it; so that its
+    failure says what to count."""
+    frames = [f for f in traceback.extract_stack()[:-1]
+              if f"{os.sep}memory{os.sep}" not in f.filename
+              and "cupy" not in f.filename and "contextlib" not in f.filename]
+    ours = [f for f in frames if f"{os.sep}minidnn{os.sep}" in f.filename]
+    frame = (ours or frames or [None])[-1]
+    if frame is None:
+        return ""
+    name = os.sep.join(frame.filename.split(os.sep)[-2:])
+    return f"code at {name}:{frame.lineno} ({frame.name})"
+
 
 # Device memory left outside the arena when no budget is given: the CUDA context, cuDNN's and
 # cuBLAS's handles and kernels live there, and they allocate outside CuPy.
@@ -382,7 +400,7 @@ class Arena(Allocator):
             self._drain_returned()
             offset = self._blocks.allocate(size)
         if offset is None:
-            raise self._budget_error(size, where or self.current_where)
+            raise self._budget_error(size, where or self.current_where or caller())
         self.allocs += 1
         self.peak = max(self.peak, self._blocks.used)
         if self._capturing is not None:

@@ -37,7 +37,7 @@ from .costs import ALGOS
 from ..memory.policy import get_policy, relu_bits_for
 from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
-from .planning import ProfileSource, plan_step
+from .planning import PolicyBudgetError, ProfileSource, plan_policy, plan_step
 from .search import LOOKAHEADS, budget_to_give
 from .split import PRUNE_WITHIN, micro_batch_counts
 from .timeline import bytes_by_layer, timeline_data
@@ -390,11 +390,13 @@ def make_plan(args) -> dict:
     # dyn chooses the prefetch lookahead too, unless --prefetch-lookahead fixes it.
     choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
     lookaheads = LOOKAHEADS if choose else (spec.prefetch_lookahead,)
-    planned = plan_step(net, spec, source, maps, lookaheads,
-                        dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES))
+    options = dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES)
+    planned = plan_step(net, spec, source, maps, lookaheads, options)
     if planned.chosen is None and s["policy"] == "dyn":
         raise planned.infeasible_error()
-    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, lookaheads, notes)
+    static = None if s["policy"] == "dyn" else \
+        _policy_plan(net, spec, s["policy"], args.conv_algo, source, maps, options)
+    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, lookaheads, notes, static)
     if report is not None:
         out["comparison"] = compare_with_report(out, report, args.report)
     return out
@@ -424,6 +426,18 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
     return spec
 
 
+def _policy_plan(net, spec, policy: str, conv_algo: str, source, maps, options: dict):
+    """The plan of a vDNN policy's one decision (planning.plan_policy), every convolution on
+    `conv_algo`: what a run of `spec` under that policy needs, the least budget its refusal
+    names."""
+    from ..memory.plan import LivenessPlan
+    plan = LivenessPlan(net, spec.batch // (spec.micro_batches or 1),
+                        relu_bits=options["relu_bits"], maps=maps)
+    decision = get_policy(policy).decide(plan, spec.memory_budget)
+    convs = {node.name: conv_algo for node in net.nodes if node.layer.kind == "conv"}
+    return plan_policy(net, spec, source, maps, decision.offload, convs, options)
+
+
 def _alternatives(planner, result) -> list:
     """What the other policies and dyn's searches would do, as rows of the plan."""
     model = planner.model
@@ -450,8 +464,10 @@ def _alternatives(planner, result) -> list:
 
 
 def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, lookaheads,
-               notes: list) -> dict:
-    """make_plan's dict from the StepPlan `planned` of `spec` (see make_plan)."""
+               notes: list, static=None) -> dict:
+    """make_plan's dict from the StepPlan `planned` of `spec` (see make_plan); static: the
+    PolicyPlan of a vDNN policy's decision (None for dyn), whose prediction and least
+    budget the plan shows."""
     choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
     budget = spec.memory_budget
     split = planned.split
@@ -478,14 +494,21 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, looka
                         ": with layer chunks or without,")
                      + " the fastest that fits (see the table of options)")
     lookahead = lookahead if lookahead is not None else lookaheads[0]
-    minimum_budget = planned.least_budget()
-    model = planner.model
-    if s["policy"] == "dyn":
+    if static is None:
+        minimum_budget = planned.least_budget()
         ev = result.best
-    else:
-        ev = planner.baseline(s["policy"], args.conv_algo)
+    else:   # what the policy's one decision needs: a smaller budget is refused (decide.py)
+        minimum_budget, ev = static.least_budget, static.evaluation
+        planner = static.planner
+    model = planner.model
     alternatives = _alternatives(planner, result)
-    if result is None and infeasible is not None:
+    if static is not None:
+        # The policy's own refusal (what `minidnn train` says), not dyn's.
+        try:
+            static.check(budget, s["policy"])
+        except PolicyBudgetError as e:
+            notes.append(str(e))
+    elif result is None and infeasible is not None:
         # Only when no lookahead found a plan: a failed lookahead beside one that succeeded is
         # not news about the budget (the plan above fits).
         notes.append(str(infeasible))

@@ -238,6 +238,18 @@ def transient_bytes(layer, phase: str) -> int:
     return 0
 
 
+def gradient_copy_bytes(layer, phase: str) -> int:
+    """Bytes of the bf16 weight gradient a convolution's backward on bf16 maps writes on the
+    GPU before widening it into the float32 gradient (kernels/cuda.py,
+    conv2d_backward_filter: cuDNN's bf16 plans take one dtype for all three operands), held
+    for the call. 0 for every other call. (A step with split batch statistics at its least
+    budget, ResNet-50 in 64 micro-batches of 4, failed in layer4.2.conv2's backward asking
+    for this copy's 4.5 MiB.)"""
+    if layer.kind != "conv" or phase != "backward":
+        return 0
+    return aligned(2 * numel(layer.params["weight"].shape))
+
+
 def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None,
                        batch_slice: int | None = None, rows: int = 0, in_arena: int = 1) -> int:
     """In a step of several micro-batches, a backward after the first writes its parameter

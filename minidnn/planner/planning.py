@@ -10,6 +10,15 @@ batches, and the same least budget.
     planned = plan_step(net, spec, source, maps, LOOKAHEADS, options)
     planned.chosen          # the SplitOption the step runs (None: nothing fits)
     planned.split           # every option weighed, and the least budget
+
+A vDNN policy (none, all, conv) plans nothing: it has one decision, and what that decision
+needs is its least budget. `plan_policy` predicts it from the same step model, so that
+`minidnn plan --policy all` names the figure `minidnn train --policy all` is refused with
+before step one (decide.weighed):
+
+    static = plan_policy(net, spec, source, maps, decision.offload, decision.conv_algo,
+                         options)
+    static.least_budget     # bytes; static.check(budget, "all") raises PolicyBudgetError
 """
 from __future__ import annotations
 
@@ -17,6 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from functools import partial
 
+from ..backend import Device, select_device
+from ..errors import MinidnnError, fmt_bytes
+from .search import InfeasibleBudgetError, Planner, budget_to_give
 from .split import SplitOption, SplitPlan, least_budget, plan_split
 
 
@@ -33,7 +45,8 @@ class ProfileSource:
     on disk in `cache_dir` (refresh: measure again even when a cached profile matches; log:
     where a one-line notice of a profiling pass goes, default standard error).
     host_link_gbps: pinned copies limited to this many GB/s each way
-    (Profile.with_host_link)."""
+    (Profile.with_host_link). memory_only: only the step's memory is read, so a device
+    whose kernels take no workspace (the CPU) is not measured (profile.untimed_profile)."""
     profile: object = None
     gpu: str | None = None
     device: object = None
@@ -42,6 +55,7 @@ class ProfileSource:
     log: object = None
     refresh: bool = False
     host_link_gbps: float | None = None
+    memory_only: bool = False
     # Profiles made so far, by (network, batch, bit-mask ReLUs, maps): each pass batch and
     # the least budget ask for the step's profile again (and `refresh` measures only once).
     _made: dict = field(default_factory=dict, repr=False, compare=False)
@@ -66,8 +80,12 @@ class ProfileSource:
         if self.gpu is not None:
             from .gpus import analytic_profile
             return analytic_profile(net, batch, self.gpu, self.math or "tf32", relu_bits)
-        from .profile import get_profile
-        return get_profile(net, batch, self.device or "auto", refresh=self.refresh,
+        from .profile import get_profile, untimed_profile
+        device = self.device if isinstance(self.device, Device) else \
+            select_device(self.device or "auto")
+        if self.memory_only and not device.is_gpu:
+            return untimed_profile(net, batch, device, relu_bits)
+        return get_profile(net, batch, device, refresh=self.refresh,
                            directory=self.cache_dir, log=self.log or _to_stderr,
                            relu_bits=relu_bits, maps=maps)
 
@@ -156,3 +174,61 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
                     measure_least=least)
+
+
+# ---- a vDNN policy's one decision ------------------------------------------------------------
+class PolicyBudgetError(InfeasibleBudgetError):
+    """A budget below what a vDNN policy's one decision needs (its planned peak). `minimum`
+    is that least budget (bytes), as for dyn's InfeasibleBudgetError."""
+
+    def __init__(self, minimum: int, budget: int, what: str, policy: str):
+        self.requested, self.in_use, self.budget, self.where = minimum, 0, budget, what
+        self.minimum = int(minimum)
+        suggest = budget_to_give(minimum)
+        MinidnnError.__init__(
+            self, f"memory budget {fmt_bytes(budget)} is too small for {what} under policy "
+                  f"{policy}: the least it can train in is {suggest} (the peak the step "
+                  f"model plans for the policy's one decision, which does not change with "
+                  f"the budget); give --memory-budget {suggest} or more, or --policy dyn, "
+                  f"which plans for the budget")
+
+
+@dataclass
+class PolicyPlan:
+    """What plan_policy found. planner: the Planner of the step's pass (its model walked the
+    decision); evaluation: the step model's prediction of the decision; least_budget: the
+    bytes the decision needs (the larger of what must fit and the arena's peak: with a
+    static layout the two agree), below which a run is refused before step one."""
+    planner: Planner
+    evaluation: object
+    least_budget: int
+
+    def check(self, budget: int | None, policy: str) -> None:
+        """Raise PolicyBudgetError when `budget` (bytes; None: no budget) is below the least
+        budget."""
+        if budget is not None and int(budget) < self.least_budget:
+            raise PolicyBudgetError(self.least_budget, int(budget),
+                                    self.planner.describe_step(), policy)
+
+
+def plan_policy(net, spec, source: ProfileSource, maps, offload, conv_algo: dict,
+                options: dict) -> PolicyPlan:
+    """The step model's prediction for a vDNN policy's one decision: `offload` (storage ids
+    of the liveness plan of one pass) and `conv_algo` ({conv name: plan setting}; missing:
+    'fastest'), for the step `spec` names (its batch in spec.micro_batches passes, no layer
+    chunks, its budget, prefetch lookahead and static layout), its feature maps stored as
+    `maps`, from the profiles of `source`. options: as search.Planner takes them (momentum,
+    input_batches, relu_bits, ...)."""
+    k = spec.micro_batches or 1
+    pass_batch = spec.batch // k
+    relu_bits = options.get("relu_bits", frozenset())
+    profile = source.pass_profile(net, spec.batch, pass_batch, relu_bits=relu_bits, maps=maps)
+    # The decision is not planned for the budget, so none of it is left for fragmentation:
+    # the step fits when what it needs fits the budget itself.
+    options = dict(options, static_layout=spec.static_layout, reserve=0.0)
+    planner = Planner(net, pass_batch, profile, budget=spec.memory_budget,
+                      prefetch_lookahead=spec.prefetch_lookahead, micro_batches=k,
+                      batch_slice=spec.batch_slice, maps=maps, **options)
+    ev = planner.model.evaluate(frozenset(offload), dict(conv_algo))
+    return PolicyPlan(planner=planner, evaluation=ev,
+                      least_budget=int(max(ev.required_bytes, ev.peak_bytes)))

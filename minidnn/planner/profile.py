@@ -472,6 +472,33 @@ def device_memory_bytes(device: Device) -> int:
         return 0
 
 
+def untimed_profile(net, batch: int, device: Device | str = "cpu",
+                    relu_bits=frozenset()) -> Profile:
+    """The profile of `net` at `batch` on a device whose kernels take no workspace (the
+    CPU's: NumPy), measured in nothing: what a step's memory reads from a profile
+    (workspaces, none; the generator's bytes; temporaries outside the arena; a synchronous
+    device) is known without running a layer, and every time is zero. For a prediction of
+    memory only (decide.py weighs a vDNN policy's decision with it); ConfigError on a GPU,
+    whose cuDNN workspaces are measured."""
+    device = device if isinstance(device, Device) else select_device(device)
+    if device.is_gpu:
+        raise ConfigError("a GPU's convolutions take measured workspaces: measure its profile "
+                          "(get_profile)")
+    settings = kernel_settings(kernel_modules.for_device(device))
+    layers = {}
+    for node in net.nodes:
+        algos = ALGOS if node.layer.kind == "conv" else ("fastest",)
+        zero = {a: 0.0 for a in algos}
+        layers[node.name] = LayerCost(dict(zero), dict(zero), {a: 0 for a in algos},
+                                      {a: 0 for a in algos})
+    return Profile(source="untimed", device_name=device.name, math=settings["math"],
+                   network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
+                   d2h_bw=1.0, h2d_bw=1.0, duplex_bw=1.0, layers=layers, synchronous=True,
+                   temporaries_in_arena=False, generator_bytes=device.generator_bytes,
+                   key_fields={"structure": structure_hash(net, batch, relu_bits)},
+                   notes=["untimed: memory only"])
+
+
 def measure_profile(net, batch: int, device: Device | str = "auto",
                     repeats: int | None = None, relu_bits=frozenset(),
                     maps: MapFormat | None = None) -> Profile:

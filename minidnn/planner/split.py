@@ -21,11 +21,10 @@ Costs at B/k. The analytic model of a GPU computes them at B/k directly. A measu
 taken at one batch, so it is scaled by one rule: a layer call's device time is a fixed part,
 FIXED_CALL_S (launches, the tail of a kernel that does not fill the GPU), plus a part
 proportional to the batch; a workspace, and a plan setting's workspace limit, is proportional
-to the batch; the host's time per call and the optimizer step do not change; a dropout's
-forward draws the whole batch's random numbers in every pass (layers/base.py:
-StepContext.uniform_rows), so its time does not change either. Checked against the H200
+to the batch; the host's time per call and the optimizer step do not change (a dropout's
+forward draws only its pass's rows: layers/draws.py). Checked against the H200
 profiles of VGG-16 (benchmarks/profiles): scaled from batch 256 to 128, the step's device time
-comes out at 84.03 ms against 83.99 ms measured at 128 (+0.05%; every time proportional:
+comes out at 83.39 ms against 83.99 ms measured at 128 (-0.7%; every time proportional:
 -1.7%), the fastest plans' workspaces 4.5% below those measured.
 """
 from __future__ import annotations
@@ -72,15 +71,14 @@ def _scaled_setting(setting: str, ratio: float) -> str:
     return setting if limit is None else plan_setting(algo, int(limit * ratio))
 
 
-def _scaled_layer(cost: LayerCost, ratio: float, draws_whole_batch: bool) -> LayerCost:
-    def times(table, fixed=False):
-        return {_scaled_setting(s, ratio): (float(t) if fixed else _scaled_time(t, ratio))
-                for s, t in table.items()}
+def _scaled_layer(cost: LayerCost, ratio: float) -> LayerCost:
+    def times(table):
+        return {_scaled_setting(s, ratio): _scaled_time(t, ratio) for s, t in table.items()}
 
     def bytes_(table):
         return {_scaled_setting(s, ratio): int(round(b * ratio)) for s, b in table.items()}
 
-    return LayerCost(forward_s=times(cost.forward_s, fixed=draws_whole_batch),
+    return LayerCost(forward_s=times(cost.forward_s),
                      backward_s=times(cost.backward_s),
                      workspace_forward=bytes_(cost.workspace_forward),
                      workspace_backward=bytes_(cost.workspace_backward),
@@ -96,9 +94,7 @@ def scale_profile(profile: Profile, net, batch: int, relu_bits=frozenset()) -> P
         return profile
     profile.check_matches(net, profile.batch, relu_bits)
     ratio = batch / profile.batch
-    kinds = {node.name: node.layer.kind for node in net.nodes}
-    layers = {name: _scaled_layer(cost, ratio, kinds.get(name) == "dropout")
-              for name, cost in profile.layers.items()}
+    layers = {name: _scaled_layer(cost, ratio) for name, cost in profile.layers.items()}
     fields = dict(profile.key_fields, structure=structure_hash(net, batch, relu_bits),
                   scaled_from_batch=profile.batch)
     note = (f"costs scaled from the profile at batch {profile.batch} to batch {batch} "

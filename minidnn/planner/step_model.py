@@ -59,8 +59,9 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, numel, optimizer_transient_bytes,
-                    param_bytes, transient_bytes, weight_copy_bytes)
+from .costs import (ALGOS, Profile, accumulation_bytes, gradient_copy_bytes, numel,
+                    optimizer_transient_bytes, param_bytes, transient_bytes,
+                    weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
 from .recorded import StepRecording, splice
@@ -228,7 +229,8 @@ class StepModel:
 
     With k micro-batches the input batches are the whole step's, a layer with parameters
     takes a gradient-sized temporary in backward (to add into the accumulated gradient), a
-    dropout draws the whole step's random numbers (in its scratch block); an Evaluation's
+    dropout draws its pass's rows of the step's random numbers (in its scratch block, sized
+    as the layer declares: layers/draws.py); an Evaluation's
     step time, compute time and bytes moved are the whole step's (k passes, one optimizer
     update), its memory that of one pass (every pass is alike). replay: only the first step
     is walked through the memory manager, the later ones are replays of its log
@@ -292,7 +294,10 @@ class StepModel:
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
+        # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
+        copies = counted if self.maps.precision == "bf16" else 0
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
+                           + copies * gradient_copy_bytes(node.layer, phase)
                            + accumulation_bytes(node.layer, phase, k, node.piece,
                                                 options.batch_slice,
                                                 batch // node.piece[1] if node.piece else batch,

@@ -22,9 +22,12 @@ executor hands the layers their parts of it through StepContext (bias_deferred, 
 
 A ReLU after a batch norm moves the other way: the batch norm's affine pass applies it as it
 writes its output, and the ReLU's forward has nothing left to do (one pass over the map
-instead of two; ResNet-50 has 49 such pairs). The same conditions: the ReLU is the batch
-norm's only reader, runs in place on its output, keeps its output (not bits) for backward,
-and the maps are fp32. The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm
+instead of two; ResNet-50 has 33 such pairs). The same conditions: the ReLU is the batch
+norm's only reader, runs in place on its output and keeps its output (not bits) for
+backward. Under bf16 maps too: the batch norm computes v in float32 and stores
+narrow(max(v, 0)), the two layers narrow(v) and then max of that; rounding to nearest keeps
+the sign and the order, so the two agree bit for bit (a negative v, even one that rounds to
+-0, gives +0 both ways; a tiny positive v that rounds to +0 gives +0 both ways). The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm
 node name}); StepContext.relu_in_bn names the batch norms that apply the ReLU and
 StepContext.relu_done the ReLUs whose forward they did.
 """
@@ -63,7 +66,5 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
 def bn_relu_pairs(plan: LivenessPlan) -> dict:
     """{ReLU node name: batch norm node name} of every ReLU that the batch norm it reads may
     apply in its own pass (the conditions above), for a step planned as `plan`."""
-    if plan.maps.precision != "fp32":
-        return {}
     return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
             if relu.layer.keep_in(plan.relu_bits) == "output"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import same_memory
 from ..errors import ConfigError
 from ..kernels import relu_mask_bytes
 from .base import Layer
@@ -65,6 +66,8 @@ class ReLU(Layer):
         before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm before it
         applied it (ctx.relu_done)."""
         if self.name in ctx.relu_done:    # the batch norm before it applied it, in place
+            if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
+                y[...] = xs[0]
             return
         bias = ctx.relu_bias.get(self.name)
         bias = None if bias is None else bias.data

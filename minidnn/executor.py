@@ -220,6 +220,7 @@ class Executor:
                            bias_deferred=self._bias_deferred,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
                            relu_done=self._relu_done, step_keys=self._step_keys,
+                           map_dtype=self.maps.map_dtype(self.net.dtype),
                            batch_slice=self.batch_slice,
                            statistics_slice=self.statistics_slice)
 

@@ -165,3 +165,16 @@ def test_the_folded_backward_passes_a_gradient_check():
             down = loss(*args)[0]
             np.testing.assert_allclose((up - down) / (2 * eps), float((grad * d).sum()),
                                        rtol=1e-5, atol=1e-8)
+
+
+def test_the_bandwidth_script_says_in_one_line_that_it_needs_a_gpu():
+    import subprocess
+    import sys
+    from minidnn.backend import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is here: the script would measure")
+    proc = subprocess.run([sys.executable, "scripts/bn_bandwidth.py"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("minidnn: error: bn_bandwidth.py needs a GPU")
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -6,13 +6,12 @@ bf16 maps are emulated with ml_dtypes)."""
 import numpy as np
 import pytest
 
-from minidnn import SGD
 from minidnn.builder import NetBuilder
-from minidnn.decide import build_executor
 from minidnn.fusion import bn_relu_pairs
 from minidnn.kernels import cpu, cpu_batchnorm
 from minidnn.kernels.mapformat import MapFormat
 from minidnn.memory.plan import LivenessPlan
+from test_fusion import _run
 
 pytest.importorskip("ml_dtypes")
 
@@ -20,7 +19,7 @@ pytest.importorskip("ml_dtypes")
 def small_resnet():
     """A stem and one residual block, 8x8 images: conv -> bn -> relu pairs and a ReLU after
     the residual add (which stays a layer of its own)."""
-    b = NetBuilder("small_resnet", image_size=8, num_classes=5)
+    b = NetBuilder("small_resnet", image_size=8, num_classes=10)
     b.conv("conv1", 8, 3, padding=1, bias=False)
     b.batchnorm("bn1")
     b.relu("relu1")
@@ -33,27 +32,14 @@ def small_resnet():
     b.relu("relu3")
     b.global_avgpool("pool")
     b.flatten("flat")
-    b.linear("fc", 5)
+    b.linear("fc", 10)
     return b.finish()
 
 
 def train(settings, fuse, steps=2):
     """(losses, state_dict, the decision's bn_relu, an evaluation's loss) after `steps`
     training steps of batch 4."""
-    net = small_resnet()
-    net.init_params(0)
-    ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **settings)
-    opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
-    rng = np.random.default_rng(2)
-    losses = []
-    for _ in range(steps):
-        x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
-        losses.append(float(ex.train_step(x, rng.integers(0, 5, 4), opt)))
-    pairs = dict(ex.decision.bn_relu)
-    evaluated = float(ex.forward(x, rng.integers(0, 5, 4), train=False))
-    ex.close()
-    state = {k: np.array(v) for k, v in net.state_dict().items()}
-    return losses, state, pairs, evaluated
+    return _run(small_resnet(), settings, steps, fuse, 8, "bn_relu")
 
 
 def test_bf16_maps_fuse_the_same_pairs_as_fp32_ones():

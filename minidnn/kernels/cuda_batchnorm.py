@@ -8,19 +8,24 @@ Two kinds of pass, each at memory speed for both layouts:
   exactly). Stage one: a grid of blocks, each adding one contiguous part of the rows of some
   channels and writing its partial sums; stage two: one block per channel adds its parts in
   a fixed order. How a block reads depends on the layout, so that a warp reads contiguous
-  bytes, 16 at a time per thread where the sizes allow (8 bf16, 4 float or 2 double values):
-    NHWC  the map is a (pixels, C) matrix of VEC-channel vectors; a block of 256
-          threads takes `cols` neighbouring vectors of a row (all of them when a row has at
-          most 64) and 256 / cols row lanes, so that consecutive threads read consecutive
-          vectors and a warp reads 512 contiguous bytes of bf16 (1 KiB of float32). Each thread adds every lanes-th row
-          of the block's part for its VEC channels; the lanes are then added in lane order.
+  bytes, a thread 8 values at a time in 16-byte loads (one of bf16, two of float32) where
+  the sizes allow; 8 for every dtype, so that bf16 maps are summed in the order of their
+  widened float32 copies:
+    NHWC  the map is a (pixels, C) matrix of groups of 8 channels (C a multiple of 8, else
+          groups of one); a block of up to 256 threads takes `cols` neighbouring groups of
+          a row (all of them when a row has at most 64) and 256 / cols row lanes, so that
+          consecutive threads read consecutive groups (a warp: 512 contiguous bytes of
+          bf16). Each thread adds every lanes-th row of the block's part for its group's
+          channels; each channel's lanes are then added in lane order.
     NCHW  a block takes one channel; its threads stride over the channel's H * W runs, a
-          vector each where H * W is a multiple of VEC.
+          group of 8 neighbouring values each where H * W is a multiple of 8.
   The forward statistics take one pass: var = E[x^2] - mean^2 in double, which loses nothing
   a float32 map can hold unless |mean| exceeds the standard deviation ~10^4-fold.
-  The order of the sums follows the geometry alone (the shape, the dtype, the vector width),
-  never the timing, so a call repeats its bits. Against the kernels before vectorized reads
-  (one value per thread), the order changed, and so did the last bits of the statistics.
+  The order of the sums follows the geometry alone (the shape, and whether C or H * W and
+  the maps' alignment allow groups of 8), never the timing, so a call repeats its bits.
+  Against the kernels before these (one value per thread), the order changed, and so did
+  the last bits of the statistics and gradients; so did the affine pass's, which no longer
+  fuses its multiply and add.
 * **Per-value affine maps** y = x * scale[c] + shift[c] and gx = gy * a[c] + (x - mean[c]) *
   b[c] + d[c], one thread per 16-byte vector: in channels last launched by cuda_pointwise's
   run_per_pixel (a vector's first channel is its memory index modulo C, a multiply-high
@@ -182,7 +187,8 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
         load_group<M, G>(x + o, xv);
         if (MODE != 0) load_group<M, G>(gy + o, gv);
         #pragma unroll
-        for (int j = 0; j < G; ++j) accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, a, b);
+        for (int j = 0; j < G; ++j)
+            accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
     block_sums(sa, sb, a, b);
@@ -447,7 +453,8 @@ __global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* c
         const Pack<M, VEC> xv = load<M, VEC>(x + i * VEC, 0);
         Pack<M, VEC> g = load<M, VEC>(gy + i * VEC, 0);
         #pragma unroll
-        for (int j = 0; j < VEC; ++j) g.v[j] = grad_value<M, MODE>(xv.v[j], g.v[j], m, a, b, d, s, t);
+        for (int j = 0; j < VEC; ++j)
+            g.v[j] = grad_value<M, MODE>(xv.v[j], g.v[j], m, a, b, d, s, t);
         store<M, VEC>(gx + i * VEC, 0, g);
     }
 }

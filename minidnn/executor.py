@@ -216,11 +216,10 @@ class Executor:
                            conv_plans=self.decision.conv_algo,
                            relu_bits=self.decision.relu_bits, dropout=self._dropout,
                            batch_offset=self.batch_offset + offset,
-                           global_batch=self.global_batch,
+                           global_batch=self.global_batch, maps=self.maps,
                            bias_deferred=self._bias_deferred,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
                            relu_done=self._relu_done, step_keys=self._step_keys,
-                           map_dtype=self.maps.map_dtype(self.net.dtype),
                            batch_slice=self.batch_slice,
                            statistics_slice=self.statistics_slice)
 

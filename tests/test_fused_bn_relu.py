@@ -164,3 +164,39 @@ def test_the_bandwidth_script_says_in_one_line_that_it_needs_a_gpu():
     assert proc.returncode == 2
     assert proc.stderr.startswith("minidnn: error: bn_bandwidth.py needs a GPU")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+class _Statistics:
+    """Kernels with statistics from elsewhere (as distributed/sync_batchnorm.py's), whose
+    backward knows nothing of a ReLU: here the CPU's own."""
+
+    def batchnorm_training_forward(self, *args, **kwargs):
+        cpu_batchnorm.batchnorm_training_forward(*args, **kwargs)
+
+    def batchnorm_backward(self, x, gy, mean, invstd, weight, gx, gweight, gbias):
+        cpu_batchnorm.batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias)
+
+
+def test_a_batch_norm_with_synchronized_statistics_masks_the_gradient_first():
+    from minidnn.layers import StepContext
+    from minidnn.layers.batchnorm import BatchNorm2d
+    rng, x, w, b = _bn_inputs((3, 4, 5, 6), np.float32, seed=8)
+    results = []
+    for sync in (None, _Statistics()):
+        layer = BatchNorm2d(name="bn")
+        layer.setup([x.shape], np.float32)
+        layer.params["weight"].data, layer.params["bias"].data = w.copy(), b.copy()
+        for p in layer.params.values():
+            p.grad = np.empty_like(p.data)
+        for buffer in layer.buffers.values():
+            buffer.data = buffer.initial_value(np.float32)
+        layer.statistics_sync = sync
+        ctx = StepContext(np, relu_in_bn=frozenset({"bn"}))
+        aux = {"mean": np.empty(4, np.float32), "invstd": np.empty(4, np.float32)}
+        y = np.empty_like(x)
+        layer.forward([x], y, aux, ctx)
+        gy = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+        gx = np.empty_like(x)
+        layer.backward([x], None, gy, [gx], aux, ctx)
+        results.append([gx.tobytes()] + [p.grad.tobytes() for p in layer.params.values()])
+    assert results[0] == results[1]

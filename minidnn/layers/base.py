@@ -108,9 +108,9 @@ class StepContext:
     minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
     them; relu_done: names of those ReLUs, whose forward and backward have nothing left to do
     (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
-    map_dtype: the dtype feature maps are stored in (bfloat16 under mixed precision), which
-    a batch norm that applies the ReLU after it recomputes that ReLU's output in; None: the
-    layer's own dtype. step_keys: while a step is captured as a CUDA graph, the device
+    maps: how the step stores feature maps (kernels/mapformat.MapFormat: bf16 under mixed
+    precision), in which a batch norm that applies the ReLU after it recomputes that ReLU's
+    output; None: in the layer's own dtype. step_keys: while a step is captured as a CUDA graph, the device
     table its draws read their keys from (kernels/cuda_random.StepKeys); else None.
     batch_slice: under deterministic mode, the images of one slice (layers/slices.py):
     convolutions and fully connected layers run slice by slice and sum their parameter
@@ -138,7 +138,7 @@ class StepContext:
     relu_bias: dict = field(default_factory=dict)
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
-    map_dtype: Any = None
+    maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None
     statistics_slice: int | None = None

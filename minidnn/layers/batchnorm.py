@@ -140,7 +140,9 @@ class BatchNorm2d(Layer):
         b = self.params["bias"]
         k, x, gx = self._kernels(ctx), xs[0], gxs[0]
         # (bias, the maps' dtype) for the kernels: the ReLU's output is recomputed, stored.
-        relu = (b.data, ctx.map_dtype) if self.name in ctx.relu_in_bn else None
+        relu = None
+        if self.name in ctx.relu_in_bn:
+            relu = (b.data, None if ctx.maps is None else ctx.maps.map_dtype(self.dtype))
         if relu is not None and k is not self._device_kernels(ctx):
             # Statistics from elsewhere (--sync-batchnorm): the ReLU's backward first.
             self._device_kernels(ctx).relu_mask(x, gy, aux["mean"], aux["invstd"], w.data,

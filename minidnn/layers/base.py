@@ -108,10 +108,10 @@ class StepContext:
     minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
     them; relu_done: names of those ReLUs, whose forward and backward have nothing left to do
     (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
-    maps: how the step stores feature maps (kernels/mapformat.MapFormat: bf16 under mixed
-    precision), in which a batch norm that applies the ReLU after it recomputes that ReLU's
-    output; None: in the layer's own dtype. step_keys: while a step is captured as a CUDA graph, the device
-    table its draws read their keys from (kernels/cuda_random.StepKeys); else None.
+    maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
+    precision), in which a batch norm recomputes the output of the ReLU it applies; None:
+    the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
+    its draws read their keys from (kernels/cuda_random.StepKeys); else None.
     batch_slice: under deterministic mode, the images of one slice (layers/slices.py):
     convolutions and fully connected layers run slice by slice and sum their parameter
     gradients in slice order; None (the default): one call over the call's rows.

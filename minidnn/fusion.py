@@ -22,11 +22,27 @@ executor hands the layers their parts of it through StepContext (bias_deferred, 
 
 A ReLU after a batch norm moves the other way: the batch norm's affine pass applies it as it
 writes its output, and the ReLU's forward has nothing left to do (one pass over the map
-instead of two; ResNet-50 has 49 such pairs). The same conditions: the ReLU is the batch
-norm's only reader, runs in place on its output, keeps its output (not bits) for backward,
-and the maps are fp32. The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm
-node name}); StepContext.relu_in_bn names the batch norms that apply the ReLU and
-StepContext.relu_done the ReLUs whose forward they did.
+instead of two; ResNet-50 has 33 such pairs). The same conditions: the ReLU is the batch
+norm's only reader, runs in place on its output and keeps its output (not bits) for
+backward. Under bf16 maps too: the batch norm computes v in float32 and stores
+narrow(max(v, 0)), the two layers narrow(v) and then max of that; rounding to nearest keeps
+the sign and the order, so the two agree bit for bit (a negative v, even one that rounds to
+-0, gives +0 both ways; a tiny positive v that rounds to +0 gives +0 both ways).
+
+In backward the pair folds too: the ReLU's backward does nothing, and the batch norm's
+applies the ReLU's mask to the gradient it reads, in its reduction pass and in its per-value
+pass, with no pass of its own. That gradient is the ReLU's output gradient: the ReLU's input
+gradient takes the same buffer (memory/plan.LivenessPlan.grad_alias), a further condition.
+The mask is where the ReLU's output, recomputed from x with the forward's own operations
+(the product rounded, then the sum: kernels/cpu_batchnorm.py, cuda_batchnorm.py) and stored
+in the maps' dtype, is > 0: the ReLU's own mask, bit for bit; the masked values are the
+ReLU backward's (a product on the CPU, a selection on the GPU), so again the same bits. The
+liveness plan is the unfused one: the ReLU still keeps its output, which the convolution
+after it keeps in ResNets anyway.
+
+The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm node name});
+StepContext.relu_in_bn names the batch norms that apply the ReLU and StepContext.relu_done
+the ReLUs whose forward and backward they do.
 """
 from __future__ import annotations
 
@@ -62,8 +78,9 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
 
 def bn_relu_pairs(plan: LivenessPlan) -> dict:
     """{ReLU node name: batch norm node name} of every ReLU that the batch norm it reads may
-    apply in its own pass (the conditions above), for a step planned as `plan`."""
-    if plan.maps.precision != "fp32":
-        return {}
+    apply in its own passes, forward and backward (the conditions above), for a step planned
+    as `plan`."""
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
     return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
-            if relu.layer.keep_in(plan.relu_bits) == "output"}
+            if relu.layer.keep_in(plan.relu_bits) == "output"
+            and plan.grad_alias.get(index[relu.name])}

@@ -10,10 +10,17 @@ With M = N * H * W values per channel, mean and biased variance over them:
         momentum) moves the running estimates (below), None leaves them (a recomputation)
     batchnorm_forward(x, mean, invstd, weight, bias, y) y = (x - mean) * invstd * weight + bias,
                                                         computed as x * scale + shift
-    batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias)
+    batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None)
         the gradients of a training-mode forward (mean, invstd the batch's):
         gbias = sum gy, gweight = sum gy * xhat   (xhat = (x - mean) * invstd)
         gx = weight * invstd * (gy - gbias / M - xhat * gweight / M)   (gx may be None)
+        relu = (bias, stored): the ReLU after the batch norm folded in (minidnn/fusion.py):
+        gy is that ReLU's output gradient, masked first as relu_mask masks it
+    relu_mask(x, gy, mean, invstd, weight, bias, stored=None)
+        gy *= (y > 0) in place, y = batchnorm_forward's output recomputed from x and stored
+        as `stored` (the maps' dtype: bfloat16 under mixed precision, where a positive value
+        too small for bf16 is stored as 0; None: x's): the ReLU's backward, with its
+        cpu.relu_backward's arithmetic (a product), so the same bits as the two layers
 
 Sums accumulate in float64 whatever the maps' dtype, so that float32 statistics of large
 batches keep their digits; the results are written in the arrays' own dtype.
@@ -75,9 +82,31 @@ def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> N
         relu_forward(y, y)
 
 
-def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
-    """Training-mode gradients (see the module docstring); gweight, gbias, gx overwritten."""
+def _relu_passes(x, mean, invstd, weight, bias, stored):
+    """Where the ReLU after the batch norm passed its gradient: its output > 0, the batch
+    norm's output recomputed from x with batchnorm_forward's operations (the forward's bits)
+    and stored as `stored` (None: x's dtype)."""
     xp = get_array_module(x)
+    y = xp.empty_like(x)
+    batchnorm_forward(x, mean, invstd, weight, bias, y)
+    if stored is not None and xp.dtype(stored) != y.dtype:
+        y = y.astype(stored)
+    return y > 0
+
+
+def relu_mask(x, gy, mean, invstd, weight, bias, stored=None) -> None:
+    """gy (in place) = gy * (y > 0): the backward of the ReLU after the batch norm (see the
+    module docstring)."""
+    xp = get_array_module(x)
+    xp.multiply(gy, _relu_passes(x, mean, invstd, weight, bias, stored), out=gy)
+
+
+def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None) -> None:
+    """Training-mode gradients (see the module docstring); gweight, gbias, gx overwritten.
+    relu: None, or (bias, stored) to mask gy first (relu_mask), on a copy."""
+    xp = get_array_module(x)
+    if relu is not None:
+        gy = xp.multiply(gy, _relu_passes(x, mean, invstd, weight, *relu))
     axes = (0, 2, 3)
     count = x.size // x.shape[1]
     centred = x - _per_channel(mean)

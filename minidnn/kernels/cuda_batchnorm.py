@@ -7,17 +7,35 @@ Two kinds of pass, each at memory speed for both layouts:
   every time (which is what lets the memory manager recompute a batch-norm output in backward
   exactly). Stage one: a grid of blocks, each adding one contiguous part of the rows of some
   channels and writing its partial sums; stage two: one block per channel adds its parts in
-  a fixed order. How a block reads depends on the layout, so that neighbouring threads read
-  neighbouring values:
-    NCHW  a block takes one channel; its threads stride over the channel's H * W runs.
-    NHWC  the map is a (pixels, C) matrix; a block takes 32 channels x 8 row lanes, a warp
-          reads 32 neighbouring channels of one pixel (128 contiguous bytes of float32).
+  a fixed order. How a block reads depends on the layout, so that a warp reads contiguous
+  bytes, a thread 8 values at a time in 16-byte loads (one of bf16, two of float32) where
+  the sizes allow; 8 for every dtype, so that bf16 maps are summed in the order of their
+  widened float32 copies:
+    NHWC  the map is a (pixels, C) matrix of groups of 8 channels (C a multiple of 8, else
+          groups of one); a block of up to 256 threads takes `cols` neighbouring groups of
+          a row (all of them when a row has at most 64) and 256 / cols row lanes, so that
+          consecutive threads read consecutive groups (a warp: 512 contiguous bytes of
+          bf16). Each thread adds every lanes-th row of the block's part for its group's
+          channels; each channel's lanes are then added in lane order.
+    NCHW  a block takes one channel; its threads stride over the channel's H * W runs, a
+          group of 8 neighbouring values each where H * W is a multiple of 8.
   The forward statistics take one pass: var = E[x^2] - mean^2 in double, which loses nothing
   a float32 map can hold unless |mean| exceeds the standard deviation ~10^4-fold.
+  The order of the sums follows the geometry alone (the shape, and whether C or H * W and
+  the maps' alignment allow groups of 8), never the timing, so a call repeats its bits.
+  Against the kernels before these (one value per thread), the order changed, and so did
+  the last bits of the statistics and gradients; so did the affine pass's, which no longer
+  fuses its multiply and add.
 * **Per-value affine maps** y = x * scale[c] + shift[c] and gx = gy * a[c] + (x - mean[c]) *
-  b[c] + d[c], one thread per 16-byte vector in channels last (launched by cuda_pointwise's
-  run_per_pixel: a value's channel is its memory index modulo C), CuPy elementwise kernels
-  over logical indices in NCHW.
+  b[c] + d[c], one thread per 16-byte vector: in channels last launched by cuda_pointwise's
+  run_per_pixel (a vector's first channel is its memory index modulo C, a multiply-high
+  division by a launch constant); in NCHW a grid-stride loop over the planes' vectors. The
+  per-channel coefficients sit in one array of rows (C,) each, written by the stage-two
+  kernel, so a thread loads a vector of them at a time.
+
+The affine value is x * scale rounded, then + shift rounded (no fused multiply-add; scale =
+invstd * weight and shift = bias - mean * scale likewise), NumPy's operations in
+cpu_batchnorm: every pass that needs y computes it with these operations, so its bits agree.
 
 Maps (N, C, H, W) in NCHW or channels-last (NHWC) memory, float32, float64 or bfloat16;
 per-channel arrays (C,) in the dtype the maps compute in (float32 beside bf16 maps).
@@ -35,18 +53,99 @@ import cupy as cp
 import numpy as np
 
 from .cuda_divide import DIVIDE_SOURCE
-from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, relu_forward, \
-    run_per_pixel
+from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, run_per_pixel
 from .mapformat import is_channels_last
 
-_THREADS = 256
+_THREADS = 256              # threads of a sums block (a power of two) and of a per-value pass
 _PER_BLOCK = 16384          # NCHW: values of one channel a block adds (the last part: fewer)
 _MAX_PARTS = 1024
 _TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GPU
 _PART_THREADS = 128         # threads adding one channel's parts (a power of two)
+_COLUMNS = 64               # NHWC: most channel groups of a row one sums block reads
+_PARTIALS = 131072          # NHWC: most (channel, part) pairs of stage one (2 MiB of sums)
+#: Channels (NHWC) or values of a plane (NCHW) a thread of a sums pass reads at once: 16
+#: bytes of bf16, 32 of float32. The same for every dtype, so that bf16 maps are summed in
+#: the order of their widened float32 copies.
+_GROUP = 8
+_VECTOR_BYTES = 16
+#: Blocks of the grid-stride NCHW per-value passes (bn_affine_planes, bn_grad_planes).
+_PLANE_BLOCKS = 4096
 
-# mode 0: (x, x^2); mode 1: (gy, gy * (x - center)).
+# mode 0: (x, x^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first masked by
+# the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
 _SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+// The affine value x * s + t: the product rounded, then the sum (no fused multiply-add), as
+// NumPy computes it; every pass that needs a batch norm's output computes it so.
+__device__ __forceinline__ float affine(float x, float s, float t) {
+    return __fadd_rn(__fmul_rn(x, s), t);
+}
+__device__ __forceinline__ double affine(double x, double s, double t) {
+    return __dadd_rn(__dmul_rn(x, s), t);
+}
+
+// scale = invstd * weight, shift = bias - mean * scale, each operation rounded on its own.
+__device__ __forceinline__ void scale_shift(float inv, float w, float b, float m, float& s,
+                                            float& t) {
+    s = __fmul_rn(inv, w);
+    t = __fsub_rn(b, __fmul_rn(m, s));
+}
+__device__ __forceinline__ void scale_shift(double inv, double w, double b, double m,
+                                            double& s, double& t) {
+    s = __dmul_rn(inv, w);
+    t = __dsub_rn(b, __dmul_rn(m, s));
+}
+
+// Did the ReLU after the batch norm pass its gradient? Its output, stored as M, is > 0: the
+// test of cuda_pointwise's relu_backward on that output (a positive v too small for bf16 is
+// stored as 0 and passes nothing).
+template<typename M>
+__device__ __forceinline__ bool relu_passes(acc_t<M> v) {
+    return widen(narrow<M>(v)) > (acc_t<M>)0;
+}
+
+// G values of M at p (16-byte aligned when G > 1) into v, in 16-byte loads.
+template<typename M, int G>
+__device__ __forceinline__ void load_group(const M* p, M (&v)[G]) {
+    constexpr int V = (int)(16 / sizeof(M)) < G ? (int)(16 / sizeof(M)) : G;
+    #pragma unroll
+    for (int i = 0; i < G / V; ++i) {
+        const Pack<M, V> a = reinterpret_cast<const Pack<M, V>*>(p)[i];
+        #pragma unroll
+        for (int j = 0; j < V; ++j) v[i * V + j] = a.v[j];
+    }
+}
+
+// One value's terms of the sums of MODE (see _SOURCE's comment), added to (a, b). s, t: the
+// affine's coefficients (mode 2).
+template<typename M, int MODE>
+__device__ __forceinline__ void accumulate(M x, M g, acc_t<M> m, acc_t<M> s, acc_t<M> t,
+                                           double& a, double& b) {
+    typedef acc_t<M> T;
+    const T xv = widen(x);
+    if (MODE == 0) {
+        const double v = (double)xv;
+        a += v;
+        b += v * v;
+    } else {
+        T gv = widen(g);
+        if (MODE == 2 && !relu_passes<M>(affine(xv, s, t))) gv = (T)0;
+        const double gd = (double)gv;
+        a += gd;
+        b += gd * (double)(xv - m);
+    }
+}
+
+// The per-channel values a sums pass of MODE needs for channel c: the mean (modes 1, 2) and
+// the affine's scale and shift (mode 2), from the forward's mean, invstd, weight and bias.
+template<typename T, int MODE>
+__device__ __forceinline__ void channel_terms(const T* mean, const T* invstd, const T* weight,
+                                              const T* bias, int c, T& m, T& s, T& t) {
+    m = MODE == 0 ? (T)0 : mean[c];
+    s = (T)0;
+    t = (T)0;
+    if (MODE == 2) scale_shift(invstd[c], weight[c], bias[c], m, s, t);
+}
+
 // (a, b) summed over the block's threads (blockDim.x of them, a power of two, at most the
 // length of the shared arrays sa, sb) in a fixed tree; every thread gets the totals.
 __device__ __forceinline__ void block_sums(double* sa, double* sb, double& a, double& b) {
@@ -64,36 +163,32 @@ __device__ __forceinline__ void block_sums(double* sa, double* sb, double& a, do
     b = sb[0];
 }
 
-template<typename T>
-__device__ __forceinline__ void accumulate(int mode, T x, T g, T m, double& a, double& b) {
-    if (mode == 0) {
-        const double v = (double)x;
-        a += v;
-        b += v * v;
-    } else {
-        const double gd = (double)g;
-        a += gd;
-        b += gd * (double)(x - m);
-    }
-}
-
-// NCHW (or any map whose pixels are one run): block (c, part) adds part `part` of channel c.
-// Maps are M (float, double or bf16), per-channel arrays and arithmetic T = acc_t<M>.
-template<typename M>
-__global__ void bn_partial_sums(const M* x, const M* gy, const acc_t<M>* center,
-                                double* partial, int mode, long long HW, long long count,
+// NCHW (or any map whose pixels are one run): block (c, part) adds part `part` of channel
+// c's groups of G values (G > 1: H * W a multiple of G, pixels contiguous, 16-byte aligned
+// planes), a group's values in order. Maps are M, per-channel arrays T = acc_t<M>.
+template<typename M, int G, int MODE>
+__global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ gy,
+                                const acc_t<M>* mean, const acc_t<M>* invstd,
+                                const acc_t<M>* weight, const acc_t<M>* bias, double* partial,
+                                long long groups_per_plane, long long groups,
                                 long long per_block, long long stride_n, long long stride_c,
                                 long long stride_p) {
     typedef acc_t<M> T;
     const int c = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
     const long long begin = (long long)part * per_block;
-    const long long end = min(count, begin + per_block);
-    const T m = mode == 0 ? (T)0 : center[c];
+    const long long end = min(groups, begin + per_block);
+    T m, s, t;
+    channel_terms<T, MODE>(mean, invstd, weight, bias, c, m, s, t);
     double a = 0, b = 0;
     for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
-        const long long n = k / HW, hw = k - n * HW;
-        const long long o = n * stride_n + c * stride_c + hw * stride_p;
-        accumulate<T>(mode, widen(x[o]), mode == 0 ? (T)0 : widen(gy[o]), m, a, b);
+        const long long n = k / groups_per_plane, p = (k - n * groups_per_plane) * G;
+        const long long o = n * stride_n + c * stride_c + p * stride_p;
+        M xv[G], gv[G];
+        load_group<M, G>(x + o, xv);
+        if (MODE != 0) load_group<M, G>(gy + o, gv);
+        #pragma unroll
+        for (int j = 0; j < G; ++j)
+            accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
     block_sums(sa, sb, a, b);
@@ -103,36 +198,52 @@ __global__ void bn_partial_sums(const M* x, const M* gy, const acc_t<M>* center,
     }
 }
 
-// NHWC: x is (rows, C). Block (part, j) adds rows [part * per_part, ...) of channels
-// 32j ... 32j + 31; thread (tx, ty) takes channel 32j + tx and every 8th row from ty; the 8
-// row lanes are then added in a fixed order.
-template<typename M>
+// NHWC: x is (rows, C), seen as rows of C / G groups of G channels (G > 1: C a multiple of G,
+// 16-byte aligned maps). Block (part, j) takes the `cols` groups j * cols ... of rows
+// [part * per_part, ...); thread t takes group column t %% cols and row lane t / cols, and
+// adds every lanes-th row from its lane (neighbouring threads read neighbouring 16 bytes);
+// then each channel's lanes are added in lane order. blockDim.x = cols * lanes <= 256.
+template<typename M, int G, int MODE>
 __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restrict__ gy,
-                                       const acc_t<M>* __restrict__ center, double* partial,
-                                       int mode, long long rows, int C, long long per_part) {
+                                       const acc_t<M>* mean, const acc_t<M>* invstd,
+                                       const acc_t<M>* weight, const acc_t<M>* bias,
+                                       double* partial, long long rows, int C,
+                                       long long per_part, int cols, int lanes) {
     typedef acc_t<M> T;
-    const int c = blockIdx.y * 32 + threadIdx.x, part = blockIdx.x, parts = gridDim.x;
+    const int tid = threadIdx.x, lane = tid / cols, col = tid - lane * cols;
+    const int group = blockIdx.y * cols + col, part = blockIdx.x, parts = gridDim.x;
     const long long r0 = (long long)part * per_part;
     const long long r1 = min(rows, r0 + per_part);
-    double a = 0, b = 0;
-    if (c < C) {
-        const T m = mode == 0 ? (T)0 : center[c];
+    double a[G], b[G];
+    #pragma unroll
+    for (int j = 0; j < G; ++j) { a[j] = 0; b[j] = 0; }
+    if (group * G < C) {
+        T m[G], s[G], t[G];
+        #pragma unroll
+        for (int j = 0; j < G; ++j)
+            channel_terms<T, MODE>(mean, invstd, weight, bias, group * G + j, m[j], s[j], t[j]);
         #pragma unroll 4
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
-            const long long o = r * C + c;
-            accumulate<T>(mode, widen(x[o]), mode == 0 ? (T)0 : widen(gy[o]), m, a, b);
+        for (long long r = r0 + lane; r < r1; r += lanes) {
+            const long long o = r * C + group * G;
+            M xv[G], gv[G];
+            load_group<M, G>(x + o, xv);
+            if (MODE != 0) load_group<M, G>(gy + o, gv);
+            #pragma unroll
+            for (int j = 0; j < G; ++j)
+                accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j], a[j], b[j]);
         }
     }
-    __shared__ double sa[8][32], sb[8][32];
-    sa[threadIdx.y][threadIdx.x] = a;
-    sb[threadIdx.y][threadIdx.x] = b;
+    // sums[2j + k][thread]: a warp writes (and below reads) neighbouring doubles.
+    __shared__ double sums[2 * G][%(threads)d];
+    #pragma unroll
+    for (int j = 0; j < G; ++j) { sums[2 * j][tid] = a[j]; sums[2 * j + 1][tid] = b[j]; }
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        double ta = 0, tb = 0;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) { ta += sa[j][threadIdx.x]; tb += sb[j][threadIdx.x]; }
-        partial[2 * ((long long)c * parts + part)] = ta;
-        partial[2 * ((long long)c * parts + part) + 1] = tb;
+    for (int u = tid; u < 2 * G * cols; u += blockDim.x) {
+        const int k = u / cols, cc = u - k * cols, ch = (blockIdx.y * cols + cc) * G + k / 2;
+        if (ch >= C) continue;
+        double total = 0;
+        for (int l = 0; l < lanes; ++l) total += sums[k][l * cols + cc];
+        partial[2 * ((long long)ch * parts + part) + (k & 1)] = total;
     }
 }
 
@@ -153,13 +264,13 @@ __device__ __forceinline__ void sum_parts(const double* partial, int parts, doub
 }
 
 // Forward: from (sum x, sum x^2): mean, var (biased), invstd = 1 / sqrt(var + eps), and the
-// affine pass's scale = invstd * weight, shift = bias - mean * scale; with update != 0 the
-// running estimates move: r = (1 - momentum) * r + momentum * batch value (var unbiased).
+// affine pass's coefficients coef = [scale (C), shift (C)]; with update != 0 the running
+// estimates move: r = (1 - momentum) * r + momentum * batch value (var unbiased).
 template<typename T>
 __global__ void bn_finish_forward(const double* partial, int parts, double count, T eps,
                                   T momentum, int update, const T* weight, const T* bias,
-                                  T* mean, T* var, T* invstd, T* scale, T* shift,
-                                  T* running_mean, T* running_var) {
+                                  T* mean, T* var, T* invstd, T* coef, T* running_mean,
+                                  T* running_var, int C) {
     double total, squares;
     sum_parts(partial, parts, total, squares);
     if (threadIdx.x != 0) return;
@@ -170,9 +281,7 @@ __global__ void bn_finish_forward(const double* partial, int parts, double count
     mean[c] = mt;
     var[c] = vt;
     invstd[c] = inv;
-    const T sc = inv * weight[c];
-    scale[c] = sc;
-    shift[c] = bias[c] - mt * sc;
+    scale_shift(inv, weight[c], bias[c], mt, coef[c], coef[C + c]);
     if (update) {
         const T keep = (T)1 - momentum;
         running_mean[c] = running_mean[c] * keep + momentum * mt;
@@ -181,11 +290,13 @@ __global__ void bn_finish_forward(const double* partial, int parts, double count
 }
 
 // Backward: from (sum gy, sum gy * (x - mean)): gbias, gweight, and the per-value pass's
-// coefficients gx = gy * a + (x - mean) * b + d (cpu_batchnorm.batchnorm_backward).
+// coefficients coef = [mean, a, b, d, scale, shift] (C each), gx = gy * a + (x - mean) * b + d
+// (cpu_batchnorm.batchnorm_backward); and with relu the forward's scale and shift.
 template<typename T>
 __global__ void bn_finish_backward(const double* partial, int parts, double count,
-                                   const T* weight, const T* invstd, T* gweight, T* gbias,
-                                   T* ca, T* cb, T* cd) {
+                                   const T* mean, const T* weight, const T* invstd,
+                                   const T* bias, int relu, T* gweight, T* gbias, T* coef,
+                                   int C) {
     double sum_gy, sum_gy_centred;
     sum_parts(partial, parts, sum_gy, sum_gy_centred);
     if (threadIdx.x != 0) return;
@@ -194,96 +305,157 @@ __global__ void bn_finish_backward(const double* partial, int parts, double coun
     const double a = (double)weight[c] * istd;
     gbias[c] = (T)sum_gy;
     gweight[c] = (T)(sum_gy_centred * istd);
-    ca[c] = (T)a;
-    cb[c] = (T)(-a * istd * istd * sum_gy_centred / count);
-    cd[c] = (T)(-a * sum_gy / count);
+    coef[c] = mean[c];
+    coef[C + c] = (T)a;
+    coef[2 * C + c] = (T)(-a * istd * istd * sum_gy_centred / count);
+    coef[3 * C + c] = (T)(-a * sum_gy / count);
+    if (relu) scale_shift(invstd[c], weight[c], bias[c], mean[c], coef[4 * C + c],
+                          coef[5 * C + c]);
 }
 
-// Channels last, (pixels, C) in memory: y = x * scale[c] + shift[c], then, with RELU, the
-// ReLU after the batch norm (minidnn/fusion.py) as cuda_pointwise's relu_forward computes it
-// on the stored value: the bits of the two passes. The launch starts at a pixel boundary and
-// C is a multiple of VEC, so a vector's channels are c ... c + VEC - 1. The value is
-// computed in T = acc_t<M> and stored once (narrow: rounded once for bf16 maps).
+// y = x * scale + shift (coef = [scale, shift]), then with RELU the ReLU after the batch
+// norm as cuda_pointwise's relu_forward computes it on the stored value: the bits of the two
+// passes. The value is computed in T = acc_t<M> and stored once (rounded once for bf16).
+template<typename M, bool RELU>
+__device__ __forceinline__ M affine_value(M x, acc_t<M> s, acc_t<M> t) {
+    typedef acc_t<M> T;
+    const T v = affine(widen(x), s, t);
+    return narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
+}
+
+// gx for gy, x of channel coefficients (mean, a, b, d, scale, shift) in MODE: 0 the batch
+// norm's gradient; 1 the same of gy masked by the ReLU after it; 2 that masked gy alone.
+template<typename M, int MODE>
+__device__ __forceinline__ M grad_value(M x, M gy, acc_t<M> m, acc_t<M> a, acc_t<M> b,
+                                        acc_t<M> d, acc_t<M> s, acc_t<M> t) {
+    typedef acc_t<M> T;
+    const T xv = widen(x);
+    const bool pass = MODE == 0 || relu_passes<M>(affine(xv, s, t));
+    if (MODE == 2) return pass ? gy : narrow<M>((T)0);
+    const T g = pass ? widen(gy) : (T)0;
+    return narrow<M>(g * a + (xv - m) * b + d);
+}
+
+// Channels last, (pixels, C) in memory: the launch starts at a pixel boundary and C is a
+// multiple of VEC, so a vector's channels are c ... c + VEC - 1, and its coefficients a
+// vector of each row of coef (16-byte aligned rows when VEC > 1).
 template<typename M, int VEC, bool RELU>
-__device__ __forceinline__ void affine_pass(const M* x, M* y, const acc_t<M>* scale,
-                                            const acc_t<M>* shift, unsigned int C,
-                                            unsigned int c_mul, unsigned int c_shift,
-                                            unsigned int n) {
+__device__ __forceinline__ void affine_pass(const M* x, M* y, const acc_t<M>* coef,
+                                            unsigned int C, unsigned int c_mul,
+                                            unsigned int c_shift, unsigned int n) {
     typedef acc_t<M> T;
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
-    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    const unsigned int v = (first - divide(first, c_mul, c_shift) * C) / VEC;
+    const Pack<T, VEC> s = load<T, VEC>(coef, v), t = load<T, VEC>(coef + C, v);
     Pack<M, VEC> a = load<M, VEC>(x, k);
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-        const T v = widen(a.v[j]) * scale[c + j] + shift[c + j];
-        a.v[j] = narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
-    }
+    for (int j = 0; j < VEC; ++j) a.v[j] = affine_value<M, RELU>(a.v[j], s.v[j], t.v[j]);
     store<M, VEC>(y, k, a);
 }
 
 template<typename M, int VEC>
-__global__ void bn_affine_last(const M* x, M* y, const acc_t<M>* scale,
-                               const acc_t<M>* shift, unsigned int C, unsigned int c_mul,
-                               unsigned int c_shift, unsigned int n) {
-    affine_pass<M, VEC, false>(x, y, scale, shift, C, c_mul, c_shift, n);
+__global__ void bn_affine_last(const M* x, M* y, const acc_t<M>* coef, unsigned int C,
+                               unsigned int c_mul, unsigned int c_shift, unsigned int n) {
+    affine_pass<M, VEC, false>(x, y, coef, C, c_mul, c_shift, n);
 }
 
 template<typename M, int VEC>
-__global__ void bn_affine_relu_last(const M* x, M* y, const acc_t<M>* scale,
-                                    const acc_t<M>* shift, unsigned int C, unsigned int c_mul,
-                                    unsigned int c_shift, unsigned int n) {
-    affine_pass<M, VEC, true>(x, y, scale, shift, C, c_mul, c_shift, n);
+__global__ void bn_affine_relu_last(const M* x, M* y, const acc_t<M>* coef, unsigned int C,
+                                    unsigned int c_mul, unsigned int c_shift, unsigned int n) {
+    affine_pass<M, VEC, true>(x, y, coef, C, c_mul, c_shift, n);
 }
 
-// gx = gy * a[c] + (x - mean[c]) * b[c] + d[c], computed in T, stored once.
-template<typename M>
-__device__ __forceinline__ M grad_value(M x, M gy, acc_t<M> mean, acc_t<M> a, acc_t<M> b,
-                                        acc_t<M> d) {
-    return narrow<M>(widen(gy) * a + (widen(x) - mean) * b + d);
-}
-
-// Channels last: gx = gy * a[c] + (x - mean[c]) * b[c] + d[c].
-template<typename M, int VEC>
-__global__ void bn_grad_last(const M* x, const M* gy, M* gx, const acc_t<M>* mean,
-                             const acc_t<M>* ca, const acc_t<M>* cb, const acc_t<M>* cd,
-                             unsigned int C, unsigned int c_mul, unsigned int c_shift,
-                             unsigned int n) {
+// Channels last: gx from x, gy and coef = [mean, a, b, d, scale, shift] in MODE (grad_value).
+template<typename M, int VEC, int MODE>
+__device__ __forceinline__ void grad_pass(const M* x, const M* gy, M* gx,
+                                          const acc_t<M>* coef, unsigned int C,
+                                          unsigned int c_mul, unsigned int c_shift,
+                                          unsigned int n) {
+    typedef acc_t<M> T;
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
     const unsigned int first = k * VEC;
-    const unsigned int c = first - divide(first, c_mul, c_shift) * C;
+    const unsigned int v = (first - divide(first, c_mul, c_shift) * C) / VEC;
+    Pack<T, VEC> m, a, b, d, s, t;
+    if (MODE != 2) {
+        m = load<T, VEC>(coef, v);
+        a = load<T, VEC>(coef + C, v);
+        b = load<T, VEC>(coef + 2 * C, v);
+        d = load<T, VEC>(coef + 3 * C, v);
+    }
+    if (MODE != 0) {
+        s = load<T, VEC>(coef + 4 * C, v);
+        t = load<T, VEC>(coef + 5 * C, v);
+    }
     const Pack<M, VEC> xv = load<M, VEC>(x, k);
     Pack<M, VEC> g = load<M, VEC>(gy, k);
     #pragma unroll
     for (int j = 0; j < VEC; ++j)
-        g.v[j] = grad_value<M>(xv.v[j], g.v[j], mean[c + j], ca[c + j], cb[c + j], cd[c + j]);
+        g.v[j] = grad_value<M, MODE>(xv.v[j], g.v[j], MODE != 2 ? m.v[j] : (T)0,
+                                     MODE != 2 ? a.v[j] : (T)0, MODE != 2 ? b.v[j] : (T)0,
+                                     MODE != 2 ? d.v[j] : (T)0, MODE ? s.v[j] : (T)0,
+                                     MODE ? t.v[j] : (T)0);
     store<M, VEC>(gx, k, g);
 }
 
-// NCHW bf16 maps (float32 and float64 ones take the elementwise kernels below): the value i
-// lies in channel (i / HW) mod C; a grid-stride loop over the n values.
-template<typename M, bool RELU>
-__global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* scale,
-                                 const acc_t<M>* shift, int C, long long HW, long long n) {
+template<typename M, int VEC>
+__global__ void bn_grad_last(const M* x, const M* gy, M* gx, const acc_t<M>* coef,
+                             unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                             unsigned int n) {
+    grad_pass<M, VEC, 0>(x, gy, gx, coef, C, c_mul, c_shift, n);
+}
+
+template<typename M, int VEC>
+__global__ void bn_grad_relu_last(const M* x, const M* gy, M* gx, const acc_t<M>* coef,
+                                  unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                                  unsigned int n) {
+    grad_pass<M, VEC, 1>(x, gy, gx, coef, C, c_mul, c_shift, n);
+}
+
+template<typename M, int VEC>
+__global__ void bn_relu_mask_last(const M* x, const M* gy, M* gx, const acc_t<M>* coef,
+                                  unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                                  unsigned int n) {
+    grad_pass<M, VEC, 2>(x, gy, gx, coef, C, c_mul, c_shift, n);
+}
+
+// NCHW: planes of HW values (plane p has channel p %% C), VEC values a thread per step of a
+// grid-stride loop (HW a multiple of VEC, 16-byte aligned maps when VEC > 1).
+template<typename M, int VEC, bool RELU>
+__global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* coef, int C,
+                                 long long HW, long long n) {
     typedef acc_t<M> T;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+    const long long vectors = n / VEC;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vectors;
          i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)((i / HW) %% C);
-        const T v = widen(x[i]) * scale[c] + shift[c];
-        y[i] = narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
+        const int c = (int)((i * VEC / HW) %% C);
+        const T s = coef[c], t = coef[C + c];
+        Pack<M, VEC> a = load<M, VEC>(x + i * VEC, 0);
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) a.v[j] = affine_value<M, RELU>(a.v[j], s, t);
+        store<M, VEC>(y + i * VEC, 0, a);
     }
 }
 
-template<typename M>
-__global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* mean,
-                               const acc_t<M>* ca, const acc_t<M>* cb, const acc_t<M>* cd,
-                               int C, long long HW, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+template<typename M, int VEC, int MODE>
+__global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* coef, int C,
+                               long long HW, long long n) {
+    typedef acc_t<M> T;
+    const long long vectors = n / VEC;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vectors;
          i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)((i / HW) %% C);
-        gx[i] = grad_value<M>(x[i], gy[i], mean[c], ca[c], cb[c], cd[c]);
+        const int c = (int)((i * VEC / HW) %% C);
+        const T m = MODE != 2 ? coef[c] : (T)0, a = MODE != 2 ? coef[C + c] : (T)0;
+        const T b = MODE != 2 ? coef[2 * C + c] : (T)0, d = MODE != 2 ? coef[3 * C + c] : (T)0;
+        const T s = MODE ? coef[4 * C + c] : (T)0, t = MODE ? coef[5 * C + c] : (T)0;
+        const Pack<M, VEC> xv = load<M, VEC>(x + i * VEC, 0);
+        Pack<M, VEC> g = load<M, VEC>(gy + i * VEC, 0);
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            g.v[j] = grad_value<M, MODE>(xv.v[j], g.v[j], m, a, b, d, s, t);
+        store<M, VEC>(gx + i * VEC, 0, g);
     }
 }
 """ % {"threads": _THREADS, "part_threads": _PART_THREADS}
@@ -294,31 +466,22 @@ def _instances():
         yield f"bn_finish_forward<{t}>"
         yield f"bn_finish_backward<{t}>"
     for t, size in (("float", 4), ("double", 8), ("bf16", 2)):    # the maps' types
-        yield f"bn_partial_sums<{t}>"
-        yield f"bn_column_partial_sums<{t}>"
+        for group in (1, _GROUP):
+            for mode in (0, 1, 2):
+                yield f"bn_partial_sums<{t}, {group}, {mode}>"
+                yield f"bn_column_partial_sums<{t}, {group}, {mode}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
-            yield f"bn_affine_last<{t}, {vec}>"
-            yield f"bn_affine_relu_last<{t}, {vec}>"
-            yield f"bn_grad_last<{t}, {vec}>"
-    for relu in ("false", "true"):
-        yield f"bn_affine_planes<bf16, {relu}>"
-    yield "bn_grad_planes<bf16>"
+            for name in ("bn_affine_last", "bn_affine_relu_last", "bn_grad_last",
+                         "bn_grad_relu_last", "bn_relu_mask_last"):
+                yield f"{name}<{t}, {vec}>"
+            for relu in ("false", "true"):
+                yield f"bn_affine_planes<{t}, {vec}, {relu}>"
+            for mode in (0, 1, 2):
+                yield f"bn_grad_planes<{t}, {vec}, {mode}>"
 
 
 _module = cp.RawModule(code=_SOURCE, options=("--std=c++14",),
                        name_expressions=list(_instances()))
-
-
-_scale_shift = cp.ElementwiseKernel(
-    "raw T x, raw T scale, raw T shift, int32 C, int64 HW", "T y",
-    "const int c = (int)((i / HW) % C); y = x[i] * scale[c] + shift[c];",
-    "minidnn_bn_scale_shift")
-
-_grad_input = cp.ElementwiseKernel(
-    "raw T x, raw T gy, raw T mean, raw T a, raw T b, raw T c_, int32 C, int64 HW", "T gx",
-    "const int c = (int)((i / HW) % C); "
-    "gx = gy[i] * a[c] + (x[i] - mean[c]) * b[c] + c_[c];",
-    "minidnn_bn_grad_input")
 
 
 def _ctype_of(x) -> str:
@@ -340,15 +503,9 @@ def _channel_ctype(x) -> str:
     return "float" if _ctype_of(x) == "bf16" else _ctype_of(x)
 
 
-#: Blocks of the grid-stride NCHW bf16 passes (bn_affine_planes, bn_grad_planes).
-_PLANE_BLOCKS = 4096
-
-
-def _planes(name: str, n: int, args: tuple) -> None:
-    """A grid-stride NCHW bf16 pass over n values."""
-    if n:
-        blocks = min(_PLANE_BLOCKS, -(-n // _THREADS))
-        _module.get_function(name)((blocks,), (_THREADS,), args + (np.int64(n),))
+def _aligned(*arrays) -> bool:
+    """Do all the arrays start on a 16-byte boundary (for the vector loads)?"""
+    return all(a.data.ptr % _VECTOR_BYTES == 0 for a in arrays)
 
 
 def _geometry(x, *others) -> tuple:
@@ -366,65 +523,95 @@ def _geometry(x, *others) -> tuple:
     return n, c, h * w, sn, sc, sw
 
 
-def _channel_partials(mode: int, geometry: tuple, x, gy, center):
-    """(partial, parts): stage one of the per-channel sums of the kernel's `mode`, float64
-    (C, parts, 2), for a bn_finish_* kernel to add. geometry: _geometry(x)."""
+def _column_shape(c: int, group: int) -> tuple:
+    """(cols, lanes) of a channels-last sums block: `cols` neighbouring groups of a row (all
+    of a row's, up to _COLUMNS: wide rows are split over blocks, which keeps enough blocks)
+    and _THREADS // cols row lanes."""
+    cols = min(-(-c // group), _COLUMNS)
+    return cols, _THREADS // cols
+
+
+def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
+    """(partial, parts): stage one of the per-channel sums of the kernel's `mode` (0: forward;
+    1: backward; 2: backward through the ReLU after the batch norm), float64 (C, parts, 2),
+    for a bn_finish_* kernel to add. geometry: _geometry(x); channel: (mean, invstd, weight,
+    bias) (C,) for modes 1 and 2 (mode 1 reads only the mean)."""
     n, c, hw, sn, sc, sp = geometry
     ctype = _ctype_of(x)
-    unused = x   # the pointer a mode that does not read gy or center is given
-    g, m = (gy if gy is not None else unused), (center if center is not None else unused)
+    maps = (x,) if gy is None else (x, gy)
+    g = gy if gy is not None else x      # the pointer a mode that does not read gy is given
+    per_channel = channel if channel is not None else (x,) * 4   # (not read in mode 0)
     count = n * hw
     if is_channels_last(x) and c > 1:
-        blocks_c = -(-c // 32)
-        parts = max(1, min(_MAX_PARTS, -(-_TARGET_BLOCKS // blocks_c), -(-count // 64)))
+        group = _GROUP if c % _GROUP == 0 and _aligned(*maps) else 1
+        cols, lanes = _column_shape(c, group)
+        blocks_c = -(-c // (group * cols))
+        parts = max(1, min(_MAX_PARTS, -(-_TARGET_BLOCKS // blocks_c), -(-count // 64),
+                           _PARTIALS // c))
         per_part = -(-count // parts)
         parts = -(-count // per_part)
         partial = cp.empty((c, parts, 2), cp.float64)
-        _module.get_function(f"bn_column_partial_sums<{ctype}>")(
-            (parts, blocks_c), (32, 8),
-            (x, g, m, partial, np.int32(mode), np.int64(count), np.int32(c), np.int64(per_part)))
+        _module.get_function(f"bn_column_partial_sums<{ctype}, {group}, {mode}>")(
+            (parts, blocks_c), (cols * lanes,),
+            (x, g, *per_channel, partial, np.int64(count), np.int32(c), np.int64(per_part),
+             np.int32(cols), np.int32(lanes)))
     else:
+        group = _GROUP if hw % _GROUP == 0 and sp == 1 and _aligned(*maps) else 1
+        groups = count // group
         parts = max(1, min(_MAX_PARTS, -(-count // _PER_BLOCK)))
-        per_block = -(-count // parts)
+        per_block = -(-groups // parts)
+        parts = -(-groups // per_block)
         partial = cp.empty((c, parts, 2), cp.float64)
-        _module.get_function(f"bn_partial_sums<{ctype}>")(
+        _module.get_function(f"bn_partial_sums<{ctype}, {group}, {mode}>")(
             (c, parts), (_THREADS,),
-            (x, g, m, partial, np.int32(mode), np.int64(hw), np.int64(count),
+            (x, g, *per_channel, partial, np.int64(hw // group), np.int64(groups),
              np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp)))
     return partial, parts
 
 
 def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
-                running) -> tuple:
+                running):
     """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
     when running = (running_mean, running_var, momentum) is given; returns the affine pass's
-    (scale, shift). Two launches."""
+    coefficients (2, C): scale, shift. Two launches."""
     n, c, hw, *_ = geometry
-    partial, parts = _channel_partials(0, geometry, x, None, None)
-    scale, shift = cp.empty((2, c), channel_dtype(x))   # one allocation: each costs host time
+    partial, parts = _channel_partials(0, geometry, x)
+    coef = cp.empty((2, c), channel_dtype(x))   # one allocation: each costs host time
     dt = channel_dtype(x).type
     rm, rv, momentum = running if running is not None else (mean, var, 0.0)
     _module.get_function(f"bn_finish_forward<{_channel_ctype(x)}>")(
         (c,), (_PART_THREADS,),
         (partial, np.int32(parts), np.float64(n * hw), dt(eps), dt(momentum),
-         np.int32(running is not None), weight, bias, mean, var, invstd, scale, shift, rm, rv))
-    return scale, shift
+         np.int32(running is not None), weight, bias, mean, var, invstd, coef, rm, rv,
+         np.int32(c)))
+    return coef
 
 
-def _affine(geometry: tuple, x, y, scale, shift, relu: bool = False) -> None:
-    """y = x * scale + shift per channel (x, y laid out alike), then max(y, 0) with relu."""
+def _per_value(last: str, planes: tuple, geometry: tuple, maps, coef) -> None:
+    """A per-value pass over `maps` (laid out alike) with the per-channel coefficients coef
+    (rows of C values): kernel `last` in channels last, else bn_..._planes<T, VEC, `planes`>
+    (its name given up to the template arguments, e.g. 'bn_grad_planes' and '1')."""
     n, c, hw, *_ = geometry
+    x = maps[0]
     if is_channels_last(x):
-        run_per_pixel("bn_affine_relu_last" if relu else "bn_affine_last", (x, y),
-                      (scale, shift), module=_module)
+        run_per_pixel(last, maps, (coef,), module=_module)
         return
-    if _ctype_of(x) == "bf16":
-        _planes(f"bn_affine_planes<bf16, {'true' if relu else 'false'}>", x.size,
-                (x, y, scale, shift, np.int32(c), np.int64(hw)))
+    kernel, arguments = planes
+    if not x.size:
         return
-    _scale_shift(x, scale, shift, c, hw, y)
-    if relu:
-        relu_forward(y, y)
+    vec = _VECTOR_BYTES // x.itemsize
+    if hw % vec or not _aligned(*maps):
+        vec = 1
+    blocks = min(_PLANE_BLOCKS, -(-x.size // vec // _THREADS))
+    _module.get_function(f"{kernel}<{_ctype_of(x)}, {vec}, {arguments}>")(
+        (blocks,), (_THREADS,), (*maps, coef, np.int32(c), np.int64(hw), np.int64(x.size)))
+
+
+def _affine(geometry: tuple, x, y, coef, relu: bool = False) -> None:
+    """y = x * scale + shift per channel (coef = [scale, shift]; x, y laid out alike), then
+    max(y, 0) with relu."""
+    _per_value("bn_affine_relu_last" if relu else "bn_affine_last",
+               ("bn_affine_planes", "true" if relu else "false"), geometry, (x, y), coef)
 
 
 def batchnorm_stats(x, mean, var) -> None:
@@ -440,33 +627,56 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
     per-channel results, the affine pass, which applies the ReLU with relu)."""
     geometry = _geometry(x, y)
     var = cp.empty(x.shape[1], channel_dtype(x))
-    scale, shift = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
-    _affine(geometry, x, y, scale, shift, relu)
+    coef = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
+    _affine(geometry, x, y, coef, relu)
+
+
+def _forward_coefficients(mean, invstd, weight, bias):
+    """(2, C): scale = invstd * weight, shift = bias - mean * scale, each operation rounded
+    on its own (as bn_finish_forward's scale_shift)."""
+    coef = cp.empty((2,) + tuple(mean.shape), mean.dtype)
+    cp.multiply(invstd, weight, out=coef[0])
+    cp.multiply(mean, coef[0], out=coef[1])
+    cp.subtract(bias, coef[1], out=coef[1])
+    return coef
 
 
 def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale; then
     max(y, 0) with relu."""
-    scale = invstd * weight
-    _affine(_geometry(x, y), x, y, scale, bias - mean * scale, relu)
+    _affine(_geometry(x, y), x, y, _forward_coefficients(mean, invstd, weight, bias), relu)
 
 
-def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias) -> None:
+def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None) -> None:
     """Training-mode gradients, as cpu_batchnorm.batchnorm_backward: three launches (partial
-    sums, the per-channel results, the per-value pass)."""
+    sums, the per-channel results, the per-value pass). relu: None, or (bias, stored) when
+    the ReLU after the batch norm is folded in (minidnn/fusion.py): gy is then the ReLU's
+    output gradient, masked here where the ReLU's output, recomputed from x with the
+    forward's operations and stored in the maps' dtype (`stored` is the CPU kernel's
+    business), is not > 0."""
     geometry = _geometry(x, gy) if gx is None else _geometry(x, gy, gx)
     n, c, hw, *_ = geometry
-    partial, parts = _channel_partials(1, geometry, x, gy, mean)
-    a, b, d = cp.empty((3, c), channel_dtype(x))   # one allocation: each costs host time
+    bias = relu[0] if relu is not None else weight     # (not read without relu)
+    partial, parts = _channel_partials(1 if relu is None else 2, geometry, x, gy,
+                                       (mean, invstd, weight, bias))
+    coef = cp.empty((6, c), channel_dtype(x))   # one allocation: each costs host time
     _module.get_function(f"bn_finish_backward<{_channel_ctype(x)}>")(
         (c,), (_PART_THREADS,),
-        (partial, np.int32(parts), np.float64(n * hw), weight, invstd, gweight, gbias, a, b, d))
+        (partial, np.int32(parts), np.float64(n * hw), mean, weight, invstd, bias,
+         np.int32(relu is not None), gweight, gbias, coef, np.int32(c)))
     if gx is None:
         return
-    if is_channels_last(x):
-        run_per_pixel("bn_grad_last", (x, gy, gx), (mean, a, b, d), module=_module)
-    elif _ctype_of(x) == "bf16":
-        _planes("bn_grad_planes<bf16>", x.size,
-                (x, gy, gx, mean, a, b, d, np.int32(c), np.int64(hw)))
-    else:
-        _grad_input(x, gy, mean, a, b, d, c, hw, gx)
+    _per_value("bn_grad_last" if relu is None else "bn_grad_relu_last",
+               ("bn_grad_planes", "0" if relu is None else "1"), geometry, (x, gy, gx), coef)
+
+
+def relu_mask(x, gy, mean, invstd, weight, bias, stored=None) -> None:
+    """gy (in place) = gy where the output of the ReLU after the batch norm, recomputed from x
+    with the forward's operations, is > 0, else 0: that ReLU's backward, for a batch norm
+    whose statistics come from elsewhere (distributed/sync_batchnorm.py). stored: as
+    batchnorm_backward's (the maps' dtype here)."""
+    geometry = _geometry(x, gy)
+    c = x.shape[1]
+    coef = cp.empty((6, c), channel_dtype(x))
+    coef[4:] = _forward_coefficients(mean, invstd, weight, bias)
+    _per_value("bn_relu_mask_last", ("bn_grad_planes", "2"), geometry, (x, gy, gy), coef)

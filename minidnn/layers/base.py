@@ -106,9 +106,12 @@ class StepContext:
     bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
     relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
     minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
-    them; relu_done: names of those ReLUs, whose forward has nothing left to do (the
-    decision's bn_relu). step_keys: while a step is captured as a CUDA graph, the device
-    table its draws read their keys from (kernels/cuda_random.StepKeys); else None.
+    them; relu_done: names of those ReLUs, whose forward and backward have nothing left to do
+    (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
+    maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
+    precision), in which a batch norm recomputes the output of the ReLU it applies; None:
+    the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
+    its draws read their keys from (kernels/cuda_random.StepKeys); else None.
     batch_slice: under deterministic mode, the images of one slice (layers/slices.py):
     convolutions and fully connected layers run slice by slice and sum their parameter
     gradients in slice order; None (the default): one call over the call's rows.
@@ -135,6 +138,7 @@ class StepContext:
     relu_bias: dict = field(default_factory=dict)
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
+    maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None
     statistics_slice: int | None = None

@@ -19,6 +19,10 @@ aux=None, computes the batch statistics again from the same x (the same bytes re
 same order give the same bits, on the CPU and with the GPU kernels of cuda_batchnorm.py, which
 reduce in a fixed order) and leaves the running estimates alone, so they move once per step.
 
+The ReLU after a batch norm may be folded into it (minidnn/fusion.py, ctx.relu_in_bn): forward
+stores max(y, 0), and backward takes the ReLU's output gradient and masks it where that
+output, recomputed from x with the forward's operations, is not positive.
+
 The statistics are the whole batch's (`batch_statistics`): a step split into micro-batches
 would normalize each part with its own, which is a different network.
 
@@ -81,6 +85,11 @@ class BatchNorm2d(Layer):
         training under --sync-batchnorm, statistics_sync's (the global batch's statistics)."""
         if self.statistics_sync is not None and ctx.train:
             return self.statistics_sync
+        return self._device_kernels(ctx)
+
+    @staticmethod
+    def _device_kernels(ctx):
+        """The batch-norm kernels of the step's device."""
         if ctx.xp is np:
             from ..kernels import cpu_batchnorm
             return cpu_batchnorm
@@ -124,16 +133,31 @@ class BatchNorm2d(Layer):
                                          running, relu)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
+        """gy: the output gradient, or, when this layer applies the ReLU after it
+        (ctx.relu_in_bn), that ReLU's output gradient, which the kernels mask where the
+        ReLU's output (recomputed from x as forward computed it) is not positive."""
         w = self.params["weight"]
         b = self.params["bias"]
         k, x, gx = self._kernels(ctx), xs[0], gxs[0]
+        # (bias, the maps' dtype) for the kernels: the ReLU's output is recomputed, stored.
+        relu = None
+        if self.name in ctx.relu_in_bn:
+            relu = (b.data, None if ctx.maps is None else ctx.maps.map_dtype(self.dtype))
+        if relu is not None and k is not self._device_kernels(ctx):
+            # Statistics from elsewhere (--sync-batchnorm): the ReLU's backward first.
+            self._device_kernels(ctx).relu_mask(x, gy, aux["mean"], aux["invstd"], w.data,
+                                                *relu)
+            relu = None
+        through = {} if relu is None else {"relu": relu}
         if ctx.batch_slice is None:
-            k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, w.grad, b.grad)
+            k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, w.grad, b.grad,
+                                 **through)
             return
         if ctx.statistics_slice is None:
             # Deterministic with whole-batch statistics: the call is the whole batch, one slice.
             def whole_batch(part, out):
-                k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, *out)
+                k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, *out,
+                                     **through)
 
             sum_in_slices(ctx, x.shape[0], [w.grad, b.grad], whole_batch, size=x.shape[0])
             return
@@ -146,7 +170,7 @@ class BatchNorm2d(Layer):
             k.batchnorm_training_forward(x[part], w.data, b.data, scratch, mean, invstd,
                                          self.eps)
             k.batchnorm_backward(x[part], gy[part], mean, invstd, w.data,
-                                 None if gx is None else gx[part], *out)
+                                 None if gx is None else gx[part], *out, **through)
 
         sum_in_slices(ctx, x.shape[0], [w.grad, b.grad], slice_gradients,
                       size=ctx.statistics_slice)

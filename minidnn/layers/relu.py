@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import same_memory
 from ..errors import ConfigError
 from ..kernels import relu_mask_bytes
 from .base import Layer
@@ -65,6 +66,8 @@ class ReLU(Layer):
         before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm before it
         applied it (ctx.relu_done)."""
         if self.name in ctx.relu_done:    # the batch norm before it applied it, in place
+            if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
+                y[...] = xs[0]
             return
         bias = ctx.relu_bias.get(self.name)
         bias = None if bias is None else bias.data
@@ -76,7 +79,13 @@ class ReLU(Layer):
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gx = gy where y > 0; and, when this ReLU added a convolution's bias, that bias's
-        gradient (the sum of gx over all but the channel axis) in the same pass."""
+        gradient (the sum of gx over all but the channel axis) in the same pass. Nothing
+        when the batch norm before it applies the mask in its own backward (ctx.relu_done):
+        gx is gy's buffer, which that batch norm reads."""
+        if self.name in ctx.relu_done:
+            if gxs[0] is not None and not same_memory(gy, gxs[0]):   # widened copies
+                gxs[0][...] = gy
+            return
         bias = ctx.relu_bias.get(self.name)
         gb = None if bias is None else bias.grad
         if gxs[0] is None:

@@ -1,0 +1,169 @@
+"""The GPU batch-norm kernels (kernels/cuda_batchnorm.py) with 16-byte vector reads and the
+ReLU after a batch norm folded into them (minidnn/fusion.py): against the NumPy reference on
+awkward sizes, in both layouts and in float32 and bf16; the same bits on every call; the
+folded backward gives the bits of the ReLU's backward followed by the batch norm's; and a
+fused training step the bits of the unfused one."""
+import numpy as np
+import pytest
+
+from minidnn.kernels import cpu_batchnorm, mapformat
+from test_bf16_gpu import BF16, gpu, to_device  # noqa: F401, F811  (gpu: the fixture)
+
+pytestmark = pytest.mark.gpu
+
+# Shapes: C a multiple of 8 (vector groups) and not (5, 12, 130), tiny N * H * W, one
+# channel, planes whose H * W is a multiple of 8 (NCHW vectors) and not.
+SHAPES = [(4, 64, 6, 5), (16, 5, 13, 11), (3, 12, 4, 4), (2, 130, 1, 1), (1, 8, 1, 2),
+          (8, 1, 7, 9), (40, 24, 8, 8)]
+EPS = 1e-5
+
+
+def raw(cp, a):
+    """The bytes of GPU array `a` in logical (NCHW) order: what bit comparisons compare."""
+    host = cp.asnumpy(mapformat.in_memory_order(a).view(np.uint8)).view(a.dtype)
+    if a.ndim == 4 and not a.flags.c_contiguous:
+        n, c, h, w = a.shape
+        host = host.reshape(n, h, w, c).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(host.reshape(a.shape))
+
+
+def inputs(shape, dtype, seed=4):
+    """x (offset and scaled per channel), gy, weight, bias; maps in `dtype`, per-channel
+    arrays float32 (beside bf16 maps) or float64."""
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x = 3 + 2 * rng.standard_normal(shape) * (1 + np.arange(c)).reshape(1, c, 1, 1) ** 0.5
+    gy = rng.standard_normal(shape)
+    w = 1 + 0.3 * rng.standard_normal(c)
+    b = 0.5 * rng.standard_normal(c)
+    channel = np.float32 if dtype in (np.float32, BF16) else np.float64
+    return x.astype(dtype), gy.astype(dtype), w.astype(channel), b.astype(channel)
+
+
+def run_gpu(cp, gpu_bn, layout, x, gy, w, b, relu):
+    """One training forward and backward on the GPU: {name: host array} (maps raw)."""
+    c = x.shape[1]
+    dt = w.dtype
+    dx, dgy = to_device(cp, x, layout), to_device(cp, gy, layout)
+    dy, dgx = to_device(cp, np.zeros_like(x), layout), to_device(cp, np.zeros_like(x), layout)
+    mean, invstd = cp.empty(c, dt), cp.empty(c, dt)
+    rm, rv = cp.zeros(c, dt), cp.ones(c, dt)
+    dw, db = cp.asarray(w), cp.asarray(b)
+    gw, gb = cp.empty(c, dt), cp.empty(c, dt)
+    gpu_bn.batchnorm_training_forward(dx, dw, db, dy, mean, invstd, EPS, (rm, rv, 0.1), relu)
+    gpu_bn.batchnorm_backward(dx, dgy, mean, invstd, dw, dgx, gw, gb,
+                              (db, None) if relu else None)
+    return {"y": raw(cp, dy), "gx": raw(cp, dgx), "mean": mean.get(), "invstd": invstd.get(),
+            "running_mean": rm.get(), "running_var": rv.get(), "gweight": gw.get(),
+            "gbias": gb.get()}
+
+
+def run_numpy(x, gy, w, b, relu, passed=None):
+    """The reference, in float64 on the maps' values (bf16 ones widened). passed: where the
+    ReLU passes its gradient, given (the GPU's output > 0) so that outputs within rounding
+    of 0 do not flip it; the folded mask itself is checked bit for bit below."""
+    x64, gy64 = x.astype(np.float64), gy.astype(np.float64)
+    if passed is not None:
+        gy64 = gy64 * passed
+    c = x.shape[1]
+    y, mean, invstd = np.empty_like(x64), np.empty(c), np.empty(c)
+    rm, rv = np.zeros(c), np.ones(c)
+    w64, b64 = w.astype(np.float64), b.astype(np.float64)
+    cpu_batchnorm.batchnorm_training_forward(x64, w64, b64, y, mean, invstd, EPS,
+                                             (rm, rv, 0.1), relu)
+    gx, gw, gb = np.empty_like(x64), np.empty(c), np.empty(c)
+    cpu_batchnorm.batchnorm_backward(x64, gy64, mean, invstd, w64, gx, gw, gb)
+    return {"y": y, "gx": gx, "mean": mean, "invstd": invstd, "running_mean": rm,
+            "running_var": rv, "gweight": gw, "gbias": gb}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_kernels_match_numpy_and_repeat_their_bits(gpu, shape, layout, dtype, relu):
+    cp = gpu[0]
+    from minidnn.kernels import cuda_batchnorm as gpu_bn
+    x, gy, w, b = inputs(shape, dtype)
+    got = run_gpu(cp, gpu_bn, layout, x, gy, w, b, relu)
+    want = run_numpy(x, gy, w, b, relu, got["y"].astype(np.float32) > 0 if relu else None)
+    # Relative to each result's largest value: float32 sums of ~1e4 values, or one bf16
+    # rounding of every output (8 significant bits) and of the gradients' terms.
+    tol = 2e-5 if dtype == np.float32 else 2e-2
+    for key, ref in want.items():
+        value = got[key].astype(np.float64)
+        assert np.all(np.isfinite(value)), key
+        scale = max(float(np.abs(ref).max()), 1e-6)
+        err = float(np.abs(value - ref).max())
+        assert err <= tol * scale, f"{key}: max error {err:.3g} of max {scale:.3g}"
+    if relu:
+        assert (got["y"].astype(np.float32) >= 0).all()
+    again = run_gpu(cp, gpu_bn, layout, x, gy, w, b, relu)   # a fixed order: the same bits
+    for key in got:
+        assert got[key].tobytes() == again[key].tobytes(), key
+
+
+@pytest.mark.parametrize("shape", [(4, 64, 6, 5), (16, 5, 13, 11), (8, 1, 7, 9)], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+def test_the_folded_backward_gives_the_bits_of_the_relus_then_the_batch_norms(
+        gpu, shape, layout, dtype):
+    """The mask the batch norm recomputes from x is the ReLU's on the stored output: the
+    fused call, relu_mask then the plain call, and cuda_pointwise.relu_backward on the
+    forward's output then the plain call all give the same bits."""
+    cp = gpu[0]
+    from minidnn.kernels import cuda_batchnorm as gpu_bn
+    from minidnn.kernels import cuda_pointwise
+    x, gy, w, b = inputs(shape, dtype, seed=9)
+    c, dt = shape[1], w.dtype
+    dx, dw, db = to_device(cp, x, layout), cp.asarray(w), cp.asarray(b)
+    y = to_device(cp, np.zeros_like(x), layout)
+    mean, invstd = cp.empty(c, dt), cp.empty(c, dt)
+    gpu_bn.batchnorm_training_forward(dx, dw, db, y, mean, invstd, EPS, None, relu=True)
+    results = []
+    for way in ("fused", "relu_mask", "relu_backward"):
+        g = to_device(cp, gy, layout)
+        gx = to_device(cp, np.zeros_like(x), layout)
+        gw, gb = cp.empty(c, dt), cp.empty(c, dt)
+        if way == "fused":
+            gpu_bn.batchnorm_backward(dx, g, mean, invstd, dw, gx, gw, gb, (db, None))
+        else:
+            if way == "relu_mask":
+                gpu_bn.relu_mask(dx, g, mean, invstd, dw, db)
+            else:
+                cuda_pointwise.relu_backward(y, g, g)
+            gpu_bn.batchnorm_backward(dx, g, mean, invstd, dw, gx, gw, gb)
+        results.append((raw(cp, gx).tobytes(), gw.get().tobytes(), gb.get().tobytes()))
+    assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layout):
+    """A stem and a residual block (tests/test_fused_bn_relu.py's network) trained two
+    steps on the GPU with deterministic algorithms, fused and not: the same bits."""
+    from test_fused_bn_relu import small_resnet
+    from minidnn import SGD
+    from minidnn.decide import build_executor
+
+    def train(fuse):
+        net = small_resnet()
+        net.init_params(0)
+        ex = build_executor(net, 4, device="gpu", seed=1, fuse=fuse, precision=precision,
+                            layout=layout, deterministic=True)
+        opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
+        rng = np.random.default_rng(2)
+        losses = []
+        for _ in range(2):
+            x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+        pairs = dict(ex.decision.bn_relu)
+        ex.close()
+        return losses, {k: np.array(v) for k, v in net.state_dict().items()}, pairs
+
+    losses, state, pairs = train(True)
+    assert pairs == {"relu1": "bn1", "relu2": "bn2"}
+    plain_losses, plain_state, none = train(False)
+    assert none == {} and losses == plain_losses
+    for k in state:
+        assert state[k].tobytes() == plain_state[k].tobytes(), k

@@ -159,6 +159,10 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
     t.add_argument("--no-graphs", action="store_true",
                    help="GPU: issue every step layer by layer from the host, none replayed "
                         "from a CUDA graph of an earlier step (the same bits either way)")
+    t.add_argument("--no-fuse", action="store_true",
+                   help="run every layer in its own passes: no convolution bias added in the "
+                        "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
+                        "norm before it (the same bits either way; minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "
@@ -403,7 +407,7 @@ def _run_training(args, argv: list[str]) -> int:
         micro_batches=args.micro_batches, split_batch_statistics=args.split_batch_statistics,
         chunks=args.chunks,
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
-        graphs=not args.no_graphs, checkpoint=args.checkpoint,
+        graphs=not args.no_graphs, fuse=not args.no_fuse, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
         report=args.report, trace=args.trace, plot=args.plot, progress=not args.no_progress,
         log_every=args.log_every, force=args.force, collective_timeout=args.collective_timeout,

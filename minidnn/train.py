@@ -126,6 +126,7 @@ class TrainConfig:
     precision: str = "fp32"
     layout: str | None = None
     graphs: bool = True
+    fuse: bool = True   # False (--no-fuse): every layer its own passes (minidnn/fusion.py)
     eval_every: int | str = AUTO
     eval_batches: int | str | None = AUTO
     checkpoint: str | None = None
@@ -239,7 +240,8 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
                     deterministic=cfg.deterministic or None, relu_bits=cfg.relu_bits,
                     micro_batches=cfg.micro_batches, chunks=chunks,
                     split_batch_statistics=cfg.split_batch_statistics,
-                    precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs, **share)
+                    precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
+                    fuse=cfg.fuse, **share)
     return build_executor(net, spec, device=device or cfg.device, seed=cfg.seed)
 
 

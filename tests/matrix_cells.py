@@ -15,6 +15,7 @@ A cell is one combination a user can ask for:
     ranks      1 | 2 (the CPU socket collective; no layer chunks over ranks)
     encoding   maps | bits (--relu-bits: ReLUs before a max-pool or a dropout keep one bit
                per value for backward)
+    fusion     fused | unfused (--no-fuse: every layer its own passes, minidnn/fusion.py)
 
 Every cell runs through the public entry points only: `minidnn.train.train(TrainConfig)` (one
 rank) or `python3 -m minidnn train ... --ranks 2` (two), the run report, and for the
@@ -28,8 +29,8 @@ What a cell asserts (check_cell):
   memory, 256-byte blocks, no CUDA context, no allocator caching, temporaries of NumPy
   outside it), so any difference is an allocation the step's memory model does not count;
 - the parameters after the run equal, bit for bit, those of the reference run (policy none,
-  no budget, ReLU outputs kept, the same micro-batches and layer chunks): offload, prefetch,
-  recomputation and the ReLU bit masks change no bit; against the whole-batch reference
+  no budget, ReLU outputs kept, fused, the same micro-batches and layer chunks): offload,
+  prefetch, recomputation, the ReLU bit masks and fusion change no bit; against the whole-batch reference
   (no split) they agree within SPLIT_RTOL / SPLIT_ATOL, where the weight-gradient sums run
   in another order (BatchNorm over split micro-batches computes other statistics, by the
   user's leave, and is compared with its own split only);
@@ -80,6 +81,7 @@ RUNGS = ("none", "ample", "mid", "least")
 SPLITS = ("whole", "micro2", "chunks")
 RANKS = (1, 2)
 ENCODINGS = ("maps", "bits")
+FUSIONS = ("fused", "unfused")
 
 IMAGE_SIZE = 16
 BATCH = 8
@@ -104,11 +106,13 @@ class Cell:
     split: str
     ranks: int
     encoding: str = "maps"
+    fusion: str = "fused"
 
     @property
     def id(self) -> str:
         return (f"{self.family}-{self.precision}-{self.layout}-{self.policy}-{self.rung}-"
-                f"{self.split}-{self.ranks}r" + ("-relubits" if self.encoding == "bits" else ""))
+                f"{self.split}-{self.ranks}r" + ("-relubits" if self.encoding == "bits" else "")
+                + ("-unfused" if self.fusion == "unfused" else ""))
 
     @property
     def valid(self) -> bool:
@@ -119,7 +123,7 @@ class Cell:
 def all_cells() -> list[Cell]:
     """The whole product, less the combinations that cannot be asked for (Cell.valid)."""
     cells = (Cell(*c) for c in itertools.product(FAMILIES, PRECISIONS, LAYOUTS, POLICIES,
-                                                 RUNGS, SPLITS, RANKS, ENCODINGS))
+                                                 RUNGS, SPLITS, RANKS, ENCODINGS, FUSIONS))
     return [c for c in cells if c.valid]
 
 
@@ -152,7 +156,7 @@ def sample_cells(count: int, two_rank_count: int, seed: int = 0) -> list[Cell]:
 def _pairs(cell: Cell) -> set:
     """Every pair of (dimension, value) of a cell (ranks left out)."""
     values = [(k, getattr(cell, k)) for k in ("family", "precision", "layout", "policy",
-                                              "rung", "split", "encoding")]
+                                              "rung", "split", "encoding", "fusion")]
     return set(itertools.combinations(values, 2))
 
 
@@ -179,9 +183,10 @@ class Runner:
 
     # -- one run -----------------------------------------------------------------------------
     def config_args(self, cell: Cell, policy: str, budget: int | None,
-                    split: str | None = None, encoding: str | None = None) -> list[str]:
-        """`minidnn train` arguments of `cell` under `policy` and `budget` (split and
-        encoding: the cell's unless given)."""
+                    split: str | None = None, encoding: str | None = None,
+                    fusion: str | None = None) -> list[str]:
+        """`minidnn train` arguments of `cell` under `policy` and `budget` (split, encoding
+        and fusion: the cell's unless given)."""
         fam = FAMILIES[cell.family]
         micro_batches, chunks = forced_split(cell, cell.split if split is None else split)
         args = ["--model", fam.path, "--image-size", str(IMAGE_SIZE), "--batch", str(BATCH),
@@ -198,16 +203,19 @@ class Runner:
             args += ["--chunks", ",".join(":".join(map(str, c)) for c in chunks) or "none"]
         if (cell.encoding if encoding is None else encoding) == "bits":
             args += ["--relu-bits"]
+        if (cell.fusion if fusion is None else fusion) == "unfused":
+            args += ["--no-fuse"]
         return args
 
     def run(self, cell: Cell, policy: str, budget: int | None, split: str | None = None,
-            ranks: int | None = None, encoding: str | None = None) -> Outcome:
-        """Train `cell` under `policy` and `budget` (ranks, split and encoding: the cell's
-        unless given)."""
+            ranks: int | None = None, encoding: str | None = None,
+            fusion: str | None = None) -> Outcome:
+        """Train `cell` under `policy` and `budget` (ranks, split, encoding and fusion: the
+        cell's unless given)."""
         ranks = cell.ranks if ranks is None else ranks
         self._runs += 1
         stem = os.path.join(self.folder, f"run{self._runs}")
-        args = self.config_args(cell, policy, budget, split, encoding) + [
+        args = self.config_args(cell, policy, budget, split, encoding, fusion) + [
             "--report", stem + ".json", "--checkpoint", stem + ".npz"]
         if ranks > 1:
             return self._run_ranks(args, ranks, stem)
@@ -220,7 +228,8 @@ class Runner:
             precision=parsed.precision, layout=parsed.layout, policy=parsed.policy,
             memory_budget=parsed.memory_budget, micro_batches=parsed.micro_batches,
             split_batch_statistics=parsed.split_batch_statistics, chunks=parsed.chunks,
-            relu_bits=parsed.relu_bits, report=parsed.report, checkpoint=parsed.checkpoint)
+            relu_bits=parsed.relu_bits, fuse=not parsed.no_fuse, report=parsed.report,
+            checkpoint=parsed.checkpoint)
         logged = []
         try:
             report = train(cfg, log=logged.append)
@@ -247,14 +256,14 @@ class Runner:
     # -- what cells compare with ---------------------------------------------------------------
     def reference(self, cell: Cell, split=None) -> Outcome:
         """The run whose bits a cell must give: no budget, no offload, ReLU outputs kept as
-        maps, the same split (a cell's split name, or (micro-batches, layer chunks) as a run
+        maps, fused, the same split (a cell's split name, or (micro-batches, layer chunks) as a run
         ran them; layer chunks are planned, so a chunked reference runs dyn without a
         budget: nothing offloaded, every convolution on its fastest plan)."""
         split = cell.split if split is None else split
         key = ("reference", cell.family, cell.precision, cell.layout, split, cell.ranks)
         if key not in self._memo:
             policy = "dyn" if forced_split(cell, split)[1] else "none"
-            out = self.run(cell, policy, None, split, encoding="maps")
+            out = self.run(cell, policy, None, split, encoding="maps", fusion="fused")
             assert out.error is None, f"reference run of {cell.id} failed: {out.error}"
             self._memo[key] = out
         return self._memo[key]

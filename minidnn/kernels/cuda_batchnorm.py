@@ -83,6 +83,17 @@ __device__ __forceinline__ double affine(double x, double s, double t) {
     return __dadd_rn(__dmul_rn(x, s), t);
 }
 
+// A gradient value g * a + centred * b + d, each operation rounded on its own in NumPy's order
+// (cpu_batchnorm.batchnorm_backward): no fused multiply-add, which the compiler would place
+// differently in the kernels with and without the folded ReLU, whose bits must agree.
+__device__ __forceinline__ float gradient(float g, float a, float centred, float b, float d) {
+    return __fadd_rn(__fadd_rn(__fmul_rn(g, a), __fmul_rn(centred, b)), d);
+}
+__device__ __forceinline__ double gradient(double g, double a, double centred, double b,
+                                           double d) {
+    return __dadd_rn(__dadd_rn(__dmul_rn(g, a), __dmul_rn(centred, b)), d);
+}
+
 // scale = invstd * weight, shift = bias - mean * scale, each operation rounded on its own.
 __device__ __forceinline__ void scale_shift(float inv, float w, float b, float m, float& s,
                                             float& t) {
@@ -124,14 +135,14 @@ __device__ __forceinline__ void accumulate(M x, M g, acc_t<M> m, acc_t<M> s, acc
     const T xv = widen(x);
     if (MODE == 0) {
         const double v = (double)xv;
-        a += v;
-        b += v * v;
+        a = __dadd_rn(a, v);
+        b = __dadd_rn(b, __dmul_rn(v, v));
     } else {
         T gv = widen(g);
         if (MODE == 2 && !relu_passes<M>(affine(xv, s, t))) gv = (T)0;
         const double gd = (double)gv;
-        a += gd;
-        b += gd * (double)(xv - m);
+        a = __dadd_rn(a, gd);
+        b = __dadd_rn(b, __dmul_rn(gd, (double)(xv - m)));
     }
 }
 
@@ -333,7 +344,7 @@ __device__ __forceinline__ M grad_value(M x, M gy, acc_t<M> m, acc_t<M> a, acc_t
     const bool pass = MODE == 0 || relu_passes<M>(affine(xv, s, t));
     if (MODE == 2) return pass ? gy : narrow<M>((T)0);
     const T g = pass ? widen(gy) : (T)0;
-    return narrow<M>(g * a + (xv - m) * b + d);
+    return narrow<M>(gradient(g, a, xv - m, b, d));
 }
 
 // Channels last, (pixels, C) in memory: the launch starts at a pixel boundary and C is a

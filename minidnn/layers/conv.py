@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..kernels import ConvSpec, out_size
 from .base import Layer
+from .precision import round_to_bf16, widened_bf16
 from .slices import row_slices, sum_in_slices
 
 CONV_ALGOS = ("fastest", "min_workspace")
@@ -176,11 +177,20 @@ class Conv2d(Layer):
         bias = self._own_bias(ctx)
         b = None if bias is None else bias.data
         x, w, spec = xs[0], self.params["weight"].data, self.spec_for(ctx)
+        # bf16 maps, computed widened (the CPU): the convolution is rounded before its bias
+        # is added, as the GPU's bf16 plans round it (layers/precision.py), so that the bias
+        # added here or by the ReLU after (minidnn/fusion.py) gives the same bits.
+        late_bias = b if b is not None and widened_bf16(ctx, y) else None
+        b = None if late_bias is not None else b
         if ctx.batch_slice is None:
             ctx.kernels.conv2d_forward(x, w, b, y, spec, workspace=ctx.workspace)
-            return
-        for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: slice by slice
-            ctx.kernels.conv2d_forward(x[part], w, b, y[part], spec, workspace=ctx.workspace)
+        else:
+            for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: by slice
+                ctx.kernels.conv2d_forward(x[part], w, b, y[part], spec,
+                                           workspace=ctx.workspace)
+        if late_bias is not None:
+            round_to_bf16(ctx.kernels, y)
+            y += late_bias.reshape(1, -1, 1, 1)     # float32, as the fused ReLU adds it
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         spec = self.spec_for(ctx)

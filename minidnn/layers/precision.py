@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import math
 
-from ..kernels.mapformat import is_bfloat16, is_channels_last, shaped
+from ..backend import get_array_module
+from ..kernels.mapformat import bfloat16, empty, is_bfloat16, is_channels_last, layout_of, \
+    shaped
 
 #: Bytes each widened copy's place in the scratch block is rounded up to (CUDA's own
 #: alignment of allocations), so that every copy starts aligned for vector loads.
@@ -178,3 +180,18 @@ def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
     _call_with_rest(ctx, carve, lambda: layer.backward(xs32, y32, gy32, gxs32, aux, ctx))
     for g, g32 in zip(gxs, gxs32):
         _round_into(g, g32, ctx)
+
+
+def widened_bf16(ctx, a) -> bool:
+    """Whether `a`, a map a layer writes, is the float32 stand-in of a bf16 map: the step's
+    maps are bf16 (ctx.maps) and the layer is called on widened copies."""
+    return ctx.maps is not None and ctx.maps.precision == "bf16" and not is_bfloat16(a.dtype)
+
+
+def round_to_bf16(kernels, a) -> None:
+    """float32 `a` rounded in place to its nearest bf16 values, ties to even: what storing it
+    in a bf16 map and widening it again gives (through the kernels' float_to_bf16 and
+    bf16_to_float, on a temporary in a's layout)."""
+    narrow = empty(get_array_module(a), a.shape, bfloat16(), layout_of(a))
+    kernels.float_to_bf16(a, narrow)
+    kernels.bf16_to_float(narrow, a)

@@ -27,7 +27,7 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
-from .fusion import bias_relu_pairs, bn_relu_pairs
+from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -49,7 +49,8 @@ from .spec import StepSpec, check_micro_batches
 SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "device", "xp",
           "seed", "compute", "micro_batches", "micro_batch", "prefetch_lookahead",
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
-          "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias", "_relu_in_bn", "_relu_done")
+          "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
+          "_relu_in_bn", "_relu_done", "_relu_in_add")
 
 
 @dataclass
@@ -157,13 +158,16 @@ class Assembly:
         plan = dry.plan
         if plan is None:
             plan = LivenessPlan(graph, self.micro_batch, relu_bits=decision.relu_bits,
-                                input_grad=input_grad, maps=self.maps)
+                                input_grad=input_grad, maps=self.maps,
+                                fuse=bool(decision.add_relu))
         self._check_plan(plan, graph, input_grad)
         self.plan = plan
         self._row_offsets = self._piece_offsets()
         self._check_conv_plans()
         self._bias_deferred, self._relu_bias = self._bias_relu()
         self._relu_in_bn, self._relu_done = self._bn_relu()
+        self._relu_in_add, folded = self._add_relu()
+        self._relu_done |= folded
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -412,4 +416,12 @@ class Assembly:
             return frozenset(), frozenset()
         pairs = self._fusion_pairs("bn_relu", bn_relu_pairs(self.plan),
                                    "moves ReLUs into batch norms")
+        return frozenset(pairs.values()), frozenset(pairs)
+
+    def _add_relu(self) -> tuple:
+        """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""
+        if not self.decision.add_relu:
+            return frozenset(), frozenset()
+        pairs = self._fusion_pairs("add_relu", add_relu_pairs(self.plan),
+                                   "moves ReLUs into adds")
         return frozenset(pairs.values()), frozenset(pairs)

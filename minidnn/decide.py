@@ -28,7 +28,7 @@ from .backend import Device, select_device
 from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
-from .fusion import bias_relu_pairs, bn_relu_pairs
+from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -77,7 +77,7 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     # A policy that does not plan splits decides for one pass of the count asked for.
     count = 1 if planning or spec.micro_batches is None else spec.micro_batches
     # The policy plans with the ReLUs as the executor will run them, and the maps' format.
-    plan = LivenessPlan(net, spec.batch // count, relu_bits=relus, maps=maps)
+    plan = LivenessPlan(net, spec.batch // count, relu_bits=relus, maps=maps, fuse=spec.fuse)
     decision = chosen.decide(plan, spec.memory_budget)
     if not planning and spec.micro_batches is not None:
         decision = replace(decision, micro_batches=spec.micro_batches)
@@ -86,12 +86,13 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     lookahead = decision.prefetch_lookahead
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
-                            maps=maps)
+                            maps=maps, fuse=spec.fuse)
     return replace(decision, prefetch_lookahead=spec.prefetch_lookahead if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
                    bias_relu=bias_relu_pairs(plan) if spec.fuse else {},
-                   bn_relu=bn_relu_pairs(plan) if spec.fuse else {}, spec=spec)
+                   bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
+                   add_relu=add_relu_pairs(plan) if spec.fuse else {}, spec=spec)
 
 
 # The policies that decide once, from the liveness plan alone (memory/policy.py).

@@ -217,7 +217,7 @@ class Executor:
                            relu_bits=self.decision.relu_bits, dropout=self._dropout,
                            batch_offset=self.batch_offset + offset,
                            global_batch=self.global_batch, maps=self.maps,
-                           bias_deferred=self._bias_deferred,
+                           bias_deferred=self._bias_deferred, relu_in_add=self._relu_in_add,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
                            relu_done=self._relu_done, step_keys=self._step_keys,
                            batch_slice=self.batch_slice,

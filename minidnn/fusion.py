@@ -43,6 +43,24 @@ after it keeps in ResNets anyway.
 The decision is MemoryDecision.bn_relu ({ReLU node name: batch norm node name});
 StepContext.relu_in_bn names the batch norms that apply the ReLU and StepContext.relu_done
 the ReLUs whose forward and backward they do.
+
+A ReLU after a residual add (two inputs) folds into the add the same way: the add writes
+y = max(x0 + x1, 0) in its one pass, and the ReLU's forward does nothing (ResNet-50 has 16
+such pairs). Under bf16 maps the add's sum v is float32 and stored narrow(max(v, 0)), which
+is max(narrow(v), 0), as above. In backward the ReLU does nothing and the add masks its
+output gradient where y > 0, y the add's output, which the ReLU overwrote in place with its
+own: the ReLU's mask, bit for bit. One pass reads gy and y and writes the masked gradient to
+both inputs' gradients: in place into gy's buffer, which input 0's gradient shares (the
+liveness plan's grad_alias of the add, and of the ReLU, whose input gradient is that same
+buffer), and into input 1's own buffer, which the unfused add fills with a copy. The same
+conditions as above (the ReLU alone reads the add's output, in place, keeping its output),
+and the add then retains its output for backward: the liveness plan (memory/plan.py,
+`fuse`) counts that read, so offloading and recomputing keep y until the add's backward
+(the ReLU's own retention ends one backward call earlier, at the ReLU's).
+
+The decision is MemoryDecision.add_relu ({ReLU node name: add node name});
+StepContext.relu_in_add names the adds that apply the ReLU, and StepContext.relu_done those
+ReLUs too.
 """
 from __future__ import annotations
 
@@ -84,3 +102,14 @@ def bn_relu_pairs(plan: LivenessPlan) -> dict:
     return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
             if relu.layer.keep_in(plan.relu_bits) == "output"
             and plan.grad_alias.get(index[relu.name])}
+
+
+def add_relu_pairs(plan: LivenessPlan) -> dict:
+    """{ReLU node name: add node name} of every ReLU that the two-input add it reads may
+    apply in its own passes, forward and backward (the conditions above), for a step planned
+    as `plan` (one planned with `fuse`, whose adds retain their output for the mask)."""
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
+    return {relu.name: add.name for relu, add in _relu_after(plan, "add")
+            if len(add.inputs) == 2 and relu.layer.keep_in(plan.relu_bits) == "output"
+            and plan.grad_alias.get(index[relu.name]) and plan.grad_alias.get(index[add.name])
+            and plan.retains_output(index[add.name])}

@@ -423,6 +423,25 @@ def add(a, b, out) -> None:
     get_array_module(a).add(a, b, out=out)
 
 
+def add_relu(a, b, out) -> None:
+    """out = max(a + b, 0), value by value (a residual add with the ReLU after it folded in:
+    minidnn/fusion.py); out may be a or b. The sum rounded in out's dtype, then the max: the
+    bits of add and relu_forward one after the other."""
+    xp = get_array_module(a)
+    xp.add(a, b, out=out)
+    xp.maximum(out, 0, out=out)
+
+
+def relu_mask_copy(y, gy, gx0, gx1) -> None:
+    """gx0 = gx1 = gy where y > 0, else 0 (the backward of an add with the ReLU after it
+    folded in: y is that ReLU's output); gx0 may be gy itself, gx1 None (not wanted). The
+    bits of relu_backward and the add's copy; any layouts (pointwise views)."""
+    xp = get_array_module(y)
+    xp.multiply(gy, y > 0, out=gx0)
+    if gx1 is not None:
+        mapformat.copy_values(*pointwise_views(gx1, gx0))
+
+
 # ---- fully connected ---------------------------------------------------------------------------
 def linear_forward(x, w, b, y) -> None:
     """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""

@@ -54,7 +54,8 @@ BF16_OPS = {
                       "relu_forward_bits", "relu_backward_bits", "maxpool2d_forward",
                       "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
                       "scale_by_mask", "batchnorm_training_forward", "batchnorm_forward",
-                      "batchnorm_backward", "lrn_forward", "lrn_backward", "add"}),
+                      "batchnorm_backward", "lrn_forward", "lrn_backward", "add", "add_relu",
+                      "relu_mask_copy"}),
 }
 
 

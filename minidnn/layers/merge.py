@@ -2,7 +2,8 @@
 BatchJoin (the pieces of a layer chunk back into one batch, along the batch axis).
 
 None keeps anything for backward: the gradient of a concatenation is a slice of the output
-gradient, that of a sum is the output gradient itself.
+gradient, that of a sum is the output gradient itself. An add that applies the ReLU after it
+(minidnn/fusion.py) reads its output in backward, for the ReLU's mask.
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ class Concat(Layer):
 
 class Add(Layer):
     """y = xs[0] + xs[1] + ...; backward hands gy to every input. In place: y may be input 0's
-    buffer, and input 0's gradient the output gradient's buffer (then it costs no copy)."""
+    buffer, and input 0's gradient the output gradient's buffer (then it costs no copy).
+    With two inputs it may apply the ReLU after it (ctx.relu_in_add; minidnn/fusion.py):
+    y = max(xs[0] + xs[1], 0), and backward hands every input gy where y > 0."""
     kind = "add"
     recomputable = True
     inplace = True
@@ -82,15 +85,25 @@ class Add(Layer):
         """Two inputs: one kernel add, rounded once, which the GPU's kernels do on bf16 maps
         as the widening path does (layers/precision.py); more inputs would be rounded
         between the adds, so they are widened."""
-        return ("add",) if len(self.in_shapes) == 2 else None
+        return ("add", "add_relu", "relu_mask_copy") if len(self.in_shapes) == 2 else None
 
     def forward(self, xs, y, aux, ctx):
-        """y = xs[0] + xs[1] + ...; all the same shape."""
+        """y = xs[0] + xs[1] + ...; all the same shape. max(xs[0] + xs[1], 0) when this add
+        applies the ReLU after it (ctx.relu_in_add)."""
+        if self.name in ctx.relu_in_add:
+            ctx.kernels.add_relu(xs[0], xs[1], y)
+            return
         ctx.kernels.add(xs[0], xs[1], y)
         for x in xs[2:]:
             ctx.kernels.add(y, x, y)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
+        """gxs[k] = gy (None: not wanted); gy where y > 0, else 0, when this add applies the
+        ReLU after it (ctx.relu_in_add): y is then that ReLU's output, retained (the liveness
+        plan's `fuse`), and gy is masked in place when input 0's gradient shares it."""
+        if self.name in ctx.relu_in_add:
+            ctx.kernels.relu_mask_copy(y, gy, gy if gxs[0] is None else gxs[0], gxs[1])
+            return
         for gx in gxs:
             if gx is not None and not same_memory(gx, gy):
                 copy_values(*pointwise_views(gx, gy))

@@ -63,9 +63,9 @@ class ReLU(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
-        before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm before it
-        applied it (ctx.relu_done)."""
-        if self.name in ctx.relu_done:    # the batch norm before it applied it, in place
+        before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm or the add
+        before it applied it (ctx.relu_done)."""
+        if self.name in ctx.relu_done:    # the layer before it applied it, in place
             if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
                 y[...] = xs[0]
             return
@@ -80,8 +80,8 @@ class ReLU(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gx = gy where y > 0; and, when this ReLU added a convolution's bias, that bias's
         gradient (the sum of gx over all but the channel axis) in the same pass. Nothing
-        when the batch norm before it applies the mask in its own backward (ctx.relu_done):
-        gx is gy's buffer, which that batch norm reads."""
+        when the batch norm or the add before it applies the mask in its own backward
+        (ctx.relu_done): gx is gy's buffer, which that layer reads."""
         if self.name in ctx.relu_done:
             if gxs[0] is not None and not same_memory(gy, gxs[0]):   # widened copies
                 gxs[0][...] = gy

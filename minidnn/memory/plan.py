@@ -83,11 +83,14 @@ class LivenessPlan:
     backward writes its rows of that input's gradient (a buffer of the whole batch, whose
     rows the pieces share out: no piece sums into another's). Such a node never runs in
     place, nor writes that gradient over its input or its output gradient.
+    fuse: the step folds the ReLU after a two-input add into the add (minidnn/fusion.py),
+    whose backward then reads its output for the ReLU's mask: such an add retains it.
     """
 
     def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
-                 input_grad: bool = False, maps: MapFormat | None = None):
+                 input_grad: bool = False, maps: MapFormat | None = None, fuse: bool = True):
         self.net = net
+        self.fuse = bool(fuse)
         self.batch = batch
         self.relu_bits = frozenset(relu_bits)
         self.input_grad = bool(input_grad)
@@ -107,7 +110,10 @@ class LivenessPlan:
         # the loss and its gradient stay in the network's dtype.
         self._map_dtype = self.maps.map_dtype(net.dtype)
         index = {node.name: i for i, node in enumerate(self.nodes)}
+        # Such an add's output is the ReLU's, overwritten in place: what its backward reads.
+        self._masking_adds = frozenset()
         self._forward_tensors(shapes, net.consumers(), index)
+        self._masking_adds = self._adds_before_relus(net.consumers(), index) if fuse else ()
         self._uses()
         self._gradients(shapes)
         self._lifetimes(index)
@@ -242,7 +248,24 @@ class LivenessPlan:
         layer = self.nodes[i].layer
         if layer.kind == "relu":
             return layer.keep_in(self.relu_bits) == "output"
-        return layer.retain_output
+        return layer.retain_output or i in self._masking_adds
+
+    def _adds_before_relus(self, consumers, index) -> frozenset:
+        """Indices of the two-input adds (not the network's output) read by one ReLU alone,
+        which runs in place on their output and keeps it: the adds that may apply that ReLU
+        and mask their gradient with its output (minidnn/fusion.py)."""
+        found = set()
+        for i, node in enumerate(self.nodes):
+            readers = consumers[node.name]
+            if node.layer.kind != "add" or len(node.inputs) != 2 or len(readers) != 1 \
+                    or node.name == self.net.output:
+                continue
+            r = index[readers[0].name]
+            relu = self.nodes[r]
+            if relu.layer.kind == "relu" and relu.piece is None and self.inplace.get(r) \
+                    and relu.layer.keep_in(self.relu_bits) == "output":
+                found.add(i)
+        return frozenset(found)
 
     def aux_specs(self, i: int) -> dict:
         """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""

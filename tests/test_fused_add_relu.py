@@ -1,0 +1,123 @@
+"""The ReLU after a residual add folded into it (minidnn/fusion.py), forward and backward: the
+add stores max(x0 + x1, 0), and in backward hands both inputs the gradient masked where that
+output is positive. A fused step gives the bits of the unfused one in both precisions and
+layouts (on the CPU, bf16 maps are emulated with ml_dtypes); a gradient check still passes."""
+import numpy as np
+import pytest
+
+from minidnn import Network
+from minidnn.decide import build_executor
+from minidnn.fusion import add_relu_pairs
+from minidnn.kernels import cpu
+from minidnn.kernels.mapformat import MapFormat
+from minidnn.layers import Add, Conv2d, Flatten, Linear, ReLU
+from minidnn.memory.plan import LivenessPlan
+from test_fused_bn_relu import small_resnet
+from test_fusion import _run
+
+pytest.importorskip("ml_dtypes")
+
+
+def test_the_relu_after_the_add_is_folded_and_the_add_keeps_its_output():
+    net = small_resnet()
+    plan = LivenessPlan(net, 2)
+    assert add_relu_pairs(plan) == {"relu3": "sum"}
+    assert add_relu_pairs(LivenessPlan(net, 2, maps=MapFormat("nhwc", "bf16"))) == \
+        {"relu3": "sum"}
+    index = {n.name: i for i, n in enumerate(plan.nodes)}
+    out = plan.storage_of("sum")
+    assert out.id == plan.storage_of("relu3").id          # the ReLU runs in place
+    assert plan.backward_time(index["sum"]) in out.backward_uses
+    assert out.free_time >= plan.backward_time(index["sum"])
+    unfused = LivenessPlan(net, 2, fuse=False)
+    assert not unfused.retains_output(index["sum"]) and add_relu_pairs(unfused) == {}
+    # A ReLU that keeps bits instead of its output leaves the add alone.
+    assert add_relu_pairs(LivenessPlan(net, 2, relu_bits={"relu3"})) == {}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_fused_step_gives_the_bits_of_the_unfused_one(layout, precision, monkeypatch):
+    settings = {"precision": precision, "layout": layout}
+    calls = {"add_relu": 0, "relu_mask_copy": 0, "relu_backward": 0}
+    for name in calls:
+        original = getattr(cpu, name)
+
+        def counted(*a, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*a)
+        monkeypatch.setattr(cpu, name, counted)
+    fused = _run(small_resnet(), settings, 2, True, 8, "add_relu")
+    assert fused[2] == {"relu3": "sum"}
+    # Two steps and an evaluation forward; two backward masks; no ReLU backward left.
+    assert calls == {"add_relu": 3, "relu_mask_copy": 2, "relu_backward": 0}
+    plain = _run(small_resnet(), settings, 2, False, 8, "add_relu")
+    # Unfused, all three ReLUs run their backward (--no-fuse folds none into batch norms).
+    assert plain[2] == {} and calls["relu_backward"] == 3 * 2 and calls["add_relu"] == 3
+    assert fused[0] == plain[0] and fused[3] == plain[3]
+    for k in fused[1]:
+        assert fused[1][k].tobytes() == plain[1][k].tobytes(), k
+
+
+def test_the_kernels_give_the_bits_of_add_relu_and_copy():
+    """Sums that round to -0, +0 and to tiny values in bf16, and ordinary ones."""
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, bf16):
+        a = rng.standard_normal((2, 3, 5, 7)).astype(dtype)
+        b = rng.standard_normal((2, 3, 5, 7)).astype(dtype)
+        b.ravel()[:4] = -a.ravel()[:4]                   # exact zeros
+        fused, plain = np.empty_like(a), np.empty_like(a)
+        cpu.add_relu(a, b, fused)
+        cpu.add(a, b, plain)
+        cpu.relu_forward(plain, plain)
+        assert fused.tobytes() == plain.tobytes()
+        gy = rng.standard_normal(a.shape).astype(dtype)
+        gx0, gx1 = gy.copy(), np.empty_like(gy)
+        cpu.relu_mask_copy(fused, gx0, gx0, gx1)         # in place into gy, as the step does
+        want = np.empty_like(gy)
+        cpu.relu_backward(plain, gy, want)
+        assert gx0.tobytes() == want.tobytes() == gx1.tobytes()
+
+
+def residual_net() -> Network:
+    """float64: conv -> relu, a residual block of two convolutions whose sum with the relu's
+    output goes through a ReLU (folded into the add), pool, fc, loss."""
+    net = Network((3, 6, 6), num_classes=4, dtype=np.float64)
+    net.add(Conv2d(4, 3, padding=1), name="conv1")
+    net.add(ReLU(), name="relu1")
+    net.add(Conv2d(4, 3, padding=1), name="conv2")
+    net.add(ReLU(), name="relu2")
+    net.add(Conv2d(4, 3, padding=1), name="conv3")
+    net.add(Add(), inputs=["conv3", "relu1"], name="sum")
+    net.add(ReLU(), name="relu3")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(4), name="fc")
+    net.add_loss()
+    return net
+
+
+def test_a_residual_network_with_the_fused_add_passes_a_gradient_check():
+    net = residual_net()
+    net.init_params(0)
+    ex = build_executor(net, 3, device="cpu", seed=1)
+    assert ex.decision.add_relu == {"relu3": "sum"}
+    rng = np.random.default_rng(3)
+    x, labels = rng.standard_normal((3, 3, 6, 6)), rng.integers(0, 4, 3)
+    ex.forward(x, labels)
+    ex.backward()
+    grads = ex.gradients()
+    eps = 1e-6
+    for name, p in ex.parameters():
+        for _ in range(3):
+            idx = tuple(int(rng.integers(0, d)) for d in p.shape)
+            old = p.data[idx]
+            p.data[idx] = old + eps
+            plus = float(ex.forward(x, labels))
+            p.data[idx] = old - eps
+            minus = float(ex.forward(x, labels))
+            p.data[idx] = old
+            numeric = (plus - minus) / (2 * eps)
+            assert grads[name][idx] == pytest.approx(numeric, rel=1e-5, abs=1e-8), name
+    ex.close()

@@ -36,6 +36,10 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      None entries skipped
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
     add(a, b, out)                                   out = a + b (one shape); out may be a or b
+    add_relu(a, b, out)                              out = max(a + b, 0): a residual add with
+                                                     the ReLU after it (minidnn/fusion.py)
+    relu_mask_copy(y, gy, gx0, gx1)                  gx0 = gx1 = gy * (y > 0), its backward;
+                                                     gx0 may be gy, gx1 None
     sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place
                                                      (optim.py; one launch per dtype on a GPU)
     relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in
@@ -56,7 +60,7 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
 
 Mixed precision (bf16 feature maps, kernels/mapformat.py): `BF16_OPS` names the ops of a module
 that take bf16 maps as they are, with float32 parameters, their gradients and per-channel
-arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask, add, batch
+arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask, add, add_relu, batch
 norm, LRN; on the CPU none; mapformat.BF16_OPS lists both without importing CuPy). A layer computing only with such ops runs on bf16 maps; any other sees them widened to
 float32 (layers/precision.py). `shared_weight_copies()` is a context for the passes of one
 batch, in which the bf16 copies the products read of each weight are made once.

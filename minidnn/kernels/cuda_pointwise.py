@@ -1,6 +1,6 @@
 """Pointwise passes over feature maps at memory speed: ReLU (with or without a bit mask), the
-convolution's bias add, the add of two maps and dropout's scaling by a mask, as CuPy raw
-kernels.
+convolution's bias add, the add of two maps (with or without the ReLU after it, forward and
+backward) and dropout's scaling by a mask, as CuPy raw kernels.
 
 Each of these reads and writes every value once, so only memory bandwidth bounds them. Two
 things get them there (CuPy's ElementwiseKernel reached about a third of it on large maps):
@@ -43,8 +43,8 @@ import numpy as np
 from ..backend import same_memory
 from . import cpu as _cpu
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
-from .mapformat import common_layout, in_memory_order, is_bfloat16, is_channels_last, \
-    pixel_rows
+from .mapformat import common_layout, copy_values, in_memory_order, is_bfloat16, \
+    is_channels_last, pixel_rows, pointwise_views
 
 #: CUDA source of the 16-byte vectors the per-value kernels move (here and in
 #: cuda_batchnorm.py); paste it into a kernel module's source.
@@ -129,6 +129,35 @@ __global__ void add(const T* a, const T* b, T* out, unsigned int n) {
     #pragma unroll
     for (int j = 0; j < VEC; ++j) x.v[j] = narrow<T>(widen(x.v[j]) + widen(y.v[j]));
     store<T, VEC>(out, k, x);
+}
+
+// A residual add with the ReLU after it (minidnn/fusion.py): the sum stored as add stores it,
+// then relu_forward's selection on that stored value; out may be a or b.
+template<typename T, int VEC>
+__global__ void add_relu(const T* a, const T* b, T* out, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    Pack<T, VEC> x = load<T, VEC>(a, k);
+    const Pack<T, VEC> y = load<T, VEC>(b, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const T sum = narrow<T>(widen(x.v[j]) + widen(y.v[j]));
+        x.v[j] = widen(sum) > 0 ? sum : narrow<T>(0);
+    }
+    store<T, VEC>(out, k, x);
+}
+
+// Its backward: relu_backward's selection, stored to both inputs' gradients (gx0 may be gy).
+template<typename T, int VEC>
+__global__ void relu_mask_copy(const T* y, const T* gy, T* gx0, T* gx1, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const Pack<T, VEC> out = load<T, VEC>(y, k);
+    Pack<T, VEC> g = load<T, VEC>(gy, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) g.v[j] = widen(out.v[j]) > 0 ? g.v[j] : narrow<T>(0);
+    store<T, VEC>(gx0, k, g);
+    store<T, VEC>(gx1, k, g);
 }
 
 // y = (x * mask) * scale, two products each rounded in acc_t<T> (NumPy's multiply, then its
@@ -342,7 +371,7 @@ __global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* 
 }
 """
 
-_KERNELS = ("add", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
+_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
 _COLUMN_KERNELS = ("column_sums", "relu_backward_sums", "relu_backward_bits_sums")
@@ -502,6 +531,33 @@ def add(a, b, out) -> None:
         _flat_pass("add", (a, b, out))
     except (TypeError, ValueError):
         cp.add(a, b, out=out)
+
+
+def add_relu(a, b, out) -> None:
+    """out = max(a + b, 0), value by value (a residual add with the ReLU after it folded in:
+    minidnn/fusion.py); out may be a or b. One vectorized pass over arrays as add's; anything
+    else runs add then relu_forward, whose bits the pass gives."""
+    try:
+        _flat_pass("add_relu", (a, b, out))
+    except (TypeError, ValueError):
+        add(a, b, out)
+        relu_forward(out, out)
+
+
+def relu_mask_copy(y, gy, gx0, gx1) -> None:
+    """gx0 = gx1 = gy where y > 0, else 0 (the backward of an add with the ReLU after it
+    folded in: y is that ReLU's output); gx0 may be gy itself, gx1 None (not wanted). One
+    pass reading gy and y, writing both, over arrays of one shape dense in one layout;
+    anything else runs relu_backward and a copy, whose bits the pass gives."""
+    if gx1 is not None:
+        try:
+            _flat_pass("relu_mask_copy", (y, gy, gx0, gx1))
+            return
+        except (TypeError, ValueError):
+            pass
+    relu_backward(y, gy, gx0)
+    if gx1 is not None:
+        copy_values(*pointwise_views(gx1, gx0))
 
 
 def scale_by_mask(x, mask, y, scale) -> None:

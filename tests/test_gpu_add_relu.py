@@ -1,0 +1,111 @@
+"""The residual add with the ReLU after it folded in (minidnn/fusion.py) on the GPU: the
+add_relu and relu_mask_copy kernels (kernels/cuda_pointwise.py) against NumPy, bit for bit
+(a sum and a selection are exact in float32; on bf16 maps the sum is rounded once), on odd
+sizes and misaligned arrays, in place, both layouts; and a fused training step of a small
+residual network giving the bits of the unfused one. Skipped without a CUDA GPU."""
+import numpy as np
+import pytest
+
+from test_bf16_gpu import BF16, gpu, to_device  # noqa: F401, F811  (gpu: the fixture)
+from test_gpu_batchnorm_fused import raw
+
+pytestmark = pytest.mark.gpu
+
+# (N, C, H, W): vectors in both layouts, odd sizes (single values), several blocks.
+SHAPES = [(2, 8, 4, 4), (3, 5, 7, 11), (1, 3, 1, 1), (4, 16, 9, 9)]
+
+
+def values(shape, dtype, seed):
+    """Random values with exact zeros, negative zeros and sums that cancel among them."""
+    v = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    flat = v.reshape(-1)
+    flat[::7] = 0.0
+    flat[3::11] = -0.0
+    return v.astype(dtype)
+
+
+def want_add_relu(a, b):
+    """max(a + b, 0) as the contract says: the float32 sum stored in the maps' dtype (rounded
+    once for bf16), then +0 where that stored value is not positive."""
+    s = (a.astype(np.float32) + b.astype(np.float32)).astype(a.dtype)
+    return np.where(s.astype(np.float32) > 0, s, np.zeros((), a.dtype))
+
+
+def want_mask(y, gy):
+    return np.where(y.astype(np.float32) > 0, gy, np.zeros((), gy.dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_add_relu_and_its_backward_against_numpy(gpu, shape, layout, dtype):
+    cp, _, _ = gpu
+    from minidnn.kernels import cuda_pointwise as pw
+    a, b = values(shape, dtype, 1), values(shape, dtype, 2)
+    b.reshape(-1)[5::13] = -a.reshape(-1)[5::13]              # sums of exactly zero
+    want = want_add_relu(a, b)
+    da, db = to_device(cp, a, layout), to_device(cp, b, layout)
+    out = to_device(cp, np.zeros(shape, dtype), layout)
+    pw.add_relu(da, db, out)
+    assert raw(cp, out).tobytes() == want.tobytes()
+    pw.add_relu(da, db, da)                                   # in place over input 0
+    assert raw(cp, da).tobytes() == want.tobytes()
+
+    gy = values(shape, dtype, 3)
+    masked = want_mask(want, gy)
+    dgy = to_device(cp, gy, layout)
+    gx1 = to_device(cp, np.ones(shape, dtype), layout)
+    pw.relu_mask_copy(out, dgy, dgy, gx1)                     # gx0 is gy, as in a step
+    assert raw(cp, dgy).tobytes() == masked.tobytes() == raw(cp, gx1).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n", [1001, 3 * 7 * 11 * 13])
+def test_misaligned_odd_arrays_run_one_value_a_thread(gpu, n, dtype):
+    cp, _, _ = gpu
+    from minidnn.kernels import cuda_pointwise as pw
+    from test_pointwise_gpu import on_device
+    a, b, gy = (values((n,), dtype, s) for s in (4, 5, 6))
+    da, db, dgy = on_device(a, 1), on_device(b, 1), on_device(gy, 1)
+    assert pw._vector((da, db), n) == 1
+    out, gx0, gx1 = on_device(np.zeros(n, dtype), 1), on_device(gy, 1), \
+        on_device(np.zeros(n, dtype), 1)
+    pw.add_relu(da, db, out)
+    want = want_add_relu(a, b)
+    assert cp.asnumpy(out).tobytes() == want.tobytes()
+    pw.relu_mask_copy(out, dgy, gx0, gx1)                     # gx0 a buffer of its own
+    masked = want_mask(want, gy)
+    assert cp.asnumpy(gx0).tobytes() == masked.tobytes() == cp.asnumpy(gx1).tobytes()
+    assert cp.asnumpy(dgy).tobytes() == gy.tobytes()          # gy itself untouched
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layout):
+    """tests/test_fused_bn_relu.py's stem and residual block trained two steps on the GPU
+    with deterministic algorithms, fused (the add applies relu3) and not: the same bits."""
+    from test_fused_bn_relu import small_resnet
+    from minidnn import SGD
+    from minidnn.decide import build_executor
+
+    def train(fuse):
+        net = small_resnet()
+        net.init_params(0)
+        ex = build_executor(net, 4, device="gpu", seed=1, fuse=fuse, precision=precision,
+                            layout=layout, deterministic=True)
+        opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
+        rng = np.random.default_rng(2)
+        losses = []
+        for _ in range(2):
+            x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+        pairs = dict(ex.decision.add_relu)
+        ex.close()
+        return losses, {k: np.array(v) for k, v in net.state_dict().items()}, pairs
+
+    losses, state, pairs = train(True)
+    assert pairs == {"relu3": "sum"}
+    plain_losses, plain_state, none = train(False)
+    assert none == {} and losses == plain_losses
+    for k in state:
+        assert state[k].tobytes() == plain_state[k].tobytes(), k

@@ -159,7 +159,7 @@ class Assembly:
         if plan is None:
             plan = LivenessPlan(graph, self.micro_batch, relu_bits=decision.relu_bits,
                                 input_grad=input_grad, maps=self.maps,
-                                fuse=bool(decision.add_relu))
+                                fuse=self.spec.fuse)
         self._check_plan(plan, graph, input_grad)
         self.plan = plan
         self._row_offsets = self._piece_offsets()

@@ -14,6 +14,7 @@ from minidnn.layers import Add, Conv2d, Flatten, Linear, ReLU
 from minidnn.memory.plan import LivenessPlan
 from test_fused_bn_relu import small_resnet
 from test_fusion import _run
+from test_graph import check_gradients
 
 pytest.importorskip("ml_dtypes")
 
@@ -104,20 +105,5 @@ def test_a_residual_network_with_the_fused_add_passes_a_gradient_check():
     ex = build_executor(net, 3, device="cpu", seed=1)
     assert ex.decision.add_relu == {"relu3": "sum"}
     rng = np.random.default_rng(3)
-    x, labels = rng.standard_normal((3, 3, 6, 6)), rng.integers(0, 4, 3)
-    ex.forward(x, labels)
-    ex.backward()
-    grads = ex.gradients()
-    eps = 1e-6
-    for name, p in ex.parameters():
-        for _ in range(3):
-            idx = tuple(int(rng.integers(0, d)) for d in p.shape)
-            old = p.data[idx]
-            p.data[idx] = old + eps
-            plus = float(ex.forward(x, labels))
-            p.data[idx] = old - eps
-            minus = float(ex.forward(x, labels))
-            p.data[idx] = old
-            numeric = (plus - minus) / (2 * eps)
-            assert grads[name][idx] == pytest.approx(numeric, rel=1e-5, abs=1e-8), name
+    check_gradients(ex, rng.standard_normal((3, 3, 6, 6)), rng.integers(0, 4, 3))
     ex.close()

@@ -39,11 +39,11 @@ def test_a_conv_output_with_a_second_reader_keeps_its_bias():
     assert "relu1" not in pairs and "relu2" not in pairs
 
 
-def _run(net, decision_kwargs, steps, fuse, size, field):
-    """`steps` training steps of batch 4 (size x size images) and one evaluation: (losses,
-    state_dict, the decision's `field` pairs, the evaluation's loss)."""
+def _run(net, decision_kwargs, steps, fuse, size, field, device="cpu"):
+    """`steps` training steps of batch 4 (size x size images) and one evaluation on `device`:
+    (losses, state_dict, the decision's `field` pairs, the evaluation's loss)."""
     net.init_params(0)
-    ex = build_executor(net, 4, device="cpu", seed=1, fuse=fuse, **decision_kwargs)
+    ex = build_executor(net, 4, device=device, seed=1, fuse=fuse, **decision_kwargs)
     opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
     rng = np.random.default_rng(2)
     losses = []

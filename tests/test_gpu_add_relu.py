@@ -83,29 +83,16 @@ def test_misaligned_odd_arrays_run_one_value_a_thread(gpu, n, dtype):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layout):
     """tests/test_fused_bn_relu.py's stem and residual block trained two steps on the GPU
-    with deterministic algorithms, fused (the add applies relu3) and not: the same bits."""
+    with deterministic algorithms and evaluated, fused (the add applies relu3) and not: the
+    same bits."""
     from test_fused_bn_relu import small_resnet
-    from minidnn import SGD
-    from minidnn.decide import build_executor
-
-    def train(fuse):
-        net = small_resnet()
-        net.init_params(0)
-        ex = build_executor(net, 4, device="gpu", seed=1, fuse=fuse, precision=precision,
-                            layout=layout, deterministic=True)
-        opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
-        rng = np.random.default_rng(2)
-        losses = []
-        for _ in range(2):
-            x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
-            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-        pairs = dict(ex.decision.add_relu)
-        ex.close()
-        return losses, {k: np.array(v) for k, v in net.state_dict().items()}, pairs
-
-    losses, state, pairs = train(True)
+    from test_fusion import _run
+    settings = {"precision": precision, "layout": layout, "deterministic": True}
+    losses, state, pairs, evaluated = _run(small_resnet(), settings, 2, True, 8, "add_relu",
+                                           device="gpu")
     assert pairs == {"relu3": "sum"}
-    plain_losses, plain_state, none = train(False)
-    assert none == {} and losses == plain_losses
+    plain_losses, plain_state, none, plain_evaluated = _run(
+        small_resnet(), settings, 2, False, 8, "add_relu", device="gpu")
+    assert none == {} and losses == plain_losses and evaluated == plain_evaluated
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k

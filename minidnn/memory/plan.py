@@ -110,10 +110,12 @@ class LivenessPlan:
         # the loss and its gradient stay in the network's dtype.
         self._map_dtype = self.maps.map_dtype(net.dtype)
         index = {node.name: i for i, node in enumerate(self.nodes)}
-        # Such an add's output is the ReLU's, overwritten in place: what its backward reads.
+        # The adds that apply the ReLU after them (`fuse`) retain their output, which that
+        # ReLU overwrites in place with its own: found once the in-place writes are known.
         self._masking_adds = frozenset()
         self._forward_tensors(shapes, net.consumers(), index)
-        self._masking_adds = self._adds_before_relus(net.consumers(), index) if fuse else ()
+        if fuse:
+            self._masking_adds = self._adds_before_relus(net.consumers(), index)
         self._uses()
         self._gradients(shapes)
         self._lifetimes(index)

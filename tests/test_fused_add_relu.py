@@ -107,3 +107,34 @@ def test_a_residual_network_with_the_fused_add_passes_a_gradient_check():
     rng = np.random.default_rng(3)
     check_gradients(ex, rng.standard_normal((3, 3, 6, 6)), rng.integers(0, 4, 3))
     ex.close()
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_recomputing_every_candidate_keeps_the_bits(fuse):
+    """Every map that can be recomputed is (the add and its ReLU among them): the fused add's
+    rebuilt output is still the ReLU's, and its backward reads it; one step's gradients are
+    those of the step that keeps every map."""
+    from dataclasses import replace
+    from minidnn.decide import decide
+    from minidnn.executor import Executor
+    from minidnn.memory.policy import recompute_candidates
+
+    rng = np.random.default_rng(4)
+    x, labels = rng.standard_normal((3, 3, 6, 6)), rng.integers(0, 4, 3)
+
+    def gradients(recompute):
+        net = residual_net()
+        net.init_params(0)
+        decision = decide(net, 3, device="cpu", fuse=fuse)
+        if recompute:
+            plan = LivenessPlan(net, 3, fuse=fuse)
+            ids = frozenset(s.id for s in recompute_candidates(plan))
+            assert plan.storage_of("sum").id in ids
+            decision = replace(decision, recompute=ids)
+        with Executor(net, 3, device="cpu", seed=1, decision=decision) as ex:
+            assert bool(ex.decision.add_relu) == fuse
+            loss = float(ex.forward(x, labels))
+            ex.backward()
+            return loss, {k: g.tobytes() for k, g in ex.gradients().items()}
+
+    assert gradients(True) == gradients(False)

@@ -43,16 +43,15 @@ def _run(net, decision_kwargs, steps, fuse, size, field, device="cpu"):
     """`steps` training steps of batch 4 (size x size images) and one evaluation on `device`:
     (losses, state_dict, the decision's `field` pairs, the evaluation's loss)."""
     net.init_params(0)
-    ex = build_executor(net, 4, device=device, seed=1, fuse=fuse, **decision_kwargs)
-    opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
-    rng = np.random.default_rng(2)
-    losses = []
-    for _ in range(steps):
-        x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
-        losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-    fused = dict(getattr(ex.decision, field))
-    evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
-    ex.close()
+    with build_executor(net, 4, device=device, seed=1, fuse=fuse, **decision_kwargs) as ex:
+        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+        rng = np.random.default_rng(2)
+        losses = []
+        for _ in range(steps):
+            x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
+            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+        fused = dict(getattr(ex.decision, field))
+        evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
     state = {k: np.array(v) for k, v in net.state_dict().items()}
     return losses, state, fused, evaluated
 

@@ -153,16 +153,15 @@ def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layo
     def train(fuse):
         net = small_resnet()
         net.init_params(0)
-        ex = build_executor(net, 4, device="gpu", seed=1, fuse=fuse, precision=precision,
-                            layout=layout, deterministic=True)
-        opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
-        rng = np.random.default_rng(2)
-        losses = []
-        for _ in range(2):
-            x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
-            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-        pairs = dict(ex.decision.bn_relu)
-        ex.close()
+        with build_executor(net, 4, device="gpu", seed=1, fuse=fuse, precision=precision,
+                            layout=layout, deterministic=True) as ex:
+            opt = SGD(ex.parameters(), lr=0.1, momentum=0.9)
+            rng = np.random.default_rng(2)
+            losses = []
+            for _ in range(2):
+                x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+                losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+            pairs = dict(ex.decision.bn_relu)
         return losses, {k: np.array(v) for k, v in net.state_dict().items()}, pairs
 
     losses, state, pairs = train(True)

@@ -1,4 +1,5 @@
-"""The benchmark scripts' worker protocol, written once.
+"""What the benchmark scripts share, written once: the worker protocol, the H200's memory
+bandwidth and a device timer.
 
 Each configuration runs in a child process of its own, so that two frameworks' allocators
 never share the card and a crash or a hang costs one row. The child prints one line
@@ -12,6 +13,22 @@ import subprocess
 import time
 
 PREFIX = "RESULT "
+
+#: The H200 SXM's HBM3e bandwidth (datasheet), the floor of every pass over memory.
+HBM_BYTES_PER_S = 4.8e12
+
+
+def event_seconds(cp, call, repeats: int) -> float:
+    """Seconds per call of `call` on the GPU: one warm-up call, then `repeats` calls
+    back-to-back between two CUDA events on the current stream (cp: the CuPy module)."""
+    call()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        call()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeats
 
 
 def emit(result: dict) -> None:

@@ -27,8 +27,9 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
+from benchlib import HBM_BYTES_PER_S, event_seconds  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12     # H200 SXM datasheet
 
 
 def passes(cp, bn, x, gy, gx, y, w, b, mean, invstd):
@@ -58,18 +59,6 @@ def passes(cp, bn, x, gy, gx, y, w, b, mean, invstd):
         "grad+relu": (lambda: bn._per_value("bn_grad_relu_last", ("bn_grad_planes", "1"),
                                             geometry, (x, gy, gx), grad_coef), 3),
     }
-
-
-def time_call(cp, run, repeats: int) -> float:
-    """Seconds per call: CUDA events around `repeats` back-to-back calls, after a warm-up."""
-    run()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        run()
-    end.record()
-    end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / 1e3 / repeats
 
 
 def main(argv=None) -> int:
@@ -128,7 +117,7 @@ def main(argv=None) -> int:
             print(f"{'shape (C, H, W) x count':<26}" + "".join(f"{n:>22}" for n in names))
         row = f"{f'{(c, h, w)} x {count}':<26}"
         for name, (run, maps) in table.items():
-            seconds = time_call(cp, run, args.repeats)
+            seconds = event_seconds(cp, run, args.repeats)
             nbytes = maps * x.nbytes
             totals[name] += seconds * count
             total_bytes[name] += nbytes * count

@@ -32,20 +32,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
+from benchlib import HBM_BYTES_PER_S, event_seconds  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12     # H200 SXM datasheet
-
-
-def timed(cp, call, repeat: int) -> float:
-    """Seconds per call of `call`: one warm-up call, then `repeat` calls between two events."""
-    call()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeat):
-        call()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeat
 
 
 def device_map(cp, host, layout: str):
@@ -124,10 +113,11 @@ def main(argv=None) -> int:
                      "backward": (lambda: cuda.concat_backward(gy, gxs, layer.sizes, axis),
                                   lambda: cpu.concat_backward(gy, gxs, layer.sizes, axis))}
             for kind, (fast, slow) in calls.items():
-                seconds = timed(cp, fast, args.repeat)
+                seconds = event_seconds(cp, fast, args.repeat)
                 totals["concat"][0] += seconds
                 totals["concat"][1] += nbytes
-                print(report(node.name, kind, seconds, nbytes, timed(cp, slow, args.repeat)))
+                before = event_seconds(cp, slow, args.repeat)
+                print(report(node.name, kind, seconds, nbytes, before))
         elif isinstance(layer, LRN):
             shape = layer.in_shapes[0]
             values = math.prod(shape)
@@ -142,7 +132,7 @@ def main(argv=None) -> int:
                      values * (2 * item + scale_item)),
                     ("backward", lambda: cuda.lrn_backward(x, None, scale, gy, gx, layer.spec),
                      values * (3 * item + scale_item))):
-                seconds = timed(cp, call, args.repeat)
+                seconds = event_seconds(cp, call, args.repeat)
                 totals["lrn"][0] += seconds
                 totals["lrn"][1] += nbytes
                 print(report(node.name, kind, seconds, nbytes))
@@ -160,10 +150,10 @@ def main(argv=None) -> int:
                      values_in * item + values_out * (item + 1)),
                     ("backward", lambda: cuda.maxpool2d_backward(gy, argmax, gx, spec),
                      values_out * (item + 1) + values_in * item)):
-                seconds = timed(cp, call, args.repeat)
+                seconds = event_seconds(cp, call, args.repeat)
                 cuda_pool.RUN3_POOLS = False
                 try:
-                    before = timed(cp, call, args.repeat)
+                    before = event_seconds(cp, call, args.repeat)
                 finally:
                     cuda_pool.RUN3_POOLS = True
                 totals["3x3 stride-1 max pool"][0] += seconds

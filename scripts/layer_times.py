@@ -27,12 +27,13 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
+from benchlib import HBM_BYTES_PER_S  # noqa: E402
 
 
-# H200 SXM datasheet: dense tensor-core peaks and HBM3e bandwidth. Float32 math under 'fp32'
+# H200 SXM datasheet: dense tensor-core peaks (the bandwidth: benchlib). Float32 math under 'fp32'
 # runs on the CUDA cores (67 TFLOP/s); 'tf32' on the tensor cores.
 PEAK_FLOPS = {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12}
-HBM_BYTES_PER_S = 4.8e12
 
 
 def layer_bytes(layer, map_bytes: int) -> tuple[int, int]:

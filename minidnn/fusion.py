@@ -1,4 +1,7 @@
-"""Fusing a convolution's bias into the ReLU after it: one pass over the map instead of two.
+"""Fusing a ReLU with the layer next to it, where the bits stay the same: a convolution's bias
+added in the ReLU's pass; the ReLU applied, and its gradient masked, by the batch norm or the
+residual add before it. Each saves passes over a map; `--no-fuse` (StepSpec.fuse) turns all
+three off.
 
 A convolution with a bias writes conv(x, w), then adds the bias in a second pass over its
 output; the ReLU after it reads that output once more. When the ReLU is the output's only
@@ -11,7 +14,8 @@ no second reader) and the ReLU runs in place on it (memory/plan.LivenessPlan.inp
 one ever sees the map without its bias; recomputing the ReLU recomputes the convolution first,
 with the same deferral. Under bf16 maps the convolution's output is rounded to bf16 and the
 ReLU adds the bias to it and rounds again: what the GPU's bf16 convolution with its own bias
-add computes too (layers/precision.py), and on the CPU the same two roundings.
+add computes too (layers/precision.py), and on the CPU the same two roundings (a widened bf16
+convolution rounds before adding its bias: layers/conv.py).
 
 In backward, that ReLU also computes the bias's gradient, the sum of its input gradient
 over all but the channel axis: on channels-last maps in the same pass, in the order of the

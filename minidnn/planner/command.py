@@ -387,16 +387,13 @@ def make_plan(args) -> dict:
                      f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(GPU_SAFETY_MARGIN)} the "
                      f"arena leaves to CUDA)")
     spec = _plan_spec(args, s, net, batch, budget, notes)
-    # dyn chooses the prefetch lookahead too, unless --prefetch-lookahead fixes it.
-    choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
-    lookaheads = LOOKAHEADS if choose else (spec.prefetch_lookahead,)
     options = dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES)
-    planned = plan_step(net, spec, source, maps, lookaheads, options)
+    planned = plan_step(net, spec, source, maps, _lookaheads(args, s, spec), options)
     if planned.chosen is None and s["policy"] == "dyn":
         raise planned.infeasible_error()
     static = None if s["policy"] == "dyn" else \
         _policy_plan(net, spec, s["policy"], args.conv_algo, source, maps, options)
-    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, lookaheads, notes, static)
+    out = _plan_dict(args, s, net, spec, planned, prof, line, maps, notes, static)
     if report is not None:
         out["comparison"] = compare_with_report(out, report, args.report)
     return out
@@ -463,12 +460,22 @@ def _alternatives(planner, result) -> list:
     return alternatives
 
 
-def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, lookaheads,
-               notes: list, static=None) -> dict:
+def _choose_lookahead(args, s: dict) -> bool:
+    """dyn chooses the prefetch lookahead too, unless --prefetch-lookahead fixes it."""
+    return args.prefetch_lookahead is None and s["policy"] == "dyn"
+
+
+def _lookaheads(args, s: dict, spec) -> tuple:
+    """The prefetch lookaheads the plan tries: every one dyn may choose, or the one given."""
+    return LOOKAHEADS if _choose_lookahead(args, s) else (spec.prefetch_lookahead,)
+
+
+def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes: list,
+               static=None) -> dict:
     """make_plan's dict from the StepPlan `planned` of `spec` (see make_plan); static: the
     PolicyPlan of a vDNN policy's decision (None for dyn), whose prediction and least
     budget the plan shows."""
-    choose = args.prefetch_lookahead is None and s["policy"] == "dyn"
+    choose = _choose_lookahead(args, s)
     budget = spec.memory_budget
     split = planned.split
     option = planned.chosen or split.options[0]
@@ -493,7 +500,7 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, looka
                         f"chunks or without," if len(counts) > 1 else
                         ": with layer chunks or without,")
                      + " the fastest that fits (see the table of options)")
-    lookahead = lookahead if lookahead is not None else lookaheads[0]
+    lookahead = lookahead if lookahead is not None else _lookaheads(args, s, spec)[0]
     if static is None:
         minimum_budget = planned.least_budget()
         ev = result.best

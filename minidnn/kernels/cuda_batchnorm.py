@@ -52,17 +52,14 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from .batchnorm_sums import stage_one_parts
 from .cuda_divide import DIVIDE_SOURCE
 from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256              # threads of a sums block (a power of two) and of a per-value pass
-_PER_BLOCK = 16384          # NCHW: values of one channel a block adds (the last part: fewer)
-_MAX_PARTS = 1024
-_TARGET_BLOCKS = 2048       # NHWC: blocks of a reduction, enough to fill the GPU
 _PART_THREADS = 128         # threads adding one channel's parts (a power of two)
 _COLUMNS = 64               # NHWC: most channel groups of a row one sums block reads
-_PARTIALS = 131072          # NHWC: most (channel, part) pairs of stage one (2 MiB of sums)
 #: Channels (NHWC) or values of a plane (NCHW) a thread of a sums pass reads at once: 16
 #: bytes of bf16, 32 of float32. The same for every dtype, so that bf16 maps are summed in
 #: the order of their widened float32 copies.
@@ -557,8 +554,7 @@ def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
         group = _GROUP if c % _GROUP == 0 and _aligned(*maps) else 1
         cols, lanes = _column_shape(c, group)
         blocks_c = -(-c // (group * cols))
-        parts = max(1, min(_MAX_PARTS, -(-_TARGET_BLOCKS // blocks_c), -(-count // 64),
-                           _PARTIALS // c))
+        parts = stage_one_parts(count, c, blocks_c)
         per_part = -(-count // parts)
         parts = -(-count // per_part)
         partial = cp.empty((c, parts, 2), cp.float64)
@@ -569,7 +565,7 @@ def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
     else:
         group = _GROUP if hw % _GROUP == 0 and sp == 1 and _aligned(*maps) else 1
         groups = count // group
-        parts = max(1, min(_MAX_PARTS, -(-count // _PER_BLOCK)))
+        parts = stage_one_parts(count, c)
         per_block = -(-groups // parts)
         parts = -(-groups // per_block)
         partial = cp.empty((c, parts, 2), cp.float64)

@@ -13,7 +13,8 @@ the same either way:
 
 The planner (search.py) and the step-time model (step_model.py) read only this file's types.
 Besides the workspace, a few layers allocate temporaries inside a call (the loss works on
-vectors, the optimizer's weight decay and update make a parameter-sized temporary);
+vectors, a batch norm writes partial sums, the optimizer's weight decay and update make a
+parameter-sized temporary);
 `transient_bytes` bounds them from the layer shapes. Random draws (dropout) are not among
 them: they are scratch blocks of the memory manager (layers/draws.py), which the dry run
 counts, sized with the profile's `generator_bytes`.
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
+from ..kernels.batchnorm_sums import partial_sums_bytes
 from ..memory.allocator import aligned
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
@@ -226,16 +228,31 @@ def numel(shape) -> int:
 def transient_bytes(layer, phase: str) -> int:
     """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace.
 
-    From the layers' and the GPU kernels' code: the loss works on (N,) vectors. Everything
-    else (ReLU and the conv bias run as fused kernels on the GPU) writes into the buffers it
-    is given; dropout's draws lie in a scratch block of the memory manager, which the dry
-    run counts (layers/draws.py).
+    From the layers' and the GPU kernels' code: the loss works on (N,) vectors; a batch norm
+    makes its partial sums and per-channel coefficients (batchnorm_transient_bytes).
+    Everything else (ReLU and the conv bias run as fused kernels on the GPU) writes into the
+    buffers it is given; dropout's draws lie in a scratch block of the memory manager, which
+    the dry run counts (layers/draws.py).
     """
     kind = layer.kind
     if kind == "loss":
         n = layer.in_shapes[0][0]
         return 4 * 8 * n  # max, sum, arange, picked, log ... of (N,) vectors
+    if kind == "batchnorm":
+        return batchnorm_transient_bytes(layer.in_shapes[0])
     return 0
+
+
+def batchnorm_transient_bytes(shape) -> int:
+    """What a batch norm call on the GPU allocates inside itself, in any phase, for a map of
+    `shape` (N, C, H, W): stage one's partial sums (kernels/batchnorm_sums.py, the count the
+    kernels size them with), and at most five per-channel arrays of (C,) and (6, C) values:
+    a recomputation's mean and invstd, the variance, the affine or gradient coefficients
+    (counted at 8 bytes a value, the widest channel dtype)."""
+    n, c = int(shape[0]), int(shape[1])
+    pixels = math.prod(int(d) for d in shape[2:])
+    channel = aligned(8 * c)
+    return aligned(partial_sums_bytes(n, c, pixels)) + 3 * channel + aligned(6 * 8 * c)
 
 
 def gradient_copy_bytes(layer, phase: str) -> int:

@@ -41,6 +41,10 @@ accuracy per epoch, every run of the model in one figure).
     python3 scripts/fashion_mnist_vs_pytorch.py --no-torch --device cpu --models tiny_cnn \\
         --epochs 1 --train-limit 256 --test-limit 64 --budget-fraction 0   # minidnn alone, CPU
 
+A run cut short (a SIGTERM, e.g. from a time limit, or an error) still writes results.json and
+the figures with what ran: each PyTorch run's epochs as they ended, an unfinished run marked
+"complete": false.
+
 --train-limit / --test-limit: only the first N images of each split (written as IDX files into
 the output folder, so that minidnn reads them like the full set). PyTorch is imported only in
 the PyTorch part, and not at all with --no-torch.
@@ -51,6 +55,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -140,9 +145,11 @@ def run_minidnn(label: str, cfg: TrainConfig) -> dict:
 
 # ---- PyTorch -----------------------------------------------------------------------------------
 def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compiled: bool,
-              epoch_limit: int | None = None) -> dict:
+              epoch_limit: int | None = None, records: list | None = None) -> dict:
     """PyTorch on the batches minidnn's loader makes, channels_last, eager or compiled; with
-    epoch_limit, only the recipe's first epoch_limit epochs (the full run's learning rates)."""
+    epoch_limit, only the recipe's first epoch_limit epochs (the full run's learning rates).
+    records: the list each epoch's record is appended to as it ends (the caller's, so that a
+    run cut short keeps its epochs)."""
     import torch
     import torch.nn.functional as F
     device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
@@ -210,7 +217,8 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
         opt.state.clear()
         print(f"   compiled in {compile_s:.1f} s (left out of the times below)", flush=True)
 
-    records, train_s, losses = [], 0.0, []
+    records = [] if records is None else records
+    train_s, losses = 0.0, []
     augment = Augment.parse(recipe["augment"])
     steps = total if not epoch_limit else min(total, epoch_limit * per_epoch)
     with BatchLoader(sources.train, batch, args.seed, steps=steps, augment=augment) as loader:
@@ -408,6 +416,32 @@ def budget_runs(model: str, recipe: dict, args, data: str, unconstrained: dict) 
                                               policy="dyn", **cut))]
 
 
+def write_results(results: dict, out: str, title: str) -> None:
+    """results.json and every model's curves_<model>.png in `out`, from what ran so far."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    from minidnn.curves import plot_curves
+    for model, entry in results["models"].items():
+        curves = {r["label"]: r["epochs"] for r in entry["runs"] if r.get("epochs")}
+        if curves:
+            plot_curves(os.path.join(out, f"curves_{model}.png"), curves,
+                        title=f"{model} on {title}")
+
+
+def torch_runs(model: str, recipe: dict, args, data: str, runs: list) -> None:
+    """PyTorch's eager and compiled runs, each appended to `runs` as it starts (its epochs
+    filled in as they end) and completed when it returns."""
+    configs = [("pytorch-eager", False, args.eager_epochs)]
+    if not args.no_compile:
+        configs.append(("pytorch-compiled", True, None))
+    for label, compiled, limit in configs:
+        partial = {"label": label, "epochs": [], "complete": False}
+        runs.append(partial)
+        done = run_torch(label, model, recipe, args, data, compiled=compiled,
+                         epoch_limit=limit, records=partial["epochs"])
+        runs[runs.index(partial)] = done
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -417,38 +451,42 @@ def main(argv=None) -> dict:
                                                         list(sys.argv[1:] if argv is None
                                                              else argv)),
                "data": data, "target": args.target, "models": {}}
+    # A time limit's SIGTERM ends the run through the `finally` below, which writes what ran.
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        lines = compare_models(args, data, results)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        write_results(results, args.out, args.data)
+    print("\n".join(lines))
+    print(f"results: {os.path.join(args.out, 'results.json')}; figures: "
+          f"{os.path.join(args.out, 'curves_<model>.png')}")
+    return results
+
+
+def compare_models(args, data: str, results: dict) -> list[str]:
+    """Every model's runs into results["models"] (each run there as soon as it starts);
+    returns the summary lines."""
     lines = []
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         recipe = dict(RECIPES.get(model) or RECIPES["vgg11" if model.startswith("vgg")
                                                     else "resnet18"])
         recipe.update({k: getattr(args, k) for k in RECIPE_KEYS if getattr(args, k) is not None})
         recipe["image_size"] = max(recipe["image_size"], models.min_image_size(model))
-        runs = [run_minidnn("minidnn", minidnn_config(model, recipe, args, data))]
+        runs = []
+        results["models"][model] = {"recipe": recipe, "runs": runs}
+        runs.append(run_minidnn("minidnn", minidnn_config(model, recipe, args, data)))
         if args.budget_fraction and "error" not in runs[0]:
             runs += budget_runs(model, recipe, args, data, runs[0])
         if not args.no_torch:
-            runs.append(run_torch("pytorch-eager", model, recipe, args, data, compiled=False,
-                                  epoch_limit=args.eager_epochs))
-            if not args.no_compile:
-                runs.append(run_torch("pytorch-compiled", model, recipe, args, data,
-                                      compiled=True))
-        results["models"][model] = {"recipe": recipe, "runs": runs}
+            torch_runs(model, recipe, args, data, runs)
         budgeted = [r for r in runs[1:] if r["label"].endswith("-budget") and "epochs" in r]
         if (args.deterministic or args.budget_epochs) and budgeted:
             results["models"][model]["budget_bit_identical"] = \
                 first_difference(budgeted[0], budget_reference(runs)) is None
         results["device"] = runs[0].get("device")
         lines += summary(model, runs, args.target, args.deterministic or bool(args.budget_epochs))
-        from minidnn.curves import plot_curves
-        plot_curves(os.path.join(args.out, f"curves_{model}.png"),
-                    {r["label"]: r["epochs"] for r in runs if r.get("epochs")},
-                    title=f"{model} on {args.data}")
-    print("\n".join(lines))
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    print(f"results: {os.path.join(args.out, 'results.json')}; figures: "
-          f"{os.path.join(args.out, 'curves_<model>.png')}")
-    return results
+    return lines
 
 
 if __name__ == "__main__":

@@ -69,6 +69,35 @@ def test_a_budget_pair_of_fewer_epochs_is_held_to_its_own_deterministic_run(tmp_
            "and test accuracy: bit-identical" in printed
 
 
+def test_a_run_cut_short_keeps_the_epochs_it_finished(tmp_path, monkeypatch):
+    """A time limit ends the script in PyTorch's run: results.json and the figure still hold
+    minidnn's run and the epochs PyTorch finished, marked incomplete."""
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    script = load_script()
+
+    def cut(label, model, recipe, args, data, compiled, epoch_limit=None, records=None):
+        records.append({"epoch": 1, "step": 4, "train_loss": 2.0, "accuracy": 0.25,
+                        "train_time_s": 1.0})
+        raise SystemExit(143)            # what the SIGTERM handler raises
+
+    script.main.__globals__["run_torch"] = cut
+    folder = make_data(tmp_path / "fmnist")
+    out = tmp_path / "out"
+    try:
+        script.main(["--data", f"fashion-mnist:{folder}", "--models", "tiny_cnn", "--epochs", "1",
+                     "--batch", "8", "--train-limit", "32", "--test-limit", "11", "--device",
+                     "cpu", "--budget-fraction", "0", "--out", str(out)])
+        raise AssertionError("the run was not cut")
+    except SystemExit as e:
+        assert e.code == 143
+    saved = json.loads((out / "results.json").read_text())
+    ours, eager = saved["models"]["tiny_cnn"]["runs"]
+    assert ours["label"] == "minidnn" and len(ours["epochs"]) == 1
+    assert eager["label"] == "pytorch-eager" and eager["complete"] is False
+    assert eager["epochs"][0]["accuracy"] == 0.25
+    assert (out / "curves_tiny_cnn.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def epochs(*points):
     """Epoch records of (accuracy, training seconds, training loss), a step of 10 each."""
     return [{"epoch": k + 1, "step": 10 * (k + 1), "accuracy": a, "train_time_s": t,

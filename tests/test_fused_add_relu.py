@@ -138,3 +138,20 @@ def test_recomputing_every_candidate_keeps_the_bits(fuse):
             return loss, {k: g.tobytes() for k, g in ex.gradients().items()}
 
     assert gradients(True) == gradients(False)
+
+
+def test_an_add_that_cannot_mask_its_inputs_gradient_keeps_the_unfused_plan():
+    """An add of the network's input (whose gradient no one wants, so the add's backward has
+    no output-gradient buffer to mask in place) is not fused, and then does not retain its
+    output either: the plan is the unfused one."""
+    net = Network((3, 6, 6), num_classes=4, dtype=np.float64)
+    net.add(Conv2d(3, 3, padding=1), name="conv1")
+    net.add(Add(), inputs=["data", "conv1"], name="sum")
+    net.add(ReLU(), name="relu")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(4), name="fc")
+    net.add_loss()
+    fused, unfused = LivenessPlan(net, 2), LivenessPlan(net, 2, fuse=False)
+    assert add_relu_pairs(fused) == {}
+    assert not fused.retains_output(1)
+    assert fused.storage_of("sum").free_time == unfused.storage_of("sum").free_time

@@ -255,12 +255,14 @@ class LivenessPlan:
     def _adds_before_relus(self, consumers, index) -> frozenset:
         """Indices of the two-input adds (not the network's output) read by one ReLU alone,
         which runs in place on their output and keeps it: the adds that may apply that ReLU
-        and mask their gradient with its output (minidnn/fusion.py)."""
+        and mask their gradient with its output (minidnn/fusion.py). Input 0's gradient must
+        be wanted: the fused backward masks the output gradient in place as that gradient
+        (grad_alias); an add without it stays unfused and retains nothing."""
         found = set()
         for i, node in enumerate(self.nodes):
             readers = consumers[node.name]
             if node.layer.kind != "add" or len(node.inputs) != 2 or len(readers) != 1 \
-                    or node.name == self.net.output:
+                    or node.name == self.net.output or not self.grad_wanted(node, 0):
                 continue
             r = index[readers[0].name]
             relu = self.nodes[r]

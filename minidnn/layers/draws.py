@@ -40,14 +40,14 @@ def skip_draws(generator, count: int) -> None:
     A counter-based generator (kernels/cuda_random.CounterUniform) starts its next draw at
     a later index. NumPy's default generator (PCG64) makes a float32 from 32 bits: each
     64-bit output gives two draws, its low half first (the high half is kept for the next
-    draw). So the bit generator advances count // 2 outputs (which forgets a kept half), and
-    an odd count draws one more number, leaving the next draw the high half, as a generator
-    that made all `count` would."""
+    draw). So the bit generator advances count // 2 outputs (which forgets a kept half: the
+    generator must be fresh, as every call's is), and an odd count draws one more number,
+    leaving the next draw the high half, as a generator that made all `count` would."""
     count = int(count)
     if count <= 0:
         return
-    if hasattr(generator, "skip"):
-        generator.skip(count)
+    if not isinstance(generator, np.random.Generator):
+        generator.skip(count)        # counter-based
         return
     generator.bit_generator.advance(count // 2)
     if count % 2:

@@ -162,7 +162,8 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
     t.add_argument("--no-fuse", action="store_true",
                    help="run every layer in its own passes: no convolution bias added in the "
                         "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
-                        "norm before it (the same bits either way; minidnn/fusion.py)")
+                        "norm or residual add before it (the same bits either way; "
+                        "minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "

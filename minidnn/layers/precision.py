@@ -13,7 +13,8 @@ layer's own code computes in its dtype (float32). `forward` and `backward` here 
 * arrays already in float32 (parameters, the loss, aux buffers, labels) pass through.
 
 So a convolution or a matrix product sums in float32 and only its result is rounded, as a
-bf16 GPU kernel with float32 accumulation would do. What stays between forward and backward,
+bf16 GPU kernel with float32 accumulation would do; a convolution with a bias rounds twice,
+before adding the bias and after (layers/conv.py), as the GPU's bf16 plans do. What stays between forward and backward,
 and what is offloaded, is bf16. With float32 maps both functions are the layer's own calls,
 nothing added.
 

@@ -288,9 +288,7 @@ class ImageFolder(Dataset):
         return x, y
 
 
-# ---- CIFAR-10 ------------------------------------------------------------------------------------
-
-# ---- resizing a whole in-memory split once ---------------------------------------------------------
+# ---- resizing a whole in-memory split once -------------------------------------------------------
 
 #: The most bytes of resized uint8 images a split keeps (a split whose resized images would take
 #: more is resized batch by batch, as it is read). Fashion-MNIST's 60,000 training images at
@@ -330,6 +328,8 @@ class _Resized:
                 self._all = _resize_images(self.images, self.size)
         return self._all[indices]
 
+
+# ---- CIFAR-10 ------------------------------------------------------------------------------------
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)

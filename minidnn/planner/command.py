@@ -429,7 +429,7 @@ def _policy_plan(net, spec, policy: str, conv_algo: str, source, maps, options: 
     names."""
     from ..memory.plan import LivenessPlan
     plan = LivenessPlan(net, spec.batch // (spec.micro_batches or 1),
-                        relu_bits=options["relu_bits"], maps=maps)
+                        relu_bits=options["relu_bits"], maps=maps, fuse=spec.fuse)
     decision = get_policy(policy).decide(plan, spec.memory_budget)
     convs = {node.name: conv_algo for node in net.nodes if node.layer.kind == "conv"}
     return plan_policy(net, spec, source, maps, decision.offload, convs, options)

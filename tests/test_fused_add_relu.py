@@ -155,3 +155,23 @@ def test_an_add_that_cannot_mask_its_inputs_gradient_keeps_the_unfused_plan():
     assert add_relu_pairs(fused) == {}
     assert not fused.retains_output(1)
     assert fused.storage_of("sum").free_time == unfused.storage_of("sum").free_time
+
+
+@pytest.mark.parametrize("model", ["small_resnet", "resnet18"])
+def test_the_relus_that_keep_bits_do_not_depend_on_the_fusion(model):
+    """--relu-bits chooses its ReLUs as the unfused step would: an add that would fold the
+    ReLU after it and retain its output for the mask takes no bits away (the ReLU before the
+    pool keeps bits, as do those whose map the next convolution's input gradient overwrites),
+    and that add then stays unfused."""
+    from minidnn import models
+    from minidnn.decide import decide
+    from minidnn.memory.policy import relus_worth_bits
+    net = small_resnet() if model == "small_resnet" else \
+        models.build("resnet18", num_classes=10, image_size=32)
+    unfused = frozenset(relus_worth_bits(LivenessPlan(net, 1, fuse=False)))
+    fused = decide(net, 4, device="cpu", relu_bits=True)
+    assert fused.relu_bits == unfused == decide(net, 4, device="cpu", relu_bits=True,
+                                                fuse=False).relu_bits
+    assert not set(fused.add_relu) & unfused
+    if model == "small_resnet":
+        assert "relu3" in unfused and fused.add_relu == {}

@@ -234,10 +234,12 @@ _RELU_BITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def relu_bits_for(net) -> frozenset:
     """The ReLUs of `net` that `relus_worth_bits` names, as a decision's `relu_bits` (the
     plan and the calls read them from there; the layers stay as they are). Which ones does
-    not depend on the batch, so a plan at batch 1 decides."""
+    not depend on the batch, so a plan at batch 1 decides; nor on the fusions: the unfused
+    plan decides, since an add that folds the ReLU after it retains that ReLU's output only
+    when the ReLU keeps it (minidnn/fusion.py), and asked for bits, a ReLU keeps bits."""
     names = _RELU_BITS.get(net)
     if names is None:
-        names = _RELU_BITS[net] = frozenset(relus_worth_bits(LivenessPlan(net, 1)))
+        names = _RELU_BITS[net] = frozenset(relus_worth_bits(LivenessPlan(net, 1, fuse=False)))
     return names
 
 

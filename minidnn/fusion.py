@@ -112,9 +112,9 @@ def bn_relu_pairs(plan: LivenessPlan) -> dict:
 def add_relu_pairs(plan: LivenessPlan) -> dict:
     """{ReLU node name: add node name} of every ReLU that the two-input add it reads may
     apply in its own passes, forward and backward (the conditions above), for a step planned
-    as `plan` (one planned with `fuse`, whose adds retain their output for the mask)."""
+    as `plan` (one planned with `fuse`, whose adds retain their output for the mask).
+    Which adds may is the plan's rule (LivenessPlan._adds_before_relus), written once: an
+    add retains its output only then."""
     index = {node.name: i for i, node in enumerate(plan.nodes)}
     return {relu.name: add.name for relu, add in _relu_after(plan, "add")
-            if len(add.inputs) == 2 and relu.layer.keep_in(plan.relu_bits) == "output"
-            and plan.grad_alias.get(index[relu.name]) and plan.grad_alias.get(index[add.name])
-            and plan.retains_output(index[add.name])}
+            if plan.retains_output(index[add.name]) and plan.grad_alias.get(index[relu.name])}

@@ -140,13 +140,15 @@ def test_recomputing_every_candidate_keeps_the_bits(fuse):
     assert gradients(True) == gradients(False)
 
 
-def test_an_add_that_cannot_mask_its_inputs_gradient_keeps_the_unfused_plan():
+@pytest.mark.parametrize("inputs", [["data", "conv1"], ["conv1", "conv1", "conv1"]])
+def test_an_add_that_cannot_fold_its_relu_keeps_the_unfused_plan(inputs):
     """An add of the network's input (whose gradient no one wants, so the add's backward has
-    no output-gradient buffer to mask in place) is not fused, and then does not retain its
-    output either: the plan is the unfused one."""
+    no output-gradient buffer to mask in place), or of three inputs (rounded between its
+    adds), is not fused, and then does not retain its output either: the plan is the
+    unfused one."""
     net = Network((3, 6, 6), num_classes=4, dtype=np.float64)
     net.add(Conv2d(3, 3, padding=1), name="conv1")
-    net.add(Add(), inputs=["data", "conv1"], name="sum")
+    net.add(Add(), inputs=inputs, name="sum")
     net.add(ReLU(), name="relu")
     net.add(Flatten(), name="flat")
     net.add(Linear(4), name="fc")

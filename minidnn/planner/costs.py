@@ -26,8 +26,6 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
-
 from ..errors import ConfigError
 from ..kernels.batchnorm_sums import partial_sums_bytes
 from ..memory.allocator import aligned

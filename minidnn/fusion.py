@@ -59,9 +59,9 @@ liveness plan's grad_alias of the add, and of the ReLU, whose input gradient is 
 buffer), and into input 1's own buffer, which the unfused add fills with a copy. The same
 conditions as above (the ReLU alone reads the add's output, in place, keeping its output),
 and input 0's gradient is wanted (an add of the network's input has no buffer to mask in
-place: it stays unfused); the add then retains its output for backward: the liveness plan (memory/plan.py,
-`fuse`) counts that read, so offloading and recomputing keep y until the add's backward
-(the ReLU's own retention ends one backward call earlier, at the ReLU's).
+place: it stays unfused); the add then retains its output for backward: the liveness plan
+(memory/plan.py, `fuse`) counts that read, so offloading and recomputing keep y until the
+add's backward (the ReLU's own retention ends one backward call earlier, at the ReLU's).
 
 The decision is MemoryDecision.add_relu ({ReLU node name: add node name});
 StepContext.relu_in_add names the adds that apply the ReLU, and StepContext.relu_done those

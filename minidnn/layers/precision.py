@@ -14,9 +14,9 @@ layer's own code computes in its dtype (float32). `forward` and `backward` here 
 
 So a convolution or a matrix product sums in float32 and only its result is rounded, as a
 bf16 GPU kernel with float32 accumulation would do; a convolution with a bias rounds twice,
-before adding the bias and after (layers/conv.py), as the GPU's bf16 plans do. What stays between forward and backward,
-and what is offloaded, is bf16. With float32 maps both functions are the layer's own calls,
-nothing added.
+before adding the bias and after (layers/conv.py), as the GPU's bf16 plans do. What stays
+between forward and backward, and what is offloaded, is bf16. With float32 maps both
+functions are the layer's own calls, nothing added.
 
 The widened copies are temporaries of the call, and they are declared: `temporary_bytes`
 says, from the shapes and dtypes of the maps a call reads and writes (the liveness plan's

@@ -30,10 +30,10 @@ What a cell asserts (check_cell):
   outside it), so any difference is an allocation the step's memory model does not count;
 - the parameters after the run equal, bit for bit, those of the reference run (policy none,
   no budget, ReLU outputs kept, fused, the same micro-batches and layer chunks): offload,
-  prefetch, recomputation, the ReLU bit masks and fusion change no bit; against the whole-batch reference
-  (no split) they agree within SPLIT_RTOL / SPLIT_ATOL, where the weight-gradient sums run
-  in another order (BatchNorm over split micro-batches computes other statistics, by the
-  user's leave, and is compared with its own split only);
+  prefetch, recomputation, the ReLU bit masks and fusion change no bit; against the
+  whole-batch reference (no split) they agree within SPLIT_RTOL / SPLIT_ATOL, where the
+  weight-gradient sums run in another order (BatchNorm over split micro-batches computes
+  other statistics, by the user's leave, and is compared with its own split only);
 - a budget below the least does not train: dyn refuses it before step one (no step ran:
   train() raised before it logged the run's first line; over ranks, rank 0 did not print
   it), naming the least budget, which trains while 1% less is refused, and `minidnn

@@ -60,8 +60,9 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
 
 Mixed precision (bf16 feature maps, kernels/mapformat.py): `BF16_OPS` names the ops of a module
 that take bf16 maps as they are, with float32 parameters, their gradients and per-channel
-arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask, add, add_relu, batch
-norm, LRN; on the CPU none; mapformat.BF16_OPS lists both without importing CuPy). A layer computing only with such ops runs on bf16 maps; any other sees them widened to
+arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask, add,
+add_relu, batch norm, LRN; on the CPU none; mapformat.BF16_OPS lists both without importing
+CuPy). A layer computing only with such ops runs on bf16 maps; any other sees them widened to
 float32 (layers/precision.py). `shared_weight_copies()` is a context for the passes of one
 batch, in which the bf16 copies the products read of each weight are made once.
 """

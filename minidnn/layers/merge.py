@@ -14,6 +14,9 @@ from .base import Layer
 
 
 class Concat(Layer):
+    """y = the inputs joined along `axis` (a non-batch axis of the logical NCHW shape, 1:
+    channels): xs[k] (N, ..., C_k, ...) -> y (N, ..., sum C_k, ...); backward hands each input
+    its slice of gy. One kernel call each way (kernels' concat_forward / concat_backward)."""
     kind = "concat"
     recomputable = True
     num_inputs = None

@@ -27,6 +27,9 @@ KEEP = ("output", "bits")
 
 
 class ReLU(Layer):
+    """y = max(x, 0), any shape; keep: what backward reads, 'output' or 'bits' (module
+    docstring). It may add the bias of the convolution before it, or leave its forward and
+    backward to the batch norm or add before it (minidnn/fusion.py)."""
     kind = "relu"
     recomputable = True
     inplace = True

@@ -157,7 +157,6 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
     torch.backends.cudnn.allow_tf32 = True      # minidnn's GPU default: TF32 in convolutions
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"-- {label}: torch {torch.__version__} on {device}", flush=True)
-
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     sources = open_data(data, recipe["image_size"])
@@ -187,41 +186,20 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
         return loss.detach()
 
     def evaluate():
-        """Test accuracy over every image, the last batch filled up as minidnn does."""
-        model.eval()
-        correct = 0
-        n = len(sources.eval)
-        with torch.no_grad(), BatchLoader(sources.eval, batch, shuffle=False, drop_last=False,
-                                          steps=-(-n // batch)) as loader:
-            for x, y in loader:
-                real = len(y)
-                fill = [i % real for i in range(batch)]
-                xd, yd = on_device(x[fill], y[fill])
-                correct += int((runner(xd)[:real].argmax(1) == yd[:real]).sum())
-        model.train()
-        return correct / n
+        return torch_accuracy(model, runner, sources.eval, batch, on_device)
 
     runner, compile_s = model, None
     if compiled:
         runner = torch.compile(model)
-        saved = copy.deepcopy(model.state_dict())
-        saved_opt = copy.deepcopy(opt.state_dict())
-        t0 = time.perf_counter()
         x, y = BatchLoader(sources.train, batch, args.seed).batch_at(0)
-        train_step(*on_device(x, y))
-        evaluate()
-        sync(device)
-        compile_s = time.perf_counter() - t0
-        model.load_state_dict(saved)       # the warm-up step leaves no trace
-        opt.load_state_dict(saved_opt)
-        opt.state.clear()
+        compile_s = compile_warm_up(model, opt, lambda: (train_step(*on_device(x, y)),
+                                                          evaluate(), sync(device)))
         print(f"   compiled in {compile_s:.1f} s (left out of the times below)", flush=True)
 
-    records = [] if records is None else records
-    train_s, losses = 0.0, []
-    augment = Augment.parse(recipe["augment"])
+    records, train_s, losses = ([] if records is None else records), 0.0, []
     steps = total if not epoch_limit else min(total, epoch_limit * per_epoch)
-    with BatchLoader(sources.train, batch, args.seed, steps=steps, augment=augment) as loader:
+    with BatchLoader(sources.train, batch, args.seed, steps=steps,
+                     augment=Augment.parse(recipe["augment"])) as loader:
         started = time.perf_counter()
         for step, (x, y) in enumerate(loader):
             for group in opt.param_groups:
@@ -246,6 +224,38 @@ def run_torch(label: str, model_name: str, recipe: dict, args, data: str, compil
             "images_per_s": images_per_s(records, batch),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "peak_device_bytes": peak, "torch": torch.__version__}
+
+
+def torch_accuracy(model, runner, dataset, batch: int, on_device) -> float:
+    """Test accuracy of `runner` (the model, or its compiled form) over every image of
+    `dataset`, the last batch filled up as minidnn fills it; the model is left training."""
+    import torch
+    model.eval()
+    correct, n = 0, len(dataset)
+    with torch.no_grad(), BatchLoader(dataset, batch, shuffle=False, drop_last=False,
+                                      steps=-(-n // batch)) as loader:
+        for x, y in loader:
+            real = len(y)
+            fill = [i % real for i in range(batch)]
+            xd, yd = on_device(x[fill], y[fill])
+            correct += int((runner(xd)[:real].argmax(1) == yd[:real]).sum())
+    model.train()
+    return correct / n
+
+
+def compile_warm_up(model, opt, warm_up) -> float:
+    """Seconds `warm_up()` takes (a compiled training step and evaluation: the compilation),
+    after which the model's weights and the optimizer's state are put back as they were: the
+    warm-up leaves no trace."""
+    saved = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    started = time.perf_counter()
+    warm_up()
+    seconds = time.perf_counter() - started
+    model.load_state_dict(saved)
+    opt.load_state_dict(saved_opt)
+    opt.state.clear()
+    return seconds
 
 
 def sync(device: str) -> None:
@@ -344,8 +354,9 @@ def summary(model: str, runs: list[dict], target: float, deterministic: bool = F
                          f"fastest ({run['label']}) {theirs:.1f} s")
     elif any(r["label"].startswith("pytorch") for r in runs):
         lines.append(f"{model}: time to {target:.0%}: no PyTorch run reached it")
-    for run in runs:
-        if run["label"].startswith("pytorch") and run.get("epochs") and ours["epochs"]:
+    for run in runs:     # runs cut short (--eager-epochs) end at another epoch: no final gap
+        if run["label"].startswith("pytorch") and ours["epochs"] and \
+                len(run.get("epochs") or ()) == len(ours["epochs"]):
             gap = 100 * (ours["epochs"][-1]["accuracy"] - run["epochs"][-1]["accuracy"])
             lines.append(f"{model}: final accuracy minidnn - {run['label']}: {gap:+.2f} points")
     for run in runs:

@@ -133,6 +133,9 @@ def test_time_to_accuracy_and_the_comparison_lines():
                for line in script.summary("resnet18", [ours, same], 0.94, deterministic=True))
     assert not any("bit-identical" in line
                    for line in script.summary("resnet18", [ours, same], 0.94))
+    cut = dict(eager, epochs=eager["epochs"][:1])          # --eager-epochs 1: no final gap
+    assert not any("final accuracy minidnn - pytorch-eager" in line
+                   for line in script.summary("resnet18", [ours, cut], 0.94))
     slow = dict(ours, epochs=epochs((0.5, 10.0, 1.0)))
     assert "resnet18: time to 94%: minidnn did not reach it; PyTorch's fastest " \
            "(pytorch-compiled) 12.5 s" in script.summary("resnet18", [slow, compiled], 0.94)

@@ -17,7 +17,6 @@ are copied in as setup.py lays them out. Exits 1 with the reason on any failure.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess

@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -118,11 +119,7 @@ def timed_steps(report: dict) -> list[float]:
 
 
 def median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return statistics.median(values) if values else None
 
 
 def ratio(predicted, measured) -> float | None:

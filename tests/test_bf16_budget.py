@@ -149,7 +149,7 @@ def test_a_planned_bf16_step_fits_and_counts_its_widened_copies(name, tight, spy
     assert abs(measured - want) <= TOLERANCE * want, (measured, want)
 
 
-def test_widened_copies_are_part_of_the_planned_peak(tmp_path):
+def test_widened_copies_are_part_of_the_planned_peak():
     """The same bf16 step planned with its copies counted needs more than its maps alone:
     a float32 copy of a map is twice the map's bytes."""
     net = bn_resnet()
@@ -174,7 +174,7 @@ def test_the_device_kinds_bf16_ops_are_the_kernel_modules():
     assert cuda.BF16_OPS == mapformat.BF16_OPS["gpu"]
 
 
-def test_a_plan_for_the_gpu_widens_what_the_gpu_widens(tmp_path):
+def test_a_plan_for_the_gpu_widens_what_the_gpu_widens():
     """Planned on this CPU for an H200: BatchNorm and a residual add take bf16 maps there
     (no copies in their calls' blocks); the loss does not."""
     net = bn_resnet()

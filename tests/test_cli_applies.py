@@ -69,7 +69,7 @@ def test_the_micro_batches_help_says_what_does_not_shrink(capsys):
            "shrink" in text
 
 
-def test_a_second_pass_sums_weight_gradients_through_a_temporary(tmp_path):
+def test_a_second_pass_sums_weight_gradients_through_a_temporary():
     """Why --micro-batches 2 can raise the peak (the help says so): every pass after the first
     writes each layer's weight gradient into a temporary as large as the weight."""
     peaks = {}

@@ -276,7 +276,7 @@ def start_minidnn(*args, secret=SECRET):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_run_started_by_hand_refuses_strangers_and_trains(tmp_path):
+def test_a_run_started_by_hand_refuses_strangers_and_trains():
     port = free_port()
     where = ["--ranks", "2", "--rendezvous", f"tcp://127.0.0.1:{port}", "--steps", "2"]
     rank0 = start_minidnn(*SMALL, *where, "--rank", "0")

@@ -185,7 +185,7 @@ def first_command(page: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_tutorials_first_command_runs_without_matplotlib(tmp_path):
+def test_the_tutorials_first_command_runs_without_matplotlib():
     """`pip install .` brings no matplotlib: the first command of the tutorial must not need it
     (run here with matplotlib made unimportable)."""
     argv = first_command("docs/memory-virtualization.md")

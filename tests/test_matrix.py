@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from matrix_cells import FAMILIES, Cell, Runner, all_cells, check_cell, least_named, \
-    sample_cells
+from matrix_cells import Cell, Runner, all_cells, check_cell, least_named, sample_cells
 
 FULL = os.environ.get("MINIDNN_FULL_MATRIX", "") not in ("", "0")
 

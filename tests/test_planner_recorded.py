@@ -2,7 +2,6 @@
 blocks it records pack to the layout the executor's own record walk gives, and its log, with
 the planned blocks' waits put in afterwards, is the log of a step walked at the packed
 addresses."""
-import numpy as np
 import pytest
 
 from minidnn import models

@@ -65,10 +65,10 @@ class StopSignals:
 
     Before `arm()` (set-up: reading data, building the network, profiling it) a signal raises
     KeyboardInterrupt at once (train() turns it into `set_up_interrupted()`): nothing is
-    trained yet, so there is nothing to wait for. After it, a
-    signal asks the run to stop after the step under way: `signum` holds the first signal
-    received (None until then), and a second signal (SIGINT or SIGTERM) raises
-    KeyboardInterrupt at once, for a user who does not want to wait for the step (`second`). `shielded()` holds signals off while the
+    trained yet, so there is nothing to wait for. After it, a signal asks the run to stop
+    after the step under way: `signum` holds the first signal received (None until then),
+    and a second signal (SIGINT or SIGTERM) raises KeyboardInterrupt at once, for a user who
+    does not want to wait for the step (`second`). `shielded()` holds signals off while the
     last files are written. Outside the main thread (where Python allows no handlers) it does
     nothing, and a signal the process ignores (SIGINT of a background job) stays ignored.
     """

@@ -26,10 +26,11 @@ import os
 import sys
 
 from . import argtypes
-from .errors import MinidnnError, fmt_bytes
+from .applies import refuse_unused_flags
+from .errors import ConfigError, MinidnnError, fmt_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .kernels.math_mode import MATH_MODES
-from .applies import refuse_unused_flags
+from .outputs import check_outputs, plot_formats
 from .recipe import AUTO, EVAL_BATCHES_OF_STEPS, EVAL_EVERY_OF_STEPS
 from .train import Interrupted, TrainConfig
 
@@ -320,7 +321,6 @@ def _world(args):
     world = resolve_world(args.ranks, args.rank, args.local_rank, args.rendezvous)
     start = world is None and (args.ranks or 1) > 1
     if args.sync_batchnorm and world is None and not start:
-        from .errors import ConfigError
         raise ConfigError("--sync-batchnorm needs --ranks N with N > 1 (one process "
                           "normalizes with its whole batch already)")
     return world, start
@@ -475,7 +475,6 @@ def _printing(args) -> int:
 def _check_figure_paths(args) -> None:
     """plan's figures (--timeline, --bytes-chart) before the planning: a path matplotlib cannot
     write is one line now, not a traceback after the plan."""
-    from .outputs import check_outputs, plot_formats
     figures = {option: getattr(args, name, None) for option, name in
                (("--timeline", "timeline"), ("--bytes-chart", "bytes_chart"))}
     if not any(figures.values()):

@@ -92,6 +92,11 @@ def _weights_bytes(net) -> int:
     return 3 * net.num_params() * net.dtype.itemsize
 
 
+def _input_bytes(net, batch: int) -> int:
+    """The input batch: `batch` images of the network's input shape."""
+    return batch * int(np.prod(net.input_shape)) * net.dtype.itemsize
+
+
 def cpu_step_bytes(net, batch: int, micro_batches: int | None = None) -> int:
     """Host bytes a CPU training step without a budget holds at its peak: parameters,
     gradients and momentum, the feature maps alive at the liveness peak of a pass, and the
@@ -100,8 +105,7 @@ def cpu_step_bytes(net, batch: int, micro_batches: int | None = None) -> int:
     params = _weights_bytes(net)
     passes = micro_batches or 1
     maps = LivenessPlan(net, max(1, batch // passes)).liveness_peak_bytes()
-    inputs = batch * int(np.prod(net.input_shape)) * net.dtype.itemsize
-    return params + maps + inputs
+    return params + maps + _input_bytes(net, batch)
 
 
 def profile_bytes(net, batch: int) -> int:
@@ -110,7 +114,7 @@ def profile_bytes(net, batch: int) -> int:
     params = _weights_bytes(net)
     rows = net.summary_rows(batch)
     out_bytes = {row["name"]: row["bytes"] for row in rows}
-    data = batch * int(np.prod(net.input_shape)) * net.dtype.itemsize
+    data = _input_bytes(net, batch)
     largest = max(2 * (row["bytes"] + sum(out_bytes.get(i, data) for i in row["inputs"]))
                   for row in rows)
     return params + largest

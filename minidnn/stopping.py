@@ -65,10 +65,10 @@ class StopSignals:
 
     Before `arm()` (set-up: reading data, building the network, profiling it) a signal raises
     KeyboardInterrupt at once (train() turns it into `set_up_interrupted()`): nothing is
-    trained yet, so there is nothing to wait for. After it, a
-    signal asks the run to stop after the step under way: `signum` holds the first signal
-    received (None until then), and a second signal (SIGINT or SIGTERM) raises
-    KeyboardInterrupt at once, for a user who does not want to wait for the step (`second`). `shielded()` holds signals off while the
+    trained yet, so there is nothing to wait for. After it, a signal asks the run to stop
+    after the step under way: `signum` holds the first signal received (None until then),
+    and a second signal (SIGINT or SIGTERM) raises KeyboardInterrupt at once, for a user who
+    does not want to wait for the step (`second`). `shielded()` holds signals off while the
     last files are written. Outside the main thread (where Python allows no handlers) it does
     nothing, and a signal the process ignores (SIGINT of a background job) stays ignored.
     """
@@ -136,7 +136,7 @@ def stopped_run(error: BaseException, cfg, run, report_now, stop: StopSignals) -
     memory exhausted a HostMemoryError, an OSError a RunError, each naming where the report
     is; DivergenceError and Interrupted keep their message; a bug comes back unchanged.
     """
-    if not isinstance(error, Exception) and not isinstance(error, KeyboardInterrupt):
+    if not isinstance(error, (Exception, KeyboardInterrupt)):
         return error   # SystemExit, GeneratorExit: not a stop of the run
     with stop.shielded():
         run.read_pending_losses()
@@ -162,7 +162,7 @@ def stopped_run(error: BaseException, cfg, run, report_now, stop: StopSignals) -
         error.report = report
     if isinstance(error, (DivergenceError, Interrupted)) and not getattr(error, "hard", False):
         return error   # their messages say what happened; the report is where asked
-    if isinstance(error, MemoryError) and not isinstance(error, MinidnnError):
+    if _out_of_host_memory(error):
         return _with_cause(HostMemoryError(
             f"out of host memory after step {done}: {error or 'an allocation failed'}; try a "
             f"smaller --batch or --image-size{note}"), error)
@@ -176,9 +176,15 @@ def stopped_run(error: BaseException, cfg, run, report_now, stop: StopSignals) -
 def _reason(error: BaseException) -> str:
     if isinstance(error, Interrupted):
         return str(error)
-    if isinstance(error, MemoryError) and not isinstance(error, MinidnnError):
+    if _out_of_host_memory(error):
         return f"out of host memory: {error or 'an allocation failed'}"
     return f"{type(error).__name__}: {error}"
+
+
+def _out_of_host_memory(error: BaseException) -> bool:
+    """Python's own MemoryError (an allocation failed), not minidnn's memory errors built on
+    it, which say what ran out themselves."""
+    return isinstance(error, MemoryError) and not isinstance(error, MinidnnError)
 
 
 def _write_report(cfg, report: dict, done: int) -> str:

@@ -46,8 +46,8 @@ from .idx import parse_spec as parse_idx_spec
 from .kernels.math_mode import MATH_MODES
 from .layers.loss import example_losses
 from .optim import SGD
-from .outputs import check_checkpoint_target, check_not_backward, check_outputs, plot_formats
-from .outputs import write_output
+from .outputs import (check_checkpoint_target, check_not_backward, check_outputs, plot_formats,
+                      write_output)
 from .recipe import AUTO, Recipe, check_recipe, evaluation_defaults
 from .stopping import DivergenceError, Interrupted, StopSignals, stopped_run  # noqa: F401
 from .report import RunProgress, build_report, capture_steps, memory_figures, \
@@ -190,7 +190,8 @@ def _check_config(cfg: TrainConfig) -> None:
     if cfg.checkpoint_every and not cfg.checkpoint:
         raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint PATH "
                           f"(where to write the checkpoints)")
-    for option, path in (("--plot", cfg.plot), ("--curve", cfg.curve)):
+    figures = {"--plot": cfg.plot, "--curve": cfg.curve}
+    for option, path in figures.items():
         if path:
             # Checked now, not when the figure is drawn after the whole run.
             try:
@@ -201,11 +202,11 @@ def _check_config(cfg: TrainConfig) -> None:
                                   f"'minidnn[plot]'") from None
     # Every output path now, so that a run is never lost to a path that cannot be written,
     # and no output replaces another output, an input or a checkpoint it should not.
-    figures = {"--plot": cfg.plot, "--curve": cfg.curve}
+    formats = plot_formats() if any(figures.values()) else ()
     check_outputs({"--report": cfg.report, "--trace": cfg.trace, "--checkpoint": cfg.checkpoint,
                    **figures},
                   inputs={"--model": cfg.model if str(cfg.model).endswith(".py") else None},
-                  formats={k: plot_formats() for k, v in figures.items() if v} or None)
+                  formats={k: formats for k, v in figures.items() if v})
     if cfg.checkpoint:
         check_checkpoint_target(cfg.checkpoint, cfg.resume, cfg.overwrite)
     refuse_unused_flags(cfg)

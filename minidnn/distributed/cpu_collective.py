@@ -102,15 +102,12 @@ class SocketGroup:
             return
         if self.rank != 0:
             self._send(0, arrays=arrays)
-            for a, total in zip(arrays, self._recv(0, what, arrays).arrays):
-                a[...] = total
-            return
-        incoming = {r: self._recv(r, what, arrays).arrays for r in range(1, self.size)}
-        for k, a in enumerate(arrays):
-            for r in range(1, self.size):
-                a += incoming[r][k]
-        for r in range(1, self.size):
-            self._send(r, arrays=arrays)
+        else:
+            incoming = {r: self._recv(r, what, arrays).arrays for r in range(1, self.size)}
+            for k, a in enumerate(arrays):
+                for r in range(1, self.size):
+                    a += incoming[r][k]
+        self.broadcast_arrays(arrays, what)   # rank 0's sums to every rank
 
     def broadcast_arrays(self, arrays: list, what: str = "broadcast") -> None:
         """Rank 0's values of `arrays` (NumPy, the same shapes and dtypes on every rank) into

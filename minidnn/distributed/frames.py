@@ -9,12 +9,14 @@ collective, a JSON value such as a checksum, an abort) is one frame:
     payload     the arrays' bytes in C order, one after another; their length follows from
                 the dtypes and shapes of the header, so no second length can disagree
 
-The receiver says what it expects: the kinds it accepts and the dtype and shape of each
-array (an all-reduce knows its own arrays; the NCCL unique id is 128 int8 values). Anything
-else (a header too long or not JSON, an unknown kind, a dtype or shape other than expected,
-fields of the wrong type) raises FrameError before a byte of payload is read. Nothing
-received is ever unpickled or evaluated: JSON gives only numbers, strings, lists and dicts,
-and arrays are read with np.frombuffer into the expected dtype.
+The kinds of frame: the meeting's (challenge, hello, welcome, refused: handshake.py), then a
+run's data and its abort message. The receiver says what it expects: the kinds it accepts
+and the dtype and shape of each array (an all-reduce knows its own arrays; the NCCL unique
+id is 128 int8 values). Anything else (a header too long or not JSON, an unknown kind, a
+dtype or shape other than expected, fields of the wrong type) raises FrameError before a
+byte of payload is read. Nothing received is ever unpickled or evaluated: JSON gives only
+numbers, strings, lists and dicts, and arrays are read with np.frombuffer into the expected
+dtype.
 """
 from __future__ import annotations
 
@@ -31,10 +33,6 @@ _LENGTH = struct.Struct("!I")
 
 #: The longest header accepted (a header names dtypes and shapes, a checksum, a nonce).
 MAX_HEADER_BYTES = 64 * 1024
-
-#: The kinds of frame: the meeting (challenge, hello, welcome, refused), then a run's data
-#: and its abort message.
-KINDS = ("challenge", "hello", "welcome", "refused", "data", "abort")
 
 #: dtypes an array may travel in.
 DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "uint8", "bool")

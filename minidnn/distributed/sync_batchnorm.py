@@ -42,6 +42,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import get_array_module as _xp
+
+
 class SyncBatchStatistics:
     """Batch-norm kernels whose statistics are the global batch's: what a BatchNorm2d calls
     in training instead of its device's kernels while its `statistics_sync` is set. The same
@@ -106,11 +109,6 @@ class SyncBatchStatistics:
         part = xp.empty_like(gx)
         k.batchnorm_forward(gy, zeros, ones, a.astype(x.dtype), d, part)   # gy * a + d
         gx += part
-
-
-def _xp(a):
-    from ..backend import get_array_module
-    return get_array_module(a)
 
 
 def _kernels(x):

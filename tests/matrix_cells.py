@@ -274,7 +274,7 @@ class Runner:
         ranks). none/all/conv: the peak `minidnn plan` predicts for the policy's one
         decision (these policies do not plan, so their least budget is what they need)."""
         key = ("least", cell.family, cell.precision, cell.layout, cell.policy, cell.split,
-               cell.ranks, cell.encoding)
+               cell.ranks, cell.encoding, cell.fusion)
         if key not in self._memo:
             if cell.policy == "dyn":
                 out = self.run(cell, "dyn", 4096)
@@ -309,7 +309,7 @@ class Runner:
         for flag in ("--micro-batches", "--chunks"):
             if flag in train_args:
                 args += [flag, train_args[train_args.index(flag) + 1]]
-        for flag in ("--split-batch-statistics", "--relu-bits"):
+        for flag in ("--split-batch-statistics", "--relu-bits", "--no-fuse"):
             if flag in train_args:
                 args.append(flag)
         return args
@@ -384,7 +384,7 @@ class Runner:
                precision=cell.precision, layout=cell.layout,
                relu_bits=cell.encoding == "bits", micro_batches=micro_batches,
                split_batch_statistics=fam.batch_statistics and micro_batches is not None,
-               chunks=chunks)
+               chunks=chunks, fuse=cell.fusion == "fused")
         return int(policy.result.best.peak_bytes)
 
 

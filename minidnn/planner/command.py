@@ -96,6 +96,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "--split-batch-statistics; otherwise such a network runs one pass)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="plan every layer in its own passes (as train --no-fuse: a residual "
+                        "add that applies the ReLU after it keeps its output longer)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="feature maps in fp32 or bf16 (as train --precision; default: the "
                         "--report's, else fp32); bf16 maps plan at 2 bytes a value, their "
@@ -412,7 +415,8 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
                     prefetch_lookahead=1 if args.prefetch_lookahead is None
                     else args.prefetch_lookahead,
                     relu_bits=bool(args.relu_bits), precision=s["precision"],
-                    layout=s["layout"], deterministic=s["deterministic"] or None)
+                    layout=s["layout"], deterministic=s["deterministic"] or None,
+                    fuse=not args.no_fuse)
     spec.check_network(net)
     spec.check_policy(get_policy(s["policy"]))
     stats = net.batch_statistics_layers()

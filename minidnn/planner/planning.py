@@ -160,16 +160,16 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
     batch_slice = spec.batch_slice
     scaled = partial(source.pass_profile, net, batch, relu_bits=relu_bits, maps=maps)
     split = plan_split(net, batch, scaled, budget, lookaheads, counts=counts,
-                       chunks=spec.chunks, batch_slice=batch_slice, maps=maps, **options)
+                       chunks=spec.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
     least = partial(least_budget, net, batch, scaled, budget, lookaheads, counts=counts,
-                    chunks=spec.chunks, batch_slice=batch_slice, maps=maps, **options)
+                    chunks=spec.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
     chosen = split.chosen
     if chosen is None or not (chosen.micro_batches > 1 or chosen.chunks) or \
             not source.measures:
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     measured = plan_split(net, batch, lambda b: source.measured_at(net, b, relu_bits, maps),
                           budget, lookaheads, counts=[chosen.micro_batches],
-                          chunks=chosen.chunks, batch_slice=batch_slice, maps=maps, **options)
+                          chunks=chosen.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
     if measured.chosen is None:
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
@@ -228,7 +228,7 @@ def plan_policy(net, spec, source: ProfileSource, maps, offload, conv_algo: dict
     options = dict(options, static_layout=spec.static_layout, reserve=0.0)
     planner = Planner(net, pass_batch, profile, budget=spec.memory_budget,
                       prefetch_lookahead=spec.prefetch_lookahead, micro_batches=k,
-                      batch_slice=spec.batch_slice, maps=maps, **options)
+                      batch_slice=spec.batch_slice, maps=maps, fuse=spec.fuse, **options)
     ev = planner.model.evaluate(frozenset(offload), dict(conv_algo))
     return PolicyPlan(planner=planner, evaluation=ev,
                       least_budget=int(max(ev.required_bytes, ev.peak_bytes)))

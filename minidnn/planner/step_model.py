@@ -96,14 +96,14 @@ class PlanOptions:
 
 _PASS_WORDS = {"budget": "memory_budget", "prefetch_lookahead": "prefetch_lookahead",
                "static_layout": "static_layout", "micro_batches": "micro_batches",
-               "chunks": "chunks", "graphs": "graphs"}
+               "chunks": "chunks", "graphs": "graphs", "fuse": "fuse"}
 
 
 def pass_spec(batch, settings: dict, options: PlanOptions | None = None) -> tuple:
     """(StepSpec, PlanOptions) of what StepModel and search.Planner are given: a StepSpec (and
     no settings), or the keyword form: a pass batch, budget=, prefetch_lookahead=, static_layout= (default True),
     micro_batches= (passes a step runs), relu_bits= (ReLU names: any keep bit masks),
-    maps= (a MapFormat), chunks=, graphs= and PlanOptions' fields."""
+    maps= (a MapFormat), chunks=, graphs=, fuse= and PlanOptions' fields."""
     if isinstance(batch, StepSpec):
         if settings:
             raise ValueError(f"give {', '.join(sorted(settings))} in the StepSpec or the "
@@ -332,7 +332,7 @@ class StepModel:
                                   prefetch_lookahead=self.lookahead, policy="fixed",
                                   precision=self.maps.precision, layout=self.maps.layout,
                                   chunks=self.chunks)
-        spec = StepSpec(batch=self.batch, global_batch=self.step_batch,
+        spec = StepSpec(batch=self.batch, global_batch=self.step_batch, fuse=self.spec.fuse,
                         static_layout=self.static_layout if static_layout is None
                         else static_layout)
         return dry_executor(self.net, spec, decision, device, self.plan, blocks)
@@ -341,7 +341,8 @@ class StepModel:
         """What a walk depends on besides the decision and the prefetch lookahead."""
         return (self.net, self.batch, self.profile, self.micro_batches, self.budget,
                 self.usable, self.steps, self.replay, self.static_layout, self.relu_bits,
-                self.maps, self.extra_bytes, self.input_bytes, self.graphs, self.chunks)
+                self.maps, self.extra_bytes, self.input_bytes, self.graphs, self.chunks,
+                self.spec.fuse)
 
     def _device(self) -> SymbolicDevice:
         """A recording device for one dry run, with the profile's generator size."""

@@ -56,8 +56,9 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
 @dataclass
 class DryParts:
     """What an assembly takes instead of making it: the planner's step model gives its dry
-    runs (compute=False) all four, a test may give a counting allocator. allocator / host: the memory.allocator.Allocator for the device / for offloaded
-    maps (a recording allocator, planner/recording.py). plan: the LivenessPlan to run by: it
+    runs (compute=False) all four, a test may give a counting allocator. allocator / host:
+    the memory.allocator.Allocator for the device / for offloaded maps (a recording
+    allocator, planner/recording.py). plan: the LivenessPlan to run by: it
     must be this network's at the pass batch, with the decision's ReLU bit masks and map
     format (ConfigError otherwise); one plan is shared by the thousands of dry runs of a
     step. blocks: with the static layout, the feature-map blocks to take instead of planning

@@ -66,7 +66,7 @@ from .backend import Device, to_numpy
 from .errors import ConfigError, DataError, ShapeError
 from .layers import precision as mixed
 from .layers.base import StepContext
-from .layers.slices import in_order, row_slices
+from .layers.slices import row_slices
 from .memory.observer import ObserverGroup
 from .memory.policy import NO_DECISION, MemoryDecision
 from .memory.schedule import walk
@@ -336,9 +336,8 @@ class Executor:
         """_micro_slices in the order a training step runs them: last to first under
         deterministic mode, the order in which backward meets the slices of a chunk's
         pieces (layers/slices.py: in_order)."""
-        if self.batch_slice is None:
-            return self._micro_slices()
-        return [(s.start, s) for s in in_order(self.batch, self.micro_batch)]
+        passes = self._micro_slices()
+        return passes if self.batch_slice is None else passes[::-1]
 
     def _step_inputs(self, x, labels):
         """x and labels as arrays, checked against the step's batch."""

@@ -33,10 +33,7 @@ def check_micro_batches(net, batch: int, micro_batches, allow_statistics: bool) 
     """micro_batches as an int, checked: it divides the batch (passes of equal size, so each
     pass's mean loss weighs the same), and a network whose layers compute whole-batch
     statistics splits only when `allow_statistics`. ConfigError otherwise."""
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) \
-            or micro_batches < 1:
-        raise ConfigError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
-    k = int(micro_batches)
+    k = _count(micro_batches, "micro-batches", 1)
     if batch % k:
         raise ConfigError(f"micro-batches {k} must divide the batch {batch} into equal "
                           f"micro-batches")
@@ -50,10 +47,11 @@ def check_micro_batches(net, batch: int, micro_batches, allow_statistics: bool) 
     return k
 
 
-def _count(value, what: str, least: int) -> int:
-    """`value` as an int >= least (ConfigError otherwise; a bool is not a count)."""
+def _count(value, what: str, least: int, unit: str = "an integer") -> int:
+    """`value` as an int >= least (ConfigError otherwise, saying `what` must be `unit`; a
+    bool is not a count)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ConfigError(f"{what} must be an integer >= {least}, got {value!r}")
+        raise ConfigError(f"{what} must be {unit} >= {least}, got {value!r}")
     return int(value)
 
 
@@ -125,12 +123,8 @@ class StepSpec:
             put("memory_budget", parse_bytes(self.memory_budget))
         elif self.memory_budget is not None:
             put("memory_budget", int(self.memory_budget))
-        lookahead = self.prefetch_lookahead
-        if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or \
-                lookahead < 0:
-            raise ConfigError(f"prefetch_lookahead must be a number of layers >= 0, "
-                              f"got {lookahead!r}")
-        put("prefetch_lookahead", int(lookahead))
+        put("prefetch_lookahead", _count(self.prefetch_lookahead, "prefetch_lookahead", 0,
+                                         "a number of layers"))
         if self.static_layout is None:  # the default, written once: planned under a budget
             put("static_layout", self.memory_budget is not None)
         for name in ("relu_bits", "static_layout", "graphs", "split_batch_statistics", "fuse"):

@@ -41,26 +41,26 @@ class Mark:
         return self
 
 
-class Record:
-    __slots__ = ("stream", "event")
-    records = True
-
-    def __init__(self, stream: str, event):
-        self.stream, self.event = stream, event
-
-    def again(self, events: dict, shift: int) -> "Record":
-        return Record(self.stream, events.get(id(self.event), self.event))
-
-
-class Wait:
+class _EventEntry:
+    """An entry naming a stream and an event: Record (the stream records it) or Wait (the
+    stream waits for it)."""
     __slots__ = ("stream", "event")
     records = False
 
     def __init__(self, stream: str, event):
         self.stream, self.event = stream, event
 
-    def again(self, events: dict, shift: int) -> "Wait":
-        return Wait(self.stream, events.get(id(self.event), self.event))
+    def again(self, events: dict, shift: int):
+        return type(self)(self.stream, events.get(id(self.event), self.event))
+
+
+class Record(_EventEntry):
+    __slots__ = ()
+    records = True
+
+
+class Wait(_EventEntry):
+    __slots__ = ()
 
 
 class Alloc:

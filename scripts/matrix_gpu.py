@@ -65,15 +65,39 @@ SET_UP = re.compile(r"exceeded in (feature maps \(static layout\)|parameter \S+|
 
 
 # ---- one run -------------------------------------------------------------------------------------
-def run_minidnn(args: list[str], timeout: float) -> dict:
-    """`python3 -m minidnn ARGS`: {returncode, stdout, stderr, wall_s} or {timed_out}."""
+def run_minidnn(args: list[str], timeout: float, in_process: bool = False) -> dict:
+    """`python3 -m minidnn ARGS`: {returncode, stdout, stderr, wall_s} or {timed_out}.
+    in_process: `minidnn.cli.main(ARGS)` in this process instead (no timeout)."""
     t0 = time.time()
+    if in_process:
+        return run_in_process(args, t0)
     try:
         proc = subprocess.run([sys.executable, "-m", "minidnn", *args], capture_output=True,
                               text=True, cwd=ROOT, timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
         return {"timed_out": True, "wall_s": round(time.time() - t0, 1)}
     return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def run_in_process(args: list[str], t0: float) -> dict:
+    """`minidnn.cli.main(ARGS)` with its output captured: what a process would have printed.
+    The cells then share this process's CUDA context, compiled kernels and measured cuDNN
+    plan tables (each run still chooses its plans for its own workspace), as a user's later
+    runs share the profile on disk; a fresh process per cell costs 10-20 s of start-up on the
+    H200, most of it measuring plans again."""
+    import contextlib
+    import io
+    import traceback
+    from minidnn import cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(args)
+        except Exception:   # a bug: its traceback, as a process would print it
+            traceback.print_exc()
+            code = 1
+    return {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
             "wall_s": round(time.time() - t0, 1)}
 
 
@@ -175,8 +199,9 @@ class Matrix:
             args.append("--split-batch-statistics")
         return args
 
-    def timeout(self) -> float:
-        return min(self.opts.timeout, self.left_s())
+    def run(self, args: list[str]) -> dict:
+        """One `minidnn` command: in its own process with a timeout, or --in-process."""
+        return run_minidnn(args, min(self.opts.timeout, self.left_s()), self.opts.in_process)
 
     def name(self, model: str, precision: str, split: bool, what: str) -> str:
         return f"{model}-{precision}{'-split' if split else ''}-{what}"
@@ -187,8 +212,7 @@ class Matrix:
         o = self.opts
         base = dict(model=model, precision=precision, split_batch_statistics=split)
         path = os.path.join(o.out, self.name(model, precision, split, "none") + ".json")
-        free = run_minidnn(self.train_args(model, precision, split, None, path, "none"),
-                           self.timeout())
+        free = self.run(self.train_args(model, precision, split, None, path, "none"))
         if outcome(free) != "ran":
             self.cells.append(dict(base, budget="none", outcome=outcome(free),
                                    error=error_line(free), wall_s=free["wall_s"]))
@@ -214,18 +238,18 @@ class Matrix:
                 self.cells.append(dict(base, budget=label, outcome="no least budget named"))
                 continue
             self.cell(model, precision, split, label, budget, base)
+            self.write()      # each cell on disk as it ends: a killed run keeps what ran
 
     def least_budget(self, model: str, precision: str, split: bool, base: dict) -> int | None:
         """The figure a too-small budget's refusal names (as printed), with plan's beside it
         in the cell recorded for it."""
         path = os.path.join(self.opts.out, self.name(model, precision, split, "probe") + ".json")
-        probe = run_minidnn(self.train_args(model, precision, split, 4096, path, "dyn"),
-                            self.timeout())
+        probe = self.run(self.train_args(model, precision, split, 4096, path, "dyn"))
         line = error_line(probe)
         least = least_named(line)
         # Planned at an ample budget (1 TiB), which any step fits: its least budget beside.
-        plan = run_minidnn(self.plan_args(model, precision, split)
-                           + ["--memory-budget", str(2**40)], self.timeout())
+        plan = self.run(self.plan_args(model, precision, split)
+                        + ["--memory-budget", str(2**40)])
         planned = None
         if plan.get("returncode") == 0:
             planned = json.loads(plan["stdout"]).get("minimum_budget_bytes")
@@ -237,8 +261,7 @@ class Matrix:
     def cell(self, model: str, precision: str, split: bool, label: str, budget: int,
              base: dict) -> None:
         path = os.path.join(self.opts.out, self.name(model, precision, split, label) + ".json")
-        result = run_minidnn(self.train_args(model, precision, split, budget, path, "dyn"),
-                             self.timeout())
+        result = self.run(self.train_args(model, precision, split, budget, path, "dyn"))
         cell = dict(base, budget=label, budget_bytes=budget, outcome=outcome(result),
                     error=error_line(result), wall_s=result["wall_s"])
         if cell["outcome"] == "ran":
@@ -254,8 +277,7 @@ class Matrix:
         """`minidnn plan --report RUN.json --json`'s predicted peak and step beside the
         measured ones: the run's steady peak and the median of its timed steps
         (timed_steps), as predicted/measured ratios with their verdicts."""
-        result = run_minidnn(self.plan_args(model, precision, split) + ["--report", path],
-                             self.timeout())
+        result = self.run(self.plan_args(model, precision, split) + ["--report", path])
         if result.get("returncode") != 0:
             return {"plan_error": f"plan: {error_line(result)}"}
         rows = {r["quantity"]: r for r in json.loads(result["stdout"])["comparison"]["rows"]}
@@ -370,6 +392,9 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=3 * 3600.0,
                    help="total wall-clock seconds; the cells left are skipped and listed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every command in this process (no --timeout; the cells share "
+                        "its CUDA context, kernels and measured cuDNN plans)")
     opts = p.parse_args(argv)
     opts.models = [m for m in opts.models.split(",") if m]
     opts.precisions = [m for m in opts.precisions.split(",") if m]

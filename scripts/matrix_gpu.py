@@ -185,6 +185,8 @@ class Matrix:
             args.append("--relu-bits")
         if split:
             args.append("--split-batch-statistics")
+        if not o.graphs:
+            args.append("--no-graphs")
         return args
 
     def plan_args(self, model: str, precision: str, split: bool) -> list[str]:
@@ -332,7 +334,8 @@ def markdown(data: dict) -> str:
     """The table: one row per cell, then the targets missed and the cells skipped."""
     s = data["settings"]
     lines = [f"Combination matrix: batch {s['batch']}, {s['steps']} steps, device {s['device']}"
-             f"{', relu bits' if s['relu_bits'] else ''} (targets: no failure mid-run, peak "
+             f"{', relu bits' if s['relu_bits'] else ''}"
+             f"{'' if s.get('graphs', True) else ', no CUDA graphs'} (targets: no failure mid-run, peak "
              f"within {PEAK_TARGET:.0%}, step within {STEP_TARGET:.0%})", "",
              f"Measured step: the median of the steps after the first {WARMUP_STEPS} (the "
              f"plans' measurement), captures as CUDA graphs left out.", "",
@@ -392,6 +395,8 @@ def parse_args(argv=None):
     p.add_argument("--time-limit", type=float, default=3 * 3600.0,
                    help="total wall-clock seconds; the cells left are skipped and listed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="train with --no-graphs (every step issued layer by layer)")
     p.add_argument("--in-process", action="store_true",
                    help="run every command in this process (no --timeout; the cells share "
                         "its CUDA context, kernels and measured cuDNN plans)")

@@ -19,10 +19,11 @@ Each image of a batch (N, C, H, W) is, independently:
   channel for colour data), not black.
 
 The draws for a whole batch come from the generator passed in, in a fixed order (offsets,
-then flips, then the erasing's choices, each drawn only when its augmentation is on), so a batch's augmentation is a pure function of that generator's seed: the batch
-loader seeds it from (seed, step), and a run resumed at step k augments exactly as the
-uninterrupted run did. Rows of a batch taken apart (a data-parallel rank's share) are cut
-after the draws for the whole batch.
+then flips, then the erasing's choices, each drawn only when its augmentation is on), so a
+batch's augmentation is a pure function of that generator's seed: the batch loader seeds it
+from (seed, step), and a run resumed at step k augments exactly as the uninterrupted run did.
+Rows of a batch taken apart (a data-parallel rank's share) are cut after the draws for the
+whole batch.
 """
 from __future__ import annotations
 

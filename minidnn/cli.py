@@ -253,9 +253,10 @@ def _add_recipe_arguments(t, d: TrainConfig) -> None:
     g.add_argument("--label-smoothing", type=argtypes.fraction, default=d.label_smoothing,
                    metavar="EPS", help="cross-entropy against (1 - EPS) one-hot + EPS / classes "
                                        "(default 0)")
-    g.add_argument("--augment", default=d.augment, metavar="crop[:P],flip|none",
+    g.add_argument("--augment", default=d.augment, metavar="crop[:P],flip,erase[:P]|none",
                    help="augment training batches in the loader: random crop after padding "
-                        "P pixels (default 4), horizontal flip (default none)")
+                        "P pixels (default 4), horizontal flip, random erasing of a rectangle "
+                        "with probability P (default 0.5) (default none)")
     g.add_argument("--curve", default=None, metavar="FILE.png",
                    help="with --epochs: draw the training loss and held-out accuracy per "
                         "epoch (needs matplotlib)")

@@ -6,12 +6,19 @@ input), in one call:
   minidnn            `minidnn.train.train` with the recipe (epochs, SGD, learning-rate
                      schedule, warm-up, label smoothing, augmentation), the whole test set
                      scored after every epoch
-  minidnn-budget     the same run under --memory-budget F x the first run's peak, --policy dyn
-                     (--budget-fraction F, default 0.25; 0: not run). With --budget-epochs N,
-                     a pair of N-epoch runs instead, both --deterministic, the recipe cut to
-                     N epochs: minidnn-deterministic (no budget) and the budget run; their
-                     bits are compared epoch by epoch (the same bits for every step of N
-                     epochs: the budget changes nothing the full run would compute either)
+  minidnn-F-budget   the same run under --memory-budget F x the first run's peak, --policy dyn
+                     (--budget-fraction F, default 0.25; 0: not run), the whole recipe
+  minidnn-least-budget
+                     when that budget is refused before the first step (less than the
+                     parameters, gradients, momentum and inputs with every feature map
+                     offloaded), the refusal is recorded and the same run made at the least
+                     budget the refusal names
+  minidnn-deterministic, minidnn-deterministic-budget
+                     with --budget-epochs N, also a pair of N-epoch --deterministic runs (the
+                     recipe cut to N epochs): without a budget and with the full run's budget
+                     (the least one when the fraction was refused); their bits are compared
+                     epoch by epoch (the same bits for every step of N epochs: the budget
+                     changes nothing the full run would compute either)
   pytorch-eager      the same network translated layer by layer into torch.nn
                      (bench_vs_pytorch.torch_copy),
                      channels_last, the same initial weights (minidnn's state_dict: PyTorch's
@@ -24,15 +31,19 @@ input), in one call:
 
 --eager-epochs N stops PyTorch's eager run after the first N epochs of the same recipe (its
 learning rates those of the full run): enough to show its speed beside the compiled run's when
-the compiled one is the faster, without spending the whole run on it.
+the compiled one is the faster, without spending the whole run on it; --compiled-epochs N does
+the same for the compiled run.
 
 Training time is the time of the training steps only (evaluation left out), summed over the
 epochs; "time to 94%" is the training time at the end of the first epoch whose test accuracy
 reaches --target (0.94); images/s are training images per second of training time. Printed
 per epoch for every run, then a table per model (final and best test accuracy, training time,
 time to the target, compile time, images/s), minidnn's time to the target against PyTorch's
-fastest run, and, with --deterministic, whether the budget run's per-epoch training losses and
-test accuracies are bit-identical to the unconstrained run's. Written to --out: results.json
+fastest run, the final accuracy of PyTorch's full runs and of the full budget run against
+minidnn's (in points), a refused budget and the least one run instead, and whether each
+deterministic budget run's per-epoch training losses and test accuracies are bit-identical to
+its unconstrained run's (the --budget-epochs pair always; the full budget run with
+--deterministic). Written to --out: results.json
 (commit, command, device, every run's epochs) and curves_<model>.png (training loss and test
 accuracy per epoch, every run of the model in one figure).
 
@@ -40,6 +51,10 @@ accuracy per epoch, every run of the model in one figure).
     python3 scripts/fashion_mnist_vs_pytorch.py --models tiny_cnn --epochs 2 --train-limit 6000
     python3 scripts/fashion_mnist_vs_pytorch.py --no-torch --device cpu --models tiny_cnn \\
         --epochs 1 --train-limit 256 --test-limit 64 --budget-fraction 0   # minidnn alone, CPU
+    python3 scripts/fashion_mnist_vs_pytorch.py --models resnet18 --compiled-epochs 2 \\
+        --budget-fraction 0                          # minidnn, PyTorch eager, 2 compiled epochs
+    python3 scripts/fashion_mnist_vs_pytorch.py --models resnet18 --no-torch \\
+        --budget-epochs 2            # minidnn, its 25% (or least) budget run, a 2-epoch pair
 
 A run cut short (a SIGTERM, e.g. from a time limit, or an error) still writes results.json and
 the figures with what ran: each PyTorch run's epochs as they ended, an unfinished run marked
@@ -65,9 +80,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from minidnn import models                                      # noqa: E402
 from minidnn.augment import Augment                               # noqa: E402
 from minidnn.data import BatchLoader, open_data                   # noqa: E402
-from minidnn.errors import MinidnnError                           # noqa: E402
+from minidnn.errors import MinidnnError, fmt_bytes, parse_bytes  # noqa: E402
 from minidnn.idx import read_split                                # noqa: E402
 from minidnn.lr_schedule import LRSchedule                        # noqa: E402
+from minidnn.planner import InfeasibleBudgetError                 # noqa: E402
+from minidnn.planner.search import budget_to_give                 # noqa: E402
 from minidnn.train import TrainConfig, train                      # noqa: E402
 
 #: The recipe per network (the README's "Real data: Fashion-MNIST"); flags override it.
@@ -76,8 +93,8 @@ from minidnn.train import TrainConfig, train                      # noqa: E402
 #: and its last 2x2, where 28x28 gives 7x7 and 1x1 (--image-size 28 runs that). The crop's
 #: padding is in pixels of the resized image.
 RECIPES = {
-    "resnet18": dict(image_size=56, epochs=30, batch=128, lr=0.1, lr_schedule="cosine",
-                     warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip",
+    "resnet18": dict(image_size=56, epochs=40, batch=128, lr=0.1, lr_schedule="cosine",
+                     warmup_epochs=1, label_smoothing=0.1, augment="crop:4,flip,erase",
                      weight_decay=5e-4),
     "vgg11": dict(image_size=32, epochs=15, batch=128, lr=0.02, lr_schedule="cosine",
                   warmup_epochs=1, label_smoothing=0.1, augment="crop:2,flip",
@@ -125,17 +142,25 @@ def minidnn_config(model: str, recipe: dict, args, data: str, **extra) -> TrainC
                        progress=False, **extra)    # a run in epochs: scored every epoch
 
 
-def run_minidnn(label: str, cfg: TrainConfig) -> dict:
-    """One minidnn run: its epoch records and figures, or its error."""
+def run_minidnn(label: str, cfg: TrainConfig, reference: str = "minidnn") -> dict:
+    """One minidnn run: its epoch records and figures, or its error (a budget refused before
+    the first step: also `least_budget`, the least budget in bytes the refusal names).
+    reference: the unconstrained run a budget run is held to."""
     print(f"-- {label}: minidnn train --model {cfg.model} --epochs {cfg.epochs}"
           + (f" --memory-budget {cfg.memory_budget} --policy {cfg.policy}"
-             if cfg.memory_budget else ""), flush=True)
+             if cfg.memory_budget else "") + (" --deterministic" if cfg.deterministic else ""),
+          flush=True)
     try:
         report = train(cfg, log=lambda line: print(f"   {line}", flush=True))
     except MinidnnError as e:
         print(f"   {label}: error: {e}", flush=True)
-        return {"label": label, "error": str(e)}
-    return {"label": label, "epochs": report["epochs"],
+        failed = {"label": label, "error": str(e), "memory_budget_bytes": cfg.memory_budget}
+        if isinstance(e, InfeasibleBudgetError):
+            # the budget the message suggests (rounded up), never below the exact least one
+            failed["least_budget"] = max(parse_bytes(budget_to_give(e.minimum)), e.minimum)
+        return failed
+    return {"label": label, "epochs": report["epochs"], "deterministic": cfg.deterministic,
+            "reference": reference,
             "images_per_s": images_per_s(report["epochs"], cfg.batch),
             "steady_images_per_s": report["images_per_s"], "step_graphs": report["step_graphs"],
             "peak_device_bytes": report["peak_device_bytes"],
@@ -298,11 +323,25 @@ def fastest_torch(runs: list[dict], target: float):
     return run, seconds
 
 
-def budget_reference(runs: list[dict]) -> dict:
-    """The unconstrained run a budget run's bits are held to: minidnn-deterministic (the
-    --budget-epochs pair) when there is one, else minidnn."""
-    return next((r for r in runs if r["label"] == "minidnn-deterministic"),
-                next(r for r in runs if r["label"] == "minidnn"))
+def budget_reference(run: dict, runs: list[dict]) -> dict | None:
+    """The unconstrained run of `runs` that budget run `run` is held to: the one its
+    'reference' names (minidnn-deterministic for the --budget-epochs pair; minidnn by
+    default), or None when that one did not train."""
+    name = run.get("reference", "minidnn")
+    return next((r for r in runs if r["label"] == name and "epochs" in r), None)
+
+
+def bit_comparisons(runs: list[dict], deterministic: bool = False) -> list[tuple]:
+    """(budget run, its reference, the first epoch that differs or None) for every budget run
+    of `runs` that trained deterministically (its record says so, or `deterministic`)."""
+    out = []
+    for run in runs:
+        if run["label"].endswith("-budget") and "epochs" in run and \
+                (deterministic or run.get("deterministic")):
+            reference = budget_reference(run, runs)
+            if reference is not None:
+                out.append((run, reference, first_difference(run, reference)))
+    return out
 
 
 def first_difference(run: dict, reference: dict):
@@ -320,20 +359,23 @@ def first_difference(run: dict, reference: dict):
 def summary(model: str, runs: list[dict], target: float, deterministic: bool = False) -> list[str]:
     """The table of `runs` of one model (final and best test accuracy, training seconds,
     seconds to `target`, compile seconds, images/s), then minidnn's time to `target` against
-    PyTorch's fastest run, the final accuracies' gaps, and, when `deterministic`, whether each
-    budget run's epochs are bit-identical to the unconstrained run's."""
+    PyTorch's fastest run, the final accuracies' gaps (PyTorch's and the full-length budget
+    runs' against minidnn's), a refused budget and the least one run instead, and whether each
+    deterministic budget run's epochs (every one when `deterministic`) are bit-identical to
+    its unconstrained run's."""
     dash = "-"
-    lines = [f"{model}: {'run':<22} {'final acc':>9} {'best acc':>9} {'training s':>10} "
+    width = max([22] + [len(run["label"]) for run in runs])    # the run column
+    lines = [f"{model}: {'run':<{width}} {'final acc':>9} {'best acc':>9} {'training s':>10} "
              f"{'to ' + format(target, '.0%'):>8} {'compile s':>9} {'images/s':>9}"]
 
     def cell(value, spec, width):
         return format(dash if value is None else format(value, spec), f">{width}")
     for run in runs:
         if "error" in run:
-            lines.append(f"{model}: {run['label']:<22} error: {run['error']}")
+            lines.append(f"{model}: {run['label']:<{width}} error: {run['error']}")
             continue
         last = run["epochs"][-1] if run["epochs"] else {}
-        lines.append(f"{model}: {run['label']:<22} {cell(last.get('accuracy'), '.4f', 9)} "
+        lines.append(f"{model}: {run['label']:<{width}} {cell(last.get('accuracy'), '.4f', 9)} "
                      f"{cell(best_accuracy(run), '.4f', 9)} "
                      f"{cell(last.get('train_time_s'), '.1f', 10)} "
                      f"{cell(time_to(run, target), '.1f', 8)} "
@@ -360,10 +402,19 @@ def summary(model: str, runs: list[dict], target: float, deterministic: bool = F
             gap = 100 * (ours["epochs"][-1]["accuracy"] - run["epochs"][-1]["accuracy"])
             lines.append(f"{model}: final accuracy minidnn - {run['label']}: {gap:+.2f} points")
     for run in runs:
-        if not run["label"].endswith("-budget") or "epochs" not in run or not deterministic:
-            continue
-        reference = budget_reference(runs)
-        differs = first_difference(run, reference)
+        if "least_budget" in run:
+            peak = ours.get("peak_device_bytes")
+            share = f" ({run['least_budget'] / peak:.0%} of the unconstrained peak)" if peak else ""
+            lines.append(f"{model}: {run['label']} refused before the first step; "
+                         f"minidnn-least-budget ran at the least budget the refusal names, "
+                         f"{fmt_bytes(run['least_budget'])}{share}")
+    for run in runs:     # the full-length budget runs against the unconstrained one
+        if run["label"].endswith("-budget") and run.get("epochs") and ours["epochs"] and \
+                run.get("reference", "minidnn") == "minidnn" and \
+                len(run["epochs"]) == len(ours["epochs"]):
+            gap = 100 * (run["epochs"][-1]["accuracy"] - ours["epochs"][-1]["accuracy"])
+            lines.append(f"{model}: final accuracy {run['label']} - minidnn: {gap:+.2f} points")
+    for run, reference, differs in bit_comparisons(runs, deterministic):
         lines.append(f"{model}: {run['label']} vs {reference['label']}, per-epoch training "
                      f"loss and test accuracy: " + ("bit-identical" if differs is None else
                                                     f"NOT bit-identical (from epoch {differs})"))
@@ -404,27 +455,51 @@ def parse_args(argv=None):
                    help="minidnn: deterministic GPU algorithms (the budget run then gives the "
                         "same bits, which the summary checks epoch by epoch)")
     p.add_argument("--budget-epochs", type=int, default=None, metavar="N",
-                   help="the budget run as a pair of N-epoch --deterministic runs (without and "
-                        "with the budget), compared bit for bit")
+                   help="after the full budget run, a pair of N-epoch --deterministic runs "
+                        "(without and with its budget), compared bit for bit")
     p.add_argument("--eager-epochs", type=int, default=None, metavar="N",
                    help="stop PyTorch's eager run after N epochs (its speed, not its accuracy)")
+    p.add_argument("--compiled-epochs", type=int, default=None, metavar="N",
+                   help="stop PyTorch's compiled run after N epochs (likewise)")
     p.add_argument("--no-torch", action="store_true", help="minidnn only (no PyTorch import)")
     p.add_argument("--no-compile", action="store_true", help="PyTorch eager only")
     return p.parse_args(argv)
 
 
-def budget_runs(model: str, recipe: dict, args, data: str, unconstrained: dict) -> list[dict]:
-    """The budget run (F x the unconstrained run's peak, --policy dyn), or with
-    --budget-epochs N the pair of N-epoch deterministic runs without and with that budget."""
+def budget_runs(model: str, recipe: dict, args, data: str, unconstrained: dict,
+                runs: list) -> None:
+    """The full-length budget run (F x the unconstrained run's peak, --policy dyn) appended to
+    `runs` (a budget refused before the first step: the refusal, then the same run at the
+    least budget it names, minidnn-least-budget). With --budget-epochs N, then the pair of
+    N-epoch --deterministic runs without and with the budget the full run trained in
+    (minidnn-deterministic, minidnn-deterministic-budget), to be compared bit for bit."""
     budget = int(args.budget_fraction * unconstrained["peak_device_bytes"])
-    label = f"minidnn-{args.budget_fraction:g}-budget"
-    if not args.budget_epochs:
-        return [run_minidnn(label, minidnn_config(model, recipe, args, data,
-                                                  memory_budget=budget, policy="dyn"))]
-    cut = dict(epochs=args.budget_epochs, deterministic=True)
-    return [run_minidnn("minidnn-deterministic", minidnn_config(model, recipe, args, data, **cut)),
-            run_minidnn(label, minidnn_config(model, recipe, args, data, memory_budget=budget,
-                                              policy="dyn", **cut))]
+    budget = budget_run(f"minidnn-{args.budget_fraction:g}-budget", "minidnn-least-budget",
+                        budget, runs, lambda b: minidnn_config(
+                            model, recipe, args, data, memory_budget=b, policy="dyn"))
+    if args.budget_epochs:
+        cut = dict(epochs=args.budget_epochs, deterministic=True)
+        runs.append(run_minidnn("minidnn-deterministic",
+                                minidnn_config(model, recipe, args, data, **cut)))
+        budget_run("minidnn-deterministic-budget", "minidnn-deterministic-least-budget", budget,
+                   runs, lambda b: minidnn_config(model, recipe, args, data, memory_budget=b,
+                                                  policy="dyn", **cut),
+                   reference="minidnn-deterministic")
+
+
+def budget_run(label: str, fallback: str, budget: int, runs: list, config,
+               reference: str = "minidnn") -> int:
+    """Run config(budget) as `label`, appended to `runs`; if that budget is refused, the
+    refusal stays in `runs` and config(the least budget it names) runs as `fallback`.
+    Returns the budget the run trained in (or tried last)."""
+    runs.append(run_minidnn(label, config(budget), reference))
+    least = runs[-1].get("least_budget")
+    if least is None:
+        return budget
+    print(f"   {label}: {fmt_bytes(budget)} is refused; the same run at the least budget the "
+          f"refusal names, {fmt_bytes(least)}", flush=True)
+    runs.append(run_minidnn(fallback, config(least), reference))
+    return least
 
 
 def write_results(results: dict, out: str, title: str) -> None:
@@ -444,7 +519,7 @@ def torch_runs(model: str, recipe: dict, args, data: str, runs: list) -> None:
     filled in as they end) and completed when it returns."""
     configs = [("pytorch-eager", False, args.eager_epochs)]
     if not args.no_compile:
-        configs.append(("pytorch-compiled", True, None))
+        configs.append(("pytorch-compiled", True, args.compiled_epochs))
     for label, compiled, limit in configs:
         partial = {"label": label, "epochs": [], "complete": False}
         runs.append(partial)
@@ -488,15 +563,15 @@ def compare_models(args, data: str, results: dict) -> list[str]:
         results["models"][model] = {"recipe": recipe, "runs": runs}
         runs.append(run_minidnn("minidnn", minidnn_config(model, recipe, args, data)))
         if args.budget_fraction and "error" not in runs[0]:
-            runs += budget_runs(model, recipe, args, data, runs[0])
+            budget_runs(model, recipe, args, data, runs[0], runs)
         if not args.no_torch:
             torch_runs(model, recipe, args, data, runs)
-        budgeted = [r for r in runs[1:] if r["label"].endswith("-budget") and "epochs" in r]
-        if (args.deterministic or args.budget_epochs) and budgeted:
-            results["models"][model]["budget_bit_identical"] = \
-                first_difference(budgeted[0], budget_reference(runs)) is None
+        compared = bit_comparisons(runs, args.deterministic)
+        if compared:     # {budget run: the same bits as its unconstrained run}
+            results["models"][model]["budget_bit_identical"] = {
+                run["label"]: differs is None for run, _, differs in compared}
         results["device"] = runs[0].get("device")
-        lines += summary(model, runs, args.target, args.deterministic or bool(args.budget_epochs))
+        lines += summary(model, runs, args.target, args.deterministic)
     return lines
 
 

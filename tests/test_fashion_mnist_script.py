@@ -40,7 +40,8 @@ def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_pat
     assert all(e["eval_images"] == 11 for e in run["epochs"])     # the limited test split
     assert run["images_per_s"] == 8 * 8 / run["epochs"][-1]["train_time_s"]
     assert saved["models"]["tiny_cnn"]["recipe"]["lr_schedule"] == "cosine"
-    assert saved["models"]["tiny_cnn"]["budget_bit_identical"] is True
+    assert saved["models"]["tiny_cnn"]["budget_bit_identical"] == {"minidnn-0.9-budget": True}
+    assert "tiny_cnn: final accuracy minidnn-0.9-budget - minidnn: +0.00 points" in printed
     assert (out / "curves_tiny_cnn.png").read_bytes()[:4] == b"\x89PNG"
     assert "tiny_cnn: minidnn-0.9-budget vs minidnn, per-epoch training loss and test " \
            "accuracy: bit-identical" in printed
@@ -48,25 +49,42 @@ def test_the_script_runs_minidnn_on_a_limited_copy_and_writes_its_record(tmp_pat
         "vs_pytorch", "")
 
 
-def test_a_budget_pair_of_fewer_epochs_is_held_to_its_own_deterministic_run(tmp_path, capsys,
-                                                                            monkeypatch):
+def test_a_refused_fraction_falls_back_to_the_least_budget_then_a_pair_holds_it_to_its_bits(
+        tmp_path, capsys, monkeypatch):
+    """--budget-fraction 0.05 is less than the parameters, gradients, momentum and inputs
+    take: the refusal is recorded, the whole run made at the least budget it names, and
+    --budget-epochs 1 adds a pair of 1-epoch deterministic runs without and with that budget."""
     monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
     script = load_script()
     folder = make_data(tmp_path / "fmnist")
     results = script.main(["--data", f"fashion-mnist:{folder}", "--models", "tiny_cnn",
                            "--epochs", "2", "--batch", "8", "--train-limit", "32",
                            "--test-limit", "11", "--device", "cpu", "--no-torch",
-                           "--budget-fraction", "0.9", "--budget-epochs", "1",
+                           "--budget-fraction", "0.05", "--budget-epochs", "1",
                            "--out", str(tmp_path / "out")])
     printed = capsys.readouterr().out
-    run, pair, budget = results["models"]["tiny_cnn"]["runs"]
-    assert [r["label"] for r in (run, pair, budget)] == [
-        "minidnn", "minidnn-deterministic", "minidnn-0.9-budget"]
-    assert len(run["epochs"]) == 2 and len(pair["epochs"]) == len(budget["epochs"]) == 1
-    assert budget["memory_budget_bytes"] == int(0.9 * run["peak_device_bytes"])
-    assert results["models"]["tiny_cnn"]["budget_bit_identical"] is True
-    assert "tiny_cnn: minidnn-0.9-budget vs minidnn-deterministic, per-epoch training loss " \
-           "and test accuracy: bit-identical" in printed
+    runs = results["models"]["tiny_cnn"]["runs"]
+    assert [r["label"] for r in runs] == [
+        "minidnn", "minidnn-0.05-budget", "minidnn-least-budget", "minidnn-deterministic",
+        "minidnn-deterministic-budget"]
+    run, refused, least, pair, budget = runs
+    assert refused["memory_budget_bytes"] == int(0.05 * run["peak_device_bytes"])
+    assert "is too small" in refused["error"] and "epochs" not in refused
+    assert refused["memory_budget_bytes"] < refused["least_budget"] < run["peak_device_bytes"]
+    assert least["memory_budget_bytes"] == budget["memory_budget_bytes"] == \
+        refused["least_budget"]
+    assert len(run["epochs"]) == len(least["epochs"]) == 2
+    assert len(pair["epochs"]) == len(budget["epochs"]) == 1
+    assert pair["deterministic"] and budget["deterministic"] and not least["deterministic"]
+    assert results["models"]["tiny_cnn"]["budget_bit_identical"] == {
+        "minidnn-deterministic-budget": True}
+    assert "tiny_cnn: minidnn-0.05-budget refused before the first step; minidnn-least-budget " \
+           "ran at the least budget the refusal names" in printed
+    assert "is refused; the same run at the least budget the refusal names" in printed
+    assert "tiny_cnn: final accuracy minidnn-least-budget - minidnn: " in printed
+    assert "tiny_cnn: minidnn-deterministic-budget vs minidnn-deterministic, per-epoch " \
+           "training loss and test accuracy: bit-identical" in printed
+    assert "minidnn-least-budget vs" not in printed        # not deterministic: no bit check
 
 
 def test_a_run_cut_short_keeps_the_epochs_it_finished(tmp_path, monkeypatch):
@@ -126,6 +144,7 @@ def test_time_to_accuracy_and_the_comparison_lines():
     assert "resnet18: time to 94%: minidnn 20.0 s, PyTorch's fastest (pytorch-compiled) " \
            "12.5 s: minidnn 0.62x as fast" in lines
     assert "resnet18: final accuracy minidnn - pytorch-eager: +0.20 points" in lines
+    assert "resnet18: final accuracy minidnn-0.25-budget - minidnn: +0.00 points" in lines
     assert "resnet18: minidnn-0.25-budget vs minidnn, per-epoch training loss and test " \
            "accuracy: NOT bit-identical (from epoch 3)" in lines
     same = dict(budget, epochs=ours["epochs"])
@@ -149,3 +168,21 @@ def test_the_script_imports_torch_only_in_its_pytorch_part():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_eager_and_compiled_epochs_cut_each_pytorch_run(tmp_path, monkeypatch):
+    """--eager-epochs / --compiled-epochs reach each PyTorch run as its epoch limit."""
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    script = load_script()
+    limits = {}
+
+    def record(label, model, recipe, args, data, compiled, epoch_limit=None, records=None):
+        limits[label] = (compiled, epoch_limit)
+        return {"label": label, "epochs": []}
+
+    script.main.__globals__["run_torch"] = record
+    folder = make_data(tmp_path / "fmnist")
+    script.main(["--data", f"fashion-mnist:{folder}", "--models", "tiny_cnn", "--epochs", "1",
+                 "--batch", "8", "--train-limit", "16", "--test-limit", "11", "--device", "cpu",
+                 "--budget-fraction", "0", "--compiled-epochs", "2", "--out", str(tmp_path)])
+    assert limits == {"pytorch-eager": (False, None), "pytorch-compiled": (True, 2)}

@@ -296,8 +296,9 @@ class Executor:
         held = []
         try:
             for p in params:
-                _, buf = self.allocator.empty(p.shape, p.grad.dtype,
-                                              f"gradient of {node.name} (summed)")
+                with self.allocator.lasting():     # it outlives this call: kept apart
+                    _, buf = self.allocator.empty(p.shape, p.grad.dtype,
+                                                  f"gradient of {node.name} (summed)")
                 tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
                 held.append((p, p.grad, tmp, buf))
                 p.grad = tmp
@@ -435,7 +436,8 @@ class Executor:
         self._need_compute("accumulate_gradients")
         x, labels = self._step_inputs(x, labels)
         losses, input_grads = [], []
-        with self.kernels.shared_weight_copies():     # the weights hold still until the update
+        # The weights hold still until the update; their copies last the batch (kept apart).
+        with self.kernels.shared_weight_copies(self.allocator.lasting):
             for n, (offset, rows) in enumerate(self._training_passes()):
                 losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
                                                  offset))

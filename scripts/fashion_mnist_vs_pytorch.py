@@ -406,7 +406,8 @@ def summary(model: str, runs: list[dict], target: float, deterministic: bool = F
             peak = ours.get("peak_device_bytes")
             share = f" ({run['least_budget'] / peak:.0%} of the unconstrained peak)" if peak else ""
             lines.append(f"{model}: {run['label']} refused before the first step; "
-                         f"minidnn-least-budget ran at the least budget the refusal names, "
+                         f"{run.get('fallback', 'the fallback')} ran at the least budget the "
+                         f"refusal names, "
                          f"{fmt_bytes(run['least_budget'])}{share}")
     for run in runs:     # the full-length budget runs against the unconstrained one
         if run["label"].endswith("-budget") and run.get("epochs") and ours["epochs"] and \
@@ -496,6 +497,7 @@ def budget_run(label: str, fallback: str, budget: int, runs: list, config,
     least = runs[-1].get("least_budget")
     if least is None:
         return budget
+    runs[-1]["fallback"] = fallback
     print(f"   {label}: {fmt_bytes(budget)} is refused; the same run at the least budget the "
           f"refusal names, {fmt_bytes(least)}", flush=True)
     runs.append(run_minidnn(fallback, config(least), reference))

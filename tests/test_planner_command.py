@@ -111,6 +111,29 @@ def test_a_run_report_is_compared_with_the_plan(tmp_path):
     assert "predicted against measured" in text and "within 5%: yes" in text
 
 
+def test_a_run_without_cuda_graphs_is_predicted_without_them(tmp_path, monkeypatch):
+    """A GPU run that replayed no step from a CUDA graph (--no-graphs; its report's
+    step_graphs is None) is planned with the host issuing every call (StepSpec.graphs False),
+    as plan --no-graphs plans it; a report with graphs replayed, or none said (older
+    reports), keeps them."""
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": None, "math_mode": "tf32", "peak_device_bytes": 1}
+    specs = []
+    real = command.plan_step
+    monkeypatch.setattr(command, "plan_step",
+                        lambda net, spec, *a, **k: specs.append(spec) or real(net, spec, *a, **k))
+    path = tmp_path / "run.json"
+    for step_graphs, flag, graphs in [("absent", (), True), (None, (), False),
+                                      ({"captured": 2}, (), True),
+                                      ({"captured": 2}, ("--no-graphs",), False)]:
+        if step_graphs != "absent":
+            report["step_graphs"] = step_graphs
+        path.write_text(json.dumps(report))
+        plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json", *flag))
+        assert specs[-1].graphs is graphs, (step_graphs, flag)
+
+
 @pytest.mark.parametrize("math_mode, math, deterministic", [
     ("fp32 deterministic", "fp32", True), ("fp32", "fp32", False),
     ("tf32 deterministic", "tf32", True), ("tf32", "tf32", False), ("unknown", "tf32", False)])

@@ -63,8 +63,9 @@ that take bf16 maps as they are, with float32 parameters, their gradients and pe
 arrays (on the GPU: convolutions, matrix products, ReLU, pooling, scale_by_mask, add,
 add_relu, batch norm, LRN; on the CPU none; mapformat.BF16_OPS lists both without importing
 CuPy). A layer computing only with such ops runs on bf16 maps; any other sees them widened to
-float32 (layers/precision.py). `shared_weight_copies()` is a context for the passes of one
-batch, in which the bf16 copies the products read of each weight are made once.
+float32 (layers/precision.py). `shared_weight_copies(lasting)` is a context for the passes of
+one batch, in which the bf16 copies the products read of each weight are made once (inside the
+allocator's `lasting`: they outlive the call that makes them).
 """
 from __future__ import annotations
 

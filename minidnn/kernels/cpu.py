@@ -32,7 +32,7 @@ TEMP_BUDGET = 1 << 24
 BF16_OPS = mapformat.BF16_OPS["cpu"]
 
 
-def shared_weight_copies():
+def shared_weight_copies(lasting=None):
     """A context for the passes of one batch, in which the GPU's bf16 products share one bf16
     copy of each weight (kernels/cuda_weights.py); nothing to share here."""
     return contextlib.nullcontext()

@@ -25,21 +25,27 @@ def empty_as(a, dtype):
 
 
 # While a batch's passes run (shared_weight_copies), the bf16 copies of the weights made so
-# far, by (address, shape, strides): None outside, when each call makes its own.
+# far, by (address, shape, strides): None outside, when each call makes its own. _lasting:
+# the context the shared copies are made in (they outlive the call that makes them).
 _copies: dict | None = None
+_lasting = contextlib.nullcontext
 
 
 @contextlib.contextmanager
-def shared_weight_copies():
+def shared_weight_copies(lasting=None):
     """Within the body (the passes of one batch, which leave the weights as they are) each
     weight's bf16 copy is made at its first use and read by every later call; the copies are
-    dropped when the body ends. Outside, each call makes and drops its own."""
-    global _copies
-    outer, _copies = _copies, {}
+    dropped when the body ends. Outside, each call makes and drops its own.
+
+    lasting: a context (the allocator's `lasting`) to make the shared copies in: they outlive
+    the call that makes them."""
+    global _copies, _lasting
+    outer = _copies, _lasting
+    _copies, _lasting = {}, lasting or contextlib.nullcontext
     try:
         yield
     finally:
-        _copies = outer
+        _copies, _lasting = outer
 
 
 def weights_in(w, dtype):
@@ -48,7 +54,8 @@ def weights_in(w, dtype):
     key = (w.data.ptr, w.shape, w.strides)
     w16 = None if _copies is None else _copies.get(key)
     if w16 is None:
-        w16 = empty_as(w, dtype)
+        with _lasting() if _copies is not None else contextlib.nullcontext():
+            w16 = empty_as(w, dtype)
         float_to_bf16(w, w16)
         if _copies is not None:
             _copies[key] = w16

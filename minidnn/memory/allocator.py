@@ -31,7 +31,8 @@ class Allocator:
     free(buf, after=None): give it back, after `after` (an event) has happened when given;
     empty(shape, dtype, where='') -> (typed array, its buffer) (device allocators);
     `in_use` and `peak` bytes, reset_peak(); fragmentation() -> 0..1 (0: one piece);
-    stats() -> dict; close(): release what it holds. `current_where` names what is running,
+    stats() -> dict; close(): release what it holds; `lasting()`: a context for blocks that
+    outlive the call that takes them. `current_where` names what is running,
     for budget errors of allocations that do not say. `carves`: every buffer is a piece of
     one block the allocator holds until close(), so an address names the same memory all that
     time and a view made of a buffer may be kept after the buffer is freed (the arena).
@@ -65,6 +66,14 @@ class Allocator:
     def settle(self) -> None:
         """The caller has waited for the device: release every pending free now."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def lasting(self):
+        """Inside: the blocks taken outlive the layer call that takes them (a batch's bf16
+        weight copies, a split step's summed gradients). An allocator that places blocks
+        (the arena) keeps them apart from the calls' short-lived ones; the others need
+        nothing."""
+        yield self
 
     @contextlib.contextmanager
     def ordered_frees(self, stream):

@@ -64,19 +64,33 @@ class BlockList:
         return i < len(self._region_starts) and self._region_starts[i] == offset
 
     # ---- allocation ----------------------------------------------------------------------------
-    def allocate(self, nbytes: int) -> int | None:
+    def allocate(self, nbytes: int, top: bool = False) -> int | None:
         """Offset of a new block of at least `nbytes` (rounded up to the alignment), or None.
 
         The block is cut from the low end of the best-fitting free block; the rest stays free.
+        top=True: from the high end of the highest free block that fits instead, for a block
+        that outlives the calls around it (Arena.lasting): kept at the top of the space, such
+        blocks do not split the free space below, where the calls take and give back theirs.
         """
         size = self.round(nbytes)
-        i = bisect.bisect_left(self._free_by_size, (size, -1))
-        if i == len(self._free_by_size):
-            return None
-        free_size, start = self._free_by_size[i]
-        self._remove_free(start, free_size)
-        if free_size > size:
-            self._insert_free(start + size, free_size - size)
+        if top:
+            start = next((s for s in reversed(self._free_starts)
+                          if self._free_by_start[s] >= size), None)
+            if start is None:
+                return None
+            free_size = self._free_by_start[start]
+            self._remove_free(start, free_size)
+            if free_size > size:
+                self._insert_free(start, free_size - size)
+            start += free_size - size
+        else:
+            i = bisect.bisect_left(self._free_by_size, (size, -1))
+            if i == len(self._free_by_size):
+                return None
+            free_size, start = self._free_by_size[i]
+            self._remove_free(start, free_size)
+            if free_size > size:
+                self._insert_free(start + size, free_size - size)
         self._allocated[start] = size
         self.used += size
         return start

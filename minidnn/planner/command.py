@@ -99,6 +99,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true",
                    help="plan every layer in its own passes (as train --no-fuse: a residual "
                         "add that applies the ReLU after it keeps its output longer)")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="predict a step issued layer by layer from the host (as train "
+                        "--no-graphs; also taken from a --report whose GPU run replayed no "
+                        "step from a CUDA graph)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="feature maps in fp32 or bf16 (as train --precision; default: the "
                         "--report's, else fp32); bf16 maps plan at 2 bytes a value, their "
@@ -184,6 +188,10 @@ def _settings(args, report: dict | None) -> dict:
         "deterministic": deterministic,
         "precision": args.precision or r.get("precision") or "fp32",
         "layout": args.layout or r.get("layout") or GPU_DEFAULT_LAYOUT,
+        # A GPU run's report says None for its graphs where no step could be replayed
+        # (--no-graphs, or a step that cannot be captured: the step model finds that too).
+        "graphs": not args.no_graphs and not (r.get("device") == "gpu" and "step_graphs" in r
+                                              and r["step_graphs"] is None),
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -416,7 +424,7 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
                     else args.prefetch_lookahead,
                     relu_bits=bool(args.relu_bits), precision=s["precision"],
                     layout=s["layout"], deterministic=s["deterministic"] or None,
-                    fuse=not args.no_fuse)
+                    fuse=not args.no_fuse, graphs=s["graphs"])
     spec.check_network(net)
     spec.check_policy(get_policy(s["policy"]))
     stats = net.batch_statistics_layers()

@@ -14,7 +14,8 @@ Reading order, for a learner:
                 (device blocks, pinned host copies, streams and events).
 5. allocator.py, arena.py, blocks.py, host.py
                 where the bytes come from: the allocator contract, the budgeted device arena
-                and its free lists, the pinned host slab.
+                and its free lists (best fit from below for a call's blocks, the top for the
+                blocks that outlive their call: Allocator.lasting), the pinned host slab.
 6. layout.py, record.py
                 the static layout: every block's address planned before step one, from the
                 intervals a dry walk of the schedule records.

@@ -431,18 +431,7 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     cfg = dataclasses.replace(cfg, steps=recipe.total_steps)
     recipe.apply_to(net)
     identity = _identity(cfg, image_size, sources.num_classes, recipe)
-
-    ckpt, start = None, 0
-    if cfg.resume:
-        ckpt = load_checkpoint(cfg.checkpoint)
-        _check_resumable(ckpt, identity)
-        check_resume_precision(ckpt, cfg.precision)
-        if cfg.steps <= ckpt.step:
-            raise ConfigError(f"--steps {cfg.steps} is not past the checkpoint {cfg.checkpoint!r}, "
-                              f"which is at step {ckpt.step}: nothing to train (--steps is the "
-                              f"total; give more than {ckpt.step})")
-        restore(ckpt, net, model=cfg.model)  # parameters first: the executor then keeps them
-        start = ckpt.step
+    ckpt, start = _resumed(cfg, net, identity)
     _check_world_size(ckpt, dp.size if dp else 1)
     device = dp.select_device(cfg.device) if dp else select_device(cfg.device)
     if dp is None or dp.is_main:
@@ -450,16 +439,7 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
             print(f"minidnn: warning: {line}", file=sys.stderr)
     if dp:
         dp.connect(device)   # NCCL's buffers before the executor's arena
-    pool = None
-    if isinstance(sources.train, SyntheticImages) and device.is_gpu:
-        # Made on the device before the executor exists, so that, like a data loader's
-        # buffers, they stay outside its arena and no host copy or RNG work is timed.
-        pool = sources.train.device_batches(dp.local_batch if dp else cfg.batch, device)
-    inputs = None
-    if device.is_gpu and pool is None and dp is None and cfg.graphs:
-        # The loader's batches copied to fixed addresses (likewise outside the arena), so
-        # that the steps can be replayed from a CUDA graph (minidnn/step_graph.py).
-        inputs = DeviceInputs(device, (cfg.batch,) + tuple(sources.train.image_shape))
+    pool, inputs = _device_batches(cfg, sources, device, dp)
     if not device.is_gpu:   # hours of compute or more RAM than there is: refused now
         check_cpu_run(net, dp.local_batch if dp else cfg.batch, cfg.steps - start, cfg.policy,
                       cfg.memory_budget, cfg.micro_batches, force=cfg.force)
@@ -473,25 +453,7 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
             restore_optimizer(ckpt, opt)
         if dp:
             opt = dp.attach(ex, opt)   # gradients all-reduced in buckets during backward
-        log(f"{cfg.model}: {net.num_params():,} parameters, {image_size}x{image_size} images, "
-            f"batch {cfg.batch}, on {ex.device.kind}"
-            + (f" ({ex.device.name})" if ex.device.name != ex.device.kind else "")
-            + f"; data: {sources.description}"
-            + (f"; resuming at step {start}" if start else "")
-            + (f"; {dp.size} ranks of {dp.local_batch} images" if dp else ""))
-        if cfg.memory_budget is not None:
-            # Say what the number means: '12G' and '12GB' are 10^9 bytes, '12GiB' 2^30.
-            log(f"memory budget {fmt_bytes(cfg.memory_budget)} ({cfg.memory_budget:,} bytes)")
-        if ex.micro_batches > 1 or ex.decision.chunks:
-            log("each step: " + ", ".join(
-                ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
-                 if ex.micro_batches > 1 else [])
-                + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
-        if recipe.describe():
-            log(recipe.describe())
-        if sources.eval is not None and len(sources.eval) < cfg.batch:
-            log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
-                f"fewer than one batch of {cfg.batch}")
+        _announce(cfg, net, ex, sources, recipe, image_size, start, dp, log)
         run = _Loop(LoopParts(cfg, ex, opt, sources, recipe, start, pool, inputs, dp),
                     dict(dataclasses.asdict(cfg), identity=identity,
                          world_size=dp.size if dp else 1), log, stop)
@@ -518,20 +480,77 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
         report = report_now()
         if dp:
             report.update(dp.report_fields())
-        # The report first: a trace or plot that cannot be written must not lose it.
-        if cfg.report:
-            write_output("--report", cfg.report, lambda path: write_report(path, report))
-        if run.tracer is not None and cfg.trace:
-            write_output("--trace", cfg.trace, run.tracer.write_chrome_trace)
-        if run.tracer is not None and cfg.plot:
-            write_output("--plot", cfg.plot, run.tracer.plot_memory)
-        if cfg.curve:
-            from .curves import plot_curves
-            write_output("--curve", cfg.curve, lambda path: plot_curves(
-                path, {"minidnn": run.epoch_records}, title=f"{cfg.model} on {cfg.data}"))
+        _write_outputs(cfg, run, report)
     finally:
         ex.close()
     return report
+
+
+def _resumed(cfg: TrainConfig, net, identity: dict) -> tuple:
+    """(the checkpoint, its step) of a --resume run, its parameters restored into `net`;
+    (None, 0) otherwise."""
+    if not cfg.resume:
+        return None, 0
+    ckpt = load_checkpoint(cfg.checkpoint)
+    _check_resumable(ckpt, identity)
+    check_resume_precision(ckpt, cfg.precision)
+    if cfg.steps <= ckpt.step:
+        raise ConfigError(f"--steps {cfg.steps} is not past the checkpoint {cfg.checkpoint!r}, "
+                          f"which is at step {ckpt.step}: nothing to train (--steps is the "
+                          f"total; give more than {ckpt.step})")
+    restore(ckpt, net, model=cfg.model)  # parameters first: the executor then keeps them
+    return ckpt, ckpt.step
+
+
+def _device_batches(cfg: TrainConfig, sources, device, dp) -> tuple:
+    """(pool, inputs) for LoopParts, both made before the executor so that they stay outside
+    its arena: synthetic batches made on the GPU (no host copy or RNG work timed), or the
+    fixed device buffers the loader's batches are copied into, so that the steps can be
+    replayed from a CUDA graph (minidnn/step_graph.py); None where neither applies."""
+    if isinstance(sources.train, SyntheticImages) and device.is_gpu:
+        return sources.train.device_batches(dp.local_batch if dp else cfg.batch, device), None
+    if device.is_gpu and dp is None and cfg.graphs:
+        return None, DeviceInputs(device, (cfg.batch,) + tuple(sources.train.image_shape))
+    return None, None
+
+
+def _announce(cfg: TrainConfig, net, ex, sources, recipe, image_size: int, start: int, dp,
+              log) -> None:
+    """The run's first lines: network, device and data; the budget; how a step is split;
+    the recipe; a held-out set too small to score."""
+    log(f"{cfg.model}: {net.num_params():,} parameters, {image_size}x{image_size} images, "
+        f"batch {cfg.batch}, on {ex.device.kind}"
+        + (f" ({ex.device.name})" if ex.device.name != ex.device.kind else "")
+        + f"; data: {sources.description}"
+        + (f"; resuming at step {start}" if start else "")
+        + (f"; {dp.size} ranks of {dp.local_batch} images" if dp else ""))
+    if cfg.memory_budget is not None:
+        # Say what the number means: '12G' and '12GB' are 10^9 bytes, '12GiB' 2^30.
+        log(f"memory budget {fmt_bytes(cfg.memory_budget)} ({cfg.memory_budget:,} bytes)")
+    if ex.micro_batches > 1 or ex.decision.chunks:
+        log("each step: " + ", ".join(
+            ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
+             if ex.micro_batches > 1 else [])
+            + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
+    if recipe.describe():
+        log(recipe.describe())
+    if sources.eval is not None and len(sources.eval) < cfg.batch:
+        log(f"no held-out evaluation: the held-out set has {len(sources.eval)} images, "
+            f"fewer than one batch of {cfg.batch}")
+
+
+def _write_outputs(cfg: TrainConfig, run, report: dict) -> None:
+    """The report first: a trace, plot or curve that cannot be written must not lose it."""
+    if cfg.report:
+        write_output("--report", cfg.report, lambda path: write_report(path, report))
+    if run.tracer is not None and cfg.trace:
+        write_output("--trace", cfg.trace, run.tracer.write_chrome_trace)
+    if run.tracer is not None and cfg.plot:
+        write_output("--plot", cfg.plot, run.tracer.plot_memory)
+    if cfg.curve:
+        from .curves import plot_curves
+        write_output("--curve", cfg.curve, lambda path: plot_curves(
+            path, {"minidnn": run.epoch_records}, title=f"{cfg.model} on {cfg.data}"))
 
 
 def _check_world_size(ckpt, size: int) -> None:

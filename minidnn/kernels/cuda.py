@@ -59,7 +59,7 @@ __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "
            "math_mode", "conv_plans",
            "conv_cache_stats", "conv_cache_entries", "clear_conv_cache", "run_conv_plan",
            "reset_workspace_fallbacks", "linear_forward", "linear_backward",
-           "shared_weight_copies", "BF16_OPS", "bind_libraries"]
+           "shared_weight_copies", "sgd_update", "BF16_OPS", "bind_libraries"]
 
 #: The ops that take bf16 feature maps as they are (layers/precision.py calls a layer whose
 #: kernel ops are all here on its bf16 maps; the others see them widened to float32).

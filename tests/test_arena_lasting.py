@@ -126,3 +126,23 @@ def test_a_split_steps_summed_gradients_are_the_only_lasting_blocks_on_the_cpu(m
     summed = {w for w, top in seen if w.endswith("(summed)")}
     assert summed and all(top for w, top in seen if w.endswith("(summed)"))
     assert not [w for w, top in seen if top and not w.endswith("(summed)")]
+
+
+def test_cupys_allocations_inside_lasting_come_from_the_top(monkeypatch):
+    """The GPU's route: a bf16 weight copy is a CuPy array (cuda_weights.weights_in), taken
+    through the arena's CuPy allocator; inside lasting() it comes from the top."""
+    import sys
+    from test_arena import _FakeCupy, _FakeGpu
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    arena = Arena(_FakeGpu(), 64 * KiB)
+    with arena.route_cupy():
+        short = fake.empty(KiB)
+        with arena.lasting():
+            kept = fake.empty(4 * KiB)
+        after = fake.empty(KiB)
+        base = arena.base_address
+        assert (short.ptr - base, kept.ptr - base, after.ptr - base) == (0, 60 * KiB, KiB)
+        del short, kept, after
+    assert arena.in_use == 0
+    arena._blocks.check_invariants()

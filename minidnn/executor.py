@@ -295,13 +295,13 @@ class Executor:
             return
         held = []
         try:
-            for p in params:
-                with self.allocator.lasting():     # it outlives this call: kept apart
+            with self.allocator.lasting():     # they outlive this call: kept apart
+                for p in params:
                     _, buf = self.allocator.empty(p.shape, p.grad.dtype,
                                                   f"gradient of {node.name} (summed)")
-                tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
-                held.append((p, p.grad, tmp, buf))
-                p.grad = tmp
+                    tmp = self.maps.view(buf, p.shape, p.grad.dtype)   # laid out as p.grad is
+                    held.append((p, p.grad, tmp, buf))
+                    p.grad = tmp
             mixed.backward(node.layer, *buffers, ctx)
             for p, grad, tmp, _ in held:
                 self.kernels.add(grad, tmp, grad)

@@ -54,7 +54,7 @@ def weights_in(w, dtype):
     key = (w.data.ptr, w.shape, w.strides)
     w16 = None if _copies is None else _copies.get(key)
     if w16 is None:
-        with _lasting() if _copies is not None else contextlib.nullcontext():
+        with _lasting():      # outside shared_weight_copies: nullcontext
             w16 = empty_as(w, dtype)
         float_to_bf16(w, w16)
         if _copies is not None:

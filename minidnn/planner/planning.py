@@ -156,20 +156,21 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
     batch, budget = spec.batch, int(spec.memory_budget)
     relu_bits = options.get("relu_bits", frozenset())
     counts = step_counts(net, spec)
-    # Under deterministic mode every pass and chunk piece is whole slices (layers/slices.py).
-    batch_slice = spec.batch_slice
+    # What every split below is planned with, besides its profiles, counts and chunks (under
+    # deterministic mode every pass and chunk piece is whole slices: layers/slices.py).
+    common = dict(batch_slice=spec.batch_slice, maps=maps, fuse=spec.fuse, **options)
     scaled = partial(source.pass_profile, net, batch, relu_bits=relu_bits, maps=maps)
     split = plan_split(net, batch, scaled, budget, lookaheads, counts=counts,
-                       chunks=spec.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
+                       chunks=spec.chunks, **common)
     least = partial(least_budget, net, batch, scaled, budget, lookaheads, counts=counts,
-                    chunks=spec.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
+                    chunks=spec.chunks, **common)
     chosen = split.chosen
     if chosen is None or not (chosen.micro_batches > 1 or chosen.chunks) or \
             not source.measures:
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     measured = plan_split(net, batch, lambda b: source.measured_at(net, b, relu_bits, maps),
                           budget, lookaheads, counts=[chosen.micro_batches],
-                          chunks=chosen.chunks, batch_slice=batch_slice, maps=maps, fuse=spec.fuse, **options)
+                          chunks=chosen.chunks, **common)
     if measured.chosen is None:
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,

@@ -360,7 +360,8 @@ class Assembly:
         for i, node in enumerate(self.plan.nodes):
             for phase in CALL_PHASES:
                 nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
-                                               self.plan.call_maps(i, phase)) if widens else 0
+                                               self.plan.call_maps(i, phase), phase) \
+                    if widens else 0
                 shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
                     nbytes += scratch_bytes(shape, self.device.generator_bytes)

@@ -158,14 +158,15 @@ def test_widened_copies_are_part_of_the_planned_peak():
     maps = plan.call_maps(i, "forward")
     assert [m[0] for m in maps] == [(BATCH, 16, SIZE, SIZE)] * 2
     per_map = BATCH * 16 * SIZE * SIZE * 4
-    assert mixed.temporary_bytes(net.node("bn1").layer, cpu_kernels.BF16_OPS, maps) == 2 * per_map
+    layer = net.node("bn1").layer
+    assert mixed.temporary_bytes(layer, cpu_kernels.BF16_OPS, maps, "forward") == 2 * per_map
     backward = plan.call_maps(i, "backward")    # x, gy, gx
-    assert mixed.temporary_bytes(net.node("bn1").layer, frozenset(), backward) == 3 * per_map
+    assert mixed.temporary_bytes(layer, frozenset(), backward, "backward") == 3 * per_map
     # On the GPU BatchNorm takes bf16 maps itself: nothing to widen.
-    assert mixed.temporary_bytes(net.node("bn1").layer, mapformat.BF16_OPS["gpu"], maps) == 0
+    assert mixed.temporary_bytes(layer, mapformat.BF16_OPS["gpu"], maps, "forward") == 0
     fp32 = LivenessPlan(net, BATCH)
-    assert mixed.temporary_bytes(net.node("bn1").layer, frozenset(),
-                                 fp32.call_maps(i, "forward")) == 0
+    assert mixed.temporary_bytes(layer, frozenset(), fp32.call_maps(i, "forward"),
+                                 "forward") == 0
 
 
 def test_the_device_kinds_bf16_ops_are_the_kernel_modules():
@@ -189,8 +190,15 @@ def test_a_plan_for_the_gpu_widens_what_the_gpu_widens():
     assert (index[add], "forward") not in model.scratch
     loss = model.nodes[-1].name
     logits = model.plan.tensors[model.nodes[-1].inputs[0]]
-    assert model.scratch[(index[loss], "forward")] == \
-        mixed.ALIGN * -(-4 * int(np.prod(logits.shape)) // mixed.ALIGN)
+    float32_logits = mixed.ALIGN * -(-4 * int(np.prod(logits.shape)) // mixed.ALIGN)
+    assert model.scratch[(index[loss], "forward")] == float32_logits
+    # The matrix product takes bf16 maps, but computes its output in float32 first (the
+    # bias added there, one rounding): that buffer is its forward call's block, and its
+    # backward (the bias gradient summed from the bf16 gradient as it is read) has none.
+    fc = model.nodes[-1].inputs[0]
+    assert model.nodes[index[fc]].layer.kind == "linear"
+    assert model.scratch[(index[fc], "forward")] == float32_logits
+    assert (index[fc], "backward") not in model.scratch
 
 
 def test_a_call_given_too_small_a_block_refuses_to_widen():

@@ -159,3 +159,46 @@ def test_the_passes_of_a_batch_share_one_bf16_copy_of_each_weight(gpu):
     assert alone[0] is not alone[1] and shared[0] is shared[1] and after is not shared[0]
     for copy in (alone[1], shared[0], after):
         np.testing.assert_array_equal(to_host(cp, copy), host.astype(BF16).astype(np.float32))
+
+
+def test_a_bf16_matrix_product_makes_no_float32_map_of_its_own(gpu, monkeypatch):
+    """Linear on bf16 maps: the forward call computes its output in the float32 buffer
+    carved from its scratch block (the size temporary_bytes declares for it), and backward
+    sums the bias gradient from the bf16 gradient as it reads it. Neither asks CuPy for a
+    float32 array: a temporary no plan counts. The bias gradient is NumPy's sum of the
+    widened gradient over the batch, bit for bit (row after row, in float32)."""
+    cp, device, gpu_kernels = gpu
+    layer = Linear(300)
+    layer.index = 0
+    layer.setup([(256, 72)], np.float32)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((256, 72)).astype(BF16)
+    gy = rng.standard_normal((256, 300)).astype(BF16)
+    maps = [((256, 72), BF16), ((256, 300), BF16)]
+    nbytes = mixed.temporary_bytes(layer, gpu_kernels.BF16_OPS, maps, "forward")
+    assert nbytes == 256 * 300 * 4
+    made = []
+    empty = cp.empty
+
+    def noting(shape, dtype=float, *args, **kw):
+        made.append((shape, np.dtype(dtype)))
+        return empty(shape, dtype, *args, **kw)
+
+    with device.compute:
+        for name, p in layer.params.items():
+            p.data = cp.asarray((rng.standard_normal(p.shape) * 0.3).astype(np.float32))
+            p.grad = cp.full(p.shape, np.nan, np.float32)
+        xd, gyd = to_device(cp, x, "nchw"), to_device(cp, gy, "nchw")
+        y, gx = cp.zeros((256, 300), BF16), cp.zeros((256, 72), BF16)
+        block = cp.zeros(nbytes, np.uint8)
+        monkeypatch.setattr(cp, "empty", noting)
+        ctx = StepContext(cp, kernels=gpu_kernels, train=True, device=device)
+        ctx.scratch = block
+        mixed.forward(layer, [xd], y, {}, ctx)
+        ctx.scratch = None
+        mixed.backward(layer, [xd], None, gyd, [gx], {}, ctx)
+        monkeypatch.setattr(cp, "empty", empty)
+        gb = cp.asnumpy(layer.params["bias"].grad)
+    assert not [m for m in made if m[1] == np.float32], made
+    np.testing.assert_array_equal(gb, gy.astype(np.float32).sum(axis=0))
+    assert np.isfinite(to_host(cp, y)).all() and np.isfinite(to_host(cp, gx)).all()

@@ -443,8 +443,9 @@ def relu_mask_copy(y, gy, gx0, gx1) -> None:
 
 
 # ---- fully connected ---------------------------------------------------------------------------
-def linear_forward(x, w, b, y) -> None:
-    """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""
+def linear_forward(x, w, b, y, y32=None) -> None:
+    """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None). y32, the float32
+    buffer a bf16 y is computed in on the GPU, is not needed here (no bf16 op on the CPU)."""
     get_array_module(x).matmul(x, w.T, out=y)
     if b is not None:
         y += b

@@ -16,7 +16,7 @@ autocast does:
     y  = round(x @ w16^T + b)      the product in a float32 temporary, the bias added there,
                                    one rounding
     gw = gy^T @ x                  written in float32 straight into w.grad (no rounding)
-    gb = sum over N of gy          in float32
+    gb = sum over N of gy          in float32, row after row (NumPy's order), no float32 copy
     gx = round(gy @ w16)
 
 cuBLAS is column-major: a row-major (R, C) matrix is its column-major (C, R) transpose, so
@@ -31,7 +31,7 @@ import cupy as cp
 import numpy as np
 
 from . import cpu as _cpu
-from .cuda_pointwise import bf16_to_float, float_to_bf16
+from .cuda_pointwise import float_to_bf16
 from .cuda_weights import weights_in
 from .mapformat import is_bfloat16
 
@@ -122,8 +122,10 @@ def _dense(*arrays) -> bool:
     return all(a is None or a.flags.c_contiguous for a in arrays)
 
 
-def linear_forward(x, w, b, y) -> None:
-    """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None)."""
+def linear_forward(x, w, b, y, y32=None) -> None:
+    """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None). With bf16 maps the
+    product goes to y32, a float32 (N, out) buffer (None: one is allocated), the bias is
+    added there and y is its rounding."""
     if x.dtype == np.float32 and _dense(x, w, y):
         (n, k), out = x.shape, w.shape[0]
         _gemm(True, False, out, n, k, w, x, y)     # as below, with w itself
@@ -135,7 +137,9 @@ def linear_forward(x, w, b, y) -> None:
         return
     _check(x, w, y)
     (n, k), out = x.shape, w.shape[0]
-    y32 = cp.empty(y.shape, dtype=np.float32)
+    if y32 is None:
+        y32 = cp.empty(y.shape, dtype=np.float32)
+    _check(y32)
     # y^T (out, N) = w16 (in, out)^T @ x^T (in, N)
     _gemm(True, False, out, n, k, weights_in(w, x.dtype), x, y32)
     if b is not None:
@@ -161,9 +165,34 @@ def linear_backward(x, gy, w, gw, gb, gx) -> None:
             _gemm(False, False, k, n, out, w, gy, gx)
         return
     if gb is not None:
-        gy32 = cp.empty(gy.shape, dtype=np.float32)
-        bf16_to_float(gy, gy32)
-        gy32.sum(axis=0, out=gb)
+        column_sums(gy, gb)
     if gx is not None:
         # gx^T (in, N) = w16^T (in, out) @ gy^T (out, N)
         _gemm(False, False, k, n, out, weights_in(w, gy.dtype), gy, gx)
+
+
+_COLUMN_SUMS = cp.RawKernel(r"""
+extern "C" __global__ void bf16_column_sums(const unsigned short* g, float* out,
+                                            long long rows, int cols) {
+    // One thread per column: the rows summed in order, as NumPy sums axis 0 of (rows, cols).
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float s = __uint_as_float((unsigned int)g[j] << 16);
+    for (long long r = 1; r < rows; ++r)
+        s += __uint_as_float((unsigned int)g[r * cols + j] << 16);
+    out[j] = s;
+}
+""", "bf16_column_sums")
+
+
+def column_sums(g, out) -> None:
+    """out (cols,) float32 = g (rows, cols) bf16, C-contiguous, summed over its rows in float32,
+    row after row: the bits of NumPy's sum over axis 0 of g widened, with no widened copy."""
+    _check(g, out)
+    rows, cols = g.shape
+    if out.dtype != np.float32 or out.shape != (cols,):
+        raise ValueError(f"column_sums: out must be float32 of shape ({cols},), got "
+                         f"{out.dtype} {out.shape}")
+    threads = 128
+    _COLUMN_SUMS(((cols + threads - 1) // threads,), (threads,),
+                 (g.view(np.uint16), out, np.int64(rows), np.int32(cols)))

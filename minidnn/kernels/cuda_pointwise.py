@@ -699,18 +699,24 @@ def bias_grad(gy, gb) -> None:
     Channels last: column sums in a fixed order (channel_sums). NCHW: summing each (n, c) row
     first reduces contiguous memory; reducing over axes (0, 2, 3) at once gives CuPy one
     thread block per channel, far too few to reach memory speed on large maps. bf16 maps sum
-    in float32 (gb float32): NCHW ones are widened (exactly) to a float32 temporary first,
-    rather than trust CuPy's own bf16 sums to do so."""
+    in float32 (gb float32): NCHW ones are widened value by value as they are read, rather
+    than trust CuPy's own bf16 sums to do so (a widened copy of the map would be a
+    temporary as large as the map, which no plan counts)."""
     if _column_pass("column_sums", (gy,), gb):
         return
+    n, c = gy.shape[:2]
     if is_bfloat16(gy.dtype):
         _sums_dtype("bias_grad", "bf16", gb)
-        wide = cp.empty(gy.shape, np.float32)
-        bf16_to_float(gy, wide)
-        gy = wide
-    n, c = gy.shape[:2]
-    rows = gy.reshape(n, c, -1).sum(axis=2)          # (N, C), a small temporary
+        rows = _bf16_plane_sums(gy.view(np.uint16).reshape(n, c, -1), axis=2)
+    else:
+        rows = gy.reshape(n, c, -1).sum(axis=2)      # (N, C), a small temporary
     rows.sum(axis=0, out=gb)
+
+
+# Sums of bf16 words (as uint16) in float32, each widened as it is read.
+_bf16_plane_sums = cp.ReductionKernel(
+    "uint16 x", "float32 y", "__uint_as_float((unsigned int)x << 16)", "a + b", "y = a", "0",
+    "bf16_plane_sums", reduce_type="float32")
 
 
 def channel_sums(g, out) -> None:

@@ -58,6 +58,13 @@ BF16_OPS = {
                       "relu_mask_copy"}),
 }
 
+#: Ops among BF16_OPS that compute their bf16 output in a float32 buffer of its shape and
+#: round it once: the GPU's matrix product adds its bias there, before the rounding
+#: (kernels/cuda_linear.py). The caller hands the buffer (`out32`), carved from the call's
+#: scratch block, and the plan counts it as a temporary of the forward call
+#: (layers/precision.py: temporary_bytes).
+ROUND_FROM_FLOAT32 = frozenset({"linear_forward"})
+
 
 def bfloat16() -> np.dtype:
     """NumPy's dtype for bfloat16 (from ml_dtypes, which CuPy 14 also takes); ConfigError

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
+from . import precision as mixed
 from .base import Layer
 from .conv import check_init
 from .slices import row_slices, sum_in_slices
@@ -41,11 +42,13 @@ class Linear(Layer):
         """x: (N, in), y: (N, out)."""
         b = self.params["bias"].data if self.bias else None
         x, w = xs[0], self.params["weight"].data
+        y32 = mixed.output_buffer(ctx, y)     # where the GPU's bf16 product rounds from
         if ctx.batch_slice is None:
-            ctx.kernels.linear_forward(x, w, b, y)
+            ctx.kernels.linear_forward(x, w, b, y, y32)
             return
         for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: slice by slice
-            ctx.kernels.linear_forward(x[part], w, b, y[part])
+            ctx.kernels.linear_forward(x[part], w, b, y[part],
+                                       None if y32 is None else y32[part])
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         w = self.params["weight"]

@@ -38,14 +38,21 @@ rounded once) with two differences, both as PyTorch's autocast computes: a convo
 output is rounded before its bias is added (rounded again), and the weights a convolution
 reads and the weight gradient it writes are rounded to bf16 (the float32 master weights and
 gradients stay float32).
+
+One such kernel still needs a float32 map: the GPU's matrix product computes its bf16
+output in a float32 buffer, adds the bias there and rounds once (ROUND_FROM_FLOAT32).
+temporary_bytes declares that buffer for the forward call, and the layer hands the kernel
+the buffer carved from its block (`output_buffer`).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..backend import get_array_module
-from ..kernels.mapformat import bfloat16, empty, is_bfloat16, is_channels_last, layout_of, \
-    shaped
+from ..kernels.mapformat import ROUND_FROM_FLOAT32, bfloat16, empty, is_bfloat16, \
+    is_channels_last, layout_of, shaped
 
 #: Bytes each widened copy's place in the scratch block is rounded up to (CUDA's own
 #: alignment of allocations), so that every copy starts aligned for vector loads.
@@ -65,8 +72,8 @@ def _takes(layer, ops) -> bool:
     return layer.kernel_ops is not None and ops.issuperset(layer.kernel_ops)
 
 
-def temporary_bytes(layer, bf16_ops, maps) -> int:
-    """Bytes of the widened float32 copies one call of `layer` makes (see the module doc).
+def temporary_bytes(layer, bf16_ops, maps, phase: str) -> int:
+    """Bytes of the float32 temporaries one call of `layer` makes (see the module doc).
 
     Args:
         layer: the layer called.
@@ -74,15 +81,31 @@ def temporary_bytes(layer, bf16_ops, maps) -> int:
             module's BF16_OPS; kernels/mapformat.BF16_OPS by device kind).
         maps: [(shape, dtype)] of the arrays the call reads and writes (the liveness plan's
             call_maps): each bf16 one is widened, or given a float32 buffer to write into.
+        phase: 'forward', 'recompute' or 'backward'.
     Returns:
         0 when the call runs on its maps as they are (no bf16 among them, or a layer whose
-        kernels take them); else the sum of the copies' aligned sizes.
+        kernels take them); the float32 buffer of its output (last among a forward call's
+        maps) when its kernels take them but round from float32 (ROUND_FROM_FLOAT32); else
+        the sum of the copies' aligned sizes.
     """
     wide = [math.prod(int(d) for d in shape) * 4 for shape, dtype in maps
             if is_bfloat16(dtype)]
-    if not wide or _takes(layer, bf16_ops):
+    if not wide:
         return 0
+    if _takes(layer, bf16_ops):
+        rounds = phase != "backward" and not ROUND_FROM_FLOAT32.isdisjoint(
+            bf16_ops.intersection(layer.kernel_ops))
+        return _aligned(wide[-1]) if rounds and is_bfloat16(maps[-1][1]) else 0
     return sum(_aligned(n) for n in wide)
+
+
+def output_buffer(ctx, y):
+    """The float32 buffer a kernel in ROUND_FROM_FLOAT32 computes bf16 `y` in: carved from
+    the call's scratch block (of temporary_bytes), in y's layout; None where y is not bf16
+    or the call has no block (a layer run outside an executor: the kernel makes its own)."""
+    if ctx.scratch is None or not is_bfloat16(y.dtype):
+        return None
+    return _Carver(ctx.scratch, ctx.xp).like(y, np.dtype(np.float32))
 
 
 class _Carver:

@@ -98,6 +98,21 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     assert ev.offloaded_bytes == 0
 
 
+def test_each_pass_after_the_first_adds_its_gradients():
+    """A step of k micro-batches: k passes, the gradient adds of the k - 1 after the first
+    (the profile's accumulate_s: measured, or from the analytic GPU's memory bandwidth), one
+    optimizer update."""
+    net = conv_chain()
+    prof = dataclasses.replace(flat_profile(net, 4, layer_s=1e-3), accumulate_s=2.5e-3)
+    one = StepModel(net, 4, prof, input_batches=0).evaluate(frozenset())
+    four = StepModel(net, 4, prof, input_batches=0, micro_batches=4).evaluate(frozenset())
+    assert four.compute_s == pytest.approx(4 * one.compute_s - 3 * prof.optimizer_s
+                                           + 3 * 2.5e-3)
+    h200 = analytic_profile(net, 4, "h200")
+    params = sum(int(np.prod(p.shape)) for _, p in net.parameters()) * 4
+    assert h200.accumulate_s > 3 * params / H200.mem_bw
+
+
 def test_a_host_slower_than_the_device_sets_the_step_time_issued_layer_by_layer():
     net = conv_chain()
     model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), input_batches=0,

@@ -39,7 +39,7 @@ def test_measuring_covers_every_layer_and_leaves_the_network_as_it_was(net):
         assert cost.workspace("forward", "fastest") == 0       # NumPy kernels: no cuDNN plans
     assert prof.layer("fc3").time("backward") > 0
     assert prof.d2h_bw > 0 and prof.h2d_bw > 0 and prof.duplex_bw >= prof.d2h_bw
-    assert prof.optimizer_s > 0 and prof.memory_bytes > 0
+    assert prof.optimizer_s > 0 and prof.accumulate_s > 0 and prof.memory_bytes > 0
     assert prof.layer("relu1").host("forward") > 0           # the memory manager's bookkeeping
     after = net.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)

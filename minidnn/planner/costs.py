@@ -106,6 +106,8 @@ class Profile:
     (or the preset's). memory_bytes: the device's memory. d2h_bw / h2d_bw: pinned copy
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
     once, together. optimizer_s / optimizer_host_s: one SGD step, device and host time.
+    accumulate_s: device time of adding every parameter's gradient into another once (what a
+    micro-batch after a step's first adds); 0 in profiles measured before it was.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
@@ -127,6 +129,7 @@ class Profile:
     layers: dict
     optimizer_s: float = 0.0
     optimizer_host_s: float = 0.0
+    accumulate_s: float = 0.0
     synchronous: bool = False
     temporaries_in_arena: bool = True
     generator_bytes: int = 0
@@ -195,12 +198,22 @@ class Profile:
         return cls(**d)
 
 
+def accumulation_s(profile: Profile) -> float:
+    """Device seconds of the gradient adds of one pass after a step's first (executor.py:
+    each parameter's gradient added into the accumulated one). (OverFeat at its least
+    budget, 64 passes of 4 images: 63 adds of 146M float32 gradients, which the per-layer
+    times do not hold.)"""
+    return profile.accumulate_s
+
+
 def least_step_s(profile: Profile, micro_batches: int, names=None) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
-    (of the layers `names`, default every layer of the profile), one optimizer update."""
+    (of the layers `names`, default every layer of the profile), the gradient adds of the
+    passes after the first, one optimizer update."""
     costs = profile.layers.values() if names is None else [profile.layer(n) for n in names]
     pass_s = sum(cost.least_time(phase) for cost in costs for phase in PHASES)
-    return micro_batches * pass_s + profile.optimizer_s
+    return micro_batches * pass_s + (micro_batches - 1) * accumulation_s(profile) + \
+        profile.optimizer_s
 
 
 def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:

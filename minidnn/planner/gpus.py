@@ -276,6 +276,7 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
         duplex_bw=gpu.duplex_bw, layers=layers, optimizer_s=opt_s,
+        accumulate_s=_memory_bound(gpu, 3 * pbytes, len(params)),   # read 2, write 1
         optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,
         key_fields={"structure": structure_hash(net, batch, relu_bits), "gpu": gpu.name,
                     "math": used_math},

@@ -414,6 +414,24 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
     return device_s, host_s
 
 
+def measure_gradient_adds(net, device: Device, repeats: int = 3) -> float:
+    """Device seconds of adding every parameter's gradient into another once, as a
+    micro-batch after a step's first does (executor.py: the kernels' add, out in place)."""
+    kernels = kernel_modules.for_device(device)
+    xp = device.xp
+    with device.compute:
+        pairs = [tuple(xp.full(p.shape, 1e-3, dtype=net.dtype) for _ in range(2))
+                 for _, p in net.parameters()]
+
+        def adds():
+            for grad, tmp in pairs:
+                kernels.add(grad, tmp, grad)
+        device_s, _ = _Clock(device)(adds, repeats)
+    del pairs
+    _release_pool(device)
+    return device_s
+
+
 def measure_bandwidth(device: Device, nbytes: int | None = None,
                       repeats: int = 3) -> tuple[float, float, float]:
     """(device -> host, host -> device, both at once in total) in bytes/s, pinned memory,
@@ -511,6 +529,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     t0 = time.perf_counter()
     layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits, maps=maps)
     opt_s, opt_host_s = measure_optimizer(net, device)
+    adds_s = measure_gradient_adds(net, device)
     d2h, h2d, both = measure_bandwidth(device)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]
@@ -519,7 +538,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     return Profile(source="measured", device_name=device.name, math=settings["math"],
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
-                   optimizer_s=opt_s, optimizer_host_s=opt_host_s,
+                   optimizer_s=opt_s, optimizer_host_s=opt_host_s, accumulate_s=adds_s,
                    synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
                    generator_bytes=device.generator_bytes,
                    key_fields={"structure": structure_hash(net, batch, relu_bits)},

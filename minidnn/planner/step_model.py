@@ -59,8 +59,8 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, gradient_copy_bytes, numel,
-                    optimizer_transient_bytes, param_bytes, transient_bytes,
+from .costs import (ALGOS, Profile, accumulation_bytes, accumulation_s, gradient_copy_bytes,
+                    numel, optimizer_transient_bytes, param_bytes, transient_bytes,
                     weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
@@ -548,9 +548,10 @@ class StepModel:
                      self.optimizer_transient, issued=not replayed).play(log, costs)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
-        # The timeline steps are passes, each with its optimizer update; a step has k passes
-        # and one update.
-        step, compute = (k * t["step"] - (k - 1) * opt, k * t["compute"] - (k - 1) * opt)
+        # The timeline steps are passes, each with its optimizer update; a step has k passes,
+        # the gradient adds of the k - 1 after the first, and one update.
+        between = (k - 1) * (accumulation_s(self.profile) - opt)
+        step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
             peak_bytes=int(t["peak"]), fits=fits, step_time_s=step,

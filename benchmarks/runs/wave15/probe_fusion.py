@@ -122,7 +122,7 @@ def pointwise_ms(dt_name, o, h):
     dtype = cp.float32 if dt_name == "tf32" else cp.float16  # bf16 traffic: 2-byte values
     y = cp.random.standard_normal((N, h, h, o)).astype(dtype)
     b = cp.zeros(o, dtype=dtype)
-    k = cp.ElementwiseKernel("T b", "T y", "y = max(y + b, (T)0)", "bias_relu_probe")
+    k = cp.ElementwiseKernel("T b", "T y", "float v = (float)y + (float)b; y = (T)(v > 0.f ? v : 0.f)", "bias_relu_probe")
     return timed(lambda: k(b, y))
 
 

@@ -44,12 +44,19 @@ import warnings
 
 import numpy as np
 
+from .memory.allocator import aligned
 from .memory.arena import Arena
 from .memory.graph_pool import GraphPool
 
 WARMUP = 2           # plain steps before the first capture
 MAX_GRAPHS = 4       # graphs kept (one per input address); past that, plain steps
 LOSS_SLOTS = 4096    # a replay's loss stays readable for this many later steps
+
+
+def loss_ring_bytes(dtype) -> int:
+    """Device bytes of the ring of LOSS_SLOTS losses, made at the first capture and kept to
+    the run's end: the step's memory model counts it."""
+    return aligned(LOSS_SLOTS * np.dtype(dtype).itemsize)
 
 
 def capturable(offloads: bool, static_layout: bool) -> bool:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from minidnn.spec import StepSpec
+from minidnn.step_graph import LOSS_SLOTS
 from minidnn import Network, SGD
 from minidnn.errors import ConfigError, MemoryBudgetError, parse_bytes
 from minidnn.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
@@ -167,7 +168,9 @@ def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_
     ws = 3 * MiB
     model = StepModel(net, 8, flat_profile(net, 8, ws=ws), momentum=True, input_batches=2,
                       static_layout=static_layout)
-    extras = model.momentum_bytes + model.input_bytes
+    extras = model.momentum_bytes + model.input_bytes + model.loss_bytes
+    # a GPU step replayed from CUDA graphs copies its losses into a ring (step_graph.py)
+    assert model.loss_bytes == aligned(LOSS_SLOTS * 4)
     # one momentum buffer per parameter, each an allocator block of its own (aligned)
     assert model.momentum_bytes == sum(aligned(4 * int(np.prod(p.shape)))
                                        for _, p in net.parameters())

@@ -716,7 +716,7 @@ def bias_grad(gy, gb) -> None:
 # Sums of bf16 words (as uint16) in float32, each widened as it is read.
 _bf16_plane_sums = cp.ReductionKernel(
     "uint16 x", "float32 y", "__uint_as_float((unsigned int)x << 16)", "a + b", "y = a", "0",
-    "bf16_plane_sums", reduce_type="float32")
+    "bf16_plane_sums", reduce_type="float")
 
 
 def channel_sums(g, out) -> None:

@@ -57,7 +57,7 @@ from ..memory.layout import StaticLayout, live_peak
 from ..memory.policy import CALL_PHASES, MemoryDecision, relu_bits_for
 from ..network import DATA, LABEL
 from ..spec import StepSpec
-from ..step_graph import capturable
+from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, accumulation_s, gradient_copy_bytes,
                     numel, optimizer_transient_bytes, param_bytes, transient_bytes,
@@ -291,9 +291,16 @@ class StepModel:
         # bf16 maps on the GPU: the products read bf16 copies of the weights, kept all step
         self.weight_copy_bytes = counted * weight_copy_bytes(net) \
             if self.maps.precision == "bf16" else 0
-        self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes
-        self.optimizer_transient = counted * optimizer_transient_bytes(net)
         k = self.micro_batches
+        loss_dtype = self.plan.tensors[net.loss_node.name].dtype
+        # Each pass's loss is copied out and held to the step's end (executor.mean_of_passes):
+        # the last pass holds the k - 1 before its own. A step replayed from CUDA graphs
+        # copies its loss into a ring made at the first capture (step_graph.py).
+        self.loss_bytes = counted * (k - 1) * aligned(loss_dtype.itemsize) + \
+            (loss_ring_bytes(loss_dtype) if self.graphs else 0)
+        self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes + \
+            self.loss_bytes
+        self.optimizer_transient = counted * optimizer_transient_bytes(net)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)

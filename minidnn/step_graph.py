@@ -82,10 +82,11 @@ class StepGraphs:
             stream; called before each capture, inside which their handles must not change.
         ordered_by_streams: a context inside which the step's copies are ordered by stream
             waits alone (MemoryManager.ordered_by_streams); the capture runs inside it.
+        loss_dtype: the dtype of the step's loss (the ring of replayed losses has it).
     """
 
     def __init__(self, device, allocator, run_step, seed: int, draw_layers, bind,
-                 ordered_by_streams=contextlib.nullcontext):
+                 ordered_by_streams=contextlib.nullcontext, loss_dtype=np.float32):
         self.device = device
         self.allocator = allocator
         self._run_step = run_step
@@ -100,6 +101,7 @@ class StepGraphs:
         self._graphs: dict = {}      # key -> (graph, the captured step's loss array)
         self._plain_steps = 0
         self._losses = None          # LOSS_SLOTS device scalars, made at the first capture
+        self._loss_dtype = np.dtype(loss_dtype)
         self._turn = 0
         self.replays = 0                   # steps launched from a graph
         self.captured_at: list[int] = []   # the steps that were captured (each also ran)
@@ -167,6 +169,9 @@ class StepGraphs:
         captured); (graph, loss), or None after a failure, which stops further captures."""
         import cupy as cp
         stream = self.device.compute
+        if self._losses is None:     # before the capture's pool takes the arena's free space
+            with stream:
+                self._losses = cp.zeros(LOSS_SLOTS, dtype=self._loss_dtype)
         self.device.synchronize()    # no event of an earlier step is waited for in the graph
         try:
             with self.allocator.capturing(self._pool), self._ordered_by_streams(), stream:
@@ -188,9 +193,6 @@ class StepGraphs:
                           stacklevel=4)
             self.close()
             return None
-        if self._losses is None:
-            with stream:
-                self._losses = cp.zeros(LOSS_SLOTS, dtype=loss.dtype)
         self._graphs[key] = (graph, loss)
         return graph, loss
 
@@ -218,8 +220,9 @@ def step_graphs(ex, setup) -> StepGraphs | None:
     draw_layers = {setup.plan.nodes[i].layer.index for i, phase in setup.scratch
                    if phase != "recompute" and
                    setup.plan.nodes[i].layer.random_draws(phase) is not None}
+    loss = setup.plan.tensors[setup.plan.net.loss_node.name]
     return StepGraphs(setup.device, setup.allocator, ex._step, setup.seed, draw_layers,
-                      setup.kernels.bind_libraries, setup.manager.ordered_by_streams)
+                      setup.kernels.bind_libraries, setup.manager.ordered_by_streams, loss.dtype)
 
 
 class DeviceInputs:

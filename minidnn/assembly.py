@@ -27,7 +27,7 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
-from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs
+from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs, conv_relu_pairs
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -50,7 +50,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "seed", "compute", "micro_batches", "micro_batch", "prefetch_lookahead",
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
-          "_relu_in_bn", "_relu_done", "_relu_in_add")
+          "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done")
 
 
 @dataclass
@@ -166,6 +166,7 @@ class Assembly:
         self._row_offsets = self._piece_offsets()
         self._check_conv_plans()
         self._bias_deferred, self._relu_bias = self._bias_relu()
+        self._relu_in_conv, self._relu_forward_done = self._conv_relu()
         self._relu_in_bn, self._relu_done = self._bn_relu()
         self._relu_in_add, folded = self._add_relu()
         self._relu_done |= folded
@@ -410,6 +411,15 @@ class Assembly:
                                    "moves convolution biases into ReLUs")
         return (frozenset(pairs.values()),
                 {r: self.net.node(c).layer.params["bias"] for r, c in pairs.items()})
+
+    def _conv_relu(self) -> tuple:
+        """(convolutions that apply their bias and the ReLU after them in their forward,
+        those ReLUs) from the decision's conv_relu."""
+        if not self.decision.conv_relu:
+            return frozenset(), frozenset()
+        pairs = self._fusion_pairs("conv_relu", conv_relu_pairs(self.plan),
+                                   "moves ReLUs into convolutions")
+        return frozenset(pairs.values()), frozenset(pairs)
 
     def _bn_relu(self) -> tuple:
         """(batch norms that apply the ReLU after them, those ReLUs) from the decision's

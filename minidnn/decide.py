@@ -28,7 +28,7 @@ from .backend import Device, select_device
 from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
-from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs
+from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs, conv_relu_pairs
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -91,6 +91,8 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
                    bias_relu=bias_relu_pairs(plan) if spec.fuse else {},
+                   conv_relu=conv_relu_pairs(plan) if spec.fuse and not spec.deterministic
+                   else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
                    add_relu=add_relu_pairs(plan) if spec.fuse else {}, spec=spec)
 

@@ -219,6 +219,8 @@ class Executor:
                            global_batch=self.global_batch, maps=self.maps,
                            bias_deferred=self._bias_deferred, relu_in_add=self._relu_in_add,
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
+                           relu_in_conv=self._relu_in_conv,
+                           relu_forward_done=self._relu_forward_done,
                            relu_done=self._relu_done, step_keys=self._step_keys,
                            batch_slice=self.batch_slice,
                            statistics_slice=self.statistics_slice)

@@ -1,7 +1,7 @@
 """Fusing a ReLU with the layer next to it, where the bits stay the same: a convolution's bias
 added in the ReLU's pass; the ReLU applied, and its gradient masked, by the batch norm or the
 residual add before it. Each saves passes over a map; `--no-fuse` (StepSpec.fuse) turns all
-three off.
+of them off.
 
 A convolution with a bias writes conv(x, w), then adds the bias in a second pass over its
 output; the ReLU after it reads that output once more. When the ReLU is the output's only
@@ -23,6 +23,25 @@ bias-gradient kernel, so again the same bits.
 
 The decision is MemoryDecision.bias_relu ({ReLU node name: convolution node name}); the
 executor hands the layers their parts of it through StepContext (bias_deferred, relu_bias).
+
+On float32 maps the pair folds further: the convolution applies the bias and the ReLU
+itself, y = max(conv(x, w) + b, 0), and the ReLU's forward has nothing left to do. On the
+GPU that is one cuDNN graph with the bias and the ReLU in the convolution's epilogue
+(kernels/cudnn_conv.py, fprop_bias_relu), so the map is written once instead of written,
+read and written again (VGG-16 b256 TF32: 13 passes over 3.5 G values). The arithmetic is
+the ReLU pass's: the float32 sum, plus the bias, then max; but cuDNN runs the fused graph
+with engines of its own, whose sums may be taken in another order than the unfused
+convolution's plan, so on the GPU the fused step agrees with `--no-fuse` within TF32
+tolerance, not bit for bit (on the CPU it is the same code, the same bits); and not
+under --deterministic, whose bits are the same whatever the plan (which ReLUs keep bit
+masks among it). The backward
+is the pair's above: the ReLU masks the gradient and sums the bias's. Only where the ReLU
+keeps its output (its bit mask is written by its own pass) and not on bf16 maps, where the
+H200 offers the fused graph only from engines compiled at run time, slower than the
+convolution and the pass together (benchmarks/runs/wave15/probe_fusion.py). The decision
+is MemoryDecision.conv_relu ({ReLU node name: convolution node name}, a part of bias_relu);
+StepContext.relu_in_conv names those convolutions and StepContext.relu_forward_done those
+ReLUs.
 
 A ReLU after a batch norm moves the other way: the batch norm's affine pass applies it as it
 writes its output, and the ReLU's forward has nothing left to do (one pass over the map
@@ -97,6 +116,17 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
     convolution it reads (the conditions above), for a step planned as `plan`."""
     return {relu.name: conv.name for relu, conv in _relu_after(plan, "conv")
             if conv.layer.bias}
+
+
+def conv_relu_pairs(plan: LivenessPlan) -> dict:
+    """{ReLU node name: convolution node name} of the bias_relu pairs whose convolution may
+    apply the bias and the ReLU in its own forward (the conditions above: float32 maps, the
+    ReLU keeps its output), for a step planned as `plan`."""
+    if plan.maps.precision != "fp32":
+        return {}
+    index = {node.name: node for node in plan.nodes}
+    return {relu: conv for relu, conv in bias_relu_pairs(plan).items()
+            if index[relu].layer.keep_in(plan.relu_bits) == "output"}
 
 
 def bn_relu_pairs(plan: LivenessPlan) -> dict:

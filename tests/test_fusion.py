@@ -8,7 +8,7 @@ from minidnn.builder import NetBuilder
 from minidnn.decide import build_executor, decide
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
-from minidnn.fusion import bias_relu_pairs
+from minidnn.fusion import bias_relu_pairs, conv_relu_pairs
 from minidnn.kernels import cpu, relu_mask_bytes
 from minidnn.kernels.mapformat import MapFormat
 from minidnn.memory.plan import LivenessPlan
@@ -71,6 +71,65 @@ def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs):
     assert none == {}
     assert losses == plain_losses
     assert all(np.array_equal(state[k], plain_state[k]) for k in state)
+
+
+def test_on_float32_maps_a_convolution_applies_its_relu_unless_the_relu_keeps_bits():
+    net = models.build("vgg16")
+    plan = LivenessPlan(net, 2)
+    assert conv_relu_pairs(plan) == bias_relu_pairs(plan)
+    assert conv_relu_pairs(LivenessPlan(net, 2, maps=MapFormat("nchw", "bf16"))) == {}
+    bits = frozenset({"relu1_1", "relu3_2"})
+    kept = conv_relu_pairs(LivenessPlan(net, 2, relu_bits=bits))
+    assert set(kept) == set(bias_relu_pairs(plan)) - bits
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"policy": "all", "memory_budget": "2MiB"},
+                                    {"layout": "nhwc"}, {"micro_batches": 2}], ids=str)
+def test_a_convolution_that_applies_its_relu_gives_the_bits_of_the_two_layers(
+        kwargs, monkeypatch):
+    """The convolution's forward is called with relu=True (its ReLU's forward does
+    nothing) and the step's bits are those of the unfused step, on the CPU."""
+    relus = []
+    conv = cpu.conv2d_forward
+
+    def noting(*args, relu=False, **kw):
+        relus.append(relu)
+        return conv(*args, relu=relu, **kw)
+
+    monkeypatch.setattr(cpu, "conv2d_forward", noting)
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    losses, state, pairs, _ = _run(net, kwargs, 3, True, 16, "conv_relu")
+    assert pairs and any(relus)
+    relus.clear()
+    plain_losses, plain_state, none, _ = _run(net, kwargs, 3, False, 16, "conv_relu")
+    assert none == {} and not any(relus)
+    assert losses == plain_losses
+    assert all(np.array_equal(state[k], plain_state[k]) for k in state)
+
+
+def test_a_deterministic_step_keeps_the_relu_out_of_the_convolution():
+    """--deterministic promises the same bits whatever the plan; on the GPU the fused
+    graph's engines may sum in another order than the convolution's deterministic plan."""
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    assert decide(net, 4).conv_relu
+    decision = decide(net, 4, deterministic=True)
+    assert decision.bias_relu and decision.conv_relu == {}
+
+
+def test_the_cpu_convolution_with_its_relu_is_the_convolution_then_the_relu_pass():
+    from minidnn.kernels import ConvSpec
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    spec = ConvSpec(padding=(1, 1))
+    fused, want = np.empty((2, 5, 6, 6), np.float32), np.empty((2, 5, 6, 6), np.float32)
+    cpu.conv2d_forward(x, w, b, fused, spec, relu=True)
+    cpu.conv2d_forward(x, w, None, want, spec)
+    cpu.relu_forward(want, want, b)
+    np.testing.assert_array_equal(fused, want)
+    with pytest.raises(ValueError, match="needs the bias"):
+        cpu.conv2d_forward(x, w, None, fused, spec, relu=True)
 
 
 def test_a_decision_that_would_change_results_is_refused():

@@ -391,10 +391,12 @@ def test_a_fixed_decision_is_run_as_given():
     decision = MemoryDecision(offload=offload, conv_algo={"conv2": "min_workspace"})
     ex = build_executor(net, 4, device="cpu", policy=FixedDecision(decision), compute=False)
     # The decision as given, finished with the executor's prefetch lookahead and the biases
-    # its ReLUs add (minidnn/fusion.py).
-    from minidnn.fusion import bias_relu_pairs
+    # its ReLUs add, here in their convolutions (float32 maps; minidnn/fusion.py).
+    from minidnn.fusion import bias_relu_pairs, conv_relu_pairs
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
-                                  bias_relu=bias_relu_pairs(ex.plan), spec=ex.spec)
+                                  bias_relu=bias_relu_pairs(ex.plan),
+                                  conv_relu=conv_relu_pairs(ex.plan), spec=ex.spec)
+    assert ex.decision.conv_relu
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"
     stats = ex.simulate_step()

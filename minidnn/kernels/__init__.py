@@ -16,7 +16,10 @@ given (it never returns a new feature map) and may draw temporaries only from th
 
 The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
 
-    conv2d_forward(x, w, b, y, spec, workspace=None) y = conv(x, w) + b   (b may be None)
+    conv2d_forward(x, w, b, y, spec, workspace=None, relu=False)
+                                                     y = conv(x, w) + b   (b may be None);
+                                                     relu: y = max(that, 0), b given (the
+                                                     GPU's float32 maps: in the epilogue)
     conv2d_backward_data(gy, w, gx, spec, workspace=None)      gx = conv^T(gy, w) (overwrites gx)
     conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None)
                                                      gw, gb (gb may be None; both overwritten)

@@ -112,9 +112,16 @@ def _im2col(x, w_shape, out_hw, spec):
     return cols.reshape(spec.groups, cg * kh_size * kw_size, n * oh * ow)
 
 
-def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
+def conv2d_forward(x, w, b, y, spec, workspace=None, relu: bool = False) -> None:
     """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
-    workspace: unused here (the GPU's cuDNN plans take one)."""
+    workspace: unused here (the GPU's cuDNN plans take one). relu: y = max(conv + b, 0) (b
+    required), the bits of the convolution and then the ReLU's pass adding the bias."""
+    if relu:
+        if b is None:
+            raise ValueError("conv2d_forward: relu=True needs the bias b")
+        conv2d_forward(x, w, None, y, spec)
+        relu_forward(y, y, b)
+        return
     xp = get_array_module(x)
     n_total = x.shape[0]
     o, cg, kh, kw = w.shape

@@ -27,6 +27,7 @@ use TF32 and matrix products strict FP32: PyTorch's defaults.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Callable, NamedTuple
 
 import cupy as cp
@@ -129,8 +130,9 @@ def _handle():
 def _time_plan(graph, index, workspace_bytes, operands, best_ms=float("inf")):
     """Milliseconds of plan `index` on the current stream (see SLOW_FACTOR), or None if its
     workspace cannot be had or cuDNN refuses to run it. operands: the pointers of x, w and
-    y, and the call's planned workspace block (None: none), in which a plan whose
-    workspace it holds runs: under a budget the plan reserved that block for this call."""
+    y (and b, for fprop_bias_relu), and the call's planned workspace block (None: none), in
+    which a plan whose workspace it holds runs: under a budget the plan reserved that block
+    for this call."""
     *operands, reserved = operands
     ws = None
     if reserved is not None and workspace_bytes <= reserved.nbytes:
@@ -141,7 +143,7 @@ def _time_plan(graph, index, workspace_bytes, operands, best_ms=float("inf")):
         except MemoryError:  # CuPy's OutOfMemoryError and the arena's budget error both are
             return None
         ws_ptr = ws.data.ptr if ws is not None else 0
-    ptrs = (*operands, ws_ptr)
+    ptrs = (*operands[:3], ws_ptr, *operands[3:])
     stream = cp.cuda.get_current_stream()
     events = [cp.cuda.Event() for _ in range(3)]
     try:
@@ -193,17 +195,19 @@ def _ptrs(x, w, y) -> tuple:
     return x.data.ptr, w.data.ptr, y.data.ptr
 
 
-def _entry_and_parts(op, x, w, y, spec, reserved=None):
+def _entry_and_parts(op, x, w, y, spec, reserved=None, b=None):
     """(cache entry, [(x, w, y)] to run it on): the grouped problem itself, or one part per
     group when cuDNN cannot run it grouped. reserved: the call's planned workspace block, in
-    which a problem seen for the first time measures the plans it holds (_time_plan)."""
+    which a problem seen for the first time measures the plans it holds (_time_plan); b: the
+    bias fprop_bias_relu reads (that op is never split by group)."""
     cache = _cache()
     math, det = _state["math"], _state["deterministic"]
     problem = ConvProblem.of(op, x, w, y, spec, math, det)
+    bias = () if b is None else (b.data.ptr,)
     try:
-        return cache.get(problem, _ptrs(x, w, y) + (reserved,)), [(x, w, y)]
+        return cache.get(problem, _ptrs(x, w, y) + bias + (reserved,)), [(x, w, y)]
     except PlanUnavailable:
-        if spec.groups == 1:
+        if spec.groups == 1 or b is not None:
             raise
     parts = split_by_group(x, w, y, spec.groups)
     problem = ConvProblem.of(op, *parts[0], spec, math, det, groups=1)
@@ -224,11 +228,11 @@ class _Ready(NamedTuple):
 _ready: dict = {}
 
 
-def _prepare(op, x, w, y, spec, plan_index, reserved=None) -> _Ready:
+def _prepare(op, x, w, y, spec, plan_index, reserved=None, b=None) -> _Ready:
     """First call of a key: graph and measurements from the plan cache (in the call's
     planned workspace block `reserved`, when it has one), the plan chosen."""
     try:
-        entry, parts = _entry_and_parts(op, x, w, y, spec, reserved)
+        entry, parts = _entry_and_parts(op, x, w, y, spec, reserved, b)
     except PlanUnavailable as exc:
         raise ConfigError(f"convolution {spec.key or '(unnamed)'}: {exc}") from None
     if plan_index is None:
@@ -248,13 +252,15 @@ def _prepare(op, x, w, y, spec, plan_index, reserved=None) -> _Ready:
     return _Ready(entry.graph.runner(plan.index), plan.workspace_bytes, steps, plan.index)
 
 
-def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None) -> None:
+def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None,
+          b=None) -> None:
     """Run a convolution op on the roles x (image), w (filter), y (output map); `workspace`: a
-    flat uint8 device array to use if it is large enough for the plan."""
+    flat uint8 device array to use if it is large enough for the plan; b: the bias
+    fprop_bias_relu reads."""
     stream = cp.cuda.get_current_stream()
     if stream.ptr == 0:                      # legacy default stream: run fenced on our own
         with _cudnn_stream():
-            _conv(op, x, w, y, spec, plan_index, workspace)
+            _conv(op, x, w, y, spec, plan_index, workspace, b)
         return
     dev = x.data.device_id
     handle = _handles.get(dev) or _handle()
@@ -263,7 +269,7 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None)
            y.dtype, spec, dev, _state["math"], _state["deterministic"], plan_index)
     ready = _ready.get(key)
     if ready is None:
-        ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index, workspace)
+        ready = _ready[key] = _prepare(op, x, w, y, spec, plan_index, workspace, b)
     ws = None
     if workspace is not None and workspace.nbytes >= ready.workspace_bytes:
         ws_ptr = workspace.data.ptr if ready.workspace_bytes else 0
@@ -274,7 +280,9 @@ def _conv(op: str, x, w, y, spec, plan_index: int | None = None, workspace=None)
         except MemoryError as exc:  # the budget cannot hold this plan's workspace now
             ready, ws = _leaner_plan(key, op, x, w, y, spec, ready, str(exc))
         ws_ptr = ws.data.ptr if ws is not None else 0
-    if ready.group_steps is None:
+    if b is not None:
+        ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr, b.data.ptr)
+    elif ready.group_steps is None:
         ready.run(x.data.ptr, w.data.ptr, y.data.ptr, ws_ptr)
     else:
         sx, sw, sy, groups = ready.group_steps
@@ -351,12 +359,49 @@ def _weights_for(w, maps):
     return w if w.dtype == maps.dtype else weights_in(w, maps.dtype)
 
 
-def conv2d_forward(x, w, b, y, spec, workspace=None) -> None:
+def conv2d_forward(x, w, b, y, spec, workspace=None, relu: bool = False) -> None:
     """y (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C/groups, KH, KW)) + b (O,) (b may be None).
-    workspace: a flat uint8 device array for cuDNN, used when large enough (see _conv)."""
+    workspace: a flat uint8 device array for cuDNN, used when large enough (see _conv).
+    relu: y = max(conv + b, 0) (b required): on float32 maps one cuDNN graph with the bias
+    and the ReLU in its epilogue, among the plans that need no more workspace than the
+    call was given; else, or where cuDNN has no such plan (the choice is remembered per
+    call), the convolution and then the ReLU's pass adding the bias (relu_forward)."""
+    if relu:
+        if b is None:
+            raise ValueError("conv2d_forward: relu=True needs the bias b")
+        if _bias_relu_epilogue(x, w, b, y, spec, workspace):
+            return
+        _conv("fprop", x, _weights_for(w, x), y, spec, workspace=workspace)
+        relu_forward(y, y, b)
+        return
     _conv("fprop", x, _weights_for(w, x), y, spec, workspace=workspace)
     if b is not None:
         bias_add(y, b)
+
+
+# Call keys whose fused graph cuDNN could not run: they take the two passes from then on.
+_no_epilogue: set = set()
+
+
+def _bias_relu_epilogue(x, w, b, y, spec, workspace) -> bool:
+    """Run fprop_bias_relu for conv2d_forward(relu=True); False (nothing run) where it does
+    not apply: bf16 maps, a grouped convolution, or a call whose fused graph failed before."""
+    if x.dtype != np.float32 or spec.groups != 1 or b.dtype != x.dtype:
+        return False
+    key = (x.shape, x.strides, w.shape, y.strides, spec, _state["math"],
+           _state["deterministic"])
+    if key in _no_epilogue:
+        return False
+    if workspace is not None:       # no more workspace than the plan gave the call
+        limit = workspace.nbytes if spec.workspace_limit is None else \
+            min(workspace.nbytes, spec.workspace_limit)
+        spec = replace(spec, workspace_limit=limit)
+    try:
+        _conv("fprop_bias_relu", x, w, y, spec, workspace=workspace, b=b)
+    except (ConfigError, MemoryError):
+        _no_epilogue.add(key)
+        return False
+    return True
 
 
 def conv2d_backward_data(gy, w, gx, spec, workspace=None) -> None:

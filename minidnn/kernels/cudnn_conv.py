@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import ConfigError
 from .math_mode import MATH_MODES
 
-OPS = ("fprop", "dgrad", "wgrad")
+OPS = ("fprop", "dgrad", "wgrad", "fprop_bias_relu")
 # Plans whose kernels cuDNN compiles at run time (NVRTC) cost seconds to build, per shape; the
 # precompiled engines cover every convolution here, so those plans are not offered.
 EXCLUDE_RUNTIME_COMPILED = True
@@ -53,6 +53,10 @@ DTYPES = ("float32", "float64", "bfloat16")
 
 # What each op reads and writes, in the roles x (image), w (filter), y (output map):
 #   fprop  y  = conv(x, w)          dgrad  x = conv^T(y, w)          wgrad  w = corr(x, y)
+#   fprop_bias_relu  y = max(conv(x, w) + b, 0), b (O,) read too: the bias and the ReLU in
+#   the convolution's epilogue, on the float32 sums before y is written (float32 maps only:
+#   on bf16 maps the H200 offers it from runtime-compiled engines alone, slower than the
+#   convolution and the pass it saves; benchmarks/runs/wave15/probe_fusion.py).
 
 
 def deselected_notes(math_mode: str, deterministic: bool, dtype: str = "float32") -> tuple:
@@ -400,9 +404,14 @@ class CudnnConvGraph:
             return g.tensor(name=name, dim=list(shape), stride=list(strides), data_type=dt)
 
         op = problem.op
-        if op == "fprop":
+        self._b = None
+        if op in ("fprop", "fprop_bias_relu"):
             self._x, self._w = tensor("x", problem.x), tensor("w", problem.w)
             self._y = g.conv_fprop(image=self._x, weight=self._w, **conv)
+            if op == "fprop_bias_relu":
+                o = problem.w[0][0]
+                self._b = g.tensor(name="b", dim=[1, o, 1, 1], stride=[o, 1, o, o], data_type=dt)
+                self._y = g.relu(input=g.bias(input=self._y, bias=self._b))
             out = (self._y, problem.y)
         elif op == "dgrad":
             self._y, self._w = tensor("dy", problem.y), tensor("w", problem.w)
@@ -442,14 +451,23 @@ class CudnnConvGraph:
                                   f"({len(self.declined)} candidates declined)")
         self._graph = g
 
-    def execute(self, index: int, x_ptr: int, w_ptr: int, y_ptr: int, workspace_ptr: int) -> None:
-        """Run plan `index` on device pointers, on the stream the handle is bound to."""
-        self._graph.execute_plan_at_index({self._x: x_ptr, self._w: w_ptr, self._y: y_ptr},
+    def _pack(self, x_ptr, w_ptr, y_ptr, b_ptr) -> dict:
+        pack = {self._x: x_ptr, self._w: w_ptr, self._y: y_ptr}
+        if self._b is not None:
+            pack[self._b] = b_ptr
+        return pack
+
+    def execute(self, index: int, x_ptr: int, w_ptr: int, y_ptr: int, workspace_ptr: int,
+                b_ptr: int = 0) -> None:
+        """Run plan `index` on device pointers (b_ptr: the bias of fprop_bias_relu), on the
+        stream the handle is bound to."""
+        self._graph.execute_plan_at_index(self._pack(x_ptr, w_ptr, y_ptr, b_ptr),
                                           workspace=workspace_ptr, index=index,
                                           handle=self.handle)
 
     def runner(self, index: int, direct: bool | None = None):
-        """A function (x_ptr, w_ptr, y_ptr, workspace_ptr) -> None running plan `index`.
+        """A function (x_ptr, w_ptr, y_ptr, workspace_ptr, b_ptr=0) -> None running plan
+        `index` (b_ptr: the bias of fprop_bias_relu).
 
         The frontend's public execute_plan_at_index re-derives on every call what is fixed once
         a plan is chosen (its position in the backend's list, the excluded plans, the operand
@@ -465,13 +483,17 @@ class CudnnConvGraph:
         if direct and raw is not None and materialize is not None:
             cpp_index = materialize(index).cpp_index
             ux, uw, uy = self._x.uid, self._w.uid, self._y.uid
+            ub = None if self._b is None else self._b.uid
             handle = self.handle.backend_handle
             if cpp_index is not None:
-                def run(x_ptr, w_ptr, y_ptr, workspace_ptr):
-                    raw({ux: x_ptr, uw: w_ptr, uy: y_ptr}, workspace_ptr, cpp_index, handle)
+                def run(x_ptr, w_ptr, y_ptr, workspace_ptr, b_ptr=0):
+                    pack = {ux: x_ptr, uw: w_ptr, uy: y_ptr}
+                    if ub is not None:
+                        pack[ub] = b_ptr
+                    raw(pack, workspace_ptr, cpp_index, handle)
                 return run
 
-        def run(x_ptr, w_ptr, y_ptr, workspace_ptr):
-            self.execute(index, x_ptr, w_ptr, y_ptr, workspace_ptr)
+        def run(x_ptr, w_ptr, y_ptr, workspace_ptr, b_ptr=0):
+            self.execute(index, x_ptr, w_ptr, y_ptr, workspace_ptr, b_ptr)
         return run
 

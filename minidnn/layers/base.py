@@ -105,7 +105,9 @@ class StepContext:
     for them (layers/draws.py; a flat uint8 device array), or None.
     bias_deferred: names of the convolution nodes whose bias the ReLU after them adds;
     relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
-    minidnn/fusion.py). relu_in_bn: names of the batch norm nodes that apply the ReLU after
+    minidnn/fusion.py). relu_in_conv: names of the convolution nodes that add their bias
+    and apply the ReLU after them in their forward; relu_forward_done: those ReLUs, whose
+    forward has nothing left to do (the decision's conv_relu). relu_in_bn: names of the batch norm nodes that apply the ReLU after
     them; relu_done: names of those ReLUs, whose forward and backward have nothing left to do
     (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
     relu_in_add: names of the add nodes that apply the ReLU after them and mask their
@@ -138,6 +140,8 @@ class StepContext:
     scratch: Any = None
     bias_deferred: frozenset = frozenset()
     relu_bias: dict = field(default_factory=dict)
+    relu_in_conv: frozenset = frozenset()
+    relu_forward_done: frozenset = frozenset()
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
     relu_in_add: frozenset = frozenset()

@@ -173,21 +173,26 @@ class Conv2d(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """x (N, C, H, W) -> y (N, O, OH, OW); without the bias when the ReLU after this
-        layer adds it (ctx.bias_deferred; minidnn/fusion.py)."""
-        bias = self._own_bias(ctx)
+        layer adds it (ctx.bias_deferred), with the bias and that ReLU when this layer
+        applies both (ctx.relu_in_conv; minidnn/fusion.py)."""
+        relu = self.name in ctx.relu_in_conv
+        bias = self.params["bias"] if relu else self._own_bias(ctx)
         b = None if bias is None else bias.data
         x, w, spec = xs[0], self.params["weight"].data, self.spec_for(ctx)
         # bf16 maps, computed widened (the CPU): the convolution is rounded before its bias
         # is added, as the GPU's bf16 plans round it (layers/precision.py), so that the bias
         # added here or by the ReLU after (minidnn/fusion.py) gives the same bits.
         late_bias = b if b is not None and widened_bf16(ctx, y) else None
+        if relu and late_bias is not None:
+            raise ValueError(f"convolution {self.name!r}: the ReLU is applied in the "
+                             f"convolution on float32 maps only (minidnn/fusion.py)")
         b = None if late_bias is not None else b
         if ctx.batch_slice is None:
-            ctx.kernels.conv2d_forward(x, w, b, y, spec, workspace=ctx.workspace)
+            ctx.kernels.conv2d_forward(x, w, b, y, spec, workspace=ctx.workspace, relu=relu)
         else:
             for part in row_slices(x.shape[0], ctx.batch_slice):   # deterministic: by slice
                 ctx.kernels.conv2d_forward(x[part], w, b, y[part], spec,
-                                           workspace=ctx.workspace)
+                                           workspace=ctx.workspace, relu=relu)
         if late_bias is not None:
             round_to_bf16(ctx.kernels, y)
             y += late_bias.reshape(1, -1, 1, 1)     # float32, as the fused ReLU adds it

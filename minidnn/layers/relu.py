@@ -66,8 +66,10 @@ class ReLU(Layer):
 
     def forward(self, xs, y, aux, ctx):
         """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
-        before it (ctx.relu_bias; minidnn/fusion.py); nothing when the batch norm or the add
-        before it applied it (ctx.relu_done)."""
+        before it (ctx.relu_bias; minidnn/fusion.py); nothing when the convolution, the
+        batch norm or the add before it applied it (ctx.relu_forward_done, ctx.relu_done)."""
+        if self.name in ctx.relu_forward_done:   # the convolution did, in place, float32
+            return
         if self.name in ctx.relu_done:    # the layer before it applied it, in place
             if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
                 y[...] = xs[0]

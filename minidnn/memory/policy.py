@@ -80,6 +80,10 @@ class MemoryDecision:
     # bias_relu: {ReLU node name: convolution node name}: the ReLU adds that convolution's
     # bias in its own pass (minidnn/fusion.py); the same bits, one pass fewer.
     bias_relu: dict = field(default_factory=dict)
+    # conv_relu: {ReLU node name: convolution node name}, a part of bias_relu: that
+    # convolution applies the bias and the ReLU in its forward, the ReLU's forward does
+    # nothing (float32 maps; minidnn/fusion.py).
+    conv_relu: dict = field(default_factory=dict)
     # bn_relu: {ReLU node name: batch norm node name}: the batch norm applies that ReLU in its
     # own pass, whose forward then does nothing (minidnn/fusion.py).
     bn_relu: dict = field(default_factory=dict)

@@ -63,21 +63,24 @@ def test_the_epilogue_gives_the_convolution_then_the_relu_pass(stream, case, lay
 
 
 def test_a_step_whose_convolutions_apply_their_relus_trains_as_the_unfused_one():
-    """tiny_cnn on float32 maps, channels last, two steps: fused (conv_relu pairs) and with
-    --no-fuse, from the same weights and batches: losses and weights agree within TF32
-    tolerance."""
+    """tiny_cnn on float32 maps, channels last, strict FP32 sums, two steps: fused (conv_relu
+    pairs) and with --no-fuse, from the same weights and batches: losses and weights agree
+    within FP32 tolerance. (In TF32 the two steps' sums differ by about 1e-4, which this
+    network's second step at lr 0.05 amplifies to about 1% of its loss.)"""
     from minidnn import models
     from test_fusion import _run
+    settings = {"layout": "nhwc", "math": "fp32"}
     net = models.build("tiny_cnn", num_classes=10, image_size=16)
-    losses, state, pairs, evaluated = _run(net, {"layout": "nhwc"}, 2, True, 16, "conv_relu",
+    losses, state, pairs, evaluated = _run(net, settings, 2, True, 16, "conv_relu",
                                            device="gpu")
     assert pairs
     plain_losses, plain_state, none, plain_evaluated = _run(
-        models.build("tiny_cnn", num_classes=10, image_size=16), {"layout": "nhwc"}, 2, False,
-        16, "conv_relu", device="gpu")
+        models.build("tiny_cnn", num_classes=10, image_size=16), settings, 2, False, 16,
+        "conv_relu", device="gpu")
+    cuda.configure()
     assert none == {}
-    np.testing.assert_allclose(losses, plain_losses, rtol=1e-3)
-    np.testing.assert_allclose(evaluated, plain_evaluated, rtol=1e-3)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-4)
+    np.testing.assert_allclose(evaluated, plain_evaluated, rtol=1e-4)
     for key in state:
         scale = max(float(np.abs(plain_state[key]).max()), 1e-30)
-        assert float(np.abs(state[key] - plain_state[key]).max()) <= 1e-3 * scale, key
+        assert float(np.abs(state[key] - plain_state[key]).max()) <= 1e-4 * scale, key

@@ -161,10 +161,12 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                    help="GPU: issue every step layer by layer from the host, none replayed "
                         "from a CUDA graph of an earlier step (the same bits either way)")
     t.add_argument("--no-fuse", action="store_true",
-                   help="run every layer in its own passes: no convolution bias added in the "
+                   help="run every layer in its own passes: no convolution bias and ReLU "
+                        "applied by the convolution (float32 maps: on the GPU in its cuDNN "
+                        "graph, the same arithmetic on engines whose sums may be ordered "
+                        "otherwise, so within TF32 tolerance of this), no bias added in the "
                         "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
-                        "norm or residual add before it (the same bits either way; "
-                        "minidnn/fusion.py)")
+                        "norm or residual add before it (the same bits; minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "

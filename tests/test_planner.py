@@ -93,8 +93,17 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     net = conv_chain()
     model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0)
     ev = model.evaluate(frozenset())
-    calls = 2 * len(net.nodes)
+    # less the forward of each ReLU its convolution applies (float32 maps on a GPU: the
+    # fused graph takes the convolution's time; minidnn/fusion.py)
+    from minidnn.fusion import conv_relu_pairs
+    assert model.relu_forward_done == set(conv_relu_pairs(model.plan)) != set()
+    calls = 2 * len(net.nodes) - len(model.relu_forward_done)
     assert ev.step_time_s == pytest.approx(calls * 1e-3 + 1e-4)
+    unfused = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0,
+                        fuse=False)
+    assert unfused.relu_forward_done == set()
+    assert unfused.evaluate(frozenset()).step_time_s == \
+        pytest.approx(2 * len(net.nodes) * 1e-3 + 1e-4)
     assert ev.compute_s == pytest.approx(ev.step_time_s)
     assert ev.offloaded_bytes == 0
 
@@ -130,7 +139,8 @@ def test_a_step_replayed_from_a_graph_costs_the_host_nothing_per_call(static_lay
     prof = flat_profile(net, 4, layer_s=1e-6, host_s=1e-3)
     model = StepModel(net, 4, prof, input_batches=0, static_layout=static_layout)
     calls = 2 * len(net.nodes)
-    assert model.evaluate(frozenset()).step_time_s == pytest.approx(calls * 1e-6 + 1e-4)
+    device = calls - len(model.relu_forward_done)     # a fused ReLU's forward takes none
+    assert model.evaluate(frozenset()).step_time_s == pytest.approx(device * 1e-6 + 1e-4)
     everything = get_policy("all").decide(model.plan).offload
     moved = model.evaluate(everything).step_time_s
     if static_layout:    # replayed: bounded by the copies, not by the host
@@ -144,6 +154,7 @@ def test_a_cpu_profile_is_never_replayed():
     prof = dataclasses.replace(flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), synchronous=True)
     model = StepModel(net, 4, prof, input_batches=0)
     assert model.evaluate(frozenset()).step_time_s >= 2 * len(net.nodes) * 1e-3
+    assert model.relu_forward_done == set()     # the CPU runs a fused ReLU's pass still
 
 
 def test_copies_hide_behind_compute_only_when_the_link_is_fast():

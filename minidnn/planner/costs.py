@@ -206,12 +206,15 @@ def accumulation_s(profile: Profile) -> float:
     return profile.accumulate_s
 
 
-def least_step_s(profile: Profile, micro_batches: int, names=None) -> float:
+def least_step_s(profile: Profile, micro_batches: int, names=None,
+                 forward_done=frozenset()) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
-    (of the layers `names`, default every layer of the profile), the gradient adds of the
-    passes after the first, one optimizer update."""
-    costs = profile.layers.values() if names is None else [profile.layer(n) for n in names]
-    pass_s = sum(cost.least_time(phase) for cost in costs for phase in PHASES)
+    (of the layers `names`, default every layer of the profile; without the forward of
+    the ReLUs `forward_done`, which their convolutions apply: StepModel.relu_forward_done),
+    the gradient adds of the passes after the first, one optimizer update."""
+    names = list(profile.layers) if names is None else names
+    pass_s = sum(profile.layer(n).least_time(phase) for n in names for phase in PHASES
+                 if not (phase == "forward" and n in forward_done))
     return micro_batches * pass_s + (micro_batches - 1) * accumulation_s(profile) + \
         profile.optimizer_s
 

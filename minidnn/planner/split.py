@@ -209,8 +209,7 @@ def _plan_split(net, batch: int, profile_at, budget: int, lookaheads, counts, ch
                          [min(lookaheads)], options, run=False)
     for option in order:
         prof, names = _option_profile(option, net, profile_of)
-        if chosen is not None and \
-                least_step_s(prof, option.micro_batches, names) >= chosen.best.step_time_s:
+        if chosen is not None and _least_compute(option, prof, names) >= chosen.best.step_time_s:
             option.skipped = "its compute alone is slower than the plan chosen"
             _plan_option(option, net, prof, budget, [min(lookaheads)], options, run=False)
             continue
@@ -319,6 +318,14 @@ def _option_profile(option: SplitOption, net, profile_of) -> tuple:
     return prof, [node.name for node in chunk_network(net, option.chunks).nodes]
 
 
+def _least_compute(option: SplitOption, prof, names) -> float:
+    """least_step_s of `option` planned from `prof` (its step's layers `names`), without the
+    ReLU forwards its convolutions apply (the step model of its planner says which)."""
+    done = option.planner.model.relu_forward_done if option.planner is not None \
+        else frozenset()
+    return least_step_s(prof, option.micro_batches, names, done)
+
+
 def _bound(chosen: SplitOption | None) -> float | None:
     """The step time beyond which a search may give up (search.Planner.run): a plan found
     slower than `chosen` by more than pruning has gained (PRUNE_WITHIN) cannot win."""
@@ -358,7 +365,7 @@ def _chunk_options(planned: list, net, profile_of, budget: int, lookaheads, opti
         lookahead = option.lookahead if option.lookahead is not None else min(lookaheads)
         for more, prof, names in _measured_chunks(option, net, profile_of, budget, lookahead,
                                                   options, batch_slice):
-            compute = least_step_s(prof, more.micro_batches, names)
+            compute = _least_compute(more, prof, names)
             out.append(more)
             if more.minimum_budget > budget:
                 more.skipped = "does not fit"

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
+from ..fusion import conv_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -310,6 +311,12 @@ class StepModel:
                                                 batch // node.piece[1] if node.piece else batch,
                                                 counted)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
+        # ReLUs whose forward their convolution applies (minidnn/fusion.py, conv_relu): the
+        # profile times the two apart. On a GPU the ReLU's pass is gone and the fused graph
+        # takes the convolution's own time (the H200's TF32 plans:
+        # benchmarks/runs/wave15/call2/probe.txt); the CPU still runs the two passes.
+        fused = spec.fuse and options.batch_slice is None and not profile.synchronous
+        self.relu_forward_done = frozenset(conv_relu_pairs(self.plan)) if fused else frozenset()
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -588,6 +595,8 @@ class StepModel:
                     self._conv_calls.append((phase, i, name, transient))
                 else:
                     host, dur, ws = self._cost_of(phase, i, name, "fastest")
+                    if phase != "backward" and name in self.relu_forward_done:
+                        dur = 0.0
                     self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
         out = dict(self._fixed_costs)
         cache = self._cost_cache

@@ -65,6 +65,22 @@ def test_json_plan_agrees_with_its_table_and_fits():
     assert labels[0] == "none, fastest plans" and not tight["alternatives"][0]["fits"]
 
 
+def test_a_relu_its_convolution_applies_takes_no_forward_time_on_a_gpu():
+    """float32 maps on the H200: the convolution's cuDNN graph applies the bias and the ReLU
+    (minidnn/fusion.py), so the plan gives the ReLU's forward no time; --no-fuse gives it
+    its measured pass, and the step is slower by those passes."""
+    fused = plan_json("--model", "vgg16", "--batch", "64", "--gpu", "h200")
+    apart = plan_json("--model", "vgg16", "--batch", "64", "--gpu", "h200", "--no-fuse")
+    relus = {r["layer"]: r for r in fused["layers"] if r["type"] == "ReLU"}
+    alone = {r["layer"]: r for r in apart["layers"] if r["type"] == "ReLU"}
+    assert relus["relu1_1"]["forward_s"] == 0 < alone["relu1_1"]["forward_s"]
+    assert relus["relu6"]["forward_s"] > 0          # after a linear layer: its own pass
+    assert relus["relu1_1"]["backward_s"] == alone["relu1_1"]["backward_s"] > 0
+    saved = sum(alone[n]["forward_s"] for n in relus if relus[n]["forward_s"] == 0)
+    assert apart["plan"]["compute_time_s"] - fused["plan"]["compute_time_s"] == \
+        pytest.approx(saved, rel=1e-6)
+
+
 def test_k40_and_h200_plans_differ_in_speed_and_link():
     h200 = plan_json("--memory-budget", "1GiB")
     k40 = json.loads(run(*BASE[:-1], "k40", "--memory-budget", "1GiB", "--json"))

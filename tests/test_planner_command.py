@@ -150,6 +150,25 @@ def test_a_run_without_cuda_graphs_is_predicted_without_them(tmp_path, monkeypat
         assert specs[-1].graphs is graphs, (step_graphs, flag)
 
 
+def test_a_run_with_no_fusion_or_with_bit_masks_is_planned_as_it_ran(tmp_path, monkeypatch):
+    """A run's report says whether it fused (--no-fuse) and kept ReLU bit masks; plan
+    --report plans the same step (older reports, which say nothing of fusion, fused)."""
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": None, "math_mode": "tf32", "peak_device_bytes": 1}
+    specs = []
+    real = command.plan_step
+    monkeypatch.setattr(command, "plan_step",
+                        lambda net, spec, *a, **k: specs.append(spec) or real(net, spec, *a, **k))
+    path = tmp_path / "run.json"
+    for fields, flag, fuse, bits in [({}, (), True, False), ({"fuse": False}, (), False, False),
+                                     ({"fuse": True}, ("--no-fuse",), False, False),
+                                     ({"relu_bits": True}, (), True, True)]:
+        path.write_text(json.dumps(dict(report, **fields)))
+        plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json", *flag))
+        assert (specs[-1].fuse, specs[-1].relu_bits) == (fuse, bits), (fields, flag)
+
+
 @pytest.mark.parametrize("math_mode, math, deterministic", [
     ("fp32 deterministic", "fp32", True), ("fp32", "fp32", False),
     ("tf32 deterministic", "tf32", True), ("tf32", "tf32", False), ("unknown", "tf32", False)])

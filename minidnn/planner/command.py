@@ -171,8 +171,9 @@ def _load_report(path: str) -> dict:
 
 
 def _settings(args, report: dict | None) -> dict:
-    """Model, batch, image size, classes, policy, budget, math, deterministic, precision: the
-    command line's, else the report's, else the defaults."""
+    """Model, batch, image size, classes, policy, budget, math, deterministic, precision,
+    layout, CUDA graphs, ReLU bit masks, fusion: the command line's, else the report's, else
+    the defaults."""
     r = report or {}
     # A report writes e.g. 'fp32 deterministic' (report.math_mode).
     report_math, deterministic = parse_math_mode(r.get("math_mode"))
@@ -192,6 +193,9 @@ def _settings(args, report: dict | None) -> dict:
         # (--no-graphs, or a step that cannot be captured: the step model finds that too).
         "graphs": not args.no_graphs and not (r.get("device") == "gpu" and "step_graphs" in r
                                               and r["step_graphs"] is None),
+        "relu_bits": bool(args.relu_bits or r.get("relu_bits")),
+        # a run with --no-fuse: on a GPU a ReLU its convolution would apply takes its pass
+        "fuse": not args.no_fuse and r.get("fuse", True) is not False,
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -379,9 +383,7 @@ def make_plan(args) -> dict:
     net = models.build(s["model"], num_classes=int(s["num_classes"]),
                        image_size=int(s["image_size"]) if s["image_size"] else None)
     batch = int(s["batch"])
-    relu_bits = frozenset()
-    if args.relu_bits or (report or {}).get("relu_bits"):
-        relu_bits = relu_bits_for(net)
+    relu_bits = relu_bits_for(net) if s["relu_bits"] else frozenset()
     maps = MapFormat(s["layout"], s["precision"])
     source, line = _profile_source(args, s, report)
     source.host_link_gbps = args.host_link_gbps
@@ -424,9 +426,9 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
                     split_batch_statistics=getattr(args, "split_batch_statistics", False),
                     prefetch_lookahead=1 if args.prefetch_lookahead is None
                     else args.prefetch_lookahead,
-                    relu_bits=bool(args.relu_bits), precision=s["precision"],
+                    relu_bits=s["relu_bits"], precision=s["precision"],
                     layout=s["layout"], deterministic=s["deterministic"] or None,
-                    fuse=not args.no_fuse, graphs=s["graphs"])
+                    fuse=s["fuse"], graphs=s["graphs"])
     spec.check_network(net)
     spec.check_policy(get_policy(s["policy"]))
     stats = net.batch_statistics_layers()

@@ -16,6 +16,8 @@ Convolutions
   and dropped as soon as the plan is enqueued. Either way a layer's workspace exists only while
   its convolution runs, as in vDNN; reuse of the bytes is ordered on the stream.
 * Bias add (forward, cuda_pointwise.py) and bias gradient are CuPy kernels on the same stream.
+  With relu=True on float32 maps the bias and the ReLU after the convolution run in its cuDNN
+  graph's epilogue instead (fprop_bias_relu; minidnn/fusion.py says when a step asks for it).
 * Layouts: a problem's tensors are described to cuDNN by their strides, so NCHW and
   channels-last (NHWC) maps both run as they are (kernels/mapformat.py); with NHWC maps the
   tensor-core plans need no transposes around the convolution.

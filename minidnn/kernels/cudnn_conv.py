@@ -1,6 +1,7 @@
 """cuDNN convolutions through the cuDNN frontend: one graph per problem, every plan measured once.
 
-A *problem* is one convolution op (fprop, dgrad or wgrad) at fixed shapes, strides, dtype,
+A *problem* is one convolution op (fprop, dgrad, wgrad, or fprop_bias_relu: fprop with the
+bias and a ReLU in its epilogue) at fixed shapes, strides, dtype,
 stride/padding/dilation, groups and math mode. The first time a problem is seen its frontend
 graph is built, every candidate execution plan the heuristics offer (modes A and FALLBACK) is
 built, and each plan is run and timed once with CUDA events; the table

@@ -127,46 +127,49 @@ def test_a_run_report_is_compared_with_the_plan(tmp_path):
     assert "predicted against measured" in text and "within 5%: yes" in text
 
 
+# A GPU run's report, as train writes it, with what plan --report needs.
+GPU_REPORT = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": None, "math_mode": "tf32", "peak_device_bytes": 1}
+
+
+def planned_specs(tmp_path, monkeypatch):
+    """plan(fields, flags) -> the StepSpec plan --report plans for GPU_REPORT with `fields`
+    (a dict) and the command-line `flags`."""
+    specs = []
+    real = command.plan_step
+    monkeypatch.setattr(command, "plan_step",
+                        lambda net, spec, *a, **k: specs.append(spec) or real(net, spec, *a, **k))
+    path = tmp_path / "run.json"
+
+    def plan(fields, flags=()):
+        path.write_text(json.dumps(dict(GPU_REPORT, **fields)))
+        plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json", *flags))
+        return specs[-1]
+    return plan
+
+
 def test_a_run_without_cuda_graphs_is_predicted_without_them(tmp_path, monkeypatch):
     """A GPU run that replayed no step from a CUDA graph (--no-graphs; its report's
     step_graphs is None) is planned with the host issuing every call (StepSpec.graphs False),
     as plan --no-graphs plans it; a report with graphs replayed, or none said (older
     reports), keeps them."""
-    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
-              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
-              "memory_budget_bytes": None, "math_mode": "tf32", "peak_device_bytes": 1}
-    specs = []
-    real = command.plan_step
-    monkeypatch.setattr(command, "plan_step",
-                        lambda net, spec, *a, **k: specs.append(spec) or real(net, spec, *a, **k))
-    path = tmp_path / "run.json"
-    for step_graphs, flag, graphs in [("absent", (), True), (None, (), False),
-                                      ({"captured": 2}, (), True),
-                                      ({"captured": 2}, ("--no-graphs",), False)]:
-        if step_graphs != "absent":
-            report["step_graphs"] = step_graphs
-        path.write_text(json.dumps(report))
-        plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json", *flag))
-        assert specs[-1].graphs is graphs, (step_graphs, flag)
+    plan = planned_specs(tmp_path, monkeypatch)
+    for fields, flags, graphs in [({}, (), True), ({"step_graphs": None}, (), False),
+                                  ({"step_graphs": {"captured": 2}}, (), True),
+                                  ({"step_graphs": {"captured": 2}}, ("--no-graphs",), False)]:
+        assert plan(fields, flags).graphs is graphs, (fields, flags)
 
 
 def test_a_run_with_no_fusion_or_with_bit_masks_is_planned_as_it_ran(tmp_path, monkeypatch):
     """A run's report says whether it fused (--no-fuse) and kept ReLU bit masks; plan
     --report plans the same step (older reports, which say nothing of fusion, fused)."""
-    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
-              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
-              "memory_budget_bytes": None, "math_mode": "tf32", "peak_device_bytes": 1}
-    specs = []
-    real = command.plan_step
-    monkeypatch.setattr(command, "plan_step",
-                        lambda net, spec, *a, **k: specs.append(spec) or real(net, spec, *a, **k))
-    path = tmp_path / "run.json"
-    for fields, flag, fuse, bits in [({}, (), True, False), ({"fuse": False}, (), False, False),
-                                     ({"fuse": True}, ("--no-fuse",), False, False),
-                                     ({"relu_bits": True}, (), True, True)]:
-        path.write_text(json.dumps(dict(report, **fields)))
-        plan_json_of(parse("--report", str(path), "--gpu", "h200", "--json", *flag))
-        assert (specs[-1].fuse, specs[-1].relu_bits) == (fuse, bits), (fields, flag)
+    plan = planned_specs(tmp_path, monkeypatch)
+    for fields, flags, fuse, bits in [({}, (), True, False), ({"fuse": False}, (), False, False),
+                                      ({"fuse": True}, ("--no-fuse",), False, False),
+                                      ({"relu_bits": True}, (), True, True)]:
+        spec = plan(fields, flags)
+        assert (spec.fuse, spec.relu_bits) == (fuse, bits), (fields, flags)
 
 
 @pytest.mark.parametrize("math_mode, math, deterministic", [

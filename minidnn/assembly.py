@@ -417,7 +417,8 @@ class Assembly:
         those ReLUs) from the decision's conv_relu."""
         if not self.decision.conv_relu:
             return frozenset(), frozenset()
-        pairs = self._fusion_pairs("conv_relu", conv_relu_pairs(self.plan),
+        pairs = self._fusion_pairs("conv_relu", conv_relu_pairs(self.plan,
+                                                                self.batch_slice is not None),
                                    "moves ReLUs into convolutions")
         return frozenset(pairs.values()), frozenset(pairs)
 

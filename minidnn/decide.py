@@ -91,7 +91,7 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
                    bias_relu=bias_relu_pairs(plan) if spec.fuse else {},
-                   conv_relu=conv_relu_pairs(plan) if spec.fuse and not spec.deterministic
+                   conv_relu=conv_relu_pairs(plan, bool(spec.deterministic)) if spec.fuse
                    else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
                    add_relu=add_relu_pairs(plan) if spec.fuse else {}, spec=spec)

@@ -118,11 +118,11 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
             if conv.layer.bias}
 
 
-def conv_relu_pairs(plan: LivenessPlan) -> dict:
+def conv_relu_pairs(plan: LivenessPlan, deterministic: bool) -> dict:
     """{ReLU node name: convolution node name} of the bias_relu pairs whose convolution may
     apply the bias and the ReLU in its own forward (the conditions above: float32 maps, the
-    ReLU keeps its output), for a step planned as `plan`."""
-    if plan.maps.precision != "fp32":
+    ReLU keeps its output, not deterministic), for a step planned as `plan`."""
+    if plan.maps.precision != "fp32" or deterministic:
         return {}
     index = {node.name: node for node in plan.nodes}
     return {relu: conv for relu, conv in bias_relu_pairs(plan).items()

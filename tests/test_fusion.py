@@ -76,10 +76,10 @@ def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs):
 def test_on_float32_maps_a_convolution_applies_its_relu_unless_the_relu_keeps_bits():
     net = models.build("vgg16")
     plan = LivenessPlan(net, 2)
-    assert conv_relu_pairs(plan) == bias_relu_pairs(plan)
-    assert conv_relu_pairs(LivenessPlan(net, 2, maps=MapFormat("nchw", "bf16"))) == {}
+    assert conv_relu_pairs(plan, False) == bias_relu_pairs(plan)
+    assert conv_relu_pairs(LivenessPlan(net, 2, maps=MapFormat("nchw", "bf16")), False) == {}
     bits = frozenset({"relu1_1", "relu3_2"})
-    kept = conv_relu_pairs(LivenessPlan(net, 2, relu_bits=bits))
+    kept = conv_relu_pairs(LivenessPlan(net, 2, relu_bits=bits), False)
     assert set(kept) == set(bias_relu_pairs(plan)) - bits
 
 

@@ -96,7 +96,7 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     # less the forward of each ReLU its convolution applies (float32 maps on a GPU: the
     # fused graph takes the convolution's time; minidnn/fusion.py)
     from minidnn.fusion import conv_relu_pairs
-    assert model.relu_forward_done == set(conv_relu_pairs(model.plan)) != set()
+    assert model.relu_forward_done == set(conv_relu_pairs(model.plan, False)) != set()
     calls = 2 * len(net.nodes) - len(model.relu_forward_done)
     assert ev.step_time_s == pytest.approx(calls * 1e-3 + 1e-4)
     unfused = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0,
@@ -406,7 +406,7 @@ def test_a_fixed_decision_is_run_as_given():
     from minidnn.fusion import bias_relu_pairs, conv_relu_pairs
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
                                   bias_relu=bias_relu_pairs(ex.plan),
-                                  conv_relu=conv_relu_pairs(ex.plan), spec=ex.spec)
+                                  conv_relu=conv_relu_pairs(ex.plan, False), spec=ex.spec)
     assert ex.decision.conv_relu
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"

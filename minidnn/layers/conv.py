@@ -183,9 +183,6 @@ class Conv2d(Layer):
         # is added, as the GPU's bf16 plans round it (layers/precision.py), so that the bias
         # added here or by the ReLU after (minidnn/fusion.py) gives the same bits.
         late_bias = b if b is not None and widened_bf16(ctx, y) else None
-        if relu and late_bias is not None:
-            raise ValueError(f"convolution {self.name!r}: the ReLU is applied in the "
-                             f"convolution on float32 maps only (minidnn/fusion.py)")
         b = None if late_bias is not None else b
         if ctx.batch_slice is None:
             ctx.kernels.conv2d_forward(x, w, b, y, spec, workspace=ctx.workspace, relu=relu)

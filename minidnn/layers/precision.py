@@ -93,8 +93,7 @@ def temporary_bytes(layer, bf16_ops, maps, phase: str) -> int:
     if not wide:
         return 0
     if _takes(layer, bf16_ops):
-        rounds = phase != "backward" and not ROUND_FROM_FLOAT32.isdisjoint(
-            bf16_ops.intersection(layer.kernel_ops))
+        rounds = phase != "backward" and not ROUND_FROM_FLOAT32.isdisjoint(layer.kernel_ops)
         return _aligned(wide[-1]) if rounds and is_bfloat16(maps[-1][1]) else 0
     return sum(_aligned(n) for n in wide)
 

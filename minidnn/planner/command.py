@@ -195,7 +195,7 @@ def _settings(args, report: dict | None) -> dict:
                                               and r["step_graphs"] is None),
         "relu_bits": bool(args.relu_bits or r.get("relu_bits")),
         # a run with --no-fuse: on a GPU a ReLU its convolution would apply takes its pass
-        "fuse": not args.no_fuse and r.get("fuse", True) is not False,
+        "fuse": not args.no_fuse and bool(r.get("fuse", True)),
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "

@@ -107,7 +107,9 @@ class Profile:
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
     once, together. optimizer_s / optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
-    micro-batch after a step's first adds); 0 in profiles measured before it was.
+    micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
+    64 passes of 4 images adds 146M float32 gradients 63 times); 0 in profiles measured
+    before it was.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
@@ -198,14 +200,6 @@ class Profile:
         return cls(**d)
 
 
-def accumulation_s(profile: Profile) -> float:
-    """Device seconds of the gradient adds of one pass after a step's first (executor.py:
-    each parameter's gradient added into the accumulated one). (OverFeat at its least
-    budget, 64 passes of 4 images: 63 adds of 146M float32 gradients, which the per-layer
-    times do not hold.)"""
-    return profile.accumulate_s
-
-
 def least_step_s(profile: Profile, micro_batches: int, names=None,
                  forward_done=frozenset()) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
@@ -215,7 +209,7 @@ def least_step_s(profile: Profile, micro_batches: int, names=None,
     names = list(profile.layers) if names is None else names
     pass_s = sum(profile.layer(n).least_time(phase) for n in names for phase in PHASES
                  if not (phase == "forward" and n in forward_done))
-    return micro_batches * pass_s + (micro_batches - 1) * accumulation_s(profile) + \
+    return micro_batches * pass_s + (micro_batches - 1) * profile.accumulate_s + \
         profile.optimizer_s
 
 

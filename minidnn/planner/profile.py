@@ -395,10 +395,13 @@ def _release_pool(device: Device) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, float]:
+def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, float, float]:
     """(device seconds, host seconds) of one SGD step (momentum, weight decay) over arrays
-    shaped like the network's parameters."""
+    shaped like the network's parameters, and the device seconds of adding each gradient into
+    another once, as a micro-batch after a step's first does (executor.py: the kernels' add,
+    out in place)."""
     from ..optim import SGD
+    kernels = kernel_modules.for_device(device)
     xp = device.xp
     params = []
     with device.compute:
@@ -409,27 +412,14 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
             params.append((name, q))
         opt = SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
         device_s, host_s = _Clock(device)(opt.step, repeats)
-    del opt, params
-    _release_pool(device)
-    return device_s, host_s
-
-
-def measure_gradient_adds(net, device: Device, repeats: int = 3) -> float:
-    """Device seconds of adding every parameter's gradient into another once, as a
-    micro-batch after a step's first does (executor.py: the kernels' add, out in place)."""
-    kernels = kernel_modules.for_device(device)
-    xp = device.xp
-    with device.compute:
-        pairs = [tuple(xp.full(p.shape, 1e-3, dtype=net.dtype) for _ in range(2))
-                 for _, p in net.parameters()]
 
         def adds():
-            for grad, tmp in pairs:
-                kernels.add(grad, tmp, grad)
-        device_s, _ = _Clock(device)(adds, repeats)
-    del pairs
+            for _, q in params:
+                kernels.add(q.data, q.grad, q.data)
+        adds_s, _ = _Clock(device)(adds, repeats)
+    del opt, params
     _release_pool(device)
-    return device_s
+    return device_s, host_s, adds_s
 
 
 def measure_bandwidth(device: Device, nbytes: int | None = None,
@@ -528,8 +518,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     maps = maps or MapFormat()
     t0 = time.perf_counter()
     layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits, maps=maps)
-    opt_s, opt_host_s = measure_optimizer(net, device)
-    adds_s = measure_gradient_adds(net, device)
+    opt_s, opt_host_s, adds_s = measure_optimizer(net, device)
     d2h, h2d, both = measure_bandwidth(device)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]

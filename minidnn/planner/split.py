@@ -321,9 +321,7 @@ def _option_profile(option: SplitOption, net, profile_of) -> tuple:
 def _least_compute(option: SplitOption, prof, names) -> float:
     """least_step_s of `option` planned from `prof` (its step's layers `names`), without the
     ReLU forwards its convolutions apply (the step model of its planner says which)."""
-    done = option.planner.model.relu_forward_done if option.planner is not None \
-        else frozenset()
-    return least_step_s(prof, option.micro_batches, names, done)
+    return least_step_s(prof, option.micro_batches, names, option.planner.model.relu_forward_done)
 
 
 def _bound(chosen: SplitOption | None) -> float | None:

@@ -60,8 +60,8 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, accumulation_s, gradient_copy_bytes,
-                    numel, optimizer_transient_bytes, param_bytes, transient_bytes,
+from .costs import (ALGOS, Profile, accumulation_bytes, gradient_copy_bytes, numel,
+                    optimizer_transient_bytes, param_bytes, transient_bytes,
                     weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
@@ -315,8 +315,9 @@ class StepModel:
         # profile times the two apart. On a GPU the ReLU's pass is gone and the fused graph
         # takes the convolution's own time (the H200's TF32 plans:
         # benchmarks/runs/wave15/call2/probe.txt); the CPU still runs the two passes.
-        fused = spec.fuse and options.batch_slice is None and not profile.synchronous
-        self.relu_forward_done = frozenset(conv_relu_pairs(self.plan)) if fused else frozenset()
+        fused = spec.fuse and not profile.synchronous
+        self.relu_forward_done = frozenset(
+            conv_relu_pairs(self.plan, options.batch_slice is not None) if fused else ())
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -564,7 +565,7 @@ class StepModel:
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes,
         # the gradient adds of the k - 1 after the first, and one update.
-        between = (k - 1) * (accumulation_s(self.profile) - opt)
+        between = (k - 1) * (self.profile.accumulate_s - opt)
         step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,

@@ -38,12 +38,13 @@ from .checkpoint import (CheckpointLock, load_checkpoint, restore, restore_optim
 from .chunks import describe
 from .cpu_check import check_cpu_run
 from .data import BatchLoader, Dataset, SyntheticImages, open_data
-from .decide import build_executor
+from .decide import build_executor, decide
 from .errors import CheckpointError, ConfigError, DataError, fmt_bytes
 from .executor import Executor
 from .applies import check_resume_precision, device_warnings, refuse_unused_flags
 from .idx import parse_spec as parse_idx_spec
 from .kernels.math_mode import MATH_MODES
+from .memory.policy import MemoryDecision
 from .layers.loss import example_losses
 from .optim import SGD
 from .outputs import (check_checkpoint_target, check_not_backward, check_outputs, plot_formats,
@@ -243,7 +244,24 @@ def make_executor(cfg: TrainConfig, net, device=None, dp=None) -> Executor:
                     split_batch_statistics=cfg.split_batch_statistics,
                     precision=cfg.precision, layout=cfg.layout, graphs=cfg.graphs,
                     fuse=cfg.fuse, **share)
-    return build_executor(net, spec, device=device or cfg.device, seed=cfg.seed)
+    device = device or cfg.device
+    if cfg.policy == "dyn" and dp and dp.size > 1:   # a DynPolicy that measures
+        return Executor(net, spec, plan_from_rank_zero(dp, net, spec, device, policy),
+                        device=device, seed=cfg.seed)
+    return build_executor(net, spec, device=device, seed=cfg.seed)
+
+
+def plan_from_rank_zero(dp, net, spec: StepSpec, device, policy) -> MemoryDecision:
+    """The decision of `spec` on this rank, planned from the profiles rank 0 measured: rank
+    0 plans first, then hands its profiles to the others, which plan from them. Each rank
+    measuring its own would time the same kernels a little differently, and the ranks
+    could plan different steps (other offloads, other convolution plans, other peaks)."""
+    if dp.is_main:
+        decision = decide(net, spec, device=device)
+        dp.group.broadcast_object(policy.source.made(), "the planner's profiles")
+        return decision
+    policy.source.adopt(net, dp.group.broadcast_object(None, "the planner's profiles"))
+    return decide(net, spec, device=device)
 
 
 class StepTimer:

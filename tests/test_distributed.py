@@ -311,6 +311,55 @@ def test_ranks_on_the_command_line_train_what_one_process_trains(tmp_path):
     assert reduces[0]["args"]["bytes"] == 38570 * 4
 
 
+class _OneWayGroup:
+    """Stands in for a rank's socket group in broadcast_object: rank 0 leaves its value in
+    `sent`, the other rank takes it from there."""
+    def __init__(self, sent: list):
+        self.sent = sent
+
+    def broadcast_object(self, obj=None, what=""):
+        if obj is not None:
+            self.sent.append(json.loads(json.dumps(obj)))   # as a JSON message carries it
+            return obj
+        return self.sent[-1]
+
+
+class _Rank:
+    def __init__(self, is_main, sent):
+        self.is_main, self.group = is_main, _OneWayGroup(sent)
+
+
+def test_ranks_under_dyn_plan_from_rank_zeros_profiles(tmp_path, monkeypatch):
+    """Rank 0 measures and plans; rank 1 plans the same step from rank 0's profiles and
+    measures nothing (each measuring its own, they could plan different steps)."""
+    from minidnn import models
+    from minidnn.planner import profile as profile_module
+    from minidnn.planner.dyn import DynPolicy
+    from minidnn.spec import StepSpec
+    from minidnn.train import plan_from_rank_zero
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
+    sent: list = []
+
+    def plan(is_main):
+        net = models.build("tiny_cnn", num_classes=10, image_size=16)
+        policy = DynPolicy(log=lambda *_: None)
+        spec = StepSpec(batch=8, policy=policy, memory_budget=800_000, micro_batches=2,
+                        chunks=())
+        return plan_from_rank_zero(_Rank(is_main, sent), net, spec, "cpu", policy)
+
+    first = plan(True)
+    assert sent and sent[0], "rank 0 sent no profiles"
+
+    def measure_nothing(*args, **kwargs):
+        raise AssertionError("rank 1 measured a profile of its own")
+    monkeypatch.setattr(profile_module, "measure_profile", measure_nothing)
+    monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "another cache"))   # none to read
+    second = plan(False)
+    assert (second.offload, second.recompute, second.micro_batches, second.conv_algo) == \
+        (first.offload, first.recompute, first.micro_batches, first.conv_algo)
+    assert first.offload or first.recompute     # a step the budget made the planner plan
+
+
 def test_resume_needs_the_same_number_of_ranks_and_continues_bit_for_bit(tmp_path):
     straight, resumed = tmp_path / "straight.json", tmp_path / "resumed.json"
     ckpt = str(tmp_path / "run.npz")

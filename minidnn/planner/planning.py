@@ -28,6 +28,8 @@ from functools import partial
 
 from ..backend import Device, select_device
 from ..errors import MinidnnError, fmt_bytes
+from ..kernels.mapformat import MapFormat
+from .costs import Profile
 from .search import InfeasibleBudgetError, Planner, budget_to_give
 from .split import SplitOption, SplitPlan, least_budget, plan_split
 
@@ -75,6 +77,22 @@ class ProfileSource:
         if key not in self._made:
             self._made[key] = self._make(net, batch, relu_bits, maps)
         return self._made[key]
+
+    def made(self) -> list:
+        """The profiles measured so far, as JSON values (a data-parallel run's rank 0 hands
+        them to the other ranks, so that every rank plans from the same costs)."""
+        return [dict(batch=batch, relu_bits=sorted(bits),
+                     maps=None if maps is None else [maps.layout, maps.precision],
+                     profile=profile.to_json())
+                for (_, batch, bits, maps), profile in self._made.items()]
+
+    def adopt(self, net, made: list) -> None:
+        """Plan `net` from the profiles `made` (another source's `made()`) where they
+        apply, instead of measuring them here."""
+        for entry in made:
+            maps = None if entry["maps"] is None else MapFormat(*entry["maps"])
+            key = (net, int(entry["batch"]), frozenset(entry["relu_bits"]), maps)
+            self._made[key] = Profile.from_json(entry["profile"])
 
     def _make(self, net, batch: int, relu_bits, maps):
         if self.gpu is not None:

@@ -27,7 +27,8 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
-from .fusion import add_relu_pairs, bias_relu_pairs, bn_relu_pairs, conv_relu_pairs
+from .fusion import (add_relu_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
+                     conv_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -50,7 +51,8 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "seed", "compute", "micro_batches", "micro_batch", "prefetch_lookahead",
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
-          "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done")
+          "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
+          "_add_in_bn", "_add_done")
 
 
 @dataclass
@@ -170,6 +172,7 @@ class Assembly:
         self._relu_in_bn, self._relu_done = self._bn_relu()
         self._relu_in_add, folded = self._add_relu()
         self._relu_done |= folded
+        self._add_in_bn, self._add_done, extra_inputs = self._bn_add()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -186,7 +189,7 @@ class Assembly:
         self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                      decision=decision, dry=not self.compute, blocks=blocks,
                                      workspace=workspace, scratch=self.scratch,
-                                     add=self.kernels.add)
+                                     add=self.kernels.add, extra_inputs=extra_inputs)
 
     def release(self) -> None:
         """Bring parameters and buffers back to host memory (NumPy) and release all device
@@ -430,6 +433,19 @@ class Assembly:
         pairs = self._fusion_pairs("bn_relu", bn_relu_pairs(self.plan),
                                    "moves ReLUs into batch norms")
         return frozenset(pairs.values()), frozenset(pairs)
+
+    def _bn_add(self) -> tuple:
+        """(batch norms that apply the add and the ReLU after them, those adds, {batch norm
+        node index: (the add's other input,)}: what each such batch norm's forward reads
+        besides its input) from the decision's bn_add."""
+        if not self.decision.bn_add:
+            return frozenset(), frozenset(), {}
+        pairs = self._fusion_pairs("bn_add", bn_add_pairs(self.plan),
+                                   "moves adds into batch norms")
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        extra = {index[bn]: (self.plan.nodes[index[add]].inputs[1],)
+                 for add, bn in pairs.items()}
+        return frozenset(pairs.values()), frozenset(pairs), extra
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

@@ -221,7 +221,8 @@ class Executor:
                            relu_bias=self._relu_bias, relu_in_bn=self._relu_in_bn,
                            relu_in_conv=self._relu_in_conv,
                            relu_forward_done=self._relu_forward_done,
-                           relu_done=self._relu_done, step_keys=self._step_keys,
+                           relu_done=self._relu_done, add_in_bn=self._add_in_bn,
+                           add_done=self._add_done, step_keys=self._step_keys,
                            batch_slice=self.batch_slice,
                            statistics_slice=self.statistics_slice)
 

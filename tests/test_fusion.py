@@ -197,3 +197,86 @@ def test_a_batch_norm_that_applies_its_relu_gives_the_bits_of_the_two_layers(kwa
     assert plain[2] == {}
     assert losses == plain[0] and evaluated == plain[3]
     assert all(np.array_equal(state[k], plain[1][k]) for k in state)
+
+
+def _train_resnet_adds(decision_kwargs, fuse, steps=2):
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    return _run(net, decision_kwargs, steps, fuse, 32, "bn_add")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"precision": "bf16"},
+                                    {"precision": "bf16", "layout": "nhwc"},
+                                    {"policy": "all", "memory_budget": "200MiB"},
+                                    {"micro_batches": 2, "split_batch_statistics": True},
+                                    {"relu_bits": True}], ids=str)
+def test_a_batch_norm_that_applies_the_add_after_it_gives_the_bits_of_the_three_layers(
+        kwargs):
+    """ResNet-18's blocks whose identity is written before their last batch norm (all but
+    the three with a projection) fold the add and its ReLU into that batch norm; training
+    steps, running statistics and an evaluation keep their bits, in bf16 too."""
+    losses, state, fused, evaluated = _train_resnet_adds(kwargs, fuse=True)
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    every = ["layer1.0.add", "layer1.1.add", "layer2.1.add", "layer3.1.add", "layer4.1.add"]
+    if kwargs.get("relu_bits"):    # an add whose ReLU keeps bits does not apply it
+        assert fused and set(fused) < set(every)
+    else:
+        assert sorted(fused) == every
+    assert all(net.node(a).inputs[0] == b and net.node(b).layer.kind == "batchnorm"
+               for a, b in fused.items())
+    plain = _train_resnet_adds(kwargs, fuse=False)
+    assert plain[2] == {}
+    assert losses == plain[0] and evaluated == plain[3]
+    assert all(np.array_equal(state[k], plain[1][k]) for k in state)
+
+
+def test_a_deterministic_split_step_with_the_add_in_the_batch_norm_keeps_its_bits():
+    """Deterministic with split statistics: the batch norm normalizes slice by slice, each
+    slice adding its rows of the identity."""
+    from test_fused_bn_relu import small_resnet
+    kwargs = {"deterministic": True, "micro_batches": 2, "split_batch_statistics": True}
+    fused = _run(small_resnet(), kwargs, 2, True, 8, "bn_add")
+    plain = _run(small_resnet(), kwargs, 2, False, 8, "bn_add")
+    assert fused[2] == {"sum": "bn3"} and plain[2] == {}
+    assert fused[0] == plain[0] and fused[3] == plain[3]
+    assert all(np.array_equal(fused[1][k], plain[1][k]) for k in fused[1])
+
+
+def test_recomputing_a_block_whose_batch_norm_applies_the_add_keeps_the_bits():
+    """Every map that can be recomputed is, the fused adds' outputs among them: the batch
+    norm runs again, reading the identity the memory manager brought back, and the step's
+    gradients are those of the unfused step that keeps every map."""
+    from dataclasses import replace
+    from minidnn.decide import decide
+    from minidnn.executor import Executor
+    from minidnn.memory.policy import recompute_candidates
+
+    rng = np.random.default_rng(5)
+    x, labels = rng.standard_normal((4, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 4)
+
+    def gradients(fuse, recompute):
+        net = models.build("resnet18", num_classes=10, image_size=32)
+        net.init_params(0)
+        decision = decide(net, 4, device="cpu", fuse=fuse)
+        if recompute:
+            plan = LivenessPlan(net, 4, fuse=fuse)
+            ids = frozenset(s.id for s in recompute_candidates(plan))
+            assert plan.storage_of("layer1.1.bn2").id in ids
+            decision = replace(decision, recompute=ids)
+        with Executor(net, 4, device="cpu", seed=1, decision=decision) as ex:
+            assert bool(ex.decision.bn_add) == fuse
+            loss = float(ex.forward(x, labels))
+            ex.backward()
+            return loss, {k: g.tobytes() for k, g in ex.gradients().items()}
+
+    assert gradients(True, True) == gradients(False, False)
+
+
+def test_the_plan_counts_the_identity_a_fused_batch_norm_reads():
+    """The batch norm's forward call reads the add's other input as a second map (so a
+    widened bf16 call makes room for its float32 copy); unfused, it reads its input alone."""
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    fused, unfused = LivenessPlan(net, 4), LivenessPlan(net, 4, fuse=False)
+    b = [node.name for node in net.nodes].index("layer1.1.bn2")
+    assert len(fused.call_maps(b, "forward")) == 3 and len(unfused.call_maps(b, "forward")) == 2
+    assert fused.residual_reads[b] == net.node("layer1.1.add").inputs[1]
+    assert unfused.residual_reads == {}

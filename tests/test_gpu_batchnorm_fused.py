@@ -141,6 +141,40 @@ def test_the_folded_backward_gives_the_bits_of_the_relus_then_the_batch_norms(
     assert results[0] == results[1] == results[2]
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_the_folded_add_gives_the_bits_of_the_batch_norm_then_add_relu(gpu, shape, layout,
+                                                                        dtype, training):
+    """A batch norm that applies the residual add after it and its ReLU (minidnn/fusion.py)
+    writes the bits of its plain pass followed by cuda_pointwise.add_relu; with the
+    statistics of the batch (training) and with given ones (evaluation)."""
+    cp = gpu[0]
+    from minidnn.kernels import cuda_batchnorm as gpu_bn
+    from minidnn.kernels import cuda_pointwise
+    x, z, w, b = inputs(shape, dtype, seed=11)
+    c, dt = shape[1], w.dtype
+    dx, dz, dw, db = to_device(cp, x, layout), to_device(cp, z, layout), cp.asarray(w), \
+        cp.asarray(b)
+    outputs = []
+    for fused in (True, False):
+        y = to_device(cp, np.zeros_like(x), layout)
+        mean, invstd = cp.zeros(c, dt), cp.ones(c, dt)
+        residual = (dz, None) if fused else None
+        if training:
+            gpu_bn.batchnorm_training_forward(dx, dw, db, y, mean, invstd, EPS, None,
+                                              residual=residual)
+        else:
+            mean, invstd = cp.asarray(0.1 * w), cp.asarray(1 + 0.2 * np.abs(b))
+            gpu_bn.batchnorm_forward(dx, mean, invstd, dw, db, y, residual=residual)
+        if not fused:
+            cuda_pointwise.add_relu(y, dz, y)
+        outputs.append(raw(cp, y).tobytes())
+    assert outputs[0] == outputs[1]
+    assert (raw(cp, y).astype(np.float32) >= 0).all()
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layout):
@@ -161,12 +195,12 @@ def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layo
             for _ in range(2):
                 x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
                 losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-            pairs = dict(ex.decision.bn_relu)
+            pairs = dict(ex.decision.bn_relu), dict(ex.decision.bn_add)
         return losses, {k: np.array(v) for k, v in net.state_dict().items()}, pairs
 
     losses, state, pairs = train(True)
-    assert pairs == {"relu1": "bn1", "relu2": "bn2"}
+    assert pairs == ({"relu1": "bn1", "relu2": "bn2"}, {"sum": "bn3"})
     plain_losses, plain_state, none = train(False)
-    assert none == {} and losses == plain_losses
+    assert none == ({}, {}) and losses == plain_losses
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k

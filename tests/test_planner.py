@@ -96,16 +96,34 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     # less the forward of each ReLU its convolution applies (float32 maps on a GPU: the
     # fused graph takes the convolution's time; minidnn/fusion.py)
     from minidnn.fusion import conv_relu_pairs
-    assert model.relu_forward_done == set(conv_relu_pairs(model.plan, False)) != set()
-    calls = 2 * len(net.nodes) - len(model.relu_forward_done)
+    assert model.forward_share == {r: 0.0 for r in conv_relu_pairs(model.plan, False)} != {}
+    calls = 2 * len(net.nodes) - len(model.forward_share)
     assert ev.step_time_s == pytest.approx(calls * 1e-3 + 1e-4)
     unfused = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0,
                         fuse=False)
-    assert unfused.relu_forward_done == set()
+    assert unfused.forward_share == {}
     assert unfused.evaluate(frozenset()).step_time_s == \
         pytest.approx(2 * len(net.nodes) * 1e-3 + 1e-4)
     assert ev.compute_s == pytest.approx(ev.step_time_s)
     assert ev.offloaded_bytes == 0
+
+
+def test_an_add_its_batch_norm_applies_costs_the_read_of_its_other_input():
+    """On a GPU the forward of a residual add that the batch norm before it applies
+    (minidnn/fusion.py, bn_add) is the batch norm's pass reading one map more: a third of the
+    add's own pass (which reads two maps and writes one)."""
+    from minidnn import models
+    from minidnn.fusion import bn_add_pairs
+    from minidnn.planner.step_model import FUSED_ADD_SHARE
+    net = models.build("resnet18", num_classes=10, image_size=32)
+    prof = flat_profile(net, 2, layer_s=1e-3)
+    fused = StepModel(net, 2, prof, input_batches=0)
+    adds = bn_add_pairs(fused.plan)
+    assert adds and all(fused.forward_share[a] == FUSED_ADD_SHARE for a in adds)
+    unfused = StepModel(net, 2, prof, input_batches=0, fuse=False)
+    saved = unfused.evaluate(frozenset()).step_time_s - fused.evaluate(frozenset()).step_time_s
+    others = sum(1 - s for n, s in fused.forward_share.items() if n not in adds)
+    assert saved == pytest.approx((len(adds) * (1 - FUSED_ADD_SHARE) + others) * 1e-3)
 
 
 def test_each_pass_after_the_first_adds_its_gradients():
@@ -139,7 +157,7 @@ def test_a_step_replayed_from_a_graph_costs_the_host_nothing_per_call(static_lay
     prof = flat_profile(net, 4, layer_s=1e-6, host_s=1e-3)
     model = StepModel(net, 4, prof, input_batches=0, static_layout=static_layout)
     calls = 2 * len(net.nodes)
-    device = calls - len(model.relu_forward_done)     # a fused ReLU's forward takes none
+    device = calls - len(model.forward_share)     # a fused ReLU's forward takes none
     assert model.evaluate(frozenset()).step_time_s == pytest.approx(device * 1e-6 + 1e-4)
     everything = get_policy("all").decide(model.plan).offload
     moved = model.evaluate(everything).step_time_s
@@ -154,7 +172,7 @@ def test_a_cpu_profile_is_never_replayed():
     prof = dataclasses.replace(flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), synchronous=True)
     model = StepModel(net, 4, prof, input_batches=0)
     assert model.evaluate(frozenset()).step_time_s >= 2 * len(net.nodes) * 1e-3
-    assert model.relu_forward_done == set()     # the CPU runs a fused ReLU's pass still
+    assert model.forward_share == {}     # the CPU runs a fused ReLU's pass still
 
 
 def test_copies_hide_behind_compute_only_when_the_link_is_fast():

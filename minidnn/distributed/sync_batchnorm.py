@@ -62,12 +62,13 @@ class SyncBatchStatistics:
         self.reducer.all_reduce_now([both])
         return both
 
-    def batchnorm_forward(self, x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
+    def batchnorm_forward(self, x, mean, invstd, weight, bias, y, relu: bool = False,
+                          residual=None) -> None:
         """The device's kernel: y = (x - mean) * invstd * weight + bias (no statistics)."""
-        _kernels(x).batchnorm_forward(x, mean, invstd, weight, bias, y, relu)
+        _kernels(x).batchnorm_forward(x, mean, invstd, weight, bias, y, relu, residual)
 
     def batchnorm_training_forward(self, x, weight, bias, y, mean, invstd, eps: float,
-                                   running=None, relu: bool = False) -> None:
+                                   running=None, relu: bool = False, residual=None) -> None:
         """As the kernels' batchnorm_training_forward with the statistics of every rank's rows:
         x, y (N, C, H, W) this rank's; mean, invstd (C,) written; running = (running_mean,
         running_var, momentum) moved with the global figures, None leaves them."""
@@ -82,7 +83,7 @@ class SyncBatchStatistics:
         var[...] = self._sum(spread)[0] / count
         mean[...] = whole_mean
         xp.reciprocal(xp.sqrt(var + dt(eps)), out=invstd)
-        k.batchnorm_forward(x, mean, invstd, weight, bias, y, relu)
+        k.batchnorm_forward(x, mean, invstd, weight, bias, y, relu, residual)
         if running is not None:   # as the kernels move them, with the whole batch's count
             running_mean, running_var, momentum = running
             unbiased = dt(momentum) * dt(count / (count - 1))

@@ -4,12 +4,16 @@
 With M = N * H * W values per channel, mean and biased variance over them:
 
     batchnorm_stats(x, mean, var)                       mean, var: (C,), overwritten
-    batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps, running=None)
+    batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps, running=None,
+                               relu=False, residual=None)
         a training step's forward: the batch's mean and invstd = 1 / sqrt(var + eps) into
         mean, invstd (C,), then y as batchnorm_forward; running = (running_mean, running_var,
         momentum) moves the running estimates (below), None leaves them (a recomputation)
-    batchnorm_forward(x, mean, invstd, weight, bias, y) y = (x - mean) * invstd * weight + bias,
-                                                        computed as x * scale + shift
+    batchnorm_forward(x, mean, invstd, weight, bias, y, relu=False, residual=None)
+        y = (x - mean) * invstd * weight + bias, computed as x * scale + shift; relu: then
+        max(y, 0), the ReLU after the batch norm (minidnn/fusion.py); residual = (z,
+        stored): then max(y + z, 0), y rounded to `stored` first (the maps' dtype; None:
+        y's), the residual add after the batch norm and its ReLU, add_relu's bits
     batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None)
         the gradients of a training-mode forward (mean, invstd the batch's):
         gbias = sum gy, gweight = sum gy * xhat   (xhat = (x - mean) * invstd)
@@ -28,6 +32,7 @@ batches keep their digits; the results are written in the arrays' own dtype.
 from __future__ import annotations
 
 from ..backend import get_array_module
+from . import cpu
 from .cpu import relu_forward
 
 
@@ -47,7 +52,7 @@ def batchnorm_stats(x, mean, var) -> None:
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
-                               running=None, relu: bool = False) -> None:
+                               running=None, relu: bool = False, residual=None) -> None:
     """The batch's statistics, y, and (when running is given) the running estimates moved
     as PyTorch moves them: r = (1 - momentum) * r + momentum * v, with the unbiased variance
     var * M / (M - 1) for running_var. Arrays in x's dtype; eps, momentum: floats. relu: y
@@ -59,7 +64,7 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
     xp.add(var, dt(eps), out=invstd)
     xp.sqrt(invstd, out=invstd)
     xp.reciprocal(invstd, out=invstd)
-    batchnorm_forward(x, mean, invstd, weight, bias, y, relu)
+    batchnorm_forward(x, mean, invstd, weight, bias, y, relu, residual)
     if running is not None:
         running_mean, running_var, momentum = running
         count = x.size // x.shape[1]
@@ -70,15 +75,23 @@ def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
         running_var += (m * dt(count / (count - 1))) * var
 
 
-def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
+def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False,
+                      residual=None) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale; then
-    relu_forward(y, y) with relu (the ReLU layer's own kernel: the same bits)."""
+    relu_forward(y, y) with relu (the ReLU layer's own kernel: the same bits); with residual
+    = (z, stored), y rounded to `stored` (None: y's dtype), then add_relu(y, z, y): the
+    batch norm's output as stored, then the add and the ReLU after it, their kernel."""
     xp = get_array_module(x)
     scale = invstd * weight
     shift = bias - mean * scale
     xp.multiply(x, _per_channel(scale), out=y)
     y += _per_channel(shift)
-    if relu:
+    if residual is not None:
+        z, stored = residual
+        if stored is not None and xp.dtype(stored) != y.dtype:
+            y[...] = y.astype(stored)          # a widened call: as the map stores it
+        cpu.add_relu(y, z, y)       # the add's own kernel: the same bits
+    elif relu:
         relu_forward(y, y)
 
 

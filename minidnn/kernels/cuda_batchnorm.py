@@ -331,6 +331,15 @@ __device__ __forceinline__ M affine_value(M x, acc_t<M> s, acc_t<M> t) {
     return narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
 }
 
+// The residual add after the batch norm and its ReLU (minidnn/fusion.py): the affine value
+// stored as the batch norm stores it, then cuda_pointwise's add_relu on it and z: their bits.
+template<typename M>
+__device__ __forceinline__ M affine_add_relu_value(M x, M z, acc_t<M> s, acc_t<M> t) {
+    const M stored = affine_value<M, false>(x, s, t);
+    const M sum = narrow<M>(widen(stored) + widen(z));
+    return widen(sum) > 0 ? sum : narrow<M>(0);
+}
+
 // gx for gy, x of channel coefficients (mean, a, b, d, scale, shift) in MODE: 0 the batch
 // norm's gradient; 1 the same of gy masked by the ReLU after it; 2 that masked gy alone.
 template<typename M, int MODE>
@@ -373,6 +382,24 @@ template<typename M, int VEC>
 __global__ void bn_affine_relu_last(const M* x, M* y, const acc_t<M>* coef, unsigned int C,
                                     unsigned int c_mul, unsigned int c_shift, unsigned int n) {
     affine_pass<M, VEC, true>(x, y, coef, C, c_mul, c_shift, n);
+}
+
+// Channels last: y = max(affine(x) + z, 0) (affine_add_relu_value), as affine_pass.
+template<typename M, int VEC>
+__global__ void bn_affine_add_relu_last(const M* x, const M* z, M* y, const acc_t<M>* coef,
+                                        unsigned int C, unsigned int c_mul,
+                                        unsigned int c_shift, unsigned int n) {
+    typedef acc_t<M> T;
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const unsigned int first = k * VEC;
+    const unsigned int v = (first - divide(first, c_mul, c_shift) * C) / VEC;
+    const Pack<T, VEC> s = load<T, VEC>(coef, v), t = load<T, VEC>(coef + C, v);
+    Pack<M, VEC> a = load<M, VEC>(x, k);
+    const Pack<M, VEC> r = load<M, VEC>(z, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) a.v[j] = affine_add_relu_value<M>(a.v[j], r.v[j], s.v[j], t.v[j]);
+    store<M, VEC>(y, k, a);
 }
 
 // Channels last: gx from x, gy and coef = [mean, a, b, d, scale, shift] in MODE (grad_value).
@@ -447,6 +474,24 @@ __global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* coef, int C,
     }
 }
 
+// NCHW: y = max(affine(x) + z, 0) (affine_add_relu_value), as bn_affine_planes.
+template<typename M, int VEC>
+__global__ void bn_affine_add_relu_planes(const M* x, const M* z, M* y, const acc_t<M>* coef,
+                                          int C, long long HW, long long n) {
+    typedef acc_t<M> T;
+    const long long vectors = n / VEC;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vectors;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)((i * VEC / HW) %% C);
+        const T s = coef[c], t = coef[C + c];
+        Pack<M, VEC> a = load<M, VEC>(x + i * VEC, 0);
+        const Pack<M, VEC> r = load<M, VEC>(z + i * VEC, 0);
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) a.v[j] = affine_add_relu_value<M>(a.v[j], r.v[j], s, t);
+        store<M, VEC>(y + i * VEC, 0, a);
+    }
+}
+
 template<typename M, int VEC, int MODE>
 __global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* coef, int C,
                                long long HW, long long n) {
@@ -479,8 +524,9 @@ def _instances():
                 yield f"bn_partial_sums<{t}, {group}, {mode}>"
                 yield f"bn_column_partial_sums<{t}, {group}, {mode}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
-            for name in ("bn_affine_last", "bn_affine_relu_last", "bn_grad_last",
-                         "bn_grad_relu_last", "bn_relu_mask_last"):
+            for name in ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_last",
+                         "bn_grad_last", "bn_grad_relu_last", "bn_relu_mask_last",
+                         "bn_affine_add_relu_planes"):
                 yield f"{name}<{t}, {vec}>"
             for relu in ("false", "true"):
                 yield f"bn_affine_planes<{t}, {vec}, {relu}>"
@@ -597,7 +643,8 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
 def _per_value(last: str, planes: tuple, geometry: tuple, maps, coef) -> None:
     """A per-value pass over `maps` (laid out alike) with the per-channel coefficients coef
     (rows of C values): kernel `last` in channels last, else bn_..._planes<T, VEC, `planes`>
-    (its name given up to the template arguments, e.g. 'bn_grad_planes' and '1')."""
+    (its name given up to the template arguments, e.g. 'bn_grad_planes' and '1'; None: a
+    kernel of two, bn_..._planes<T, VEC>)."""
     n, c, hw, *_ = geometry
     x = maps[0]
     if is_channels_last(x):
@@ -610,13 +657,19 @@ def _per_value(last: str, planes: tuple, geometry: tuple, maps, coef) -> None:
     if hw % vec or not _aligned(*maps):
         vec = 1
     blocks = min(_PLANE_BLOCKS, -(-x.size // vec // _THREADS))
-    _module.get_function(f"{kernel}<{_ctype_of(x)}, {vec}, {arguments}>")(
+    template = f"{_ctype_of(x)}, {vec}" + ("" if arguments is None else f", {arguments}")
+    _module.get_function(f"{kernel}<{template}>")(
         (blocks,), (_THREADS,), (*maps, coef, np.int32(c), np.int64(hw), np.int64(x.size)))
 
 
-def _affine(geometry: tuple, x, y, coef, relu: bool = False) -> None:
+def _affine(geometry: tuple, x, y, coef, relu: bool = False, residual=None) -> None:
     """y = x * scale + shift per channel (coef = [scale, shift]; x, y laid out alike), then
-    max(y, 0) with relu."""
+    max(y, 0) with relu; with residual = (z, stored), max(y + z, 0), y rounded to the maps'
+    dtype first (the kernels read and write the maps as they are: `stored` is theirs)."""
+    if residual is not None:
+        _per_value("bn_affine_add_relu_last", ("bn_affine_add_relu_planes", None), geometry,
+                   (x, residual[0], y), coef)
+        return
     _per_value("bn_affine_relu_last" if relu else "bn_affine_last",
                ("bn_affine_planes", "true" if relu else "false"), geometry, (x, y), coef)
 
@@ -629,13 +682,14 @@ def batchnorm_stats(x, mean, var) -> None:
 
 
 def batchnorm_training_forward(x, weight, bias, y, mean, invstd, eps: float,
-                               running=None, relu: bool = False) -> None:
+                               running=None, relu: bool = False, residual=None) -> None:
     """As cpu_batchnorm.batchnorm_training_forward, in three launches (partial sums, the
-    per-channel results, the affine pass, which applies the ReLU with relu)."""
-    geometry = _geometry(x, y)
+    per-channel results, the affine pass, which applies the ReLU with relu, the add and its
+    ReLU with residual)."""
+    geometry = _geometry(x, y) if residual is None else _geometry(x, y, residual[0])
     var = cp.empty(x.shape[1], channel_dtype(x))
     coef = _statistics(geometry, x, weight, bias, mean, var, invstd, eps, running)
-    _affine(geometry, x, y, coef, relu)
+    _affine(geometry, x, y, coef, relu, residual)
 
 
 def _forward_coefficients(mean, invstd, weight, bias):
@@ -648,10 +702,13 @@ def _forward_coefficients(mean, invstd, weight, bias):
     return coef
 
 
-def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False) -> None:
+def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False,
+                      residual=None) -> None:
     """y = x * scale + shift with scale = invstd * weight, shift = bias - mean * scale; then
-    max(y, 0) with relu."""
-    _affine(_geometry(x, y), x, y, _forward_coefficients(mean, invstd, weight, bias), relu)
+    max(y, 0) with relu, max(y + z, 0) with residual = (z, stored) (as _affine)."""
+    geometry = _geometry(x, y) if residual is None else _geometry(x, y, residual[0])
+    _affine(geometry, x, y, _forward_coefficients(mean, invstd, weight, bias), relu,
+            residual)
 
 
 def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None) -> None:

@@ -112,6 +112,9 @@ class StepContext:
     (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
     relu_in_add: names of the add nodes that apply the ReLU after them and mask their
     gradient with its output (the decision's add_relu); relu_done names those ReLUs too.
+    add_in_bn: names of the batch norm nodes that apply the add after them (and its ReLU),
+    reading the add's other input as their second input; add_done: those adds, whose
+    forward has nothing left to do (the decision's bn_add).
     maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
     precision), in which a batch norm recomputes the output of the ReLU it applies; None:
     the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
@@ -145,6 +148,8 @@ class StepContext:
     relu_in_bn: frozenset = frozenset()
     relu_done: frozenset = frozenset()
     relu_in_add: frozenset = frozenset()
+    add_in_bn: frozenset = frozenset()
+    add_done: frozenset = frozenset()
     maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None

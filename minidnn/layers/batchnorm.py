@@ -21,7 +21,9 @@ reduce in a fixed order) and leaves the running estimates alone, so they move on
 
 The ReLU after a batch norm may be folded into it (minidnn/fusion.py, ctx.relu_in_bn): forward
 stores max(y, 0), and backward takes the ReLU's output gradient and masks it where that
-output, recomputed from x with the forward's operations, is not positive.
+output, recomputed from x with the forward's operations, is not positive. So may the residual
+add after it and that add's ReLU (ctx.add_in_bn): forward then reads the add's other input z
+as a second input and stores max(y + z, 0), y rounded as stored first; backward is unchanged.
 
 The statistics are the whole batch's (`batch_statistics`): a step split into micro-batches
 would normalize each part with its own, which is a different network.
@@ -99,14 +101,20 @@ class BatchNorm2d(Layer):
     def forward(self, xs, y, aux, ctx):
         """x, y: (N, C, H, W); aux['mean'], aux['invstd']: (C,), written in training. aux None:
         a recomputation in backward (statistics again from x, running estimates untouched).
-        y then goes through the ReLU after this layer when ctx.relu_in_bn names it."""
+        y then goes through the ReLU after this layer when ctx.relu_in_bn names it; through
+        the add after it and its ReLU when ctx.add_in_bn does (xs[1]: the add's other input,
+        (N, C, H, W))."""
         x, xp, k = xs[0], ctx.xp, self._kernels(ctx)
         w, b = self.params["weight"].data, self.params["bias"].data
         relu = self.name in ctx.relu_in_bn    # the ReLU after it too (minidnn/fusion.py)
+        # (z, the maps' dtype): y is rounded as stored before z is added (minidnn/fusion.py)
+        residual = (xs[1], None if ctx.maps is None else ctx.maps.map_dtype(self.dtype)) \
+            if self.name in ctx.add_in_bn else None
         if not ctx.train:
             running = self.buffers
             invstd = 1.0 / xp.sqrt(running["running_var"].data + self.dtype.type(self.eps))
-            k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu)
+            k.batchnorm_forward(x, running["running_mean"].data, invstd, w, b, y, relu,
+                                residual)
             return
         rows = ctx.statistics_slice or x.shape[0]    # normalized with statistics of their own
         if rows * x[0, 0].size < 2:
@@ -124,13 +132,15 @@ class BatchNorm2d(Layer):
         if ctx.statistics_slice is None:
             if running is not None:
                 self.buffers["num_batches_tracked"].data += 1
-            k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu)
+            k.batchnorm_training_forward(x, w, b, y, mean, invstd, self.eps, running, relu,
+                                         residual)
             return
         for part in in_order(x.shape[0], rows):   # deterministic: each slice on its own
             if running is not None:
                 self.buffers["num_batches_tracked"].data += 1
             k.batchnorm_training_forward(x[part], w, b, y[part], mean, invstd, self.eps,
-                                         running, relu)
+                                         running, relu, residual and (residual[0][part],
+                                                                      residual[1]))
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gy: the output gradient, or, when this layer applies the ReLU after it

@@ -242,11 +242,15 @@ class MemoryManager:
     numbers (layers/draws.py; acquire_scratch, the same way): planned in a static layout,
     from the allocator otherwise, so that they are always counted. add: the kernels' add
     (out = a + b), which sums a branch's gradient into the one already written.
+    extra_inputs: {node index: (tensor name, ...)}: maps a node's forward reads after its
+    own inputs (a batch norm that applies the add after it reads the add's other input:
+    minidnn/fusion.py). Each is on the device then, its last forward reader coming later.
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None,
                  decision: MemoryDecision | None = None, dry: bool = False, blocks=None,
-                 workspace: dict | None = None, scratch: dict | None = None, add=None):
+                 workspace: dict | None = None, scratch: dict | None = None, add=None,
+                 extra_inputs: dict | None = None):
         decision = NO_DECISION if decision is None else decision
         offload, recompute = decision.offload, decision.recompute
         prefetch_lookahead = 1 if decision.prefetch_lookahead is None \
@@ -270,6 +274,7 @@ class MemoryManager:
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
         self.scratch = dict(scratch or {})
+        self.extra_inputs = dict(extra_inputs or {})
         self._call_blocks: list = []   # workspace and scratch blocks held during a call
         self.observer = None           # a StepObserver (memory/observer.py) set by the executor
         self.train = True
@@ -467,7 +472,7 @@ class MemoryManager:
                     self._offload(sid)
         node = self.plan.nodes[i]
         where = f"forward of {node.name}"
-        xs = self._rows(i, [self.view(name, where) for name in node.inputs])
+        xs = self._rows(i, [self.view(name, where) for name in self._reads(i)])
         y = self.view(node.name, where)
         aux = {a: self.view(t, where) for a, t in self.plan.aux_tensors(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
@@ -515,14 +520,18 @@ class MemoryManager:
         """(inputs, output) of node j for its forward run again in backward."""
         node = self.plan.nodes[j]
         where = f"recompute of {node.name}"
-        for name in node.inputs:
+        for name in self._reads(j):
             sid = self.plan.tensors[name].storage
             self._ensure(sid, where)
             self.mover.wait(self.maps[sid])
-        xs = self._rows(j, [self.view(name, where) for name in node.inputs])
+        xs = self._rows(j, [self.view(name, where) for name in self._reads(j)])
         y = self.view(node.name, where)
         self.stats.samples.append(("recompute", j, self.resident_bytes))
         return xs, y
+
+    def _reads(self, i: int) -> list:
+        """The tensors node i's forward reads: its inputs, then its extra inputs."""
+        return [*self.plan.nodes[i].inputs, *self.extra_inputs.get(i, ())]
 
     def backward_buffers(self, i: int):
         """(retained inputs, retained output, grad output, grad inputs, aux) of node i."""

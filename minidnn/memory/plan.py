@@ -84,7 +84,9 @@ class LivenessPlan:
     rows the pieces share out: no piece sums into another's). Such a node never runs in
     place, nor writes that gradient over its input or its output gradient.
     fuse: the step folds the ReLU after a two-input add into the add (minidnn/fusion.py),
-    whose backward then reads its output for the ReLU's mask: such an add retains it.
+    whose backward then reads its output for the ReLU's mask: such an add retains it; and
+    a batch norm before such an add may apply both, reading the add's other input in its
+    forward (residual_reads).
     """
 
     def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
@@ -119,6 +121,9 @@ class LivenessPlan:
         self._uses()
         self._gradients(shapes)
         self._lifetimes(index)
+        # {batch norm index: the add's other input}: the batch norms that may apply the add
+        # after them and its ReLU (`fuse`), whose forward then reads that input too.
+        self.residual_reads = self._bn_adds(net.consumers(), index) if fuse else {}
 
     def _new_storage(self, name, shape, dt, kind, producer) -> StoragePlan:
         """A storage of its own for tensor `name`, written first by node `producer`."""
@@ -271,6 +276,27 @@ class LivenessPlan:
                 found.add(i)
         return frozenset(found)
 
+    def _bn_adds(self, consumers, index) -> dict:
+        """{batch norm index: the add's other input} of the adds that apply the ReLU after
+        them (_adds_before_relus), whose ReLU's input gradient takes its output gradient's
+        buffer (grad_alias), run in place on input 0, and whose input 0 a batch norm writes
+        (not a piece of a layer chunk), read by that add alone, the other input written
+        before the batch norm runs: the batch norm may then apply the add and the ReLU
+        (minidnn/fusion.py), reading the other input in its forward (call_maps)."""
+        found = {}
+        for a in sorted(self._masking_adds):
+            add = self.nodes[a]
+            src, other = add.inputs
+            b = index.get(src)
+            if b is None or not self.inplace.get(a) or \
+                    not self.grad_alias.get(index[consumers[add.name][0].name]):
+                continue
+            bn = self.nodes[b]
+            if bn.layer.kind == "batchnorm" and bn.piece is None and \
+                    [n.name for n in consumers[src]] == [add.name] and index.get(other, -1) < b:
+                found[b] = other
+        return found
+
     def aux_specs(self, i: int) -> dict:
         """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""
         layer = self.nodes[i].layer
@@ -325,8 +351,9 @@ class LivenessPlan:
             return tuple(shape), t.dtype
 
         if phase == "forward":
+            extra = [self.residual_reads[i]] if i in self.residual_reads else []
             return [entry(name, k) for k, name in enumerate(node.inputs)] + \
-                [entry(node.name, None)]
+                [entry(name, None) for name in extra] + [entry(node.name, None)]
         retained, output, grad_output, grad_inputs = self.backward_tensors(i)
         out = [entry(name, k) for k, name in enumerate(retained) if name is not None]
         if output is not None:

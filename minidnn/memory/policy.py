@@ -90,6 +90,10 @@ class MemoryDecision:
     # add_relu: {ReLU node name: add node name}: the add applies that ReLU in its own pass and
     # masks its gradient with the ReLU's output in backward (minidnn/fusion.py).
     add_relu: dict = field(default_factory=dict)
+    # bn_add: {add node name: batch norm node name}, adds of add_relu: the batch norm that
+    # writes the add's input 0 applies the add and its ReLU in its own pass, whose forward
+    # then does nothing (minidnn/fusion.py).
+    bn_add: dict = field(default_factory=dict)
     # spec: the StepSpec (minidnn/spec.py) the decision was made for (decide.py fills it in;
     # None: a decision made by hand, which fits any spec). An executor refuses a decision
     # made for another spec.

@@ -286,10 +286,10 @@ def layer_rows(model, ev) -> list[dict]:
         cost = prof.layer(node.name)
         algo = ev.conv_algo.get(node.layer.name, "")     # a chunk's pieces: their layer's
         a = algo or "fastest"
-        fused = node.name in model.relu_forward_done    # its convolution applies it
+        share = model.forward_share.get(node.name, 1.0)    # fused into the layer before it
         row.update(algo=algo, workspace=max(cost.workspace("forward", a),
                                             cost.workspace("backward", a)),
-                   forward_s=0.0 if fused else cost.time("forward", a),
+                   forward_s=share * cost.time("forward", a),
                    backward_s=cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
                               for p in CALL_PHASES))

@@ -201,14 +201,16 @@ class Profile:
 
 
 def least_step_s(profile: Profile, micro_batches: int, names=None,
-                 forward_done=frozenset()) -> float:
+                 forward_share=None) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
-    (of the layers `names`, default every layer of the profile; without the forward of
-    the ReLUs `forward_done`, which their convolutions apply: StepModel.relu_forward_done),
-    the gradient adds of the passes after the first, one optimizer update."""
+    (of the layers `names`, default every layer of the profile; of a fused layer's forward
+    the share `forward_share` gives: StepModel.forward_share), the gradient adds of the
+    passes after the first, one optimizer update."""
     names = list(profile.layers) if names is None else names
-    pass_s = sum(profile.layer(n).least_time(phase) for n in names for phase in PHASES
-                 if not (phase == "forward" and n in forward_done))
+    share = forward_share or {}
+    pass_s = sum(profile.layer(n).least_time(phase) *
+                 (share.get(n, 1.0) if phase == "forward" else 1.0)
+                 for n in names for phase in PHASES)
     return micro_batches * pass_s + (micro_batches - 1) * profile.accumulate_s + \
         profile.optimizer_s
 

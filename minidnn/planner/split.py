@@ -319,9 +319,9 @@ def _option_profile(option: SplitOption, net, profile_of) -> tuple:
 
 
 def _least_compute(option: SplitOption, prof, names) -> float:
-    """least_step_s of `option` planned from `prof` (its step's layers `names`), without the
-    ReLU forwards its convolutions apply (the step model of its planner says which)."""
-    return least_step_s(prof, option.micro_batches, names, option.planner.model.relu_forward_done)
+    """least_step_s of `option` planned from `prof` (its step's layers `names`), with the
+    fused layers' forward shares (the step model of its planner says which)."""
+    return least_step_s(prof, option.micro_batches, names, option.planner.model.forward_share)
 
 
 def _bound(chosen: SplitOption | None) -> float | None:

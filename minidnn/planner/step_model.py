@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..fusion import conv_relu_pairs
+from ..fusion import bn_add_pairs, conv_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -72,6 +72,9 @@ from .replay import replay_steps
 
 # The fraction of a budget a plan leaves for fragmentation (search.Planner).
 DEFAULT_RESERVE = 0.01
+# What is left of a residual add's forward that its batch norm applies (minidnn/fusion.py,
+# bn_add): the read of its other input, one of the three maps of the add's own pass.
+FUSED_ADD_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -311,13 +314,17 @@ class StepModel:
                                                 batch // node.piece[1] if node.piece else batch,
                                                 counted)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
-        # ReLUs whose forward their convolution applies (minidnn/fusion.py, conv_relu): the
-        # profile times the two apart. On a GPU the ReLU's pass is gone and the fused graph
-        # takes the convolution's own time (the H200's TF32 plans:
-        # benchmarks/runs/wave15/call2/probe.txt); the CPU still runs the two passes.
+        # What of a layer's measured forward a fused step still spends (minidnn/fusion.py;
+        # the profile times the layers apart), by node name; 1 where it is absent. A ReLU
+        # its convolution applies (conv_relu): nothing, the fused graph takes the
+        # convolution's own time (the H200's TF32 plans: benchmarks/runs/wave15/call2/
+        # probe.txt). An add its batch norm applies (bn_add): the read of its other input in
+        # the batch norm's pass, FUSED_ADD_SHARE. The CPU still runs every pass.
         fused = spec.fuse and not profile.synchronous
-        self.relu_forward_done = frozenset(
-            conv_relu_pairs(self.plan, options.batch_slice is not None) if fused else ())
+        self.forward_share = {
+            **{relu: 0.0 for relu in conv_relu_pairs(self.plan, options.batch_slice
+                                                     is not None)},
+            **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -596,8 +603,8 @@ class StepModel:
                     self._conv_calls.append((phase, i, name, transient))
                 else:
                     host, dur, ws = self._cost_of(phase, i, name, "fastest")
-                    if phase != "backward" and name in self.relu_forward_done:
-                        dur = 0.0
+                    if phase != "backward":
+                        dur *= self.forward_share.get(name, 1.0)
                     self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
         out = dict(self._fixed_costs)
         cache = self._cost_cache

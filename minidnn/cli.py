@@ -166,7 +166,8 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                         "graph, the same arithmetic on engines whose sums may be ordered "
                         "otherwise, so within TF32 tolerance of this), no bias added in the "
                         "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
-                        "norm or residual add before it (the same bits; minidnn/fusion.py)")
+                        "norm or residual add before it, no residual add applied by the batch "
+                        "norm before it (the same bits; minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "
                         "convolutions take them (default: nhwc on the GPU, nchw on the CPU, "

@@ -31,7 +31,10 @@ Two kinds of pass, each at memory speed for both layouts:
   run_per_pixel (a vector's first channel is its memory index modulo C, a multiply-high
   division by a launch constant); in NCHW a grid-stride loop over the planes' vectors. The
   per-channel coefficients sit in one array of rows (C,) each, written by the stage-two
-  kernel, so a thread loads a vector of them at a time.
+  kernel, so a thread loads a vector of them at a time. The affine pass may go on through
+  the ReLU after the batch norm, or through the residual add after it and the add's ReLU,
+  reading the add's other input z as it reads x (minidnn/fusion.py): max(y + z, 0), y
+  rounded to the maps' dtype first, cuda_pointwise.add_relu's bits.
 
 The affine value is x * scale rounded, then + shift rounded (no fused multiply-add; scale =
 invstd * weight and shift = bias - mean * scale likewise), NumPy's operations in
@@ -65,6 +68,9 @@ _COLUMNS = 64               # NHWC: most channel groups of a row one sums block 
 #: the order of their widened float32 copies.
 _GROUP = 8
 _VECTOR_BYTES = 16
+#: The channels-last affine passes, one for each MODE of the kernels' output_value: the
+#: affine value; through the ReLU after the batch norm; through the residual add and its ReLU.
+_AFFINE_LAST = ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_last")
 #: Blocks of the grid-stride NCHW per-value passes (bn_affine_planes, bn_grad_planes).
 _PLANE_BLOCKS = 4096
 
@@ -331,10 +337,12 @@ __device__ __forceinline__ M affine_value(M x, acc_t<M> s, acc_t<M> t) {
     return narrow<M>(RELU ? (v > (T)0 ? v : (T)0) : v);
 }
 
-// The residual add after the batch norm and its ReLU (minidnn/fusion.py): the affine value
-// stored as the batch norm stores it, then cuda_pointwise's add_relu on it and z: their bits.
-template<typename M>
-__device__ __forceinline__ M affine_add_relu_value(M x, M z, acc_t<M> s, acc_t<M> t) {
+// The affine pass's output in MODE: 0 the affine value; 1 through the ReLU after the batch
+// norm; 2 through the residual add after it and its ReLU (minidnn/fusion.py): the affine
+// value stored as the batch norm stores it, then cuda_pointwise's add_relu on it and z.
+template<typename M, int MODE>
+__device__ __forceinline__ M output_value(M x, M z, acc_t<M> s, acc_t<M> t) {
+    if (MODE != 2) return affine_value<M, MODE == 1>(x, s, t);
     const M stored = affine_value<M, false>(x, s, t);
     const M sum = narrow<M>(widen(stored) + widen(z));
     return widen(sum) > 0 ? sum : narrow<M>(0);
@@ -355,11 +363,12 @@ __device__ __forceinline__ M grad_value(M x, M gy, acc_t<M> m, acc_t<M> a, acc_t
 
 // Channels last, (pixels, C) in memory: the launch starts at a pixel boundary and C is a
 // multiple of VEC, so a vector's channels are c ... c + VEC - 1, and its coefficients a
-// vector of each row of coef (16-byte aligned rows when VEC > 1).
-template<typename M, int VEC, bool RELU>
-__device__ __forceinline__ void affine_pass(const M* x, M* y, const acc_t<M>* coef,
-                                            unsigned int C, unsigned int c_mul,
-                                            unsigned int c_shift, unsigned int n) {
+// vector of each row of coef (16-byte aligned rows when VEC > 1). z: read in MODE 2 only.
+template<typename M, int VEC, int MODE>
+__device__ __forceinline__ void affine_pass(const M* x, const M* z, M* y,
+                                            const acc_t<M>* coef, unsigned int C,
+                                            unsigned int c_mul, unsigned int c_shift,
+                                            unsigned int n) {
     typedef acc_t<M> T;
     const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n / VEC) return;
@@ -367,39 +376,32 @@ __device__ __forceinline__ void affine_pass(const M* x, M* y, const acc_t<M>* co
     const unsigned int v = (first - divide(first, c_mul, c_shift) * C) / VEC;
     const Pack<T, VEC> s = load<T, VEC>(coef, v), t = load<T, VEC>(coef + C, v);
     Pack<M, VEC> a = load<M, VEC>(x, k);
+    const Pack<M, VEC> r = MODE == 2 ? load<M, VEC>(z, k) : a;
     #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] = affine_value<M, RELU>(a.v[j], s.v[j], t.v[j]);
+    for (int j = 0; j < VEC; ++j) a.v[j] = output_value<M, MODE>(a.v[j], r.v[j], s.v[j], t.v[j]);
     store<M, VEC>(y, k, a);
 }
 
+// The three affine passes of channels-last maps, one for each MODE of output_value.
 template<typename M, int VEC>
-__global__ void bn_affine_last(const M* x, M* y, const acc_t<M>* coef, unsigned int C,
-                               unsigned int c_mul, unsigned int c_shift, unsigned int n) {
-    affine_pass<M, VEC, false>(x, y, coef, C, c_mul, c_shift, n);
+__global__ void bn_affine_last(const M* x, const M* z, M* y, const acc_t<M>* coef,
+                               unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                               unsigned int n) {
+    affine_pass<M, VEC, 0>(x, z, y, coef, C, c_mul, c_shift, n);
 }
 
 template<typename M, int VEC>
-__global__ void bn_affine_relu_last(const M* x, M* y, const acc_t<M>* coef, unsigned int C,
-                                    unsigned int c_mul, unsigned int c_shift, unsigned int n) {
-    affine_pass<M, VEC, true>(x, y, coef, C, c_mul, c_shift, n);
+__global__ void bn_affine_relu_last(const M* x, const M* z, M* y, const acc_t<M>* coef,
+                                    unsigned int C, unsigned int c_mul, unsigned int c_shift,
+                                    unsigned int n) {
+    affine_pass<M, VEC, 1>(x, z, y, coef, C, c_mul, c_shift, n);
 }
 
-// Channels last: y = max(affine(x) + z, 0) (affine_add_relu_value), as affine_pass.
 template<typename M, int VEC>
 __global__ void bn_affine_add_relu_last(const M* x, const M* z, M* y, const acc_t<M>* coef,
                                         unsigned int C, unsigned int c_mul,
                                         unsigned int c_shift, unsigned int n) {
-    typedef acc_t<M> T;
-    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n / VEC) return;
-    const unsigned int first = k * VEC;
-    const unsigned int v = (first - divide(first, c_mul, c_shift) * C) / VEC;
-    const Pack<T, VEC> s = load<T, VEC>(coef, v), t = load<T, VEC>(coef + C, v);
-    Pack<M, VEC> a = load<M, VEC>(x, k);
-    const Pack<M, VEC> r = load<M, VEC>(z, k);
-    #pragma unroll
-    for (int j = 0; j < VEC; ++j) a.v[j] = affine_add_relu_value<M>(a.v[j], r.v[j], s.v[j], t.v[j]);
-    store<M, VEC>(y, k, a);
+    affine_pass<M, VEC, 2>(x, z, y, coef, C, c_mul, c_shift, n);
 }
 
 // Channels last: gx from x, gy and coef = [mean, a, b, d, scale, shift] in MODE (grad_value).
@@ -457,9 +459,10 @@ __global__ void bn_relu_mask_last(const M* x, const M* gy, M* gx, const acc_t<M>
 }
 
 // NCHW: planes of HW values (plane p has channel p %% C), VEC values a thread per step of a
-// grid-stride loop (HW a multiple of VEC, 16-byte aligned maps when VEC > 1).
-template<typename M, int VEC, bool RELU>
-__global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* coef, int C,
+// grid-stride loop (HW a multiple of VEC, 16-byte aligned maps when VEC > 1); the output in
+// MODE (output_value), z read in MODE 2 only.
+template<typename M, int VEC, int MODE>
+__global__ void bn_affine_planes(const M* x, const M* z, M* y, const acc_t<M>* coef, int C,
                                  long long HW, long long n) {
     typedef acc_t<M> T;
     const long long vectors = n / VEC;
@@ -468,26 +471,9 @@ __global__ void bn_affine_planes(const M* x, M* y, const acc_t<M>* coef, int C,
         const int c = (int)((i * VEC / HW) %% C);
         const T s = coef[c], t = coef[C + c];
         Pack<M, VEC> a = load<M, VEC>(x + i * VEC, 0);
+        const Pack<M, VEC> r = MODE == 2 ? load<M, VEC>(z + i * VEC, 0) : a;
         #pragma unroll
-        for (int j = 0; j < VEC; ++j) a.v[j] = affine_value<M, RELU>(a.v[j], s, t);
-        store<M, VEC>(y + i * VEC, 0, a);
-    }
-}
-
-// NCHW: y = max(affine(x) + z, 0) (affine_add_relu_value), as bn_affine_planes.
-template<typename M, int VEC>
-__global__ void bn_affine_add_relu_planes(const M* x, const M* z, M* y, const acc_t<M>* coef,
-                                          int C, long long HW, long long n) {
-    typedef acc_t<M> T;
-    const long long vectors = n / VEC;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vectors;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)((i * VEC / HW) %% C);
-        const T s = coef[c], t = coef[C + c];
-        Pack<M, VEC> a = load<M, VEC>(x + i * VEC, 0);
-        const Pack<M, VEC> r = load<M, VEC>(z + i * VEC, 0);
-        #pragma unroll
-        for (int j = 0; j < VEC; ++j) a.v[j] = affine_add_relu_value<M>(a.v[j], r.v[j], s, t);
+        for (int j = 0; j < VEC; ++j) a.v[j] = output_value<M, MODE>(a.v[j], r.v[j], s, t);
         store<M, VEC>(y + i * VEC, 0, a);
     }
 }
@@ -524,12 +510,11 @@ def _instances():
                 yield f"bn_partial_sums<{t}, {group}, {mode}>"
                 yield f"bn_column_partial_sums<{t}, {group}, {mode}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
-            for name in ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_last",
-                         "bn_grad_last", "bn_grad_relu_last", "bn_relu_mask_last",
-                         "bn_affine_add_relu_planes"):
+            for name in _AFFINE_LAST + ("bn_grad_last", "bn_grad_relu_last",
+                                        "bn_relu_mask_last"):
                 yield f"{name}<{t}, {vec}>"
-            for relu in ("false", "true"):
-                yield f"bn_affine_planes<{t}, {vec}, {relu}>"
+            for mode in (0, 1, 2):
+                yield f"bn_affine_planes<{t}, {vec}, {mode}>"
             for mode in (0, 1, 2):
                 yield f"bn_grad_planes<{t}, {vec}, {mode}>"
 
@@ -643,8 +628,7 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
 def _per_value(last: str, planes: tuple, geometry: tuple, maps, coef) -> None:
     """A per-value pass over `maps` (laid out alike) with the per-channel coefficients coef
     (rows of C values): kernel `last` in channels last, else bn_..._planes<T, VEC, `planes`>
-    (its name given up to the template arguments, e.g. 'bn_grad_planes' and '1'; None: a
-    kernel of two, bn_..._planes<T, VEC>)."""
+    (its name given up to the template arguments, e.g. 'bn_grad_planes' and '1')."""
     n, c, hw, *_ = geometry
     x = maps[0]
     if is_channels_last(x):
@@ -657,8 +641,7 @@ def _per_value(last: str, planes: tuple, geometry: tuple, maps, coef) -> None:
     if hw % vec or not _aligned(*maps):
         vec = 1
     blocks = min(_PLANE_BLOCKS, -(-x.size // vec // _THREADS))
-    template = f"{_ctype_of(x)}, {vec}" + ("" if arguments is None else f", {arguments}")
-    _module.get_function(f"{kernel}<{template}>")(
+    _module.get_function(f"{kernel}<{_ctype_of(x)}, {vec}, {arguments}>")(
         (blocks,), (_THREADS,), (*maps, coef, np.int32(c), np.int64(hw), np.int64(x.size)))
 
 
@@ -666,12 +649,9 @@ def _affine(geometry: tuple, x, y, coef, relu: bool = False, residual=None) -> N
     """y = x * scale + shift per channel (coef = [scale, shift]; x, y laid out alike), then
     max(y, 0) with relu; with residual = (z, stored), max(y + z, 0), y rounded to the maps'
     dtype first (the kernels read and write the maps as they are: `stored` is theirs)."""
-    if residual is not None:
-        _per_value("bn_affine_add_relu_last", ("bn_affine_add_relu_planes", None), geometry,
-                   (x, residual[0], y), coef)
-        return
-    _per_value("bn_affine_relu_last" if relu else "bn_affine_last",
-               ("bn_affine_planes", "true" if relu else "false"), geometry, (x, y), coef)
+    mode = 2 if residual is not None else int(relu)     # output_value's MODE
+    z = x if residual is None else residual[0]            # read in mode 2 only
+    _per_value(_AFFINE_LAST[mode], ("bn_affine_planes", str(mode)), geometry, (x, z, y), coef)
 
 
 def batchnorm_stats(x, mean, var) -> None:

@@ -44,7 +44,7 @@ from .executor import Executor
 from .applies import check_resume_precision, device_warnings, refuse_unused_flags
 from .idx import parse_spec as parse_idx_spec
 from .kernels.math_mode import MATH_MODES
-from .memory.policy import MemoryDecision
+from .memory.policy import MemoryDecision, Policy
 from .layers.loss import example_losses
 from .optim import SGD
 from .outputs import (check_checkpoint_target, check_not_backward, check_outputs, plot_formats,
@@ -550,6 +550,9 @@ def _announce(cfg: TrainConfig, net, ex, sources, recipe, image_size: int, start
             ([f"{ex.micro_batches} micro-batches of {ex.micro_batch}"]
              if ex.micro_batches > 1 else [])
             + ([f"layers {describe(ex.decision.chunks)}"] if ex.decision.chunks else [])))
+    policy = ex.spec.policy
+    for note in policy.notes if isinstance(policy, Policy) else ():
+        log(f"note: {note}")
     if recipe.describe():
         log(recipe.describe())
     if sources.eval is not None and len(sources.eval) < cfg.batch:

@@ -262,6 +262,9 @@ class Policy:
     name = ""
     description = ""
     plans = False
+    #: What the last decision found worth telling the user, one line each (a planning
+    #: policy's; minidnn train prints them as notes).
+    notes: tuple = ()
 
     def bind(self, spec, device=None) -> None:
         """What the executor will run with (minidnn/decide.py): its StepSpec (spec.py) and

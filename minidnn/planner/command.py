@@ -37,7 +37,8 @@ from .costs import ALGOS
 from ..memory.policy import get_policy, relu_bits_for
 from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
-from .planning import PolicyBudgetError, ProfileSource, plan_policy, plan_step
+from .planning import (PolicyBudgetError, ProfileSource, plan_policy, plan_step,
+                       statistics_note)
 from .search import LOOKAHEADS, budget_to_give
 from .split import PRUNE_WITHIN, micro_batch_counts
 from .timeline import bytes_by_layer, timeline_data
@@ -401,11 +402,20 @@ def make_plan(args) -> dict:
         notes.append(f"no --memory-budget: planning for the whole {prof.device_name} "
                      f"({fmt_bytes(prof.memory_bytes)} less {fmt_bytes(GPU_SAFETY_MARGIN)} the "
                      f"arena leaves to CUDA)")
-    spec = _plan_spec(args, s, net, batch, budget, notes)
+    spec = _plan_spec(args, s, net, batch, budget)
     options = dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES)
-    planned = plan_step(net, spec, source, maps, _lookaheads(args, s, spec), options)
+    lookaheads = _lookaheads(args, s, spec)
+    planned = plan_step(net, spec, source, maps, lookaheads, options)
     if planned.chosen is None and s["policy"] == "dyn":
         raise planned.infeasible_error()
+    # BatchNorm keeping one pass: what --split-batch-statistics would give, where that is much
+    note = statistics_note(net, spec, planned.chosen.best.step_time_s, source, maps,
+                           lookaheads, options) if s["policy"] == "dyn" else None
+    if note is None and spec.whole_batch(net) and len(micro_batch_counts(batch)) > 1:
+        note = (f"not split into micro-batches: {len(net.batch_statistics_layers())} "
+                f"BatchNorm layers normalize with the whole batch's statistics "
+                f"(--split-batch-statistics allows a split)")
+    notes += [note] if note else []
     static = None if s["policy"] == "dyn" else \
         _policy_plan(net, spec, s["policy"], args.conv_algo, source, maps, options)
     out = _plan_dict(args, s, net, spec, planned, prof, line, maps, notes, static)
@@ -414,10 +424,10 @@ def make_plan(args) -> dict:
     return out
 
 
-def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
+def _plan_spec(args, s: dict, net, batch: int, budget: int):
     """The StepSpec `minidnn plan` plans (checked against the network): dyn weighs the
     micro-batch counts and layer chunks that --micro-batches and --chunks leave open; the
-    other policies run one pass, unchunked. Adds a note where BatchNorm keeps one pass."""
+    other policies run one pass, unchunked."""
     dyn = s["policy"] == "dyn"
     forced = args.micro_batches
     spec = StepSpec(batch=batch, policy=s["policy"], memory_budget=int(budget),
@@ -431,11 +441,6 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int, notes: list):
                     fuse=s["fuse"], graphs=s["graphs"])
     spec.check_network(net)
     spec.check_policy(get_policy(s["policy"]))
-    stats = net.batch_statistics_layers()
-    if spec.whole_batch(net) and len(micro_batch_counts(batch)) > 1:
-        notes.append(f"not split into micro-batches: {len(stats)} BatchNorm layers "
-                     f"normalize with the whole batch's statistics (--split-batch-"
-                     f"statistics allows a split)")
     return spec
 
 

@@ -102,7 +102,7 @@ class DynPolicy(Policy):
     def decide(self, plan, budget=None):
         from .search import LOOKAHEADS
         from .step_model import DEFAULT_RESERVE
-        from .planning import plan_step
+        from .planning import plan_step, statistics_note
         spec = self._spec_for(plan, budget)
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
         if budget is None:
@@ -123,6 +123,9 @@ class DynPolicy(Policy):
         if chosen is None:
             raise planned.infeasible_error()
         self.result = chosen.result
+        note = statistics_note(plan.net, spec, chosen.best.step_time_s, self.source, plan.maps,
+                               lookaheads, options)
+        self.notes = (note,) if note else ()
         return replace(self.result.decision, micro_batches=chosen.micro_batches,
                        prefetch_lookahead=chosen.lookahead if o.choose_lookahead else None)
 

@@ -162,7 +162,8 @@ def step_counts(net, spec) -> list | None:
     return [1] if spec.whole_batch(net) else None
 
 
-def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict) -> StepPlan:
+def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
+              remeasure: bool = True) -> StepPlan:
     """Plan the step `spec` names (its batch, budget, micro-batches and layer chunks: None
     weighs them) of `net`, its feature maps stored as `maps` (a MapFormat), at each prefetch
     lookahead of `lookaheads`, from the profiles of `source`. options: as search.Planner
@@ -170,7 +171,8 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
 
     An option with several passes or layer chunks, planned from the step's measured profile
     scaled to its batches, is planned again from profiles measured at its own batches,
-    which is what its steps will run; the plan keeps that one where it fits."""
+    which is what its steps will run; the plan keeps that one where it fits (remeasure
+    False: the scaled profiles' plan, for a step that will not run)."""
     batch, budget = spec.batch, int(spec.memory_budget)
     relu_bits = options.get("relu_bits", frozenset())
     counts = step_counts(net, spec)
@@ -184,7 +186,7 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
                     chunks=spec.chunks, **common)
     chosen = split.chosen
     if chosen is None or not (chosen.micro_batches > 1 or chosen.chunks) or \
-            not source.measures:
+            not source.measures or not remeasure:
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     measured = plan_split(net, batch, lambda b: source.measured_at(net, b, relu_bits, maps),
                           budget, lookaheads, counts=[chosen.micro_batches],
@@ -193,6 +195,33 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict)
         return StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
     return StepPlan(split=split, chosen=measured.chosen, first=chosen, remeasured=measured,
                     measure_least=least)
+
+
+#: How much faster a step split with --split-batch-statistics must be predicted for a run
+#: whose BatchNorm layers keep it whole to say so (statistics_note).
+SPLIT_STATISTICS_GAIN = 1.2
+
+
+def statistics_note(net, spec, whole_s: float, source: ProfileSource, maps, lookaheads,
+                    options: dict) -> str | None:
+    """What --split-batch-statistics would give a step that its whole-batch BatchNorm
+    layers keep to one pass (StepSpec.whole_batch) under a budget, predicted at `whole_s`
+    seconds: a one-line note naming the split dyn would choose and its predicted step, when
+    that is SPLIT_STATISTICS_GAIN times faster or more; None otherwise. The split is planned
+    from the step's profile scaled to each pass (not measured again: it will not run)."""
+    if not spec.whole_batch(net) or spec.memory_budget is None:
+        return None
+    split = plan_step(net, spec.replace(split_batch_statistics=True), source, maps,
+                      lookaheads, options, remeasure=False).chosen
+    if split is None or split.micro_batches == 1 or \
+            split.best.step_time_s * SPLIT_STATISTICS_GAIN > whole_s:
+        return None
+    return (f"{len(net.batch_statistics_layers())} BatchNorm layers normalize with the whole "
+            f"batch's statistics, which keeps this step to one pass: predicted "
+            f"{whole_s * 1e3:.1f} ms; with --split-batch-statistics ({split.micro_batches} "
+            f"micro-batches of {split.batch}, each normalized with its own statistics) the "
+            f"plan predicts {split.best.step_time_s * 1e3:.1f} ms "
+            f"({whole_s / split.best.step_time_s:.1f}x faster)")
 
 
 # ---- a vDNN policy's one decision ------------------------------------------------------------

@@ -442,10 +442,10 @@ class Assembly:
             return frozenset(), frozenset(), {}
         pairs = self._fusion_pairs("bn_add", bn_add_pairs(self.plan),
                                    "moves adds into batch norms")
-        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
-        extra = {index[bn]: (self.plan.nodes[index[add]].inputs[1],)
-                 for add, bn in pairs.items()}
-        return frozenset(pairs.values()), frozenset(pairs), extra
+        fused = frozenset(pairs.values())
+        extra = {b: (other,) for b, other in self.plan.residual_reads.items()
+                 if self.plan.nodes[b].name in fused}
+        return fused, frozenset(pairs), extra
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

@@ -172,14 +172,8 @@ def bn_add_pairs(plan: LivenessPlan) -> dict:
     """{add node name: batch norm node name} of every add_relu add whose forward, and the
     ReLU's, the batch norm writing its input 0 may do in its affine pass (the conditions
     above), for a step planned as `plan` (one planned with `fuse`). Which batch norms may is
-    the plan's rule (LivenessPlan._bn_adds), written once: their forward calls read the
-    add's other input, which the plan counts."""
-    adds = set(add_relu_pairs(plan).values())
+    the plan's rule (LivenessPlan._bn_adds, which asks the add_relu conditions too), written
+    once: their forward calls read the add's other input, which the plan counts."""
     readers = plan.net.consumers()
-    pairs = {}
-    for b in plan.residual_reads:
-        bn = plan.nodes[b].name
-        add = readers[bn][0].name
-        if add in adds:
-            pairs[add] = bn
-    return pairs
+    names = [plan.nodes[b].name for b in plan.residual_reads]
+    return {readers[bn][0].name: bn for bn in names}

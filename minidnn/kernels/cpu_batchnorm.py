@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from ..backend import get_array_module
 from . import cpu
-from .cpu import relu_forward
 
 
 def _per_channel(v):
@@ -92,7 +91,7 @@ def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False,
             y[...] = y.astype(stored)          # a widened call: as the map stores it
         cpu.add_relu(y, z, y)       # the add's own kernel: the same bits
     elif relu:
-        relu_forward(y, y)
+        cpu.relu_forward(y, y)
 
 
 def _relu_passes(x, mean, invstd, weight, bias, stored):

@@ -274,7 +274,10 @@ class MemoryManager:
         self.mover = Mover(device, self.blocks, host, dry=dry)
         self.workspace = dict(workspace or {})
         self.scratch = dict(scratch or {})
-        self.extra_inputs = dict(extra_inputs or {})
+        # What each node's forward reads, its extra inputs after its own (asked at every call)
+        extra = extra_inputs or {}
+        self._forward_reads = [(*node.inputs, *extra.get(i, ()))
+                               for i, node in enumerate(plan.nodes)]
         self._call_blocks: list = []   # workspace and scratch blocks held during a call
         self.observer = None           # a StepObserver (memory/observer.py) set by the executor
         self.train = True
@@ -472,7 +475,7 @@ class MemoryManager:
                     self._offload(sid)
         node = self.plan.nodes[i]
         where = f"forward of {node.name}"
-        xs = self._rows(i, [self.view(name, where) for name in self._reads(i)])
+        xs = self._rows(i, [self.view(name, where) for name in self._forward_reads[i]])
         y = self.view(node.name, where)
         aux = {a: self.view(t, where) for a, t in self.plan.aux_tensors(i)}
         self.stats.samples.append(("forward", i, self.resident_bytes))
@@ -520,18 +523,15 @@ class MemoryManager:
         """(inputs, output) of node j for its forward run again in backward."""
         node = self.plan.nodes[j]
         where = f"recompute of {node.name}"
-        for name in self._reads(j):
+        reads = self._forward_reads[j]
+        for name in reads:
             sid = self.plan.tensors[name].storage
             self._ensure(sid, where)
             self.mover.wait(self.maps[sid])
-        xs = self._rows(j, [self.view(name, where) for name in self._reads(j)])
+        xs = self._rows(j, [self.view(name, where) for name in reads])
         y = self.view(node.name, where)
         self.stats.samples.append(("recompute", j, self.resident_bytes))
         return xs, y
-
-    def _reads(self, i: int) -> list:
-        """The tensors node i's forward reads: its inputs, then its extra inputs."""
-        return [*self.plan.nodes[i].inputs, *self.extra_inputs.get(i, ())]
 
     def backward_buffers(self, i: int):
         """(retained inputs, retained output, grad output, grad inputs, aux) of node i."""

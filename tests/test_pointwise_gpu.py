@@ -249,6 +249,40 @@ def test_relu_backward_with_a_bias_gradient_gives_the_bits_of_the_two_passes(dty
                                else 1e-12, atol=1e-4 if dtype == np.float32 else 1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+@pytest.mark.parametrize("shape", [(16, 64, 30, 30), (3, 24, 7, 9), (5, 520, 6, 6)])
+@pytest.mark.parametrize("mode", ["sums", "relu", "relu bits"])
+def test_column_passes_give_the_same_bits_with_and_without_vectors(dtype, shape, mode,
+                                                                   monkeypatch):
+    """A bias gradient (alone, or in the ReLU's backward, with y or with its mask) summed by
+    threads holding 16-byte vectors of channels and by threads holding one channel: the same
+    sums in the same order, so the same bits, over many blocks (14,400 pixels: 8 rows each)
+    and more than 32 column groups (520 channels); and the gradient written the same."""
+    host = bf16_maps(shape, 30) if dtype == BF16 else \
+        signed_values(int(np.prod(shape)), dtype, seed=30).reshape(shape)
+    y_host = np.maximum(host, host.dtype.type(0))
+    mask = cp.asarray(packbits(y_host.transpose(0, 2, 3, 1).ravel() > 0))
+    gy_host = bf16_maps(shape, 31) if dtype == BF16 else \
+        signed_values(int(np.prod(shape)), dtype, seed=31).reshape(shape)
+    acc = np.float32 if dtype == BF16 else dtype
+
+    def run():
+        gy, y = to_device(gy_host, "nhwc"), to_device(y_host, "nhwc")
+        gb = cp.full(shape[1], np.nan, acc)
+        {"sums": lambda: pw.bias_grad(gy, gb),
+         "relu": lambda: pw.relu_backward(y, gy, gy, gb),
+         "relu bits": lambda: pw.relu_backward_bits(mask, gy, gy, gb)}[mode]()
+        return host_bits(gy), cp.asnumpy(gb)
+
+    vector_gx, vector_gb = run()
+    monkeypatch.setattr(pw, "_VECTOR_BYTES", np.dtype(dtype).itemsize)   # one value a thread
+    single_gx, single_gb = run()
+    assert same_bits(vector_gb, single_gb) and same_bits(vector_gx, single_gx)
+    kept = gy_host.astype(np.float64) * (1 if mode == "sums" else y_host > 0)
+    bound = (1e-12 if dtype == np.float64 else 1e-5) * np.abs(kept).sum(axis=(0, 2, 3))
+    assert np.all(np.abs(vector_gb - kept.sum(axis=(0, 2, 3))) <= bound)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape, layout", [((2, 64, 5, 7), "nchw"), ((2, 64, 5, 7), "nhwc"),
                                            ((3, 5, 4, 3), "nchw"), ((3, 5, 4, 3), "nhwc"),

@@ -295,86 +295,75 @@ __global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const 
     if (active && k % LANES == 0) mask[k / LANES] = bits;
 }
 
-// Channels last: partial[blockIdx.x, c] = sum of g[r, c] over the rows r of this block's
-// share (rows of C values), in acc_t<T>. A block is 32 columns x 8 row lanes; each thread sums
-// every 8th row of its share in order, then the 8 lanes are added in a fixed order:
-// deterministic.
-template<typename A>
-__device__ __forceinline__ void store_column_partial(A acc, A* partial, int c, int C) {
-    __shared__ A lanes[8][32];
-    lanes[threadIdx.y][threadIdx.x] = acc;
+// Channels last: partial[blockIdx.x, c] = sum over the rows r of this block's share (rows of
+// C values) of v[r, c], in acc_t<T>, where MODE says what v is and what else the pass does:
+//   SUMS       v = g (read from gy)                  (a bias gradient)
+//   RELU       v = gy where y > 0, else 0; gx = v    (relu_backward, then SUMS of its result)
+//   RELU_BITS  the same with relu_forward_bits' mask in place of y (value i: bit i % 32 of
+//              word i / 32)
+// The order of every sum is fixed and the same whatever VEC: row lane ly (of 8) of a block
+// adds rows r0 + ly, r0 + ly + 8, ... in turn, then the 8 lanes are added in order. So the
+// fused passes give the bits of the two, and bf16 maps the float32 kernel's sums. A thread
+// holds VEC adjacent columns (one 16-byte vector when C is a multiple of it); a block is
+// min(32, C / VEC) column groups x 8 row lanes. gx may be gy (each value is read, then
+// written, by one thread).
+enum ColumnMode { SUMS = 0, RELU = 1, RELU_BITS = 2 };
+
+template<typename T, int VEC, int MODE>
+__global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* mask,
+                            acc_t<T>* __restrict__ partial, long long rows, int C,
+                            long long rows_per_block) {
+    typedef acc_t<T> A;
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    const long long r0 = blockIdx.x * rows_per_block;
+    const long long r1 = min(r0 + rows_per_block, rows);
+    A acc[VEC];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0;
+    if (c0 < C) {
+        #pragma unroll 4
+        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+            const long long i = r * C + c0;
+            Pack<T, VEC> g = *reinterpret_cast<const Pack<T, VEC>*>(gy + i);
+            if (MODE == RELU) {
+                const Pack<T, VEC> out = *reinterpret_cast<const Pack<T, VEC>*>(y + i);
+                #pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    g.v[j] = widen(out.v[j]) > 0 ? g.v[j] : narrow<T>(0);
+            } else if (MODE == RELU_BITS) {
+                const unsigned int word = mask[i >> 5];     // VEC divides 32: one word
+                #pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    g.v[j] = (word >> ((i + j) & 31)) & 1u ? g.v[j] : narrow<T>(0);
+            }
+            if (MODE != SUMS) *reinterpret_cast<Pack<T, VEC>*>(gx + i) = g;
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j] += widen(g.v[j]);
+        }
+    }
+    __shared__ A lanes[8][32 * VEC];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) lanes[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
     __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        A sum = 0;
+    if (threadIdx.y == 0) {
         #pragma unroll
-        for (int j = 0; j < 8; ++j) sum += lanes[j][threadIdx.x];
-        partial[blockIdx.x * (long long)C + c] = sum;
-    }
-}
-
-template<typename T>
-__global__ void column_sums(const T* __restrict__ g, acc_t<T>* __restrict__ partial,
-                            long long rows, int C, long long rows_per_block) {
-    const int c = blockIdx.y * 32 + threadIdx.x;
-    const long long r0 = blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, rows);
-    acc_t<T> acc = 0;
-    if (c < C)
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) acc += widen(g[r * C + c]);
-    store_column_partial(acc, partial, c, C);
-}
-
-// relu_backward and then column_sums of its result in one pass (the gradient of the bias
-// this ReLU added: minidnn/fusion.py): each value is written as relu_backward writes it and
-// added in column_sums' order, so both results have the same bits as the two passes. gx may
-// be gy (each value is read, then written, by one thread).
-template<typename T>
-__global__ void relu_backward_sums(const T* y, const T* gy, T* gx,
-                                   acc_t<T>* __restrict__ partial, long long rows, int C,
-                                   long long rows_per_block) {
-    const int c = blockIdx.y * 32 + threadIdx.x;
-    const long long r0 = blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, rows);
-    acc_t<T> acc = 0;
-    if (c < C) {
-        #pragma unroll 4
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
-            const long long i = r * C + c;
-            const T g = widen(y[i]) > 0 ? gy[i] : narrow<T>(0);
-            gx[i] = g;
-            acc += widen(g);
+        for (int j = 0; j < VEC; ++j) {
+            if (c0 + j >= C) break;
+            A sum = 0;
+            #pragma unroll
+            for (int lane = 0; lane < 8; ++lane) sum += lanes[lane][threadIdx.x * VEC + j];
+            partial[blockIdx.x * (long long)C + c0 + j] = sum;
         }
     }
-    store_column_partial(acc, partial, c, C);
-}
-
-// The same with relu_forward_bits' mask in place of the output (value i: bit i % 32 of
-// word i / 32).
-template<typename T>
-__global__ void relu_backward_bits_sums(const T* gy, T* gx, const unsigned int* mask,
-                                        acc_t<T>* __restrict__ partial, long long rows, int C,
-                                        long long rows_per_block) {
-    const int c = blockIdx.y * 32 + threadIdx.x;
-    const long long r0 = blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, rows);
-    acc_t<T> acc = 0;
-    if (c < C) {
-        #pragma unroll 4
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
-            const long long i = r * C + c;
-            const T g = (mask[i >> 5] >> (i & 31)) & 1u ? gy[i] : narrow<T>(0);
-            gx[i] = g;
-            acc += widen(g);
-        }
-    }
-    store_column_partial(acc, partial, c, C);
 }
 """
 
 _KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
-_COLUMN_KERNELS = ("column_sums", "relu_backward_sums", "relu_backward_bits_sums")
+#: The column_pass modes, by the name each pass goes by.
+_COLUMN_MODES = {"column_sums": "SUMS", "relu_backward_sums": "RELU",
+                 "relu_backward_bits_sums": "RELU_BITS"}
 
 # bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32), by
 # STORAGE_SOURCE's rounding.
@@ -423,8 +412,9 @@ def _instances():
         for vec in (1, _VECTOR_BYTES // size):
             for name in _KERNELS:
                 yield f"{name}<{ctype}, {vec}>"
-        for name in _COLUMN_KERNELS:
-            yield f"{name}<{ctype}>"
+        for vec in (1, _VECTOR_BYTES // size):
+            for mode in _COLUMN_MODES.values():
+                yield f"column_pass<{ctype}, {vec}, {mode}>"
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
@@ -689,8 +679,9 @@ def _check_bias(y2, b) -> str:
     return ctype
 
 
-#: Blocks of column_sums per 32 channels: enough to fill the GPU, few enough that their
-#: partial sums are a small temporary.
+#: Blocks of a column pass along its rows (each a share of the rows, every channel's partial
+#: sum): enough to fill the GPU, few enough that their partial sums are a small temporary.
+#: The order of every sum follows from it, so it is fixed.
 _SUM_BLOCKS = 2048
 
 
@@ -727,21 +718,31 @@ def channel_sums(g, out) -> None:
 
 
 def _column_pass(name: str, maps, out, mask=None) -> bool:
-    """Kernel `name` of the column_sums family over channels-last maps (N, C, H, W) seen as
-    (pixels, C) matrices, then out (C,) = the sum of its per-block partial sums. False (and
+    """Pass `name` (_COLUMN_MODES) of column_pass over channels-last maps (N, C, H, W) seen as
+    (pixels, C) matrices, then out (C,) = the sum of its per-block partial sums. `maps`: the
+    map summed (SUMS), or (y, gy, gx) (RELU), or (gy, gx) (RELU_BITS, with `mask`). False (and
     nothing done) where the maps are not channels last."""
     if any(m.flags.c_contiguous or not is_channels_last(m) for m in maps):
         return False
     rows2 = [pixel_rows(m) for m in maps]
     ctype = _ctype(name, rows2)
     rows, channels = rows2[0].shape
-    words = () if mask is None else (_words(mask, rows2[0].size),)
+    mode = _COLUMN_MODES[name]
+    vec = _VECTOR_BYTES // rows2[0].dtype.itemsize
+    if channels % vec or any(r.data.ptr % _VECTOR_BYTES for r in rows2):
+        vec = 1
+    groups = channels // vec if vec > 1 else channels
+    width = min(32, groups)
     per_block = max(-(-rows // _SUM_BLOCKS), 1)
     blocks = max(-(-rows // per_block), 1)
     partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
-    kernel = _module.get_function(f"{name}<{ctype}>")
-    kernel((blocks, -(-channels // 32)), (32, 8),
-           (*rows2, *words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
+    null = cp.empty(0, dtype=rows2[0].dtype)
+    y, gy, gx = {"SUMS": (null, rows2[0], null), "RELU": tuple(rows2),
+                 "RELU_BITS": (null, rows2[0], rows2[1])}[mode]
+    words = cp.empty(0, np.uint32) if mask is None else _words(mask, rows2[0].size)
+    kernel = _module.get_function(f"column_pass<{ctype}, {vec}, {mode}>")
+    kernel((blocks, -(-groups // width)), (width, 8),
+           (y, gy, gx, words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
     partial.sum(axis=0, out=out)
     return True
 

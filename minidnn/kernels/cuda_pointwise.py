@@ -737,8 +737,8 @@ def _column_pass(name: str, maps, out, mask=None) -> bool:
     blocks = max(-(-rows // per_block), 1)
     partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
     null = cp.empty(0, dtype=rows2[0].dtype)
-    y, gy, gx = {"SUMS": (null, rows2[0], null), "RELU": tuple(rows2),
-                 "RELU_BITS": (null, rows2[0], rows2[1])}[mode]
+    y, gy, gx = (tuple(rows2) if mode == "RELU" else
+                 (null, rows2[0], rows2[1] if mode == "RELU_BITS" else null))
     words = cp.empty(0, np.uint32) if mask is None else _words(mask, rows2[0].size)
     kernel = _module.get_function(f"column_pass<{ctype}, {vec}, {mode}>")
     kernel((blocks, -(-groups // width)), (width, 8),

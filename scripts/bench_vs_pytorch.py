@@ -30,6 +30,9 @@ Configurations (--frameworks), each run in a process of its own:
                    (decide(..., fuse=False); minidnn/fusion.py): the step before that fusion
   minidnn-nographs minidnn as it runs by default, but every step issued by the host layer by
                    layer, none replayed from a CUDA graph (graphs=False; minidnn/step_graph.py)
+  minidnn-relubits minidnn with --relu-bits (relu_bits=True): a ReLU whose output only its own
+                   backward and a convolution's read keeps one bit a value for its backward,
+                   which then reads the bits instead of the map (memory/policy.py)
   pytorch          PyTorch as it runs by default (NCHW)
   pytorch-cl       PyTorch with the model and the batch in channels_last
   pytorch-cl-bf16  PyTorch channels_last under bf16 autocast (TF32 allowed where fp32 stays)
@@ -234,14 +237,14 @@ def layer_profile(ex, x, labels, opt, top=12) -> dict:
 
 
 FRAMEWORKS = ("minidnn", "minidnn-nchw", "minidnn-nhwc", "minidnn-unfused", "minidnn-nographs",
-              "pytorch", "pytorch-cl", "pytorch-cl-bf16", "pytorch-cl-compiled",
+              "minidnn-relubits", "pytorch", "pytorch-cl", "pytorch-cl-bf16", "pytorch-cl-compiled",
               "pytorch-cl-bf16-compiled")
 DEFAULT_FRAMEWORKS = ("minidnn", "pytorch", "pytorch-cl", "pytorch-cl-bf16",
                       "pytorch-cl-compiled", "pytorch-cl-bf16-compiled")
 
 
 def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fuse=True,
-                graphs=True):
+                graphs=True, relu_bits=False):
     import cupy as cp
     from minidnn import SGD, models
     from minidnn.decide import build_executor
@@ -251,7 +254,7 @@ def run_minidnn(name, batch, math, steps, warmup, profile=False, layout=None, fu
     ex = build_executor(net, batch, device="gpu", seed=0,
                         math="tf32" if math == "bf16" else math, deterministic=False,
                         layout=layout, precision="bf16" if math == "bf16" else "fp32",
-                        fuse=fuse, graphs=graphs)
+                        fuse=fuse, graphs=graphs, relu_bits=relu_bits)
     opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
     with ex.device.compute:
         rng = cp.random.default_rng(0)
@@ -375,7 +378,8 @@ def child(args) -> None:
         variant = fw.split("-")[1] if "-" in fw else None
         res = run_minidnn(name, batch, math, args.steps, args.warmup, profile=args.profile,
                           layout=variant if variant in ("nchw", "nhwc") else None,
-                          fuse=variant != "unfused", graphs=variant != "nographs")
+                          fuse=variant != "unfused", graphs=variant != "nographs",
+                          relu_bits=variant == "relubits")
     else:
         res = run_torch(name, batch, math, args.steps, args.warmup, profile=args.profile,
                         channels_last=fw != "pytorch",

@@ -470,11 +470,17 @@ class BatchLoader:
     augment: an augment.Augment applied to every batch in the loading thread, its draws
     seeded by (seed, AUGMENT_STREAM, step) for the whole batch (then cut to `rows`), padding
     with the dataset's `fill` (its normalised black).
+
+    channels_last: x arrives as the (N, C, H, W) view of a C-contiguous (N, H, W, C) array,
+    reordered in the loading thread: the memory order of channels-last feature maps, so that
+    the executor copies a batch into its input buffer as it is (reordered on the device, it
+    would take a temporary the size of the batch).
     """
 
     def __init__(self, dataset: Dataset, batch: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, start_step: int = 0, steps: int | None = None,
-                 prefetch: int = 2, rows: slice | None = None, augment: Augment | None = None):
+                 prefetch: int = 2, rows: slice | None = None, augment: Augment | None = None,
+                 channels_last: bool = False):
         if int(batch) < 1:
             raise ConfigError(f"batch must be a positive integer, got {batch}")
         n = len(dataset)
@@ -495,6 +501,7 @@ class BatchLoader:
         self.prefetch = max(int(prefetch), 1)
         self.rows = rows if rows is not None else slice(None)
         self.augment = augment
+        self.channels_last = channels_last
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -525,6 +532,8 @@ class BatchLoader:
             rng = np.random.default_rng([self.seed, AUGMENT_STREAM, int(step)])
             draws = {k: v[self.rows] for k, v in self.augment.draw(rng, len(indices)).items()}
             x = self.augment.apply(x, draws, self.dataset.fill)
+        if self.channels_last and x.ndim == 4:
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
         return x, y
 
     def _work(self) -> None:

@@ -326,7 +326,7 @@ def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None
     correct = total = 0
     loss_sum = 0.0
     with BatchLoader(dataset, batch, seed, shuffle=False, drop_last=not whole, steps=steps,
-                     rows=rows) as loader:
+                     rows=rows, channels_last=ex.maps.layout == "nhwc") as loader:
         for x, y in loader:
             n = len(y)
             partial = whole and n < batch
@@ -365,16 +365,19 @@ def _check_resumable(ckpt, identity: dict) -> None:
                               f"{', '.join(diffs)}; resume with the same settings")
 
 
-def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None):
+def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None,
+             channels_last=False):
     """Iterator of (x, y) for steps start .. cfg.steps - 1, and the loader to close (or None).
 
     pool: batches already on the device (synthetic data on a GPU), used in turn. rows: this
-    rank's rows of each batch (data-parallel), or None.
+    rank's rows of each batch (data-parallel), or None. channels_last: the executor's maps
+    are (BatchLoader hands it each batch in their memory order).
     """
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
-                         steps=cfg.steps - start, rows=rows, augment=Augment.parse(cfg.augment))
+                         steps=cfg.steps - start, rows=rows, augment=Augment.parse(cfg.augment),
+                         channels_last=channels_last)
     return iter(loader), loader
 
 
@@ -640,7 +643,8 @@ class _Loop:
         cfg, ex = self.cfg, self.ex
         eval_ok = self.sources.eval is not None and len(self.sources.eval) >= cfg.batch
         batches, loader = _batches(self.sources, cfg, self.start, self.pool,
-                                   self.dp.rows if self.dp else None)
+                                   self.dp.rows if self.dp else None,
+                                   channels_last=ex.maps.layout == "nhwc")
         self.bar = _progress_bar(cfg, self.start)
         try:
             for step in range(self.start, cfg.steps):

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from minidnn.augment import Augment
 from minidnn.data import (CIFAR10, IMAGENET_MEAN, IMAGENET_STD, BatchLoader, ImageFolder,
                           Shapes, SyntheticImages, open_data)
 from minidnn.errors import ConfigError, DataError
@@ -255,6 +256,21 @@ def test_loading_happens_in_a_bounded_background_thread():
     assert loader.thread is None
     assert not any(t.name == "minidnn-batch-loader" and t.is_alive()
                    for t in threading.enumerate())
+
+
+def test_a_channels_last_loader_gives_the_same_values_in_nhwc_memory_order():
+    """BatchLoader(channels_last=True): each batch holds the values of the plain loader's,
+    as the (N, C, H, W) view of a C-contiguous (N, H, W, C) array (what a channels-last input
+    buffer is copied from as it is); augmentation and a rank's rows come first."""
+    data = Shapes(10, 12, n=40, seed=1)
+    kw = dict(seed=3, steps=3, rows=slice(1, 5), augment=Augment.parse("crop:2,flip"))
+    with BatchLoader(data, 6, **kw) as plain, \
+            BatchLoader(data, 6, channels_last=True, **kw) as last:
+        for (x, y), (xl, yl) in zip(plain, last):
+            assert x.flags.c_contiguous and not xl.flags.c_contiguous
+            assert xl.shape == x.shape == (4, 3, 12, 12)
+            assert xl.transpose(0, 2, 3, 1).flags.c_contiguous
+            assert np.array_equal(xl, x) and np.array_equal(yl, y)
 
 
 def test_loader_errors_reach_the_consumer():

@@ -267,3 +267,33 @@ def test_the_benchmarked_combination_at_full_size_gives_the_same_bits():
     stats = combined[1]
     assert stats["offloaded_bytes"] > 0 and stats["on_demand_fetches"] == 0
     assert stats["peak_device_bytes"] <= 12 * 1024**3
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_host_batches_enter_channels_last_maps_without_a_device_temporary(precision,
+                                                                          monkeypatch):
+    """A host batch, in NCHW memory order or already in the maps' channels-last order
+    (BatchLoader(channels_last=True)), is copied into the channels-last input buffer with
+    the values a device batch gives (the same logits, bit for bit), and takes no block of the
+    batch's size from the arena: reordered on the device it took one no plan counted, and a
+    run under a budget as tight as its own peak failed in evaluation."""
+    from minidnn import models
+    from minidnn.decide import build_executor
+    from minidnn.memory import arena
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    ex = build_executor(net, 8, device="gpu", layout="nhwc", precision=precision,
+                        deterministic=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 8)
+    _, want = ex.evaluate(cupy.asarray(x), cupy.asarray(y))
+    taken = []
+    malloc = arena.Arena._cupy_malloc
+    monkeypatch.setattr(arena.Arena, "_cupy_malloc",
+                        lambda self, n: (taken.append(n), malloc(self, n))[1])
+    last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    for host in (x, last):
+        _, got = ex.evaluate(host, y)
+        assert got.tobytes() == want.tobytes()
+    assert not {x.size * 4, x.size * 2} & set(taken), taken   # the batch in float32 or bf16
+    ex.close()

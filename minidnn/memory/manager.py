@@ -455,11 +455,12 @@ class MemoryManager:
         if array is None or self.dry:
             return
         if self.device.is_gpu and isinstance(array, np.ndarray):
-            if dst.flags.c_contiguous:
-                dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
-            else:  # channels last: upload as it is, reorder on the device (a temporary)
-                with self.device.compute:
-                    dst[...] = self.device.xp.asarray(array, dtype=dst.dtype)
+            # Straight into the buffer, in its memory order: reordered on the device, a batch
+            # would take a temporary of its own size that no plan counts. A channels-last
+            # batch not already in that order (BatchLoader gives it so) is reordered here.
+            if not dst.flags.c_contiguous:          # channels last
+                dst, array = dst.transpose(0, 2, 3, 1), array.transpose(0, 2, 3, 1)
+            dst.set(np.ascontiguousarray(array, dtype=dst.dtype), stream=self.device.compute)
         else:
             with self.device.compute:
                 dst[...] = array

@@ -361,9 +361,8 @@ __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* 
 _KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
-#: The column_pass modes, by the name each pass goes by.
-_COLUMN_MODES = {"column_sums": "SUMS", "relu_backward_sums": "RELU",
-                 "relu_backward_bits_sums": "RELU_BITS"}
+#: The modes of column_pass (its ColumnMode).
+_COLUMN_MODES = ("SUMS", "RELU", "RELU_BITS")
 
 # bfloat16 <-> float32 on the raw 16-bit patterns (bf16 is the top half of a float32), by
 # STORAGE_SOURCE's rounding.
@@ -413,7 +412,7 @@ def _instances():
             for name in _KERNELS:
                 yield f"{name}<{ctype}, {vec}>"
         for vec in (1, _VECTOR_BYTES // size):
-            for mode in _COLUMN_MODES.values():
+            for mode in _COLUMN_MODES:
                 yield f"column_pass<{ctype}, {vec}, {mode}>"
 
 
@@ -586,7 +585,7 @@ def relu_backward(y, gy, gx, gb=None) -> None:
     """gx = gy where y > 0, else 0; gx may be gy. gb (C,), when given: also the gradient of
     the bias this ReLU added (minidnn/fusion.py), bias_grad(gx, gb), in the same pass on
     channels-last maps."""
-    if gb is not None and _column_pass("relu_backward_sums", (y, gy, gx), gb):
+    if gb is not None and _column_pass("RELU", (y, gy, gx), gb):
         return
     _flat_pass("relu_backward", (y, gy, gx))
     if gb is not None:
@@ -634,7 +633,7 @@ def _relu_bias(x, y, bias, mask) -> None:
 
 def relu_backward_bits(mask, gy, gx, gb=None) -> None:
     """gx = gy where the mask's bit is set, else 0; gx may be gy itself. gb: as relu_backward."""
-    if gb is not None and _column_pass("relu_backward_bits_sums", (gy, gx), gb, mask):
+    if gb is not None and _column_pass("RELU_BITS", (gy, gx), gb, mask):
         return
     _flat_pass("relu_backward_bits", (gy, gx), mask)
     if gb is not None:
@@ -693,7 +692,7 @@ def bias_grad(gy, gb) -> None:
     in float32 (gb float32): NCHW ones are widened value by value as they are read, rather
     than trust CuPy's own bf16 sums to do so (a widened copy of the map would be a
     temporary as large as the map, which no plan counts)."""
-    if _column_pass("column_sums", (gy,), gb):
+    if _column_pass("SUMS", (gy,), gb):
         return
     n, c = gy.shape[:2]
     if is_bfloat16(gy.dtype):
@@ -713,25 +712,25 @@ _bf16_plane_sums = cp.ReductionKernel(
 def channel_sums(g, out) -> None:
     """out (C,) = sum of g (N, C, H, W), channels last, over N, H and W (the bias gradient),
     in a fixed order. Per-block partial sums (a small temporary), then their sum."""
-    if not _column_pass("column_sums", (g,), out):
+    if not _column_pass("SUMS", (g,), out):
         raise ValueError(f"channel_sums: takes a channels-last map, got strides {g.strides}")
 
 
-def _column_pass(name: str, maps, out, mask=None) -> bool:
-    """Pass `name` (_COLUMN_MODES) of column_pass over channels-last maps (N, C, H, W) seen as
+def _column_pass(mode: str, maps, out, mask=None) -> bool:
+    """column_pass in `mode` (_COLUMN_MODES) over channels-last maps (N, C, H, W) seen as
     (pixels, C) matrices, then out (C,) = the sum of its per-block partial sums. `maps`: the
     map summed (SUMS), or (y, gy, gx) (RELU), or (gy, gx) (RELU_BITS, with `mask`). False (and
     nothing done) where the maps are not channels last."""
     if any(m.flags.c_contiguous or not is_channels_last(m) for m in maps):
         return False
+    name = f"column_pass {mode}"
     rows2 = [pixel_rows(m) for m in maps]
     ctype = _ctype(name, rows2)
     rows, channels = rows2[0].shape
-    mode = _COLUMN_MODES[name]
     vec = _VECTOR_BYTES // rows2[0].dtype.itemsize
     if channels % vec or any(r.data.ptr % _VECTOR_BYTES for r in rows2):
         vec = 1
-    groups = channels // vec if vec > 1 else channels
+    groups = channels // vec
     width = min(32, groups)
     per_block = max(-(-rows // _SUM_BLOCKS), 1)
     blocks = max(-(-rows // per_block), 1)

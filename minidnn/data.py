@@ -471,16 +471,17 @@ class BatchLoader:
     seeded by (seed, AUGMENT_STREAM, step) for the whole batch (then cut to `rows`), padding
     with the dataset's `fill` (its normalised black).
 
-    channels_last: x arrives as the (N, C, H, W) view of a C-contiguous (N, H, W, C) array,
-    reordered in the loading thread: the memory order of channels-last feature maps, so that
-    the executor copies a batch into its input buffer as it is (reordered on the device, it
-    would take a temporary the size of the batch).
+    layout: the executor's feature-map layout (kernels/mapformat.py); x (N, C, H, W) arrives
+    laid out as its maps are ('nhwc': the view of a C-contiguous (N, H, W, C) array),
+    reordered in the loading thread, so that the executor copies a batch into its input
+    buffer as it is (reordered on the device, it would take a temporary the size of the
+    batch).
     """
 
     def __init__(self, dataset: Dataset, batch: int, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, start_step: int = 0, steps: int | None = None,
                  prefetch: int = 2, rows: slice | None = None, augment: Augment | None = None,
-                 channels_last: bool = False):
+                 layout: str = "nchw"):
         if int(batch) < 1:
             raise ConfigError(f"batch must be a positive integer, got {batch}")
         n = len(dataset)
@@ -501,7 +502,7 @@ class BatchLoader:
         self.prefetch = max(int(prefetch), 1)
         self.rows = rows if rows is not None else slice(None)
         self.augment = augment
-        self.channels_last = channels_last
+        self.layout = layout
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -532,7 +533,7 @@ class BatchLoader:
             rng = np.random.default_rng([self.seed, AUGMENT_STREAM, int(step)])
             draws = {k: v[self.rows] for k, v in self.augment.draw(rng, len(indices)).items()}
             x = self.augment.apply(x, draws, self.dataset.fill)
-        if self.channels_last and x.ndim == 4:
+        if self.layout == "nhwc" and x.ndim == 4:    # channels last (kernels/mapformat.py)
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
         return x, y
 

@@ -256,12 +256,12 @@ def plan_from_rank_zero(dp, net, spec: StepSpec, device, policy) -> MemoryDecisi
     0 plans first, then hands its profiles to the others, which plan from them. Each rank
     measuring its own would time the same kernels a little differently, and the ranks
     could plan different steps (other offloads, other convolution plans, other peaks)."""
+    if not dp.is_main:
+        policy.source.adopt(net, dp.group.broadcast_object(None, "the planner's profiles"))
+    decision = decide(net, spec, device=device)
     if dp.is_main:
-        decision = decide(net, spec, device=device)
         dp.group.broadcast_object(policy.source.made(), "the planner's profiles")
-        return decision
-    policy.source.adopt(net, dp.group.broadcast_object(None, "the planner's profiles"))
-    return decide(net, spec, device=device)
+    return decision
 
 
 class StepTimer:
@@ -326,7 +326,7 @@ def evaluate(ex: Executor, dataset: Dataset, batch: int, max_batches: int | None
     correct = total = 0
     loss_sum = 0.0
     with BatchLoader(dataset, batch, seed, shuffle=False, drop_last=not whole, steps=steps,
-                     rows=rows, channels_last=ex.maps.layout == "nhwc") as loader:
+                     rows=rows, layout=ex.maps.layout) as loader:
         for x, y in loader:
             n = len(y)
             partial = whole and n < batch
@@ -365,19 +365,18 @@ def _check_resumable(ckpt, identity: dict) -> None:
                               f"{', '.join(diffs)}; resume with the same settings")
 
 
-def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None,
-             channels_last=False):
+def _batches(sources, cfg: TrainConfig, start: int, pool=None, rows=None, layout="nchw"):
     """Iterator of (x, y) for steps start .. cfg.steps - 1, and the loader to close (or None).
 
     pool: batches already on the device (synthetic data on a GPU), used in turn. rows: this
-    rank's rows of each batch (data-parallel), or None. channels_last: the executor's maps
-    are (BatchLoader hands it each batch in their memory order).
+    rank's rows of each batch (data-parallel), or None. layout: the executor's maps' (the
+    loader hands it each batch in their memory order).
     """
     if pool is not None:
         return (pool[s % len(pool)] for s in range(start, cfg.steps)), None
     loader = BatchLoader(sources.train, cfg.batch, cfg.seed, shuffle=True, start_step=start,
                          steps=cfg.steps - start, rows=rows, augment=Augment.parse(cfg.augment),
-                         channels_last=channels_last)
+                         layout=layout)
     return iter(loader), loader
 
 
@@ -644,7 +643,7 @@ class _Loop:
         eval_ok = self.sources.eval is not None and len(self.sources.eval) >= cfg.batch
         batches, loader = _batches(self.sources, cfg, self.start, self.pool,
                                    self.dp.rows if self.dp else None,
-                                   channels_last=ex.maps.layout == "nhwc")
+                                   layout=ex.maps.layout)
         self.bar = _progress_bar(cfg, self.start)
         try:
             for step in range(self.start, cfg.steps):

@@ -259,13 +259,13 @@ def test_loading_happens_in_a_bounded_background_thread():
 
 
 def test_a_channels_last_loader_gives_the_same_values_in_nhwc_memory_order():
-    """BatchLoader(channels_last=True): each batch holds the values of the plain loader's,
+    """BatchLoader(layout='nhwc'): each batch holds the values of the plain loader's,
     as the (N, C, H, W) view of a C-contiguous (N, H, W, C) array (what a channels-last input
     buffer is copied from as it is); augmentation and a rank's rows come first."""
     data = Shapes(10, 12, n=40, seed=1)
     kw = dict(seed=3, steps=3, rows=slice(1, 5), augment=Augment.parse("crop:2,flip"))
     with BatchLoader(data, 6, **kw) as plain, \
-            BatchLoader(data, 6, channels_last=True, **kw) as last:
+            BatchLoader(data, 6, layout="nhwc", **kw) as last:
         for (x, y), (xl, yl) in zip(plain, last):
             assert x.flags.c_contiguous and not xl.flags.c_contiguous
             assert xl.shape == x.shape == (4, 3, 12, 12)

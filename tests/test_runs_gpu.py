@@ -273,7 +273,7 @@ def test_the_benchmarked_combination_at_full_size_gives_the_same_bits():
 def test_host_batches_enter_channels_last_maps_without_a_device_temporary(precision,
                                                                           monkeypatch):
     """A host batch, in NCHW memory order or already in the maps' channels-last order
-    (BatchLoader(channels_last=True)), is copied into the channels-last input buffer with
+    (BatchLoader(layout='nhwc')), is copied into the channels-last input buffer with
     the values a device batch gives (the same logits, bit for bit), and takes no block of the
     batch's size from the arena: reordered on the device it took one no plan counted, and a
     run under a budget as tight as its own peak failed in evaluation."""

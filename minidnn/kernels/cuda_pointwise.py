@@ -735,10 +735,10 @@ def _column_pass(mode: str, maps, out, mask=None) -> bool:
     per_block = max(-(-rows // _SUM_BLOCKS), 1)
     blocks = max(-(-rows // per_block), 1)
     partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
-    null = cp.empty(0, dtype=rows2[0].dtype)
-    y, gy, gx = (tuple(rows2) if mode == "RELU" else
-                 (null, rows2[0], rows2[1] if mode == "RELU_BITS" else null))
-    words = cp.empty(0, np.uint32) if mask is None else _words(mask, rows2[0].size)
+    # The pointers a mode does not read stand in as the map summed (never dereferenced).
+    g = rows2[0]
+    y, gy, gx = tuple(rows2) if mode == "RELU" else (g, g, rows2[-1])
+    words = g if mask is None else _words(mask, g.size)
     kernel = _module.get_function(f"column_pass<{ctype}, {vec}, {mode}>")
     kernel((blocks, -(-groups // width)), (width, 8),
            (y, gy, gx, words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))

@@ -28,7 +28,7 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .fusion import (add_relu_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
-                     conv_relu_pairs)
+                     conv_relu_pairs, pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -52,7 +52,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
-          "_add_in_bn", "_add_done")
+          "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done")
 
 
 @dataclass
@@ -173,6 +173,7 @@ class Assembly:
         self._relu_in_add, folded = self._add_relu()
         self._relu_done |= folded
         self._add_in_bn, self._add_done, extra_inputs = self._bn_add()
+        self._relu_in_pool, self._relu_mask_done = self._pool_relu()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -446,6 +447,19 @@ class Assembly:
         extra = {b: (other,) for b, other in self.plan.residual_reads.items()
                  if self.plan.nodes[b].name in fused}
         return fused, frozenset(pairs), extra
+
+    def _pool_relu(self) -> tuple:
+        """(max pools that apply the mask of the ReLU before them, those ReLUs): the plan's
+        pairs, which keep nothing of those ReLUs for backward (LivenessPlan.pooled_relus),
+        and so the step's. A decision that names pairs names those: ConfigError otherwise
+        (a decision made by hand that names none runs the plan's)."""
+        pairs = pool_relu_pairs(self.plan)
+        named = self.decision.pool_relu
+        if named and named != pairs:
+            raise ConfigError(f"the decision has max pools apply the masks of ReLUs "
+                              f"{dict(sorted(named.items()))}, where the step's plan has "
+                              f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
+        return frozenset(pairs.values()), frozenset(pairs)
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

@@ -29,7 +29,7 @@ from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
 from .fusion import (add_relu_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
-                     conv_relu_pairs)
+                     conv_relu_pairs, pool_relu_pairs)
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -96,7 +96,8 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
                    add_relu=add_relu_pairs(plan) if spec.fuse else {},
-                   bn_add=bn_add_pairs(plan) if spec.fuse else {}, spec=spec)
+                   bn_add=bn_add_pairs(plan) if spec.fuse else {},
+                   pool_relu=pool_relu_pairs(plan) if spec.fuse else {}, spec=spec)
 
 
 # The policies that decide once, from the liveness plan alone (memory/policy.py).

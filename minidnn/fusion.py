@@ -103,6 +103,27 @@ memory manager has brought back every input of the writers it reruns, the add's 
 The batch norm's forward call reads it as a second input (the memory manager's
 `extra_inputs`). The decision is MemoryDecision.bn_add ({add node name: batch norm node
 name}); StepContext.add_in_bn names those batch norms and StepContext.add_done those adds.
+
+A ReLU before a max pool hands its backward to the pool. Unfused, the pool's backward writes
+its input gradient (each window's gradient at its winner) and the ReLU's reads it and the
+ReLU's output, and writes it again masked: four passes over the largest maps of VGG-16, whose
+every pool follows a ReLU. Where the window's winner lies, the ReLU's output is the window's
+maximum, which the pool's forward has in hand: it marks the windows whose maximum is > 0 in
+a spare bit of their argmax (kernels: RELU_MASK_BIT), and its backward routes a window's
+gradient only where that bit is set. The values are the ReLU backward's: the selection on
+the GPU (a value no window routes to is +0 both ways), the product on the CPU, whose pool
+routes the marks as it routes the gradient and multiplies (kernels/cpu.py). The ReLU's
+backward has nothing left to mask: its input gradient is its output gradient's buffer
+(grad_alias), which the pool wrote; if it added a convolution's bias, it still sums that
+bias's gradient over the masked values, the bias-gradient kernel's sums in its order, so the
+same bits. Its forward is unchanged, but it keeps nothing for backward, neither its output
+nor bits: the map is free after the pool's forward (memory/plan.LivenessPlan.pooled_relus,
+where the conditions are written: the ReLU's output is read by that pool alone, whose
+windows leave the argmax its spare bit, neither is a piece of a layer chunk, and the ReLU's
+input gradient shares its output gradient's buffer). A ReLU asked to keep bits keeps
+nothing either. The decision is MemoryDecision.pool_relu ({ReLU node name: max pool node
+name}); StepContext.relu_in_pool names those pools and StepContext.relu_mask_done those
+ReLUs.
 """
 from __future__ import annotations
 
@@ -136,15 +157,21 @@ def bias_relu_pairs(plan: LivenessPlan) -> dict:
             if conv.layer.bias}
 
 
+def _writes_no_bits(plan: LivenessPlan, i: int) -> bool:
+    """Whether ReLU node i's forward writes no bit mask: it keeps its output, or its max
+    pool applies its mask and it keeps nothing (pool_relu)."""
+    return i in plan.pooled_relus or plan.nodes[i].layer.keep_in(plan.relu_bits) == "output"
+
+
 def conv_relu_pairs(plan: LivenessPlan, deterministic: bool) -> dict:
     """{ReLU node name: convolution node name} of the bias_relu pairs whose convolution may
     apply the bias and the ReLU in its own forward (the conditions above: float32 maps, the
-    ReLU keeps its output, not deterministic), for a step planned as `plan`."""
+    ReLU writes no bits, not deterministic), for a step planned as `plan`."""
     if plan.maps.precision != "fp32" or deterministic:
         return {}
-    index = {node.name: node for node in plan.nodes}
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
     return {relu: conv for relu, conv in bias_relu_pairs(plan).items()
-            if index[relu].layer.keep_in(plan.relu_bits) == "output"}
+            if _writes_no_bits(plan, index[relu])}
 
 
 def bn_relu_pairs(plan: LivenessPlan) -> dict:
@@ -153,8 +180,15 @@ def bn_relu_pairs(plan: LivenessPlan) -> dict:
     as `plan`."""
     index = {node.name: i for i, node in enumerate(plan.nodes)}
     return {relu.name: bn.name for relu, bn in _relu_after(plan, "batchnorm")
-            if relu.layer.keep_in(plan.relu_bits) == "output"
-            and plan.grad_alias.get(index[relu.name])}
+            if _writes_no_bits(plan, index[relu.name]) and plan.grad_alias.get(index[relu.name])}
+
+
+def pool_relu_pairs(plan: LivenessPlan) -> dict:
+    """{ReLU node name: max pool node name} of every ReLU whose mask the max pool after it
+    applies in its backward (the conditions above), for a step planned as `plan` (one planned
+    with `fuse`). Which ReLUs is the plan's rule (LivenessPlan.pooled_relus), written once:
+    such a ReLU keeps nothing for backward."""
+    return {plan.nodes[r].name: plan.nodes[p].name for r, p in plan.pooled_relus.items()}
 
 
 def add_relu_pairs(plan: LivenessPlan) -> dict:

@@ -89,19 +89,30 @@ def test_analytic_vgg16_step_is_near_the_measured_pytorch_step_and_k40_is_far_sl
 
 
 # ---- the timed dry run --------------------------------------------------------------------------
+def _calls_fused_away(model) -> float:
+    """How many layer calls' time a step model's fusions save (minidnn/fusion.py)."""
+    return sum(1 - s for s in (*model.forward_share.values(), *model.backward_share.values()))
+
+
 def test_step_time_without_offload_is_the_sum_of_the_calls():
     net = conv_chain()
     model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0)
     ev = model.evaluate(frozenset())
     # less the forward of each ReLU its convolution applies (float32 maps on a GPU: the
     # fused graph takes the convolution's time; minidnn/fusion.py)
-    from minidnn.fusion import conv_relu_pairs
+    from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_pairs
+    from minidnn.planner.step_model import POOLED_RELU_BIAS_SHARE
     assert model.forward_share == {r: 0.0 for r in conv_relu_pairs(model.plan, False)} != {}
-    calls = 2 * len(net.nodes) - len(model.forward_share)
+    # less the backward of each ReLU whose max pool applies its mask, but for the sums of
+    # the bias it added
+    pooled = pool_relu_pairs(model.plan)
+    assert model.backward_share == {r: POOLED_RELU_BIAS_SHARE if r in bias_relu_pairs(
+        model.plan) else 0.0 for r in pooled} != {}
+    calls = 2 * len(net.nodes) - _calls_fused_away(model)
     assert ev.step_time_s == pytest.approx(calls * 1e-3 + 1e-4)
     unfused = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0,
                         fuse=False)
-    assert unfused.forward_share == {}
+    assert unfused.forward_share == {} == unfused.backward_share
     assert unfused.evaluate(frozenset()).step_time_s == \
         pytest.approx(2 * len(net.nodes) * 1e-3 + 1e-4)
     assert ev.compute_s == pytest.approx(ev.step_time_s)
@@ -122,7 +133,7 @@ def test_an_add_its_batch_norm_applies_costs_the_read_of_its_other_input():
     assert adds and all(fused.forward_share[a] == FUSED_ADD_SHARE for a in adds)
     unfused = StepModel(net, 2, prof, input_batches=0, fuse=False)
     saved = unfused.evaluate(frozenset()).step_time_s - fused.evaluate(frozenset()).step_time_s
-    others = sum(1 - s for n, s in fused.forward_share.items() if n not in adds)
+    others = _calls_fused_away(fused) - len(adds) * (1 - FUSED_ADD_SHARE)
     assert saved == pytest.approx((len(adds) * (1 - FUSED_ADD_SHARE) + others) * 1e-3)
 
 
@@ -157,7 +168,7 @@ def test_a_step_replayed_from_a_graph_costs_the_host_nothing_per_call(static_lay
     prof = flat_profile(net, 4, layer_s=1e-6, host_s=1e-3)
     model = StepModel(net, 4, prof, input_batches=0, static_layout=static_layout)
     calls = 2 * len(net.nodes)
-    device = calls - len(model.forward_share)     # a fused ReLU's forward takes none
+    device = calls - _calls_fused_away(model)     # a fused ReLU's forward takes none
     assert model.evaluate(frozenset()).step_time_s == pytest.approx(device * 1e-6 + 1e-4)
     everything = get_policy("all").decide(model.plan).offload
     moved = model.evaluate(everything).step_time_s
@@ -172,7 +183,7 @@ def test_a_cpu_profile_is_never_replayed():
     prof = dataclasses.replace(flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), synchronous=True)
     model = StepModel(net, 4, prof, input_batches=0)
     assert model.evaluate(frozenset()).step_time_s >= 2 * len(net.nodes) * 1e-3
-    assert model.forward_share == {}     # the CPU runs a fused ReLU's pass still
+    assert model.forward_share == {} == model.backward_share  # the CPU runs each pass still
 
 
 def test_copies_hide_behind_compute_only_when_the_link_is_fast():
@@ -421,10 +432,11 @@ def test_a_fixed_decision_is_run_as_given():
     ex = build_executor(net, 4, device="cpu", policy=FixedDecision(decision), compute=False)
     # The decision as given, finished with the executor's prefetch lookahead and the biases
     # its ReLUs add, here in their convolutions (float32 maps; minidnn/fusion.py).
-    from minidnn.fusion import bias_relu_pairs, conv_relu_pairs
+    from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_pairs
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
                                   bias_relu=bias_relu_pairs(ex.plan),
-                                  conv_relu=conv_relu_pairs(ex.plan, False), spec=ex.spec)
+                                  conv_relu=conv_relu_pairs(ex.plan, False),
+                                  pool_relu=pool_relu_pairs(ex.plan), spec=ex.spec)
     assert ex.decision.conv_relu
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"

@@ -27,9 +27,15 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     convolution allocates its own when it is None or too small)
     linear_forward(x, w, b, y)                       y (N, out) = x (N, in) @ w^T + b
     linear_backward(x, gy, w, gw, gb, gx)            gw, gb, gx (gb, gx may be None)
-    maxpool2d_forward(x, y, argmax, spec)            argmax: uint8 (N, C, OH, OW), the winning
-                                                     offset kh * KW + kw inside the window
-    maxpool2d_backward(gy, argmax, gx, spec)         gx overwritten (zeros where no winner)
+    maxpool2d_forward(x, y, argmax, spec, relu=False)
+                                                     argmax: uint8 (N, C, OH, OW), the winning
+                                                     offset kh * KW + kw inside the window;
+                                                     relu: | RELU_MASK_BIT where y > 0
+    maxpool2d_backward(gy, argmax, gx, spec, relu=False)
+                                                     gx overwritten (zeros where no winner);
+                                                     relu: argmax marked so, and gx also
+                                                     masked as the backward of a ReLU before
+                                                     the pool would (minidnn/fusion.py)
     avgpool2d_forward(x, y, spec)
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)
@@ -88,6 +94,13 @@ def out_size(size: int, kernel: int, stride: int, padding: int, dilation: int = 
     else:
         out = num // stride + 1
     return out
+
+
+#: A max pool that applies the mask of the ReLU before it (minidnn/fusion.py) marks with this
+#: bit of its argmax the windows whose maximum is > 0; the offset keeps the bits below it, so
+#: such a pool's windows have at most RELU_MASK_POSITIONS positions.
+RELU_MASK_BIT = 0x80
+RELU_MASK_POSITIONS = RELU_MASK_BIT
 
 
 def relu_mask_bytes(n: int) -> int:

@@ -20,7 +20,8 @@ import contextlib
 import numpy as np
 
 from ..backend import get_array_module
-from . import mapformat
+from ..errors import ConfigError
+from . import RELU_MASK_BIT, RELU_MASK_POSITIONS, mapformat
 from .mapformat import pointwise_views
 
 # Largest temporary (in elements) an op builds per batch chunk: 64 MiB of float32. One image
@@ -216,9 +217,22 @@ def _pool_windows(spec, out_hw):
             for kh in range(kh_size) for kw in range(kw_size)]
 
 
-def maxpool2d_forward(x, y, argmax, spec) -> None:
+def _relu_mask_fits(name: str, spec) -> None:
+    """A max pool that applies a ReLU's mask keeps the mark in bit 7 of its argmax."""
+    kh, kw = spec.kernel
+    if kh * kw > RELU_MASK_POSITIONS:
+        raise ConfigError(f"{name}: a {kh}x{kw} window has more than {RELU_MASK_POSITIONS} "
+                          f"positions, which leaves the argmax no bit for a ReLU's mask")
+
+
+def maxpool2d_forward(x, y, argmax, spec, relu: bool = False) -> None:
     """y (N, C, OH, OW) = window maxima of x (N, C, H, W); argmax (uint8, shape of y) =
-    kh * KW + kw of each window's first maximum. Padding never wins."""
+    kh * KW + kw of each window's first maximum. Padding never wins. relu: argmax also has
+    RELU_MASK_BIT set where the winner's value is > 0 (the pool applies the mask of the ReLU
+    before it): where y > 0, except in a window holding NaN, whose y is NaN and whose
+    winner the last offset."""
+    if relu:
+        _relu_mask_fits("maxpool2d_forward", spec)
     xp = get_array_module(x)
     n_total, c = x.shape[:2]
     out_hw = y.shape[2:]
@@ -245,10 +259,35 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
             xp.minimum(ac, code, out=ac)
         # A window whose maximum is NaN matches nowhere; keep its argmax a valid offset.
         xp.minimum(ac, np.uint8(len(windows) - 1), out=ac)
+        if relu:    # the winner's value > 0: y's, but where a NaN made y NaN
+            marked = xp.zeros(yc.shape, dtype=bool)
+            for index, rows, cols in windows:
+                marked |= (ac == index) & (xpad[:, :, rows, cols] > 0)
+            xp.bitwise_or(ac, marked.view(np.uint8) * np.uint8(RELU_MASK_BIT), out=ac)
 
 
-def maxpool2d_backward(gy, argmax, gx, spec) -> None:
-    """gx (N, C, H, W) = gy (N, C, OH, OW) routed to each window's winner; overwrites gx."""
+def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
+    """gx (N, C, H, W) = gy (N, C, OH, OW) routed to each window's winner; overwrites gx.
+
+    relu: argmax marked by maxpool2d_forward(relu=True), and gx is then what relu_backward
+    makes of the routed gradient, bit for bit: the routed gradient times (y > 0), y the
+    ReLU's output (the pool's input). Where a window's winner lies, its mark says y > 0, the
+    same for every window it wins; where no window's winner lies, the routed gradient is +0
+    (or NaN), which the product leaves as it is."""
+    if not relu:
+        _maxpool_route(gy, argmax, gx, spec)
+        return
+    _relu_mask_fits("maxpool2d_backward", spec)
+    xp = get_array_module(gy)
+    offsets = argmax & np.uint8(RELU_MASK_BIT - 1)
+    _maxpool_route(gy, offsets, gx, spec)
+    marks = xp.empty_like(gx)
+    _maxpool_route((argmax >= RELU_MASK_BIT).astype(gx.dtype), offsets, marks, spec)
+    xp.multiply(gx, marks > 0, out=gx)
+
+
+def _maxpool_route(gy, argmax, gx, spec) -> None:
+    """gx (N, C, H, W) = gy (N, C, OH, OW) routed to the winners argmax names (offsets only)."""
     xp = get_array_module(gy)
     n_total, c, h, w = gx.shape
     out_hw = gy.shape[2:]

@@ -31,6 +31,14 @@ forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms).
 at stride 1 (GoogLeNet's inception pools) run the `_run3_vec` kernels there: a thread covers a
 run of pixels along a row and loads the pixels their windows share once (RUN3_POOLS).
 
+A max pool that applies the mask of the ReLU before it (minidnn/fusion.py) runs the same
+kernels with `mark` = RELU_MASK_BIT instead of 0: forward sets that bit of the argmax where
+the window's maximum is > 0, and backward routes a window's gradient only when the argmax is
+its offset with the bit set. The ReLU's output at a window's winner is that window's
+maximum, so a value gets the sum of its windows' gradients where the ReLU's output is > 0
+and +0 elsewhere: the ReLU backward's selection after the unmasked pool's backward, the same
+bits with one pass over the map where the two layers took four.
+
 bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
 once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps
 gives the bits of float_to_bf16(the float32 kernel on bf16_to_float of its inputs), argmax
@@ -43,6 +51,7 @@ import cupy as cp
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
+from . import RELU_MASK_BIT, RELU_MASK_POSITIONS
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
 from .mapformat import common_layout
@@ -78,7 +87,8 @@ __device__ __forceinline__ bool locate(Place& p, unsigned int rows, unsigned int
 // One thread per output element (oh, ow).
 template<typename T>
 __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
-                                  unsigned char* __restrict__ argmax, GEOMETRY, LAUNCH) {
+                                  unsigned char* __restrict__ argmax, GEOMETRY, int mark,
+                                  LAUNCH) {
     Place p;
     if (!locate(p, OH, OW, plane0, count, plane_mul, plane_shift, col_mul, col_shift)) return;
     const int oh = p.row, ow = p.col;
@@ -102,7 +112,7 @@ __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
         }
     }
     y[o] = narrow<T>(best);
-    argmax[o] = (unsigned char)arg;
+    argmax[o] = (unsigned char)(arg | (best > 0 ? mark : 0));
 }
 
 // Backward threads own cells. Cell (ch, cw) holds the input rows h = ch * SH - PH + dh and
@@ -117,7 +127,7 @@ template<typename T>
 __global__ void maxpool2d_backward(const T* __restrict__ gy,
                                    const unsigned char* __restrict__ argmax,
                                    T* __restrict__ gx, GEOMETRY, CELLS, int rows, int cols,
-                                   LAUNCH) {
+                                   int mark, LAUNCH) {
     Place p;
     if (!locate(p, rows, cols, plane0, count, plane_mul, plane_shift, col_mul, col_shift))
         return;
@@ -141,7 +151,8 @@ __global__ void maxpool2d_backward(const T* __restrict__ gy,
                 const int kh = h - (oh * SH - PH);
                 for (int ow = ow_lo; ow <= ow_hi; ++ow) {
                     const int o = oh * OW + ow;
-                    if (argmax[o] == kh * KW + (w - (ow * SW - PW))) acc += widen(gy[o]);
+                    if (argmax[o] == ((kh * KW + (w - (ow * SW - PW))) | mark))
+                        acc += widen(gy[o]);
                 }
             }
             gx[h * W + w] = narrow<T>(acc);
@@ -240,7 +251,7 @@ __device__ __forceinline__ void covering(int h, int K, int S, int P, int O, int&
 template<typename T>
 __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y,
                                        unsigned char* __restrict__ argmax, GEOMETRY, int C,
-                                       LAST_LAUNCH) {
+                                       int mark, LAST_LAUNCH) {
     Pixel p;                                          // (n, oh, ow, c)
     if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const long long i = p.index;
@@ -260,13 +271,14 @@ __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
         }
     }
     y[i] = narrow<T>(best);
-    argmax[i] = (unsigned char)arg;
+    argmax[i] = (unsigned char)(arg | (best > 0 ? mark : 0));
 }
 
 template<typename T>
 __global__ void maxpool2d_backward_last(const T* __restrict__ gy,
                                         const unsigned char* __restrict__ argmax,
-                                        T* __restrict__ gx, GEOMETRY, int C, LAST_LAUNCH) {
+                                        T* __restrict__ gx, GEOMETRY, int C, int mark,
+                                        LAST_LAUNCH) {
     Pixel p;              // (n, h, w, c)
     if (!pixel_last(p, C, W, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const long long i = p.index;
@@ -279,7 +291,7 @@ __global__ void maxpool2d_backward_last(const T* __restrict__ gy,
         const int kh = p.h - (oh * SH - PH);
         for (int ow = ow_lo; ow <= ow_hi; ++ow) {
             const long long o = base + ((long long)oh * OW + ow) * C;
-            if (argmax[o] == kh * KW + (p.w - (ow * SW - PW))) acc += widen(gy[o]);
+            if (argmax[o] == ((kh * KW + (p.w - (ow * SW - PW))) | mark)) acc += widen(gy[o]);
         }
     }
     gx[i] = narrow<T>(acc);
@@ -293,7 +305,7 @@ template<typename T>
 __global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
                                               const unsigned char* __restrict__ argmax,
                                               T* __restrict__ gx, GEOMETRY, int C,
-                                              LAST_LAUNCH) {
+                                              int mark, LAST_LAUNCH) {
     Pixel p;              // (n, oh, ow, c)
     if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const acc_t<T> zero = 0;
@@ -302,7 +314,7 @@ __global__ void maxpool2d_backward_tiles_last(const T* __restrict__ gy,
     T* out = gx + ((p.n * H + (long long)p.h * KH) * W + (long long)p.w * KW) * C + p.c;
     for (int kh = 0; kh < KH; ++kh)
         for (int kw = 0; kw < KW; ++kw)
-            out[((long long)kh * W + kw) * C] = kh * KW + kw == arg ? g : z;
+            out[((long long)kh * W + kw) * C] = ((kh * KW + kw) | mark) == arg ? g : z;
 }
 
 template<typename T>
@@ -353,7 +365,7 @@ __global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict_
 template<typename T, int VEC>
 __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y,
                                       unsigned char* __restrict__ argmax, GEOMETRY, int CV,
-                                      LAST_LAUNCH) {
+                                      int mark, LAST_LAUNCH) {
     Pixel p;                                          // (n, oh, ow, vector)
     if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -383,7 +395,10 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
     }
     Pack<T, VEC> out;
     Pack<unsigned char, VEC> args;
-    for (int j = 0; j < VEC; ++j) { out.v[j] = narrow<T>(best[j]); args.v[j] = arg[j]; }
+    for (int j = 0; j < VEC; ++j) {
+        out.v[j] = narrow<T>(best[j]);
+        args.v[j] = (unsigned char)(arg[j] | (best[j] > 0 ? mark : 0));
+    }
     store<T, VEC>(y + p.index * VEC, 0, out);
     store<unsigned char, VEC>(argmax + p.index * VEC, 0, args);
 }
@@ -391,7 +406,8 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
 template<typename T, int VEC>
 __global__ void maxpool2d_backward_vec(const T* __restrict__ gy,
                                        const unsigned char* __restrict__ argmax,
-                                       T* __restrict__ gx, GEOMETRY, int CV, LAST_LAUNCH) {
+                                       T* __restrict__ gx, GEOMETRY, int CV, int mark,
+                                       LAST_LAUNCH) {
     Pixel p;              // (n, h, w, vector)
     if (!pixel_last(p, CV, W, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -405,7 +421,7 @@ __global__ void maxpool2d_backward_vec(const T* __restrict__ gy,
         const int kh = p.h - (oh * SH - PH);
         for (int ow = ow_lo; ow <= ow_hi; ++ow) {
             const long long o = base + ((long long)oh * OW + ow) * C;
-            const int at = kh * KW + (p.w - (ow * SW - PW));
+            const int at = (kh * KW + (p.w - (ow * SW - PW))) | mark;
             const Pack<unsigned char, VEC> a = load<unsigned char, VEC>(argmax + o, 0);
             const Pack<T, VEC> g = load<T, VEC>(gy + o, 0);
             for (int j = 0; j < VEC; ++j)
@@ -421,7 +437,7 @@ template<typename T, int VEC>
 __global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
                                              const unsigned char* __restrict__ argmax,
                                              T* __restrict__ gx, GEOMETRY, int CV,
-                                             LAST_LAUNCH) {
+                                             int mark, LAST_LAUNCH) {
     Pixel p;              // (n, oh, ow, vector)
     if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -433,7 +449,8 @@ __global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
         for (int kw = 0; kw < KW; ++kw) {
             Pack<T, VEC> o;
             for (int j = 0; j < VEC; ++j)
-                o.v[j] = kh * KW + kw == a.v[j] ? narrow<T>(zero + widen(g.v[j])) : narrow<T>(zero);
+                o.v[j] = ((kh * KW + kw) | mark) == a.v[j] ? narrow<T>(zero + widen(g.v[j]))
+                                                           : narrow<T>(zero);
             store<T, VEC>(out + ((long long)kh * W + kw) * C, 0, o);
         }
 }
@@ -450,7 +467,7 @@ __global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
 template<typename T, int VEC>
 __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restrict__ y,
                                            unsigned char* __restrict__ argmax, GEOMETRY,
-                                           int CV, int runs, LAST_LAUNCH) {
+                                           int CV, int runs, int mark, LAST_LAUNCH) {
     const int RUN = 16 / VEC;
     Pixel p;                                          // (n, oh, run, vector)
     if (!pixel_last(p, CV, runs, per_image, c_mul, c_shift, w_mul, w_shift)) return;
@@ -506,7 +523,10 @@ __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restric
         Pack<T, VEC> out;
         Pack<unsigned char, VEC> args;
         #pragma unroll
-        for (int v = 0; v < VEC; ++v) { out.v[v] = narrow<T>(best[j][v]); args.v[v] = arg[j][v]; }
+        for (int v = 0; v < VEC; ++v) {
+            out.v[v] = narrow<T>(best[j][v]);
+            args.v[v] = (unsigned char)(arg[j][v] | (best[j][v] > 0 ? mark : 0));
+        }
         const long long o = ((p.n * OH + p.h) * OW + ow) * C + p.c * VEC;
         store<T, VEC>(y + o, 0, out);
         store<unsigned char, VEC>(argmax + o, 0, args);
@@ -520,7 +540,7 @@ template<typename T, int VEC>
 __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
                                             const unsigned char* __restrict__ argmax,
                                             T* __restrict__ gx, GEOMETRY, int CV, int runs,
-                                            LAST_LAUNCH) {
+                                            int mark, LAST_LAUNCH) {
     const int RUN = 16 / VEC;
     Pixel p;                                          // (n, h, run, vector)
     if (!pixel_last(p, CV, runs, per_image, c_mul, c_shift, w_mul, w_shift)) return;
@@ -553,7 +573,7 @@ __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
             for (int d = 0; d < 3; ++d) {
                 const int ow = w0 + j + PW - 2 + d;
                 if (ow < 0 || ow >= OW) continue;
-                const int at = (2 - r) * 3 + (2 - d);
+                const int at = ((2 - r) * 3 + (2 - d)) | mark;
                 #pragma unroll
                 for (int v = 0; v < VEC; ++v)
                     if (a[j + d].v[v] == at) acc[j][v] += widen(g[j + d].v[v]);
@@ -697,21 +717,30 @@ def _runs3(spec, vec: int, ctype: str) -> bool:
             and tuple(spec.stride) == (1, 1))
 
 
-def _launch_run3(name: str, ctype: str, shape, maps: tuple, geometry: tuple, vec: int) -> None:
+def _launch_run3(name: str, ctype: str, shape, maps: tuple, geometry: tuple, vec: int,
+                 mark) -> None:
     """Kernel `name` + '_run3_vec' over a channels-last map of logical `shape` (N, C, rows,
     width): a thread per vector of channels of 16 / vec pixels along a row."""
     n, c, rows, width = shape
     runs = -(-int(width) // (16 // vec))          # the kernels' RUN = 16 / VEC pixels
     _launch_last(name + "_run3", ctype, (n, c, rows, runs), maps,
-                 geometry + (np.int32(c // vec), np.int32(runs)), vec)
+                 geometry + (np.int32(c // vec), np.int32(runs), mark), vec)
 
 
-def maxpool2d_forward(x, y, argmax, spec) -> None:
-    """y = window maxima of x; argmax (uint8) = kh * KW + kw of each window's first maximum."""
+def _mark(name: str, spec, relu: bool) -> np.int32:
+    """The kernels' `mark`: RELU_MASK_BIT when the pool applies the mask of the ReLU before
+    it (its windows then leave that bit of the argmax free), else 0."""
     kh, kw = spec.kernel
-    if kh * kw > 256:
-        raise ConfigError(f"max-pool window {kh}x{kw} has more than 256 positions, which a "
-                          f"uint8 argmax cannot index")
+    if kh * kw > 256 or (relu and kh * kw > RELU_MASK_POSITIONS):
+        raise ConfigError(f"{name}: a {kh}x{kw} window has more positions than a uint8 argmax "
+                          f"can index{' beside the mark of a ReLU mask' if relu else ''}")
+    return np.int32(RELU_MASK_BIT if relu else 0)
+
+
+def maxpool2d_forward(x, y, argmax, spec, relu: bool = False) -> None:
+    """y = window maxima of x; argmax (uint8) = kh * KW + kw of each window's first maximum,
+    | RELU_MASK_BIT where y > 0 when `relu` (the pool applies the ReLU's mask)."""
+    mark = _mark("maxpool2d_forward", spec, relu)
     ctype, layout = _check("maxpool2d_forward", (x, y), argmax)
     if argmax.shape != y.shape:
         raise ShapeError(f"maxpool2d_forward: argmax {argmax.shape} must have y's shape {y.shape}")
@@ -720,16 +749,22 @@ def maxpool2d_forward(x, y, argmax, spec) -> None:
     if layout == "nhwc":
         vec = _vector(ctype, c, (x, y), argmax)
         if _runs3(spec, vec, ctype):
-            _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec)
+            _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec,
+                         mark)
             return
         _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
-                     geometry + (np.int32(c // vec),), vec)
+                     geometry + (np.int32(c // vec), mark), vec)
         return
-    _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry)
+    _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry + (mark,))
 
 
-def maxpool2d_backward(gy, argmax, gx, spec) -> None:
-    """gx = gy routed to each window's winner (summed where windows overlap); overwrites gx."""
+def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
+    """gx = gy routed to each window's winner (summed where windows overlap); overwrites gx.
+    relu: argmax marked by maxpool2d_forward(relu=True), and a window's gradient goes to its
+    winner only where its maximum was > 0: where the winner, the ReLU's output y, is > 0, so
+    gx is what relu_backward's selection makes of the routed gradient, bit for bit (a value
+    no window routes to is +0 both ways)."""
+    mark = _mark("maxpool2d_backward", spec, relu)
     ctype, layout = _check("maxpool2d_backward", (gy, gx), argmax)
     if argmax.shape != gy.shape:
         raise ShapeError(f"maxpool2d_backward: argmax {argmax.shape} must have gy's shape "
@@ -739,11 +774,12 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
     if layout == "nhwc":
         (h, w), (oh, ow) = gx.shape[2:], gy.shape[2:]
         vec = _vector(ctype, c, (gy, gx), argmax)
-        args = geometry + (np.int32(c // vec),)
+        args = geometry + (np.int32(c // vec), mark)
         tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
                  and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
         if _runs3(spec, vec, ctype):
-            _launch_run3("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), geometry, vec)
+            _launch_run3("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), geometry, vec,
+                         mark)
         elif tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
             _launch_last("maxpool2d_backward_tiles", ctype, gy.shape, (gy, argmax, gx), args,
                          vec)
@@ -752,7 +788,7 @@ def maxpool2d_backward(gy, argmax, gx, spec) -> None:
         return
     rows, cols, cells = _cells(gx.shape, spec)
     _launch("maxpool2d_backward", ctype, n * c, rows, cols,
-            (gy, argmax, gx) + geometry + cells + (np.int32(rows), np.int32(cols)))
+            (gy, argmax, gx) + geometry + cells + (np.int32(rows), np.int32(cols), mark))
 
 
 def avgpool2d_forward(x, y, spec) -> None:

@@ -19,6 +19,8 @@ layer says, before any compute, what it needs:
   `grad_over_input` that backward may write input 0's gradient over input 0;
 * `batch_statistics` says forward computes statistics over the whole batch (BatchNorm), so
   splitting the batch would change the result;
+* `masks_relu_before` says backward may apply the mask of the ReLU whose output is its input
+  (a max pool), so that ReLU keeps nothing for backward (minidnn/fusion.py);
 * `buffers` (declared in setup) hold state that is not learned but belongs in the state
   dict (BatchNorm's running statistics); the executor moves them with the parameters.
 
@@ -115,6 +117,9 @@ class StepContext:
     add_in_bn: names of the batch norm nodes that apply the add after them (and its ReLU),
     reading the add's other input as their second input; add_done: those adds, whose
     forward has nothing left to do (the decision's bn_add).
+    relu_in_pool: names of the max pool nodes that apply the mask of the ReLU before them in
+    their backward; relu_mask_done: those ReLUs, whose backward has nothing to mask and
+    which keep nothing for it (the decision's pool_relu).
     maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
     precision), in which a batch norm recomputes the output of the ReLU it applies; None:
     the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
@@ -150,6 +155,8 @@ class StepContext:
     relu_in_add: frozenset = frozenset()
     add_in_bn: frozenset = frozenset()
     add_done: frozenset = frozenset()
+    relu_in_pool: frozenset = frozenset()
+    relu_mask_done: frozenset = frozenset()
     maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None
@@ -198,6 +205,9 @@ class Layer:
     # Forward normalizes with statistics of the whole batch (BatchNorm in training): running it
     # on part of the batch gives other numbers, so batch splitting must not do so silently.
     batch_statistics = False
+    # Backward may also apply the mask of a ReLU whose output is its input, so that the
+    # ReLU's backward has nothing to mask (a max pool: minidnn/fusion.py, memory/plan.py).
+    masks_relu_before = False
     # The ops of ctx.kernels that forward and backward compute with, when they compute only
     # with those: where the kernels take bf16 maps in all of them (kernels BF16_OPS), the layer
     # runs on bf16 maps as they are; otherwise (None: it computes with array code of its own)

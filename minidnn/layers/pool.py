@@ -2,13 +2,18 @@
 
 Neither keeps a feature map for backward: max pooling keeps a 1-byte argmax per output (the
 winner's offset inside its window), average pooling needs nothing at all.
+
+A max pool after a ReLU may apply that ReLU's mask in its own backward (minidnn/fusion.py,
+the decision's pool_relu): its forward then marks, in bit 7 of each argmax, the windows whose
+maximum is > 0, and its backward routes a window's gradient only where the bit is set. That
+needs windows of at most 128 positions, so that an offset fits in the other 7 bits.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..kernels import PoolSpec, out_size
+from ..kernels import RELU_MASK_POSITIONS, PoolSpec, out_size
 from .base import Layer
 from .conv import as_pair
 
@@ -74,16 +79,28 @@ class MaxPool2d(_Pool2d):
         return PoolSpec(kernel=self.kernel_size, stride=self.stride, padding=self.padding,
                         ceil_mode=self.ceil_mode)
 
+    @property
+    def masks_relu_before(self) -> bool:
+        """Whether its backward may apply the mask of the ReLU before it: the window's offsets
+        leave the argmax's bit 7 free (module docstring)."""
+        kh, kw = self.kernel_size
+        return kh * kw <= RELU_MASK_POSITIONS
+
     def aux_specs(self):
         return {"argmax": (self.out_shape, np.uint8)}
 
     def forward(self, xs, y, aux, ctx):
-        """x (N, C, H, W) -> y (N, C, OH, OW), argmax (N, C, OH, OW) uint8."""
-        ctx.kernels.maxpool2d_forward(xs[0], y, aux["argmax"], self.spec)
+        """x (N, C, H, W) -> y (N, C, OH, OW), argmax (N, C, OH, OW) uint8; bit 7 of argmax
+        set where y > 0 when this pool applies the ReLU's mask (ctx.relu_in_pool)."""
+        ctx.kernels.maxpool2d_forward(xs[0], y, aux["argmax"], self.spec,
+                                      relu=self.name in ctx.relu_in_pool)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
+        """gx (N, C, H, W) = gy routed to each window's winner; only where the window's
+        maximum is > 0 when this pool applies the ReLU's mask: the ReLU's backward, done."""
         if gxs[0] is not None:
-            ctx.kernels.maxpool2d_backward(gy, aux["argmax"], gxs[0], self.spec)
+            ctx.kernels.maxpool2d_backward(gy, aux["argmax"], gxs[0], self.spec,
+                                           relu=self.name in ctx.relu_in_pool)
 
 
 class AvgPool2d(_Pool2d):

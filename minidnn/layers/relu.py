@@ -8,6 +8,10 @@ bytes; the output is then free after its last forward reader. Worth it where no 
 the output (a ReLU before a max-pool, which keeps only its argmax). Lossless either way: the
 gradients are bit-identical.
 
+A ReLU before a max pool may keep nothing at all: the pool applies its mask in its own
+backward (minidnn/fusion.py, the decision's pool_relu), and this ReLU's backward only passes
+the gradient on (and sums the bias it added, if it did).
+
 `keep` is the layer's own setting. A step's memory decision may have more ReLUs keep bits
 (MemoryDecision.relu_bits, node names): the liveness plan reads what each one keeps from
 `keep_in(relu_bits)` and the calls receive the same names through StepContext.relu_bits, so
@@ -74,10 +78,11 @@ class ReLU(Layer):
             if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
                 y[...] = xs[0]
             return
+        # A ReLU whose max pool applies its mask keeps nothing, bits neither.
+        keep_bits = self.keep_in(ctx.relu_bits) == "bits" and self.name not in ctx.relu_mask_done
         bias = ctx.relu_bias.get(self.name)
         bias = None if bias is None else bias.data
-        if self.keep_in(ctx.relu_bits) == "bits" and aux is not None:
-            # aux None: recomputed, the mask is kept
+        if keep_bits and aux is not None:   # aux None: recomputed, the mask is kept
             ctx.kernels.relu_forward_bits(xs[0], y, aux["mask"], bias)
         else:
             ctx.kernels.relu_forward(xs[0], y, bias)
@@ -86,7 +91,9 @@ class ReLU(Layer):
         """gx = gy where y > 0; and, when this ReLU added a convolution's bias, that bias's
         gradient (the sum of gx over all but the channel axis) in the same pass. Nothing
         when the batch norm or the add before it applies the mask in its own backward
-        (ctx.relu_done): gx is gy's buffer, which that layer reads."""
+        (ctx.relu_done): gx is gy's buffer, which that layer reads. Only the bias's
+        gradient when the max pool after it applied the mask (ctx.relu_mask_done): gy is
+        masked already, in gx's buffer."""
         if self.name in ctx.relu_done:
             if gxs[0] is not None and not same_memory(gy, gxs[0]):   # widened copies
                 gxs[0][...] = gy
@@ -99,7 +106,12 @@ class ReLU(Layer):
             return
         gx = gxs[0]
         sliced = gb is not None and ctx.batch_slice is not None   # deterministic: gb below
-        if self.keep_in(ctx.relu_bits) == "bits":  # gxs[0] may be gy itself
+        if self.name in ctx.relu_mask_done:
+            if not same_memory(gy, gx):                # widened copies
+                gx[...] = gy
+            if gb is not None and not sliced:
+                ctx.kernels.bias_grad(gx, gb)
+        elif self.keep_in(ctx.relu_bits) == "bits":  # gxs[0] may be gy itself
             ctx.kernels.relu_backward_bits(aux["mask"], gy, gx, None if sliced else gb)
         else:
             ctx.kernels.relu_backward(y, gy, gx, None if sliced else gb)

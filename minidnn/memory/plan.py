@@ -84,9 +84,10 @@ class LivenessPlan:
     rows the pieces share out: no piece sums into another's). Such a node never runs in
     place, nor writes that gradient over its input or its output gradient.
     fuse: the step folds the ReLU after a two-input add into the add (minidnn/fusion.py),
-    whose backward then reads its output for the ReLU's mask: such an add retains it; and
-    a batch norm before such an add may apply both, reading the add's other input in its
-    forward (residual_reads).
+    whose backward then reads its output for the ReLU's mask: such an add retains it; a
+    batch norm before such an add may apply both, reading the add's other input in its
+    forward (residual_reads); and a max pool after a ReLU applies the ReLU's mask in its
+    backward (pooled_relus), so that ReLU retains nothing.
     """
 
     def __init__(self, net: Network, batch: int, relu_bits=frozenset(),
@@ -115,6 +116,10 @@ class LivenessPlan:
         # The adds that apply the ReLU after them (`fuse`) retain their output, which that
         # ReLU overwrites in place with its own: found once the in-place writes are known.
         self._masking_adds = frozenset()
+        # {ReLU index: max pool index}: the max pools that apply the mask of the ReLU before
+        # them in their backward (`fuse`); those ReLUs keep nothing for backward, neither
+        # their output nor bits.
+        self.pooled_relus = self._relus_before_max_pools(net.consumers(), index) if fuse else {}
         self._forward_tensors(shapes, net.consumers(), index)
         if fuse:
             self._masking_adds = self._adds_before_relus(net.consumers(), index)
@@ -254,8 +259,28 @@ class LivenessPlan:
         """Does node i's backward read its output? (A ReLU that keeps bits does not.)"""
         layer = self.nodes[i].layer
         if layer.kind == "relu":
-            return layer.keep_in(self.relu_bits) == "output"
+            return i not in self.pooled_relus and layer.keep_in(self.relu_bits) == "output"
         return layer.retain_output or i in self._masking_adds
+
+    def _relus_before_max_pools(self, consumers, index) -> dict:
+        """{ReLU index: max pool index} of the ReLUs whose output (not the network's) one max
+        pool alone reads, a pool whose backward may apply their mask (its windows leave the
+        argmax a bit for the mark: Layer.masks_relu_before), neither a piece of a layer
+        chunk, and the ReLU's input gradient wanted, whole, in its output gradient's buffer
+        (grad_alias): the pool's backward writes the masked gradient there, and the ReLU's
+        backward has nothing to mask (minidnn/fusion.py). A ReLU the decision has keep bits
+        (relu_bits) is one too: it then keeps nothing, which is less."""
+        found = {}
+        for i, node in enumerate(self.nodes):
+            readers = consumers[node.name]
+            if node.layer.kind != "relu" or node.piece is not None or len(readers) != 1 \
+                    or node.name == self.net.output or self.rows[i] is not None \
+                    or not self.grad_wanted(node, 0):
+                continue
+            pool = readers[0]
+            if pool.piece is None and pool.layer.masks_relu_before:
+                found[i] = index[pool.name]
+        return found
 
     def _adds_before_relus(self, consumers, index) -> frozenset:
         """Indices of the two-input adds (not the network's output) read by one ReLU alone,
@@ -300,7 +325,9 @@ class LivenessPlan:
     def aux_specs(self, i: int) -> dict:
         """{name: (shape, dtype)} of the aux buffers node i's forward fills for backward."""
         layer = self.nodes[i].layer
-        return layer.aux_specs(self.relu_bits) if layer.kind == "relu" else layer.aux_specs()
+        if layer.kind != "relu":
+            return layer.aux_specs()
+        return {} if i in self.pooled_relus else layer.aux_specs(self.relu_bits)
 
     def aux_tensors(self, i: int) -> tuple:
         """((aux name, its tensor name), ...) of node i, in aux_specs order. Kept once

@@ -94,6 +94,9 @@ class MemoryDecision:
     # writes the add's input 0 applies the add and its ReLU in its own pass, whose forward
     # then does nothing (minidnn/fusion.py).
     bn_add: dict = field(default_factory=dict)
+    # pool_relu: {ReLU node name: max pool node name}: the max pool applies that ReLU's mask
+    # in its backward, and the ReLU keeps nothing for backward (minidnn/fusion.py).
+    pool_relu: dict = field(default_factory=dict)
     # spec: the StepSpec (minidnn/spec.py) the decision was made for (decide.py fills it in;
     # None: a decision made by hand, which fits any spec). An executor refuses a decision
     # made for another spec.

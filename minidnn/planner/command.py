@@ -291,7 +291,8 @@ def layer_rows(model, ev) -> list[dict]:
         row.update(algo=algo, workspace=max(cost.workspace("forward", a),
                                             cost.workspace("backward", a)),
                    forward_s=share * cost.time("forward", a),
-                   backward_s=cost.time("backward", a),
+                   backward_s=model.backward_share.get(node.name, 1.0) *
+                   cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
                               for p in CALL_PHASES))
         rows.append(row)

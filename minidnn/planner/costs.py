@@ -201,15 +201,14 @@ class Profile:
 
 
 def least_step_s(profile: Profile, micro_batches: int, names=None,
-                 forward_share=None) -> float:
+                 forward_share=None, backward_share=None) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
     (of the layers `names`, default every layer of the profile; of a fused layer's forward
-    the share `forward_share` gives: StepModel.forward_share), the gradient adds of the
-    passes after the first, one optimizer update."""
+    and backward the shares `forward_share` and `backward_share` give: StepModel's), the
+    gradient adds of the passes after the first, one optimizer update."""
     names = list(profile.layers) if names is None else names
-    share = forward_share or {}
-    pass_s = sum(profile.layer(n).least_time(phase) *
-                 (share.get(n, 1.0) if phase == "forward" else 1.0)
+    shares = {"forward": forward_share or {}, "backward": backward_share or {}}
+    pass_s = sum(profile.layer(n).least_time(phase) * shares[phase].get(n, 1.0)
                  for n in names for phase in PHASES)
     return micro_batches * pass_s + (micro_batches - 1) * profile.accumulate_s + \
         profile.optimizer_s

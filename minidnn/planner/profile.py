@@ -345,7 +345,8 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     kernels = kernel_modules.for_device(device)
     deterministic = kernel_settings(kernels)["deterministic"]
     repeats = repeats or DEFAULT_REPEATS[device.kind]
-    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps)
+    # Each layer alone, as the unfused step calls it (the step model weighs the fusions).
+    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps, fuse=False)
     shapes = net.infer_shapes(batch)
     xp = device.xp
     rng = np.random.default_rng(0)

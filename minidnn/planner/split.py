@@ -320,8 +320,10 @@ def _option_profile(option: SplitOption, net, profile_of) -> tuple:
 
 def _least_compute(option: SplitOption, prof, names) -> float:
     """least_step_s of `option` planned from `prof` (its step's layers `names`), with the
-    fused layers' forward shares (the step model of its planner says which)."""
-    return least_step_s(prof, option.micro_batches, names, option.planner.model.forward_share)
+    fused layers' shares (the step model of its planner says which)."""
+    model = option.planner.model
+    return least_step_s(prof, option.micro_batches, names, model.forward_share,
+                        model.backward_share)
 
 
 def _bound(chosen: SplitOption | None) -> float | None:

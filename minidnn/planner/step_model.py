@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..fusion import bn_add_pairs, conv_relu_pairs
+from ..fusion import bias_relu_pairs, bn_add_pairs, conv_relu_pairs, pool_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -75,6 +75,10 @@ DEFAULT_RESERVE = 0.01
 # What is left of a residual add's forward that its batch norm applies (minidnn/fusion.py,
 # bn_add): the read of its other input, one of the three maps of the add's own pass.
 FUSED_ADD_SHARE = 1 / 3
+# What is left of the backward of a ReLU whose max pool applies its mask (minidnn/fusion.py,
+# pool_relu) and that added a convolution's bias: the bias gradient's read of the map, one of
+# the three maps of its pass (without a bias: nothing).
+POOLED_RELU_BIAS_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -319,12 +323,17 @@ class StepModel:
         # its convolution applies (conv_relu): nothing, the fused graph takes the
         # convolution's own time (the H200's TF32 plans: benchmarks/runs/wave15/call2/
         # probe.txt). An add its batch norm applies (bn_add): the read of its other input in
-        # the batch norm's pass, FUSED_ADD_SHARE. The CPU still runs every pass.
+        # the batch norm's pass, FUSED_ADD_SHARE. The CPU still runs every pass. Of a
+        # backward, backward_share: a ReLU whose max pool applies its mask (pool_relu), its
+        # bias's gradient if it added one, POOLED_RELU_BIAS_SHARE, else nothing.
         fused = spec.fuse and not profile.synchronous
         self.forward_share = {
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, options.batch_slice
                                                      is not None)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
+        biased = bias_relu_pairs(self.plan)
+        self.backward_share = {relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
+                               for relu in pool_relu_pairs(self.plan)} if fused else {}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -603,8 +612,8 @@ class StepModel:
                     self._conv_calls.append((phase, i, name, transient))
                 else:
                     host, dur, ws = self._cost_of(phase, i, name, "fastest")
-                    if phase != "backward":
-                        dur *= self.forward_share.get(name, 1.0)
+                    dur *= (self.backward_share if phase == "backward" else
+                            self.forward_share).get(name, 1.0)
                     self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
         out = dict(self._fixed_costs)
         cache = self._cost_cache

@@ -1,0 +1,105 @@
+"""A max pool that applies the mask of the ReLU before it (minidnn/fusion.py, pool_relu), on
+the GPU: every max-pool kernel path marked and masked, bit for bit against the unmarked pool
+and the ReLU's own backward; a training step against the unfused one. Skipped without a CUDA
+GPU."""
+import numpy as np
+import pytest
+
+from minidnn.kernels import RELU_MASK_BIT, PoolSpec
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+cuda_pool = pytest.importorskip("minidnn.kernels.cuda_pool")
+from minidnn.kernels import cuda_pointwise as pw  # noqa: E402
+from test_pointwise_gpu import BF16, bf16_maps, host_bits, to_device  # noqa: E402
+from test_pool_gpu import out_shape, same_bits  # noqa: E402
+
+# (kernel, stride, padding, ceil_mode, image size): VGG's 2x2 tiles (channels last: the
+# `tiles` kernels), ResNet's padded 3x3/2, AlexNet's 3x3/2 with ceil_mode, GoogLeNet's 3x3/1
+# (channels-last float32 in vectors: the `run3` kernels).
+GEOMETRIES = {"2x2/2": (2, 2, 0, False, 8), "3x3/2 p1": (3, 2, 1, False, 9),
+              "3x3/2 ceil": (3, 2, 0, True, 10), "3x3/1 p1": (3, 1, 1, False, 7)}
+
+
+def _relu_output(shape, dtype, layout, seed):
+    """A ReLU's output on the device: ties, zeros, NaN (bf16: bf16_maps' values)."""
+    if dtype == BF16:
+        v = bf16_maps(shape, seed)
+    else:
+        rng = np.random.default_rng(seed)
+        v = rng.standard_normal(shape).astype(dtype)
+        flat = v.reshape(-1)
+        flat[::2] = rng.integers(-3, 4, flat[::2].size)       # ties and zeros
+        flat[::23] = np.nan
+    x = to_device(v, layout)
+    pw.relu_forward(x, x)
+    return x
+
+
+def _positive(y):
+    """y > 0 on the device, a bf16 map widened first."""
+    if y.dtype != BF16:
+        return y > 0
+    wide = cp.empty_like(y, dtype=np.float32)
+    pw.bf16_to_float(y, wide)
+    return wide > 0
+
+
+def _gradient(shape, dtype, layout, seed):
+    """An output gradient with zeros of both signs, NaN and infinities."""
+    if dtype == BF16:
+        return to_device(bf16_maps(shape, seed), layout)
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(shape).astype(dtype)
+    flat = g.reshape(-1)
+    flat[::5], flat[1::7], flat[2::29], flat[3::31] = -0.0, np.inf, np.nan, -np.inf
+    return to_device(g, layout)
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@pytest.mark.parametrize("channels", [3, 64])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64], ids=str)
+def test_a_pool_with_the_relu_mask_gives_the_bits_of_the_pool_then_the_relu(
+        gpu, geometry, channels, layout, dtype):
+    """Forward: the unmarked maxima and offsets, bit 7 where the maximum is > 0. Backward:
+    relu_backward of the unmarked backward, bit for bit."""
+    k, s, p, ceil, size = GEOMETRIES[geometry]
+    spec = PoolSpec(kernel=(k, k), stride=(s, s), padding=(p, p), ceil_mode=ceil)
+    shape = (3, channels, size, size)
+    x = _relu_output(shape, dtype, layout, seed=k * 7 + s + channels)
+    y_shape = out_shape(shape, spec)
+    gy = _gradient(y_shape, dtype, layout, seed=channels + size)
+    empty = (lambda s_, d: to_device(np.zeros(s_, d), layout))
+    y0, y1 = empty(y_shape, dtype), empty(y_shape, dtype)
+    a0, a1 = empty(y_shape, np.uint8), empty(y_shape, np.uint8)
+    cuda_pool.maxpool2d_forward(x, y0, a0, spec)
+    cuda_pool.maxpool2d_forward(x, y1, a1, spec, relu=True)
+    assert same_bits(y1, y0)
+    assert cp.array_equal(a1 & (RELU_MASK_BIT - 1), a0)
+    assert cp.array_equal(a1 >= RELU_MASK_BIT, _positive(y0))
+
+    want = empty(shape, dtype)
+    cuda_pool.maxpool2d_backward(gy, a0, want, spec)
+    pw.relu_backward(x, want, want)
+    got = to_device(np.full(shape, 7, dtype), layout)
+    cuda_pool.maxpool2d_backward(gy, a1, got, spec, relu=True)
+    assert np.array_equal(host_bits(got), host_bits(want))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_gpu_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_one(
+        gpu, precision, layout):
+    """tests/test_fused_pool_relu.py's network (a padded overlapping pool, a 2x2 pool, a
+    ReLU with two readers) trained three steps with deterministic algorithms and evaluated,
+    fused and with --no-fuse: losses, weights and the evaluation's loss, the same bits."""
+    from test_fused_pool_relu import _bits, _one_reader_pools
+    from test_fusion import _run
+    kwargs = dict(precision=precision, layout=layout, deterministic=True)
+    fused = _run(_one_reader_pools(), kwargs, 3, True, 24, "pool_relu", device="gpu")
+    assert fused[2] == {"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"}
+    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu", device="gpu")
+    assert plain[2] == {} and fused[0] == plain[0] and fused[3] == plain[3]
+    assert all(_bits(fused[1][k]).tobytes() == _bits(plain[1][k]).tobytes() for k in fused[1])

@@ -77,6 +77,13 @@ def test_a_relu_its_convolution_applies_takes_no_forward_time_on_a_gpu():
     assert relus["relu6"]["forward_s"] > 0          # after a linear layer: its own pass
     assert relus["relu1_1"]["backward_s"] == alone["relu1_1"]["backward_s"] > 0
     saved = sum(alone[n]["forward_s"] for n in relus if relus[n]["forward_s"] == 0)
+    # and a ReLU whose max pool applies its mask keeps, of its backward, the sums of its
+    # bias's gradient (one map read of the pass's three)
+    pooled = [n for n in relus if relus[n]["backward_s"] < alone[n]["backward_s"]]
+    assert pooled == ["relu1_2", "relu2_2", "relu3_3", "relu4_3", "relu5_3"]
+    assert all(relus[n]["backward_s"] == pytest.approx(alone[n]["backward_s"] / 3)
+               for n in pooled)
+    saved += sum(alone[n]["backward_s"] - relus[n]["backward_s"] for n in pooled)
     assert apart["plan"]["compute_time_s"] - fused["plan"]["compute_time_s"] == \
         pytest.approx(saved, rel=1e-6)
 
@@ -265,9 +272,15 @@ def test_missing_model_and_bad_report_are_config_errors(tmp_path):
 
 
 def test_relu_bit_masks_lower_the_least_budget():
-    plain = plan_json()
-    bits = plan_json("--relu-bits")
+    """Unfused, tiny_cnn's ReLUs (each before a max pool) keeping bits lower the least
+    budget; fused, their pools apply their masks and they keep nothing, bits or not, which
+    is lower still (minidnn/fusion.py)."""
+    plain = plan_json("--no-fuse")
+    bits = plan_json("--relu-bits", "--no-fuse")
     assert bits["minimum_budget_bytes"] < plain["minimum_budget_bytes"]
+    fused = plan_json()
+    assert fused["minimum_budget_bytes"] == plan_json("--relu-bits")["minimum_budget_bytes"] \
+        <= bits["minimum_budget_bytes"]
 
 
 def test_bf16_maps_are_planned_at_their_bytes(tmp_path):
@@ -304,13 +317,13 @@ def test_dyn_chooses_the_prefetch_lookahead_unless_given():
 
 
 def test_a_plan_that_fits_carries_no_note_that_the_budget_is_too_small():
-    """At the least budget only lookahead 0 fits; the lookaheads that failed must not leave a
-    note that contradicts the plan that was found."""
-    least = plan_json("--policy", "dyn")["minimum_budget_bytes"]
-    out = plan_json("--policy", "dyn", "--memory-budget", str(least))
+    """At the least budget of the unfused step only lookahead 0 fits; the lookaheads that
+    failed must not leave a note that contradicts the plan that was found."""
+    least = plan_json("--policy", "dyn", "--no-fuse")["minimum_budget_bytes"]
+    out = plan_json("--policy", "dyn", "--memory-budget", str(least), "--no-fuse")
     assert out["plan"]["fits"] and out["prefetch_lookahead"] == 0
     assert not any("too small" in note for note in out["notes"]), out["notes"]
-    text = run(*BASE, "--policy", "dyn", "--memory-budget", str(least))
+    text = run(*BASE, "--policy", "dyn", "--memory-budget", str(least), "--no-fuse")
     assert "too small" not in text
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from minidnn import models
-from minidnn.memory.policy import recompute_candidates
+from minidnn.memory.policy import offload_candidates, recompute_candidates
 from minidnn.planner.gpus import analytic_profile
 from minidnn.planner.search import Planner
 from minidnn.planner.step_model import StepModel
@@ -58,8 +58,8 @@ def test_shared_evaluations_are_reused_and_equal_fresh_ones(monkeypatch):
     assert walks == []
     monkeypatch.undo()
     _same_evaluation(sharing.evaluate(*decision), alone.evaluate(*decision))
-    moved = (frozenset(first.plan.storages[i].id for i in [3]), first.algos("fastest"),
-             frozenset())
+    feature = next(s.id for s in offload_candidates(first.plan) if s.kind == "feature")
+    moved = (frozenset({feature}), first.algos("fastest"), frozenset())
     assert sharing.evaluate(*moved) is not first.evaluate(*moved)   # offloads: not shared
 
 

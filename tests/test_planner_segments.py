@@ -17,11 +17,11 @@ from minidnn.planner.segments import SEGMENT_MULTIPLES
 from minidnn.planner.step_model import Unfit
 
 
-def planner(name: str, batch: int, image: int, budget=None) -> Planner:
+def planner(name: str, batch: int, image: int, budget=None, fuse=True) -> Planner:
     net = models.build(name, num_classes=10, image_size=image)
     # The CPU's random generator takes no device memory: the dry runs below are the CPU's.
     prof = dataclasses.replace(analytic_profile(net, batch, "h200"), generator_bytes=0)
-    return Planner(net, batch, prof, budget=budget, input_batches=0)
+    return Planner(net, batch, prof, budget=budget, input_batches=0, fuse=fuse)
 
 
 def train(name: str, image: int, decision: MemoryDecision, steps: int = 2):
@@ -38,10 +38,15 @@ def train(name: str, image: int, decision: MemoryDecision, steps: int = 2):
 
 
 def test_runs_are_vgg_stages_and_resnet_blocks():
-    p = planner("vgg16", 2, 32)
+    p = planner("vgg16", 2, 32, fuse=False)
     names = [[p.plan.storages[s].tensors[0] for s in run] for run in p.runs()]
     assert names[0] == ["conv1_1", "conv1_2"]     # a max-pool ends each stage's run
     assert ["conv3_1", "conv3_2", "conv3_3"] in names
+    # Fused, each pool applies the mask of the ReLU before it, and no backward reads the
+    # stage's last map (minidnn/fusion.py): a stage's run ends one map earlier.
+    fused = planner("vgg16", 2, 32)
+    names = [[fused.plan.storages[s].tensors[0] for s in run] for run in fused.runs()]
+    assert ["conv3_1", "conv3_2"] in names and ["conv1_1", "conv1_2"] not in names
     for run in p.runs():
         for before, after in zip(run, run[1:]):
             assert before in recompute_inputs(p.plan, after)
@@ -89,7 +94,8 @@ def test_segments_fit_a_budget_with_maps_rebuilt_from_one_another():
     free = make()
     none = free.model.evaluate(frozenset(), free.model.algos("fastest"))
     p = make(int(none.required_bytes * 0.6))
-    assert [len(run) for run in p.runs()] == [13]
+    # conv0 ... conv11: the last ReLU keeps nothing, its pool applies its mask
+    assert [len(run) for run in p.runs()] == [12]
     ev = p.segments()
     assert ev is not None and ev.fits
     assert any(set(recompute_inputs(p.plan, s)) & ev.recompute for s in ev.recompute)

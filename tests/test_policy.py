@@ -19,8 +19,8 @@ def chain() -> Network:
         Linear(5, name="fc")], num_classes=5)
 
 
-def plan_of(net, batch=2):
-    return LivenessPlan(net, batch)
+def plan_of(net, batch=2, fuse=True):
+    return LivenessPlan(net, batch, fuse=fuse)
 
 
 def names_of(plan, sids):
@@ -52,10 +52,12 @@ def test_none_offloads_nothing():
 def test_all_offloads_every_feature_map_backward_reads_except_the_ones_needed_at_once():
     plan = plan_of(chain())
     chosen = names_of(plan, get_policy("all").decide(plan).offload)
-    # conv1 reads data; relu1 (over conv1's storage) is read by its own backward; pool1's
-    # argmax; pool1 is read by conv2; relu2 (over conv2) by relu2's backward and by fc
-    # through the in-place flatten.
-    assert chosen == {"data", "conv1", "pool1:argmax", "pool1", "conv2"}
+    # conv1 reads data; relu1 (over conv1's storage) keeps nothing, pool1 applies its mask
+    # (minidnn/fusion.py); pool1's argmax; pool1 is read by conv2; relu2 (over conv2) by
+    # relu2's backward and by fc through the in-place flatten.
+    assert chosen == {"data", "pool1:argmax", "pool1", "conv2"}
+    unfused = plan_of(chain(), fuse=False)     # relu1 read by its own backward
+    assert names_of(unfused, get_policy("all").decide(unfused).offload) == chosen | {"conv1"}
     # Labels and the loss's softmax are read by the very next layer call: never moved.
     for s in plan.storages:
         if s.tensors[0] in ("label", "loss", "loss:prob"):

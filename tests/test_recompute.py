@@ -105,9 +105,10 @@ def test_the_layout_gives_a_recomputed_map_two_blocks():
 def test_a_chain_is_rebuilt_at_once_in_forward_order_and_changes_no_bit():
     """VGG's conv1_2 is rebuilt from conv1_1's map (relu1_1 in place): with both recomputed,
     conv1_1 is rebuilt first, when conv1_2 is needed (before its own first backward reader,
-    conv1_2's backward), and stays for it."""
+    conv1_2's backward), and stays for it. Unfused: fused, pool1 applies relu1_2's mask and
+    no backward reads conv1_2's map (minidnn/fusion.py)."""
     net = models.build("vgg16", num_classes=10, image_size=32)
-    plan = LivenessPlan(net, 2)
+    plan = LivenessPlan(net, 2, fuse=False)
     first, second = plan.storage_of("conv1_1").id, plan.storage_of("conv1_2").id
     sched = StepSchedule(plan, recompute={first, second})
     when = plan.storages[second].first_backward_use
@@ -126,7 +127,7 @@ def test_a_chain_is_rebuilt_at_once_in_forward_order_and_changes_no_bit():
     def step(decision, **options):
         rng = np.random.default_rng(0)
         with build_executor(models.build("vgg16", num_classes=10, image_size=32), 2,
-                            device="cpu", seed=0, policy=FixedDecision(decision),
+                            device="cpu", seed=0, policy=FixedDecision(decision), fuse=False,
                             **options) as ex:
             opt = SGD(ex.parameters(), lr=0.01, momentum=0.9, allocator=ex.allocator)
             for _ in range(2):

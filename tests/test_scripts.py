@@ -71,7 +71,7 @@ def test_bench_fraction_measures_both_runs_and_names_a_budget_too_small(tmp_path
 
 def test_bench_fraction_passes_relu_bits_to_the_capped_run_only(tmp_path):
     out = tmp_path / "f.json"
-    proc = run("scripts/bench_fraction.py", str(out), "--models", "tiny_cnn", "--batch", "8",
+    proc = run("scripts/bench_fraction.py", str(out), "--models", "tiny_cnn", "--batch", "32",
                "--steps", "3", "--device", "cpu", "--fraction", "0.9", "--relu-bits")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())["results"]["tiny_cnn"]

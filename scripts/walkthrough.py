@@ -6,7 +6,7 @@ minidnn that issued it (docs/walkthrough.md reads it).
     python3 scripts/walkthrough.py                           # the schedule, event by event
     python3 scripts/walkthrough.py --trace runs/walk.json    # and a Chrome trace (Perfetto)
     minidnn plan --model scripts/walkthrough.py --num-classes 10 --image-size 32 --batch 32 \\
-        --gpu k40 --memory-budget 8MiB --micro-batches 1 --chunks none   # the plan it runs
+        --gpu k40 --memory-budget 8MiB --micro-batches 1 --chunks none --no-fuse  # its plan
 
 The file is also a model file: `build(num_classes, image_size)` returns the tiny network, so
 `minidnn plan --model scripts/walkthrough.py` and `minidnn train --model scripts/walkthrough.py`
@@ -19,6 +19,9 @@ move, the place in the executor that ran the layer. Nothing is written down by h
 the lines follow the code. The plan comes from `minidnn.decide` with the dyn policy on the
 analytic model of the paper's GPU (`DynPolicy(gpu="k40")`): the budget is small enough that the
 plan must move maps, and the K40's slow copies make recomputing one map cheaper than copying it.
+The step runs every layer in its own passes (`--no-fuse`), as vDNN's did: fused, each max pool
+would apply the mask of the ReLU before it, whose map backward would then not read at all
+(minidnn/fusion.py), leaving this small network's plan almost nothing to move.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ GPU = "k40"
 # The plan as `minidnn plan` makes it for this walk-through (one pass, no layer chunks).
 PLAN_ARGS = ["--model", "scripts/walkthrough.py", "--num-classes", str(CLASSES), "--image-size",
              str(IMAGE_SIZE), "--batch", str(BATCH), "--gpu", GPU, "--memory-budget", BUDGET,
-             "--micro-batches", "1", "--chunks", "none"]
+             "--micro-batches", "1", "--chunks", "none", "--no-fuse"]
 # The memory manager's methods that make its moves (a rename fails the tests).
 MOVES = ("_offload", "_leave_device", "_fetch")
 # The executor's method that runs one layer call, and what it calls to run the layer (a rename
@@ -122,7 +125,7 @@ class Narrator:
 def plan_decision(net):
     """The decision of dyn for BUDGET on the K40 model, as `minidnn plan PLAN_ARGS` makes it."""
     return decide(net, BATCH, policy=DynPolicy(gpu=GPU), memory_budget=BUDGET,
-                  micro_batches=1, chunks=())
+                  micro_batches=1, chunks=(), fuse=False)
 
 
 def run_step(trace: str | None = None):
@@ -134,7 +137,7 @@ def run_step(trace: str | None = None):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)
     labels = rng.integers(0, CLASSES, BATCH)
-    ex = Executor(net, BATCH, device="cpu", memory_budget=BUDGET, decision=decision,
+    ex = Executor(net, BATCH, device="cpu", memory_budget=BUDGET, fuse=False, decision=decision,
                   trace=bool(trace))
     try:
         narrator = Narrator(ex)

@@ -96,6 +96,7 @@ def _bits(a):
 GEOMETRIES = [(2, 2, 0, False), (3, 2, 1, False), (3, 2, 0, True), (3, 1, 1, False)]
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # NaN and infinities, on purpose
 @pytest.mark.parametrize("kernel,stride,padding,ceil", GEOMETRIES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_cpu_pool_with_the_relu_mask_gives_the_relu_backward_of_its_backward(

@@ -15,6 +15,14 @@ from minidnn.kernels import cuda_pointwise as pw  # noqa: E402
 from test_pointwise_gpu import BF16, bf16_maps, host_bits, to_device  # noqa: E402
 from test_pool_gpu import out_shape, same_bits  # noqa: E402
 
+@pytest.fixture
+def gpu():
+    from minidnn.backend import Device
+    dev = Device("gpu")
+    yield dev
+    dev.synchronize()
+
+
 # (kernel, stride, padding, ceil_mode, image size): VGG's 2x2 tiles (channels last: the
 # `tiles` kernels), ResNet's padded 3x3/2, AlexNet's 3x3/2 with ceil_mode, GoogLeNet's 3x3/1
 # (channels-last float32 in vectors: the `run3` kernels).

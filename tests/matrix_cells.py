@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import math
 import json
 import os
 import random
@@ -272,7 +273,8 @@ class Runner:
         """The least budget of the cell's policy and split. dyn: the figure its refusal
         names (InfeasibleBudgetError.minimum, or the least budget in its one-line error over
         ranks). none/all/conv: the peak `minidnn plan` predicts for the policy's one
-        decision (these policies do not plan, so their least budget is what they need)."""
+        decision with the planner's reserve on top (these policies do not plan, so their
+        least budget is what they need and the reserve every budget keeps)."""
         key = ("least", cell.family, cell.precision, cell.layout, cell.policy, cell.split,
                cell.ranks, cell.encoding, cell.fusion)
         if key not in self._memo:
@@ -286,7 +288,7 @@ class Runner:
                     self._dyn_least(cell)
                 assert least_named(str(out.error)) >= self._memo[key]
             else:
-                self._memo[key] = self.predicted_peak(cell, None)
+                self._memo[key] = with_reserve(self.predicted_peak(cell, None))
         return self._memo[key]
 
     def least_from_plan(self, cell: Cell) -> int:
@@ -386,6 +388,13 @@ class Runner:
                split_batch_statistics=fam.batch_statistics and micro_batches is not None,
                chunks=chunks, fuse=cell.fusion == "fused")
         return int(policy.result.best.peak_bytes)
+
+
+def with_reserve(need: int) -> int:
+    """The least budget of a step that needs `need` bytes: the planner's reserve kept free on
+    top (planner/planning.plan_policy)."""
+    from minidnn.planner.step_model import DEFAULT_RESERVE
+    return math.ceil(need / (1 - DEFAULT_RESERVE))
 
 
 def least_named(error) -> int:

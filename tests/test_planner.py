@@ -201,6 +201,27 @@ def test_copies_hide_behind_compute_only_when_the_link_is_fast():
     assert sum(c[2] for c in exposed.calls.values()) > 0.5 * exposed.step_time_s  # waits
 
 
+def test_a_flatten_of_channels_last_maps_in_their_own_dtype_counts_its_copy():
+    """Flatten reorders channels-last maps in place through a copy of the map (layers/
+    flatten.py), in every call; on NCHW maps it is a reshape, on widened bf16 maps the
+    copies are the scratch block's (layers/precision.py)."""
+    from minidnn import models
+    from minidnn.kernels.mapformat import MapFormat
+    from minidnn.planner.costs import transient_bytes
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    net.infer_shapes(16)
+    flatten = next(n.layer for n in net.nodes if n.layer.kind == "reshape")
+    assert flatten.in_shapes == [(16, 32, 4, 4)]
+    for phase in ("forward", "backward", "recompute"):
+        assert transient_bytes(flatten, phase, MapFormat("nhwc", "fp32")) == 16 * 512 * 4
+        assert transient_bytes(flatten, phase, MapFormat("nchw", "fp32")) == 0
+        assert transient_bytes(flatten, phase, MapFormat("nhwc", "bf16")) == 0
+        assert transient_bytes(flatten, phase) == 0
+    model = StepModel(net, 16, flat_profile(net, 16), maps=MapFormat("nhwc", "fp32"))
+    i = next(i for i, n in enumerate(model.nodes) if n.layer is flatten)
+    assert model._transient[("forward", i)] == 16 * 512 * 4
+
+
 @pytest.mark.parametrize("static_layout", [True, False])
 def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_layout):
     from minidnn.planner.costs import optimizer_transient_bytes, transient_bytes

@@ -223,12 +223,6 @@ class Layer:
         self.out_shape: tuple = ()
         self.dtype = np.dtype(np.float32)
 
-    def inplace_in(self, layout: str) -> bool:
-        """Whether the output may share input 0's buffer (and the input gradient the output
-        gradient's) on maps stored in `layout` ('nchw' or 'nhwc'): `inplace`, unless the
-        layer would then need a temporary of the map, which no plan counts."""
-        return self.inplace
-
     # ---- setup ---------------------------------------------------------------------------
     def setup(self, in_shapes: list[tuple], dtype=np.float32) -> tuple:
         """Check the input shapes, declare parameters, return the output shape."""

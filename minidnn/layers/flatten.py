@@ -4,10 +4,10 @@ In place on an NCHW map it is a free reshape of the input's buffer. A channels-l
 (kernels/mapformat.py) holds its values in (H, W, C) order, so Flatten reorders them to
 (C, H, W) order on the way, and backward reorders the gradient back: the map before the
 classifier is small (VGG-16: 100 KB an image in fp32), and the first Linear's weight keeps PyTorch's
-(out, C*H*W) layout as it is, in every state_dict and checkpoint. Writing over its own input
-would take a temporary of the map, which no plan counts (an H200 run in a budget of its
-unconstrained peak failed on its 32 KiB), so on channels-last maps Flatten writes a buffer of
-its own (`inplace_in`), which the plan counts.
+(out, C*H*W) layout as it is, in every state_dict and checkpoint. When Flatten writes over
+its own input (the liveness plan allows it only when no one else reads that input), the
+values go through a temporary of the map, which the step model counts (planner/costs.py,
+transient_bytes).
 """
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ class Flatten(Layer):
         for d in s[1:]:
             f *= d
         return (s[0], f)
-
-    def inplace_in(self, layout: str) -> bool:
-        """In place on NCHW maps (a reshape) and on 2-D inputs; not on channels-last maps."""
-        return layout == "nchw" or len(self.in_shapes[0]) <= 2
 
     def forward(self, xs, y, aux, ctx):
         x = xs[0]

@@ -155,8 +155,8 @@ class LivenessPlan:
             layer = node.layer
             shape = shapes[node.name]
             src = node.inputs[0] if node.inputs else None
-            if layer.inplace_in(self.maps.layout) and src is not None and \
-                    self.rows[i] is None and self._may_overwrite(i, src, consumers, index):
+            if layer.inplace and src is not None and self.rows[i] is None and \
+                    self._may_overwrite(i, src, consumers, index):
                 s = self.storages[self.tensors[src].storage]
                 self.tensors[node.name] = TensorPlan(node.name, shape, dtype_of(node), s.id)
                 s.tensors.append(node.name)
@@ -220,7 +220,7 @@ class LivenessPlan:
                 # writes its rows of the gradient's own buffer, which the first piece in
                 # backward (the last piece) takes.
                 whole_input = k == 0 and self.rows[i] is None
-                if whole_input and node.layer.inplace_in(self.maps.layout):
+                if whole_input and node.layer.inplace:
                     # The input gradient overwrites the output gradient (ReLU, Flatten, ...).
                     s = self.storage_of(f"grad:{node.name}")
                     self.grad_alias[i] = True

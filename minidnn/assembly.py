@@ -355,7 +355,8 @@ class Assembly:
 
     def _scratch_blocks(self) -> dict:
         """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
-        maps to float32 (layers/precision.py: the copies, first in the block) or draw random
+        maps to float32 (layers/precision.py: the copies, first in the block), copy a map
+        inside themselves (Layer.copy_bytes: on maps in the layer's own dtype) or draw random
         numbers (layers/draws.py: the call's own rows' draws and this device's generator)."""
         # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
         kind = getattr(self.device, "planned_kind", self.device.kind)
@@ -364,9 +365,13 @@ class Assembly:
         blocks = {}
         for i, node in enumerate(self.plan.nodes):
             for phase in CALL_PHASES:
-                nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
-                                               self.plan.call_maps(i, phase), phase) \
-                    if widens else 0
+                if widens:
+                    nbytes = mixed.temporary_bytes(node.layer, bf16_ops,
+                                                   self.plan.call_maps(i, phase), phase)
+                else:
+                    shared = self.plan.grad_alias.get(i) if phase == "backward" else \
+                        self.plan.inplace.get(i)
+                    nbytes = node.layer.copy_bytes(phase, self.plan.maps.layout, bool(shared))
                 shape = node.layer.random_draws(phase) if phase != "recompute" else None
                 if shape is not None:
                     nbytes += scratch_bytes(shape, self.device.generator_bytes)

@@ -201,25 +201,39 @@ def test_copies_hide_behind_compute_only_when_the_link_is_fast():
     assert sum(c[2] for c in exposed.calls.values()) > 0.5 * exposed.step_time_s  # waits
 
 
-def test_a_flatten_of_channels_last_maps_in_their_own_dtype_counts_its_copy():
-    """Flatten reorders channels-last maps in place through a copy of the map (layers/
-    flatten.py), in every call; on NCHW maps it is a reshape, on widened bf16 maps the
-    copies are the scratch block's (layers/precision.py)."""
+def test_a_flatten_of_channels_last_maps_copies_them_in_a_planned_scratch_block(monkeypatch):
+    """Flatten reorders channels-last maps over their own buffer through a copy (layers/
+    flatten.py): the memory manager hands each such call a scratch block of the map's size,
+    planned with the step's other blocks; on NCHW maps it is a reshape, on widened bf16 maps
+    the copies are layers/precision.py's. The step's bits do not change."""
     from minidnn import models
-    from minidnn.kernels.mapformat import MapFormat
-    from minidnn.planner.costs import transient_bytes
+    from minidnn.decide import build_executor
     net = models.build("tiny_cnn", num_classes=10, image_size=16)
-    net.infer_shapes(16)
-    flatten = next(n.layer for n in net.nodes if n.layer.kind == "reshape")
-    assert flatten.in_shapes == [(16, 32, 4, 4)]
-    for phase in ("forward", "backward", "recompute"):
-        assert transient_bytes(flatten, phase, MapFormat("nhwc", "fp32")) == 16 * 512 * 4
-        assert transient_bytes(flatten, phase, MapFormat("nchw", "fp32")) == 0
-        assert transient_bytes(flatten, phase, MapFormat("nhwc", "bf16")) == 0
-        assert transient_bytes(flatten, phase) == 0
-    model = StepModel(net, 16, flat_profile(net, 16), maps=MapFormat("nhwc", "fp32"))
-    i = next(i for i, n in enumerate(model.nodes) if n.layer is flatten)
-    assert model._transient[("forward", i)] == 16 * 512 * 4
+    i = next(i for i, n in enumerate(net.nodes) if n.layer.kind == "reshape")
+
+    def scratch(layout, precision="fp32"):
+        with build_executor(net, 16, device="cpu", layout=layout, precision=precision,
+                            compute=False) as ex:
+            return {phase: ex.manager.scratch.get((i, phase), 0) for phase in ("forward", "backward")}
+
+    assert scratch("nhwc") == {"forward": 16 * 512 * 4, "backward": 16 * 512 * 4}
+    assert scratch("nchw") == {"forward": 0, "backward": 0}
+    widened = scratch("nhwc", "bf16")        # precision.py's float32 copies, apart
+    assert widened["forward"] == 2 * 16 * 512 * 4
+    bits = []
+    for planned in (True, False):      # False: the copy from the array module, unplanned
+        net.init_params(0)
+        if not planned:
+            monkeypatch.setattr(type(net.nodes[i].layer), "copy_bytes", lambda self, *a: 0)
+        with build_executor(net, 16, device="cpu", layout="nhwc", seed=1) as ex:
+            assert bool(ex.manager.scratch.get((i, "forward"))) == planned
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+            rng = np.random.default_rng(2)
+            for _ in range(2):
+                x = rng.standard_normal((16, 3, 16, 16)).astype(np.float32)
+                ex.train_step(x, rng.integers(0, 10, 16), opt)
+        bits.append(net.param_checksum())
+    assert bits[0] == bits[1]
 
 
 @pytest.mark.parametrize("static_layout", [True, False])

@@ -223,6 +223,15 @@ class Layer:
         self.out_shape: tuple = ()
         self.dtype = np.dtype(np.float32)
 
+    def copy_bytes(self, phase: str, layout: str, shared: bool) -> int:
+        """Bytes of the copy of a map that a `phase` call makes inside itself, on maps stored
+        in `layout` ('nchw' or 'nhwc') in the layer's dtype, where its output shares input
+        0's buffer (forward, recompute) or its input gradient the output gradient's
+        (backward) when `shared`. The memory manager hands the call a scratch block that
+        large (ctx.scratch), planned like every block, so that no copy is taken unplanned. 0:
+        none (every layer but Flatten)."""
+        return 0
+
     # ---- setup ---------------------------------------------------------------------------
     def setup(self, in_shapes: list[tuple], dtype=np.float32) -> tuple:
         """Check the input shapes, declare parameters, return the output shape."""

@@ -6,12 +6,17 @@ In place on an NCHW map it is a free reshape of the input's buffer. A channels-l
 classifier is small (VGG-16: 100 KB an image in fp32), and the first Linear's weight keeps PyTorch's
 (out, C*H*W) layout as it is, in every state_dict and checkpoint. When Flatten writes over
 its own input (the liveness plan allows it only when no one else reads that input), the
-values go through a temporary of the map, which the step model counts (planner/costs.py,
-transient_bytes).
+values go through a copy of the map in the call's scratch block (`copy_bytes`), which the
+memory manager plans like every block: an arena temporary taken there, which no plan counted,
+failed an H200 run in a budget of its unconstrained peak (32 KiB), and inside a step replayed
+from a CUDA graph it would stay the graph's while a plain evaluation took another.
 """
 from __future__ import annotations
 
+import math
+
 from ..backend import same_memory
+from ..kernels.mapformat import layout_of, shaped
 from .base import Layer
 
 
@@ -29,12 +34,19 @@ class Flatten(Layer):
             f *= d
         return (s[0], f)
 
+    def copy_bytes(self, phase: str, layout: str, shared: bool) -> int:
+        """A copy of the map where Flatten reorders channels-last maps over their own
+        buffer (a 4-D input; in every phase the map has the input's size)."""
+        if not shared or layout != "nhwc" or len(self.in_shapes[0]) < 3:
+            return 0
+        return math.prod(self.in_shapes[0]) * self.dtype.itemsize
+
     def forward(self, xs, y, aux, ctx):
         x = xs[0]
         shared = same_memory(x, y)
         if shared and x.flags.c_contiguous:
             return                                  # y is x's buffer, reshaped
-        y.reshape(x.shape)[...] = x.copy() if shared else x
+        y.reshape(x.shape)[...] = _apart(x, ctx) if shared else x
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         gx = gxs[0]
@@ -43,4 +55,14 @@ class Flatten(Layer):
         shared = same_memory(gx, gy)
         if shared and gx.flags.c_contiguous:
             return
-        gx[...] = (gy.copy() if shared else gy).reshape(gx.shape)
+        gx[...] = (_apart(gy, ctx) if shared else gy).reshape(gx.shape)
+
+
+def _apart(a, ctx):
+    """A copy of `a`, in its layout, in the call's scratch block (copy_bytes); outside an
+    executor (no block), from the array module."""
+    if ctx.scratch is None:
+        return a.copy()
+    out = shaped(ctx.scratch, a.shape, a.dtype, layout_of(a))
+    out[...] = a
+    return out

@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import ConfigError
 from ..kernels.batchnorm_sums import partial_sums_bytes
-from ..kernels.mapformat import MapFormat
 from ..memory.allocator import aligned
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
@@ -235,15 +234,11 @@ def numel(shape) -> int:
     return int(math.prod(int(d) for d in shape))
 
 
-def transient_bytes(layer, phase: str, maps: MapFormat | None = None) -> int:
-    """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace, on
-    feature maps stored as `maps` (None: NCHW).
+def transient_bytes(layer, phase: str) -> int:
+    """Bytes a layer call allocates and drops inside itself, besides the cuDNN workspace.
 
     From the layers' and the GPU kernels' code: the loss works on (N,) vectors; a batch norm
-    makes its partial sums and per-channel coefficients (batchnorm_transient_bytes); a
-    Flatten of channels-last maps in its own dtype reorders them in place through a copy of
-    the map (layers/flatten.py: a run in a budget of its unconstrained peak failed on the H200
-    asking for its 32 KiB; on widened bf16 maps the copies are layers/precision.py's, apart).
+    makes its partial sums and per-channel coefficients (batchnorm_transient_bytes).
     Everything else (ReLU and the conv bias run as fused kernels on the GPU) writes into the
     buffers it is given; dropout's draws lie in a scratch block of the memory manager, which
     the dry run counts (layers/draws.py).
@@ -254,9 +249,6 @@ def transient_bytes(layer, phase: str, maps: MapFormat | None = None) -> int:
         return 4 * 8 * n  # max, sum, arange, picked, log ... of (N,) vectors
     if kind == "batchnorm":
         return batchnorm_transient_bytes(layer.in_shapes[0])
-    if kind == "reshape" and maps is not None and maps.layout == "nhwc" and \
-            len(layer.in_shapes[0]) > 2 and maps.map_dtype(layer.dtype) == layer.dtype:
-        return aligned(numel(layer.in_shapes[0]) * layer.dtype.itemsize)
     return 0
 
 

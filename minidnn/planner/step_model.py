@@ -311,7 +311,7 @@ class StepModel:
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
-        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase, self.maps)
+        self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + accumulation_bytes(node.layer, phase, k, node.piece,
                                                 options.batch_slice,

@@ -236,6 +236,29 @@ def test_a_flatten_of_channels_last_maps_copies_them_in_a_planned_scratch_block(
     assert bits[0] == bits[1]
 
 
+def test_a_bias_gradient_s_partial_sums_are_counted_in_the_backward_that_takes_them():
+    """A convolution's bias gradient is summed in two stages on the GPU, (blocks, C) partial
+    sums on channels-last maps, (N, C) on NCHW ones (kernels/column_sums.py): a temporary
+    of the backward that sums it, the convolution's, or the ReLU's that added the bias
+    (minidnn/fusion.py)."""
+    from minidnn.kernels.column_sums import SUM_BLOCKS, column_blocks
+    from minidnn.kernels.mapformat import MapFormat
+    net = conv_chain()              # three 16-channel convolutions with a bias at 32x32
+    rows = 8 * 32 * 32
+    assert column_blocks(rows) == (4, SUM_BLOCKS)
+    for layout, sums in (("nhwc", SUM_BLOCKS * 16 * 4), ("nchw", 8 * 16 * 4)):
+        fused = StepModel(net, 8, flat_profile(net, 8), maps=MapFormat(layout, "fp32"))
+        apart = StepModel(net, 8, flat_profile(net, 8), maps=MapFormat(layout, "fp32"),
+                          fuse=False)
+        names = [n.name for n in fused.nodes]
+        for conv, relu in (("conv1", "relu1"), ("conv2", "relu2"), ("conv3", "relu3")):
+            c, r = names.index(conv), names.index(relu)
+            assert fused._transient[("backward", r)] - apart._transient[("backward", r)] \
+                == apart._transient[("backward", c)] - fused._transient[("backward", c)] \
+                == aligned(sums)
+            assert fused._transient[("forward", r)] == apart._transient[("forward", r)]
+
+
 @pytest.mark.parametrize("static_layout", [True, False])
 def test_required_bytes_are_the_dry_run_peak_plus_what_it_does_not_count(static_layout):
     from minidnn.planner.costs import optimizer_transient_bytes, transient_bytes

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..backend import same_memory
 from . import cpu as _cpu
+from .column_sums import column_blocks
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 from .mapformat import common_layout, copy_values, in_memory_order, is_bfloat16, \
     is_channels_last, pixel_rows, pointwise_views
@@ -678,12 +679,6 @@ def _check_bias(y2, b) -> str:
     return ctype
 
 
-#: Blocks of a column pass along its rows (each a share of the rows, every channel's partial
-#: sum): enough to fill the GPU, few enough that their partial sums are a small temporary.
-#: The order of every sum follows from it, so it is fixed.
-_SUM_BLOCKS = 2048
-
-
 def bias_grad(gy, gb) -> None:
     """gb (C,) = sum of gy (N, C, H, W) over N, H and W (a convolution's bias gradient).
     Channels last: column sums in a fixed order (channel_sums). NCHW: summing each (n, c) row
@@ -732,8 +727,7 @@ def _column_pass(mode: str, maps, out, mask=None) -> bool:
         vec = 1
     groups = channels // vec
     width = min(32, groups)
-    per_block = max(-(-rows // _SUM_BLOCKS), 1)
-    blocks = max(-(-rows // per_block), 1)
+    per_block, blocks = column_blocks(rows)      # the step's memory model counts `partial`
     partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
     # The pointers a mode does not read stand in as the map summed (never dereferenced).
     g = rows2[0]

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..errors import ConfigError
 from ..kernels.batchnorm_sums import partial_sums_bytes
+from ..kernels.column_sums import channel_sums_bytes
 from ..memory.allocator import aligned
 from ..layers.conv import CONV_ALGOS as ALGOS  # noqa: F401 (the planner's name for them)
 PHASES = ("forward", "backward")
@@ -262,6 +263,16 @@ def batchnorm_transient_bytes(shape) -> int:
     pixels = math.prod(int(d) for d in shape[2:])
     channel = aligned(8 * c)
     return aligned(partial_sums_bytes(n, c, pixels)) + 3 * channel + aligned(6 * 8 * c)
+
+
+def bias_sums_bytes(layer, layout: str) -> int:
+    """Bytes of the partial sums of convolution `layer`'s bias gradient over its output, on
+    maps stored in `layout` (kernels/column_sums.py), taken inside the backward that sums
+    them: the convolution's, or that of the ReLU that added the bias (minidnn/fusion.py,
+    bias_relu). 0 for any other layer or a convolution without a bias."""
+    if layer.kind != "conv" or not layer.bias:
+        return 0
+    return aligned(channel_sums_bytes(layer.out_shape, layout, min(layer.dtype.itemsize, 8)))
 
 
 def gradient_copy_bytes(layer, phase: str) -> int:

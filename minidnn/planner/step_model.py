@@ -60,8 +60,8 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, gradient_copy_bytes, numel,
-                    optimizer_transient_bytes, param_bytes, transient_bytes,
+from .costs import (ALGOS, Profile, accumulation_bytes, bias_sums_bytes, gradient_copy_bytes,
+                    numel, optimizer_transient_bytes, param_bytes, transient_bytes,
                     weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
@@ -311,8 +311,10 @@ class StepModel:
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
+        sums = self._bias_sums(spec.fuse)
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
+                           + (counted * sums.get(i, 0) if phase == "backward" else 0)
                            + accumulation_bytes(node.layer, phase, k, node.piece,
                                                 options.batch_slice,
                                                 batch // node.piece[1] if node.piece else batch,
@@ -596,6 +598,17 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
+    def _bias_sums(self, fuse: bool) -> dict:
+        """{node index: bytes of the partial sums of a convolution's bias gradient its
+        backward takes} (costs.bias_sums_bytes): the convolution's own, or, where a ReLU
+        adds the bias (minidnn/fusion.py, bias_relu), the ReLU's."""
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+        moved = {conv: relu for relu, conv in bias_relu_pairs(self.plan).items()} if fuse \
+            else {}
+        layout = self.maps.layout
+        return {index[moved.get(node.name, node.name)]: bias_sums_bytes(node.layer, layout)
+                for node in self.nodes if bias_sums_bytes(node.layer, layout)}
+
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
         """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
         call under these plan settings: the bytes are its workspace unless the static layout

@@ -1,7 +1,7 @@
 """Fusing a ReLU with the layer next to it, where the bits stay the same: a convolution's bias
 added in the ReLU's pass; the ReLU applied, and its gradient masked, by the batch norm or the
-residual add before it. Each saves passes over a map; `--no-fuse` (StepSpec.fuse) turns all
-of them off.
+residual add before it; its gradient masked by the max pool after it. Each saves passes over
+a map; `--no-fuse` (StepSpec.fuse) turns all of them off.
 
 A convolution with a bias writes conv(x, w), then adds the bias in a second pass over its
 output; the ReLU after it reads that output once more. When the ReLU is the output's only

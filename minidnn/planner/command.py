@@ -98,9 +98,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--no-fuse", action="store_true",
-                   help="plan every layer in its own passes (as train --no-fuse: a residual "
-                        "add that applies the ReLU after it keeps its output longer; a ReLU "
-                        "before a max pool keeps its output for backward)")
+                   help="plan every layer in its own passes, as train --no-fuse runs them "
+                        "(fused, a residual add that applies the ReLU after it keeps its "
+                        "output longer, and a ReLU before a max pool keeps nothing for "
+                        "backward)")
     p.add_argument("--no-graphs", action="store_true",
                    help="predict a step issued layer by layer from the host (as train "
                         "--no-graphs; also taken from a --report whose GPU run replayed no "

@@ -14,14 +14,7 @@ cuda_pool = pytest.importorskip("minidnn.kernels.cuda_pool")
 from minidnn.kernels import cuda_pointwise as pw  # noqa: E402
 from test_pointwise_gpu import BF16, bf16_maps, to_device  # noqa: E402
 from test_pool_gpu import out_shape, same_bits  # noqa: E402
-
-@pytest.fixture
-def gpu():
-    from minidnn.backend import Device
-    dev = Device("gpu")
-    yield dev
-    dev.synchronize()
-
+from test_runs_gpu import gpu  # noqa: E402, F401, F811  (the fixture)
 
 # (kernel, stride, padding, ceil_mode, image size): VGG's 2x2 tiles (channels last: the
 # `tiles` kernels), ResNet's padded 3x3/2, AlexNet's 3x3/2 with ceil_mode, GoogLeNet's 3x3/1

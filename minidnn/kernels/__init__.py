@@ -103,6 +103,12 @@ RELU_MASK_BIT = 0x80
 RELU_MASK_POSITIONS = RELU_MASK_BIT
 
 
+def relu_mask_fits(kernel) -> bool:
+    """Whether a max pool of window `kernel` (KH, KW) leaves its argmax RELU_MASK_BIT free."""
+    kh, kw = kernel
+    return kh * kw <= RELU_MASK_POSITIONS
+
+
 def relu_mask_bytes(n: int) -> int:
     """Bytes of a ReLU bit mask of n values: whole 32-bit words, one bit per value."""
     return (int(n) + 31) // 32 * 4

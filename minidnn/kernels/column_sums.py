@@ -11,6 +11,8 @@ the plan and the run cannot disagree.
 """
 from __future__ import annotations
 
+import math
+
 #: Blocks of a column pass along its rows (each a share of the rows, every channel's partial
 #: sum): enough to fill the GPU, few enough that their partial sums are a small temporary.
 #: The order of every sum follows from it, so it is fixed.
@@ -28,9 +30,6 @@ def channel_sums_bytes(shape, layout: str, itemsize: int) -> int:
     stored in `layout` ('nchw' or 'nhwc') writes, each sum `itemsize` bytes (the maps'
     accumulation type: 4 for float32 and bf16 maps, 8 for float64)."""
     n, c = int(shape[0]), int(shape[1])
-    pixels = 1
-    for d in shape[2:]:
-        pixels *= int(d)
     if layout == "nhwc" and len(shape) == 4:
-        return column_blocks(n * pixels)[1] * c * itemsize
+        return column_blocks(n * math.prod(int(d) for d in shape[2:]))[1] * c * itemsize
     return n * c * itemsize

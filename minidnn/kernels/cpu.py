@@ -21,7 +21,7 @@ import numpy as np
 
 from ..backend import get_array_module
 from ..errors import ConfigError
-from . import RELU_MASK_BIT, RELU_MASK_POSITIONS, mapformat
+from . import RELU_MASK_BIT, RELU_MASK_POSITIONS, mapformat, relu_mask_fits
 from .mapformat import pointwise_views
 
 # Largest temporary (in elements) an op builds per batch chunk: 64 MiB of float32. One image
@@ -219,8 +219,8 @@ def _pool_windows(spec, out_hw):
 
 def _relu_mask_fits(name: str, spec) -> None:
     """A max pool that applies a ReLU's mask keeps the mark in bit 7 of its argmax."""
-    kh, kw = spec.kernel
-    if kh * kw > RELU_MASK_POSITIONS:
+    if not relu_mask_fits(spec.kernel):
+        kh, kw = spec.kernel
         raise ConfigError(f"{name}: a {kh}x{kw} window has more than {RELU_MASK_POSITIONS} "
                           f"positions, which leaves the argmax no bit for a ReLU's mask")
 

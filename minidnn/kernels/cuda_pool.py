@@ -51,7 +51,7 @@ import cupy as cp
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
-from . import RELU_MASK_BIT, RELU_MASK_POSITIONS
+from . import RELU_MASK_BIT, relu_mask_fits
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
 from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
 from .mapformat import common_layout
@@ -731,7 +731,7 @@ def _mark(name: str, spec, relu: bool) -> np.int32:
     """The kernels' `mark`: RELU_MASK_BIT when the pool applies the mask of the ReLU before
     it (its windows then leave that bit of the argmax free), else 0."""
     kh, kw = spec.kernel
-    if kh * kw > 256 or (relu and kh * kw > RELU_MASK_POSITIONS):
+    if kh * kw > 256 or (relu and not relu_mask_fits(spec.kernel)):
         raise ConfigError(f"{name}: a {kh}x{kw} window has more positions than a uint8 argmax "
                           f"can index{' beside the mark of a ReLU mask' if relu else ''}")
     return np.int32(RELU_MASK_BIT if relu else 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..kernels import RELU_MASK_POSITIONS, PoolSpec, out_size
+from ..kernels import PoolSpec, out_size, relu_mask_fits
 from .base import Layer
 from .conv import as_pair
 
@@ -83,8 +83,7 @@ class MaxPool2d(_Pool2d):
     def masks_relu_before(self) -> bool:
         """Whether its backward may apply the mask of the ReLU before it: the window's offsets
         leave the argmax's bit 7 free (module docstring)."""
-        kh, kw = self.kernel_size
-        return kh * kw <= RELU_MASK_POSITIONS
+        return relu_mask_fits(self.kernel_size)
 
     def aux_specs(self):
         return {"argmax": (self.out_shape, np.uint8)}

@@ -272,7 +272,7 @@ def bias_sums_bytes(layer, layout: str) -> int:
     bias_relu). 0 for any other layer or a convolution without a bias."""
     if layer.kind != "conv" or not layer.bias:
         return 0
-    return aligned(channel_sums_bytes(layer.out_shape, layout, min(layer.dtype.itemsize, 8)))
+    return aligned(channel_sums_bytes(layer.out_shape, layout, layer.dtype.itemsize))
 
 
 def gradient_copy_bytes(layer, phase: str) -> int:

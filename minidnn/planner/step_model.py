@@ -311,7 +311,8 @@ class StepModel:
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
-        sums = self._bias_sums(spec.fuse)
+        biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
+        sums = self._bias_sums(biased if spec.fuse else {})
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + (counted * sums.get(i, 0) if phase == "backward" else 0)
@@ -333,7 +334,6 @@ class StepModel:
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, options.batch_slice
                                                      is not None)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
-        biased = bias_relu_pairs(self.plan)
         self.backward_share = {relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
                                for relu in pool_relu_pairs(self.plan)} if fused else {}
         self.cache: dict = {}
@@ -598,16 +598,18 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _bias_sums(self, fuse: bool) -> dict:
+    def _bias_sums(self, bias_relu: dict) -> dict:
         """{node index: bytes of the partial sums of a convolution's bias gradient its
-        backward takes} (costs.bias_sums_bytes): the convolution's own, or, where a ReLU
-        adds the bias (minidnn/fusion.py, bias_relu), the ReLU's."""
+        backward takes} (costs.bias_sums_bytes): the convolution's own, or the ReLU's where
+        `bias_relu` ({ReLU: convolution}, the step's fused pairs) has it add the bias."""
         index = {node.name: i for i, node in enumerate(self.nodes)}
-        moved = {conv: relu for relu, conv in bias_relu_pairs(self.plan).items()} if fuse \
-            else {}
-        layout = self.maps.layout
-        return {index[moved.get(node.name, node.name)]: bias_sums_bytes(node.layer, layout)
-                for node in self.nodes if bias_sums_bytes(node.layer, layout)}
+        summed_by = {conv: relu for relu, conv in bias_relu.items()}
+        sums = {}
+        for node in self.nodes:
+            nbytes = bias_sums_bytes(node.layer, self.maps.layout)
+            if nbytes:
+                sums[index[summed_by.get(node.name, node.name)]] = nbytes
+        return sums
 
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
         """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer

@@ -107,6 +107,29 @@ def test_kernels_match_numpy_and_repeat_their_bits(gpu, shape, layout, dtype, re
         assert got[key].tobytes() == again[key].tobytes(), key
 
 
+@pytest.mark.parametrize("shape", [(64, 16, 16, 16), (32, 24, 7, 7)], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+def test_statistics_keep_the_variance_of_a_channel_whose_mean_dwarfs_its_spread(
+        gpu, shape, layout, dtype):
+    """The forward sums run in float32 in short runs from a shift, the channel's first value
+    (kernels/cuda_batchnorm.py): a mean 10^4 times the standard deviation (float32: 10^4
+    and 1; bf16, whose steps there are 64: 300 and 0.03 of it) leaves the variance exact to
+    float32's precision, where float32 sums of x^2 would lose it whole."""
+    cp = gpu[0]
+    from minidnn.kernels import cuda_batchnorm as gpu_bn
+    rng = np.random.default_rng(11)
+    mean, spread = (1e4, 1.0) if dtype == np.float32 else (300.0, 3.0)
+    x = (mean + spread * rng.standard_normal(shape)).astype(dtype)
+    x64 = x.astype(np.float64)
+    want_mean, want_var = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
+    c = shape[1]
+    got_mean, got_var = cp.empty(c, cp.float32), cp.empty(c, cp.float32)
+    gpu_bn.batchnorm_stats(to_device(cp, x, layout), got_mean, got_var)
+    assert np.abs(got_mean.get() - want_mean).max() <= 2e-7 * mean
+    assert np.abs(got_var.get() / want_var - 1).max() <= 1e-5
+
+
 @pytest.mark.parametrize("shape", [(4, 64, 6, 5), (16, 5, 13, 11), (8, 1, 7, 9)], ids=str)
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])

@@ -2,15 +2,19 @@
 
 Two kinds of pass, each at memory speed for both layouts:
 
-* **Per-channel sums** (sum x and sum x^2 in forward; sum gy and sum gy * (x - mean) in
-  backward), in double, in two stages with no atomics, so the same input gives the same bits
-  every time (which is what lets the memory manager recompute a batch-norm output in backward
-  exactly). Stage one: a grid of blocks, each adding one contiguous part of the rows of some
-  channels and writing its partial sums; stage two: one block per channel adds its parts in
-  a fixed order. How a block reads depends on the layout, so that a warp reads contiguous
-  bytes, a thread 8 values at a time in 16-byte loads (one of bf16, two of float32) where
-  the sizes allow; 8 for every dtype, so that bf16 maps are summed in the order of their
-  widened float32 copies:
+* **Per-channel sums** (sum d and sum d^2 of d = x - k in forward, k the channel's first
+  value; sum gy and sum gy * (x - mean) in backward), in two stages with no atomics, so the
+  same input gives the same bits every time (which is what lets the memory manager recompute
+  a batch-norm output in backward exactly). Stage one: a grid of blocks, each adding one
+  contiguous part of the rows of some channels and writing its partial sums in double;
+  stage two: one block per channel adds its parts in a fixed order. A thread adds a short
+  run of values in the maps' compute type (float32 beside bf16 maps: a group's 8 values in
+  NCHW, _RUN rows in NHWC), then the run's sum to its totals in double: a conversion and a
+  double add per value, as these passes took before, kept them at 45-56% of the H200's
+  memory speed (benchmarks/RESULTS.md, wave 19). How a block reads depends on the layout,
+  so that a warp reads contiguous bytes, a thread 8 values at a time in 16-byte loads (one
+  of bf16, two of float32) where the sizes allow; 8 for every dtype, so that bf16 maps are
+  summed in the order of their widened float32 copies:
     NHWC  the map is a (pixels, C) matrix of groups of 8 channels (C a multiple of 8, else
           groups of one); a block of up to 256 threads takes `cols` neighbouring groups of
           a row (all of them when a row has at most 64) and 256 / cols row lanes, so that
@@ -19,8 +23,10 @@ Two kinds of pass, each at memory speed for both layouts:
           channels; each channel's lanes are then added in lane order.
     NCHW  a block takes one channel; its threads stride over the channel's H * W runs, a
           group of 8 neighbouring values each where H * W is a multiple of 8.
-  The forward statistics take one pass: var = E[x^2] - mean^2 in double, which loses nothing
-  a float32 map can hold unless |mean| exceeds the standard deviation ~10^4-fold.
+  The forward statistics take one pass: mean = k + E[d], var = E[d^2] - E[d]^2 in double;
+  k, one of the channel's values, lies within a few standard deviations of the mean, so
+  the difference cancels little whatever the mean (float32 sums of x^2 would lose the
+  variance of a channel whose mean is large beside its spread).
   The order of the sums follows the geometry alone (the shape, and whether C or H * W and
   the maps' alignment allow groups of 8), never the timing, so a call repeats its bits.
   Against the kernels before these (one value per thread), the order changed, and so did
@@ -47,7 +53,7 @@ bf16 maps (mixed precision, kernels/mapformat.py) are read and written as they a
 value is widened (exactly) in registers, every sum and product is the float32 kernel's, and
 each output is rounded once to bf16 (cuda_pointwise's STORAGE_SOURCE). So a call gives the
 bits of the float32 kernels on bf16_to_float of its maps followed by float_to_bf16 of its
-outputs, with no float32 map in memory: the sums run in the same order, in double, over the
+outputs, with no float32 map in memory: the sums run in the same order, in the same types, over the
 same values.
 """
 from __future__ import annotations
@@ -68,15 +74,20 @@ _COLUMNS = 64               # NHWC: most channel groups of a row one sums block 
 #: the order of their widened float32 copies.
 _GROUP = 8
 _VECTOR_BYTES = 16
+#: NHWC sums: rows a thread adds in the maps' compute type (float32 beside bf16 maps) before
+#: it adds their sums to its float64 totals: a conversion to double and a double add per
+#: RUN values instead of per value, which on the H200 bound the passes below memory speed.
+_RUN = 8
 #: The channels-last affine passes, one for each MODE of the kernels' output_value: the
 #: affine value; through the ReLU after the batch norm; through the residual add and its ReLU.
 _AFFINE_LAST = ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_last")
 #: Blocks of the grid-stride NCHW per-value passes (bn_affine_planes, bn_grad_planes).
 _PLANE_BLOCKS = 4096
 
-# mode 0: (x, x^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first masked by
+# mode 0: (x - k, (x - k)^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first masked by
 # the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
 _SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+constexpr int RUN = %(run)d;
 // The affine value x * s + t: the product rounded, then the sum (no fused multiply-add), as
 // NumPy computes it; every pass that needs a batch norm's output computes it so.
 __device__ __forceinline__ float affine(float x, float s, float t) {
@@ -129,35 +140,58 @@ __device__ __forceinline__ void load_group(const M* p, M (&v)[G]) {
     }
 }
 
-// One value's terms of the sums of MODE (see _SOURCE's comment), added to (a, b). s, t: the
-// affine's coefficients (mode 2).
+// The rounded operations of T, each on its own (no fused multiply-add, which the compiler
+// could place differently in two kernels whose bits must agree).
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// One value's terms of the sums of MODE (see _SOURCE's comment), added to a run's sums
+// (a, b) in T = acc_t<M>: mode 0 (d, d * d) with d = x - m, m the channel's shift; modes 1
+// and 2 (g, g * (x - m)), m the mean. s, t: the affine's coefficients (mode 2).
 template<typename M, int MODE>
 __device__ __forceinline__ void accumulate(M x, M g, acc_t<M> m, acc_t<M> s, acc_t<M> t,
-                                           double& a, double& b) {
+                                           acc_t<M>& a, acc_t<M>& b) {
     typedef acc_t<M> T;
     const T xv = widen(x);
     if (MODE == 0) {
-        const double v = (double)xv;
-        a = __dadd_rn(a, v);
-        b = __dadd_rn(b, __dmul_rn(v, v));
+        const T d = sub_rn(xv, m);
+        a = add_rn(a, d);
+        b = add_rn(b, mul_rn(d, d));
     } else {
         T gv = widen(g);
         if (MODE == 2 && !relu_passes<M>(affine(xv, s, t))) gv = (T)0;
-        const double gd = (double)gv;
-        a = __dadd_rn(a, gd);
-        b = __dadd_rn(b, __dmul_rn(gd, (double)(xv - m)));
+        a = add_rn(a, gv);
+        b = add_rn(b, mul_rn(gv, sub_rn(xv, m)));
     }
 }
 
-// The per-channel values a sums pass of MODE needs for channel c: the mean (modes 1, 2) and
-// the affine's scale and shift (mode 2), from the forward's mean, invstd, weight and bias.
-template<typename T, int MODE>
-__device__ __forceinline__ void channel_terms(const T* mean, const T* invstd, const T* weight,
-                                              const T* bias, int c, T& m, T& s, T& t) {
-    m = MODE == 0 ? (T)0 : mean[c];
+// The per-channel values a sums pass of MODE needs for channel c: m, the channel's shift
+// (mode 0: its first value, x[first], so that the sums of x - m cancel nothing: see
+// bn_finish_forward) or its mean (modes 1, 2); the affine's scale and shift (mode 2), from
+// the forward's mean, invstd, weight and bias.
+template<typename M, int MODE>
+__device__ __forceinline__ void channel_terms(const M* x, long long first,
+                                              const acc_t<M>* mean, const acc_t<M>* invstd,
+                                              const acc_t<M>* weight, const acc_t<M>* bias,
+                                              int c, acc_t<M>& m, acc_t<M>& s, acc_t<M>& t) {
+    typedef acc_t<M> T;
+    m = MODE == 0 ? widen(x[first]) : mean[c];
     s = (T)0;
     t = (T)0;
     if (MODE == 2) scale_shift(invstd[c], weight[c], bias[c], m, s, t);
+}
+
+// A run's sums (a, b), in T, added to the thread's totals in double.
+template<typename T>
+__device__ __forceinline__ void flush(T& a, T& b, double& ta, double& tb) {
+    ta = __dadd_rn(ta, (double)a);
+    tb = __dadd_rn(tb, (double)b);
+    a = (T)0;
+    b = (T)0;
 }
 
 // (a, b) summed over the block's threads (blockDim.x of them, a power of two, at most the
@@ -179,7 +213,8 @@ __device__ __forceinline__ void block_sums(double* sa, double* sb, double& a, do
 
 // NCHW (or any map whose pixels are one run): block (c, part) adds part `part` of channel
 // c's groups of G values (G > 1: H * W a multiple of G, pixels contiguous, 16-byte aligned
-// planes), a group's values in order. Maps are M, per-channel arrays T = acc_t<M>.
+// planes), a group's values in order, in T = acc_t<M> (the per-channel arrays' type), each
+// group's sums then to the thread's totals in double.
 template<typename M, int G, int MODE>
 __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ gy,
                                 const acc_t<M>* mean, const acc_t<M>* invstd,
@@ -192,8 +227,9 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
     const long long begin = (long long)part * per_block;
     const long long end = min(groups, begin + per_block);
     T m, s, t;
-    channel_terms<T, MODE>(mean, invstd, weight, bias, c, m, s, t);
+    channel_terms<M, MODE>(x, c * stride_c, mean, invstd, weight, bias, c, m, s, t);
     double a = 0, b = 0;
+    T ra = 0, rb = 0;
     for (long long k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const long long n = k / groups_per_plane, p = (k - n * groups_per_plane) * G;
         const long long o = n * stride_n + c * stride_c + p * stride_p;
@@ -202,7 +238,8 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
         if (MODE != 0) load_group<M, G>(gy + o, gv);
         #pragma unroll
         for (int j = 0; j < G; ++j)
-            accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, a, b);
+            accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, ra, rb);
+        flush(ra, rb, a, b);
     }
     __shared__ double sa[%(threads)d], sb[%(threads)d];
     block_sums(sa, sb, a, b);
@@ -215,8 +252,9 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
 // NHWC: x is (rows, C), seen as rows of C / G groups of G channels (G > 1: C a multiple of G,
 // 16-byte aligned maps). Block (part, j) takes the `cols` groups j * cols ... of rows
 // [part * per_part, ...); thread t takes group column t %% cols and row lane t / cols, and
-// adds every lanes-th row from its lane (neighbouring threads read neighbouring 16 bytes);
-// then each channel's lanes are added in lane order. blockDim.x = cols * lanes <= 256.
+// adds every lanes-th row from its lane (neighbouring threads read neighbouring 16 bytes),
+// RUN rows at a time in T = acc_t<M>, each run's sums then to its totals in double; then
+// each channel's lanes are added in lane order. blockDim.x = cols * lanes <= 256.
 template<typename M, int G, int MODE>
 __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restrict__ gy,
                                        const acc_t<M>* mean, const acc_t<M>* invstd,
@@ -232,19 +270,31 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
     #pragma unroll
     for (int j = 0; j < G; ++j) { a[j] = 0; b[j] = 0; }
     if (group * G < C) {
-        T m[G], s[G], t[G];
+        T m[G], s[G], t[G], ra[G], rb[G];
         #pragma unroll
-        for (int j = 0; j < G; ++j)
-            channel_terms<T, MODE>(mean, invstd, weight, bias, group * G + j, m[j], s[j], t[j]);
-        #pragma unroll 4
-        for (long long r = r0 + lane; r < r1; r += lanes) {
-            const long long o = r * C + group * G;
-            M xv[G], gv[G];
-            load_group<M, G>(x + o, xv);
-            if (MODE != 0) load_group<M, G>(gy + o, gv);
+        for (int j = 0; j < G; ++j) {
+            channel_terms<M, MODE>(x, group * G + j, mean, invstd, weight, bias, group * G + j,
+                                   m[j], s[j], t[j]);
+            ra[j] = 0;
+            rb[j] = 0;
+        }
+        for (long long r = r0 + lane; r < r1; r += (long long)lanes * RUN) {
             #pragma unroll
-            for (int j = 0; j < G; ++j)
-                accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j], a[j], b[j]);
+            for (int q = 0; q < RUN; ++q) {
+                const long long row = r + (long long)q * lanes;
+                if (row < r1) {
+                    const long long o = row * C + group * G;
+                    M xv[G], gv[G];
+                    load_group<M, G>(x + o, xv);
+                    if (MODE != 0) load_group<M, G>(gy + o, gv);
+                    #pragma unroll
+                    for (int j = 0; j < G; ++j)
+                        accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j],
+                                            ra[j], rb[j]);
+                }
+            }
+            #pragma unroll
+            for (int j = 0; j < G; ++j) flush(ra[j], rb[j], a[j], b[j]);
         }
     }
     // sums[2j + k][thread]: a warp writes (and below reads) neighbouring doubles.
@@ -277,20 +327,28 @@ __device__ __forceinline__ void sum_parts(const double* partial, int parts, doub
     block_sums(sa, sb, a, b);
 }
 
-// Forward: from (sum x, sum x^2): mean, var (biased), invstd = 1 / sqrt(var + eps), and the
-// affine pass's coefficients coef = [scale (C), shift (C)]; with update != 0 the running
-// estimates move: r = (1 - momentum) * r + momentum * batch value (var unbiased).
-template<typename T>
-__global__ void bn_finish_forward(const double* partial, int parts, double count, T eps,
-                                  T momentum, int update, const T* weight, const T* bias,
-                                  T* mean, T* var, T* invstd, T* coef, T* running_mean,
-                                  T* running_var, int C) {
+// Forward: from the sums of d = x - k and of d^2, k = x[c * stride_c] the channel's shift
+// (its first value): mean = k + E[d], var (biased) = E[d^2] - E[d]^2, in double, which
+// cancels little since k is one of the channel's values (E[x^2] - mean^2 would lose what
+// float sums cannot hold when |mean| is many times the standard deviation); invstd =
+// 1 / sqrt(var + eps), and the affine pass's coefficients coef = [scale (C), shift (C)];
+// with update != 0 the running estimates move: r = (1 - momentum) * r + momentum * batch
+// value (var unbiased). T = acc_t<M>.
+template<typename M>
+__global__ void bn_finish_forward(const double* partial, int parts, double count, const M* x,
+                                  long long stride_c, acc_t<M> eps, acc_t<M> momentum,
+                                  int update, const acc_t<M>* weight, const acc_t<M>* bias,
+                                  acc_t<M>* mean, acc_t<M>* var, acc_t<M>* invstd,
+                                  acc_t<M>* coef, acc_t<M>* running_mean,
+                                  acc_t<M>* running_var, int C) {
+    typedef acc_t<M> T;
     double total, squares;
     sum_parts(partial, parts, total, squares);
     if (threadIdx.x != 0) return;
     const int c = blockIdx.x;
-    const double m = total / count;
-    const T mt = (T)m, vt = (T)fmax(squares / count - m * m, 0.0);
+    const double d = total / count;
+    const double m = (double)widen(x[c * stride_c]) + d;
+    const T mt = (T)m, vt = (T)fmax(squares / count - d * d, 0.0);
     const T inv = (T)1 / sqrt(vt + eps);
     mean[c] = mt;
     var[c] = vt;
@@ -497,14 +555,14 @@ __global__ void bn_grad_planes(const M* x, const M* gy, M* gx, const acc_t<M>* c
         store<M, VEC>(gx + i * VEC, 0, g);
     }
 }
-""" % {"threads": _THREADS, "part_threads": _PART_THREADS}
+""" % {"threads": _THREADS, "part_threads": _PART_THREADS, "run": _RUN}
 
 
 def _instances():
     for t in ("float", "double"):            # the per-channel types
-        yield f"bn_finish_forward<{t}>"
         yield f"bn_finish_backward<{t}>"
     for t, size in (("float", 4), ("double", 8), ("bf16", 2)):    # the maps' types
+        yield f"bn_finish_forward<{t}>"
         for group in (1, _GROUP):
             for mode in (0, 1, 2):
                 yield f"bn_partial_sums<{t}, {group}, {mode}>"
@@ -612,14 +670,14 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
     """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
     when running = (running_mean, running_var, momentum) is given; returns the affine pass's
     coefficients (2, C): scale, shift. Two launches."""
-    n, c, hw, *_ = geometry
+    n, c, hw, sn, sc, sp = geometry
     partial, parts = _channel_partials(0, geometry, x)
     coef = cp.empty((2, c), channel_dtype(x))   # one allocation: each costs host time
     dt = channel_dtype(x).type
     rm, rv, momentum = running if running is not None else (mean, var, 0.0)
-    _module.get_function(f"bn_finish_forward<{_channel_ctype(x)}>")(
+    _module.get_function(f"bn_finish_forward<{_ctype_of(x)}>")(
         (c,), (_PART_THREADS,),
-        (partial, np.int32(parts), np.float64(n * hw), dt(eps), dt(momentum),
+        (partial, np.int32(parts), np.float64(n * hw), x, np.int64(sc), dt(eps), dt(momentum),
          np.int32(running is not None), weight, bias, mean, var, invstd, coef, rm, rv,
          np.int32(c)))
     return coef

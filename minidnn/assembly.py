@@ -27,7 +27,7 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
-from .fusion import (add_relu_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
+from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
                      conv_relu_pairs, pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
@@ -174,6 +174,7 @@ class Assembly:
         self._relu_done |= folded
         self._add_in_bn, self._add_done, extra_inputs = self._bn_add()
         self._relu_in_pool, self._relu_mask_done = self._pool_relu()
+        deferred_sums = self._add_sum()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -190,7 +191,8 @@ class Assembly:
         self.manager = MemoryManager(self.plan, self.device, self.allocator, host=self.host,
                                      decision=decision, dry=not self.compute, blocks=blocks,
                                      workspace=workspace, scratch=self.scratch,
-                                     add=self.kernels.add, extra_inputs=extra_inputs)
+                                     add=self.kernels.add, extra_inputs=extra_inputs,
+                                     deferred_sums=deferred_sums)
 
     def release(self) -> None:
         """Bring parameters and buffers back to host memory (NumPy) and release all device
@@ -465,6 +467,19 @@ class Assembly:
                               f"{dict(sorted(named.items()))}, where the step's plan has "
                               f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
         return frozenset(pairs.values()), frozenset(pairs)
+
+    def _add_sum(self) -> dict:
+        """{reader node index: (gradient name, add node index)}: the gradient sums the adds'
+        backward takes over from the memory manager (its `deferred_sums`), from the decision's
+        add_sum, whose adds must be among its add_relu."""
+        if not self.decision.add_sum:
+            return {}
+        relu_of = {add: relu for relu, add in self.decision.add_relu.items()}
+        pairs = self._fusion_pairs("add_sum", add_sum_pairs(self.plan, self.decision.add_relu),
+                                   "moves gradient sums into adds")
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        return {index[reader]: (f"grad:{relu_of[add]}", index[add])
+                for add, reader in pairs.items()}
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

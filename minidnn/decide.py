@@ -28,7 +28,7 @@ from .backend import Device, select_device
 from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
-from .fusion import (add_relu_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
+from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
                      conv_relu_pairs, pool_relu_pairs)
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
@@ -96,6 +96,7 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
                    add_relu=add_relu_pairs(plan) if spec.fuse else {},
+                   add_sum=add_sum_pairs(plan, add_relu_pairs(plan)) if spec.fuse else {},
                    bn_add=bn_add_pairs(plan) if spec.fuse else {},
                    pool_relu=pool_relu_pairs(plan) if spec.fuse else {}, spec=spec)
 

@@ -275,7 +275,9 @@ class Executor:
                     xs, y = buffers
                     mixed.forward(node.layer, xs, y, None, ctx)
                 else:
-                    self._layer_backward(node, buffers, ctx)
+                    addend = self.manager.addend(i)   # a gradient sum the add takes over
+                    self._layer_backward(node, buffers, ctx if addend is None else
+                                         replace(ctx, gy_addend=addend))
             finally:
                 ctx.workspace = ctx.scratch = None
         self.manager.release_call_blocks()

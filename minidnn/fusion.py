@@ -124,6 +124,24 @@ input gradient shares its output gradient's buffer). A ReLU asked to keep bits k
 nothing either. The decision is MemoryDecision.pool_relu ({ReLU node name: max pool node
 name}); StepContext.relu_in_pool names those pools and StepContext.relu_mask_done those
 ReLUs.
+
+Such an add's backward may also take over a sum of gradients. A ResNet block's output y (the
+ReLU's, after the add) is read by the next block twice: by its identity path (the next add,
+or a projection convolution) and by its first convolution, which comes right after the
+ReLU. In backward the first convolution's is the later of the two: it writes its gradient
+of y into a temporary, and the memory manager adds that into the gradient the identity
+path wrote (one pass reading both and writing the sum); two calls later the add reads the
+sum and y and writes its masked gradient to both inputs. The add can read the two parts
+instead and write the masked sum: the sum stored as the memory manager's add stores it
+(rounded once to the maps' dtype), then masked, so the same bits, and one pass where there
+were two (ResNet-50: 15 of its 16 blocks). The temporary lives two calls longer, until the
+add's backward, which the dry run that plans the step sees. The conditions: the add_relu
+pair, y read by exactly two layers, the earlier of which runs right after the ReLU, which
+runs right after the add (so nothing else reads the gradient between), and neither a piece
+of a layer chunk. The decision is MemoryDecision.add_sum ({add node name: the node whose
+gradient of y it adds}); the memory manager keeps that node's temporary for the add
+(`deferred_sums`), and hands it to the add's backward as StepContext.gy_addend. Where the
+maps are widened for the add (bf16 maps on the CPU) the sum is added before, as unfused.
 """
 from __future__ import annotations
 
@@ -211,3 +229,26 @@ def bn_add_pairs(plan: LivenessPlan) -> dict:
     readers = plan.net.consumers()
     names = [plan.nodes[b].name for b in plan.residual_reads]
     return {readers[bn][0].name: bn for bn in names}
+
+
+def add_sum_pairs(plan: LivenessPlan, add_relu: dict) -> dict:
+    """{add node name: reader node name} for every add of the `add_relu` pairs ({ReLU node
+    name: add node name}) whose backward may add the gradient of its ReLU's output that a
+    second reader wrote (the conditions above), for a step planned as `plan`."""
+    readers = plan.net.consumers()
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
+    pairs = {}
+    for relu, add in add_relu.items():
+        r = index[relu]
+        both = readers[relu]
+        if index[add] != r - 1 or len(both) != 2 or relu == plan.net.output:
+            continue
+        first, other = sorted(both, key=lambda n: index[n.name])
+        if first.name == other.name or index[first.name] != r + 1 or first.piece is not None or other.piece is not None \
+                or plan.rows[index[first.name]] is not None \
+                or plan.rows[index[other.name]] is not None:
+            continue
+        if all(plan.grad_wanted(n, k) for n in both for k, inp in enumerate(n.inputs)
+               if inp == relu):
+            pairs[add] = first.name
+    return pairs

@@ -96,3 +96,48 @@ def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layo
     assert none == {} and losses == plain_losses and evaluated == plain_evaluated
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_mask_of_a_sum_against_numpy(gpu, shape, layout, dtype):
+    """relu_mask_sum_copy (a gradient sum the add takes over, minidnn/fusion.py): the sum
+    stored as add stores it (rounded once for bf16), then the mask; in place into gy, and
+    misaligned odd arrays one value a thread."""
+    cp, _, _ = gpu
+    from minidnn.kernels import cuda_pointwise as pw
+    from test_pointwise_gpu import on_device
+    y, gy, g2 = values(shape, dtype, 7), values(shape, dtype, 8), values(shape, dtype, 9)
+    g2.reshape(-1)[4::9] = -gy.reshape(-1)[4::9]              # sums of exactly zero
+    total = (gy.astype(np.float32) + g2.astype(np.float32)).astype(dtype)
+    want = want_mask(y, total)
+    dy, dgy, dg2 = (to_device(cp, a, layout) for a in (y, gy, g2))
+    gx1 = to_device(cp, np.ones(shape, dtype), layout)
+    pw.relu_mask_sum_copy(dy, dgy, dg2, dgy, gx1)
+    assert raw(cp, dgy).tobytes() == want.tobytes() == raw(cp, gx1).tobytes()
+    n = y.size
+    flat = [on_device(a.reshape(-1), 1) for a in (y, gy, g2)]
+    out0, out1 = on_device(np.zeros(n, dtype), 1), on_device(np.zeros(n, dtype), 1)
+    pw.relu_mask_sum_copy(*flat, out0, out1)
+    assert cp.asnumpy(out0).tobytes() == want.reshape(-1).tobytes() == \
+        cp.asnumpy(out1).tobytes()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_gpu_step_whose_add_sums_gives_the_bits_of_the_unfused_one(gpu, precision, layout):
+    """Two residual blocks (tests/test_fused_add_sum.py): the first block's add takes over
+    the sum of its output's gradient parts; two steps and an evaluation against --no-fuse,
+    deterministic algorithms: the same bits."""
+    from test_fused_add_sum import two_blocks
+    from test_fusion import _run
+    settings = {"precision": precision, "layout": layout, "deterministic": True}
+    losses, state, pairs, evaluated = _run(two_blocks(), settings, 2, True, 8, "add_sum",
+                                           device="gpu")
+    assert pairs == {"b1.sum": "b2.conv1"}
+    plain_losses, plain_state, none, plain_evaluated = _run(
+        two_blocks(), settings, 2, False, 8, "add_sum", device="gpu")
+    assert none == {} and losses == plain_losses and evaluated == plain_evaluated
+    for k in state:
+        assert state[k].tobytes() == plain_state[k].tobytes(), k

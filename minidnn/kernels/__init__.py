@@ -49,6 +49,9 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      the ReLU after it (minidnn/fusion.py)
     relu_mask_copy(y, gy, gx0, gx1)                  gx0 = gx1 = gy * (y > 0), its backward;
                                                      gx0 may be gy, gx1 None
+    relu_mask_sum_copy(y, gy, g2, gx0, gx1)          the same of gy + g2 (the sum rounded
+                                                     once, as add's): a gradient sum the
+                                                     add takes over (minidnn/fusion.py)
     sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place
                                                      (optim.py; one launch per dtype on a GPU)
     relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in

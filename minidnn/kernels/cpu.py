@@ -488,6 +488,14 @@ def relu_mask_copy(y, gy, gx0, gx1) -> None:
         mapformat.copy_values(*pointwise_views(gx1, gx0))
 
 
+def relu_mask_sum_copy(y, gy, g2, gx0, gx1) -> None:
+    """gx0 = gx1 = (gy + g2) where y > 0, else 0: relu_mask_copy of the sum gy + g2 (a
+    gradient sum the add takes over: minidnn/fusion.py), the sum rounded in gx0's dtype, as
+    add rounds it; gx0 may be gy, gx1 None. The bits of add then relu_mask_copy."""
+    add(gy, g2, gx0)
+    relu_mask_copy(y, gx0, gx0, gx1)
+
+
 # ---- fully connected ---------------------------------------------------------------------------
 def linear_forward(x, w, b, y, y32=None) -> None:
     """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None). y32, the float32

@@ -74,18 +74,19 @@ _COLUMNS = 64               # NHWC: most channel groups of a row one sums block 
 #: the order of their widened float32 copies.
 _GROUP = 8
 _VECTOR_BYTES = 16
-#: NHWC sums: rows a thread adds in the maps' compute type (float32 beside bf16 maps) before
-#: it adds their sums to its float64 totals: a conversion to double and a double add per
-#: RUN values instead of per value, which on the H200 bound the passes below memory speed.
-_RUN = 8
+#: NHWC sums: rows a thread loads at once and adds in the maps' compute type (float32 beside
+#: bf16 maps) before it adds their sums to its float64 totals (a conversion to double and a
+#: double add per RUN values instead of per value). The same for every dtype, so that bf16
+#: maps are summed in the order of their widened float32 copies.
+_RUN = 4
 #: The channels-last affine passes, one for each MODE of the kernels' output_value: the
 #: affine value; through the ReLU after the batch norm; through the residual add and its ReLU.
 _AFFINE_LAST = ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_last")
 #: Blocks of the grid-stride NCHW per-value passes (bn_affine_planes, bn_grad_planes).
 _PLANE_BLOCKS = 4096
 
-# mode 0: (x - k, (x - k)^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first masked by
-# the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
+# mode 0: (x - k, (x - k)^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first
+# masked by the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
 _SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
 constexpr int RUN = %(run)d;
 // The affine value x * s + t: the product rounded, then the sum (no fused multiply-add), as
@@ -266,9 +267,11 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
     const int group = blockIdx.y * cols + col, part = blockIdx.x, parts = gridDim.x;
     const long long r0 = (long long)part * per_part;
     const long long r1 = min(rows, r0 + per_part);
-    double a[G], b[G];
+    // The thread's totals, sums[2j + k][thread], in shared memory rather than registers
+    // (which then hold more loads in flight); a warp reads and writes neighbouring doubles.
+    __shared__ double sums[2 * G][%(threads)d];
     #pragma unroll
-    for (int j = 0; j < G; ++j) { a[j] = 0; b[j] = 0; }
+    for (int j = 0; j < G; ++j) { sums[2 * j][tid] = 0; sums[2 * j + 1][tid] = 0; }
     if (group * G < C) {
         T m[G], s[G], t[G], ra[G], rb[G];
         #pragma unroll
@@ -278,29 +281,41 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
             ra[j] = 0;
             rb[j] = 0;
         }
-        for (long long r = r0 + lane; r < r1; r += (long long)lanes * RUN) {
+        // Whole runs: a run's RUN rows are all loaded before any is added, so that their
+        // loads are in flight together (a guard on each row would serialize them).
+        long long r = r0 + lane;
+        for (; r + (long long)(RUN - 1) * lanes < r1; r += (long long)RUN * lanes) {
+            M xv[RUN][G], gv[RUN][G];
             #pragma unroll
             for (int q = 0; q < RUN; ++q) {
-                const long long row = r + (long long)q * lanes;
-                if (row < r1) {
-                    const long long o = row * C + group * G;
-                    M xv[G], gv[G];
-                    load_group<M, G>(x + o, xv);
-                    if (MODE != 0) load_group<M, G>(gy + o, gv);
-                    #pragma unroll
-                    for (int j = 0; j < G; ++j)
-                        accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j],
-                                            ra[j], rb[j]);
-                }
+                const long long o = (r + (long long)q * lanes) * C + group * G;
+                load_group<M, G>(x + o, xv[q]);
+                if (MODE != 0) load_group<M, G>(gy + o, gv[q]);
             }
             #pragma unroll
-            for (int j = 0; j < G; ++j) flush(ra[j], rb[j], a[j], b[j]);
+            for (int q = 0; q < RUN; ++q) {
+                #pragma unroll
+                for (int j = 0; j < G; ++j)
+                    accumulate<M, MODE>(xv[q][j], MODE ? gv[q][j] : xv[q][j], m[j], s[j], t[j],
+                                        ra[j], rb[j]);
+            }
+            #pragma unroll
+            for (int j = 0; j < G; ++j)
+                flush(ra[j], rb[j], sums[2 * j][tid], sums[2 * j + 1][tid]);
         }
+        for (; r < r1; r += lanes) {          // the rows left, fewer than RUN: one more run
+            const long long o = r * C + group * G;
+            M xv[G], gv[G];
+            load_group<M, G>(x + o, xv);
+            if (MODE != 0) load_group<M, G>(gy + o, gv);
+            #pragma unroll
+            for (int j = 0; j < G; ++j)
+                accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j], ra[j], rb[j]);
+        }
+        #pragma unroll
+        for (int j = 0; j < G; ++j)
+            flush(ra[j], rb[j], sums[2 * j][tid], sums[2 * j + 1][tid]);
     }
-    // sums[2j + k][thread]: a warp writes (and below reads) neighbouring doubles.
-    __shared__ double sums[2 * G][%(threads)d];
-    #pragma unroll
-    for (int j = 0; j < G; ++j) { sums[2 * j][tid] = a[j]; sums[2 * j + 1][tid] = b[j]; }
     __syncthreads();
     for (int u = tid; u < 2 * G * cols; u += blockDim.x) {
         const int k = u / cols, cc = u - k * cols, ch = (blockIdx.y * cols + cc) * G + k / 2;

@@ -161,6 +161,25 @@ __global__ void relu_mask_copy(const T* y, const T* gy, T* gx0, T* gx1, unsigned
     store<T, VEC>(gx1, k, g);
 }
 
+// relu_mask_copy of gy + g2 (a gradient sum the add takes over, minidnn/fusion.py): the sum
+// stored as add stores it, then the selection; gx0 may be gy.
+template<typename T, int VEC>
+__global__ void relu_mask_sum_copy(const T* y, const T* gy, const T* g2, T* gx0, T* gx1,
+                                   unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const Pack<T, VEC> out = load<T, VEC>(y, k);
+    Pack<T, VEC> g = load<T, VEC>(gy, k);
+    const Pack<T, VEC> h = load<T, VEC>(g2, k);
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const T sum = narrow<T>(widen(g.v[j]) + widen(h.v[j]));
+        g.v[j] = widen(out.v[j]) > 0 ? sum : narrow<T>(0);
+    }
+    store<T, VEC>(gx0, k, g);
+    store<T, VEC>(gx1, k, g);
+}
+
 // y = (x * mask) * scale, two products each rounded in acc_t<T> (NumPy's multiply, then its
 // *= scale), then stored as T. mask: one byte per value (0 or 1).
 template<typename T, int VEC>
@@ -359,7 +378,7 @@ __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* 
 }
 """
 
-_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
+_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
 #: The modes of column_pass (its ColumnMode).
@@ -548,6 +567,21 @@ def relu_mask_copy(y, gy, gx0, gx1) -> None:
     relu_backward(y, gy, gx0)
     if gx1 is not None:
         copy_values(*pointwise_views(gx1, gx0))
+
+
+def relu_mask_sum_copy(y, gy, g2, gx0, gx1) -> None:
+    """gx0 = gx1 = (gy + g2) where y > 0, else 0 (relu_mask_copy of the sum, rounded once
+    as add rounds it: a gradient sum the add takes over, minidnn/fusion.py); gx0 may be gy,
+    gx1 None. One pass reading gy, g2 and y and writing both, over arrays of one shape dense
+    in one layout; anything else runs add then relu_mask_copy, whose bits the pass gives."""
+    if gx1 is not None:
+        try:
+            _flat_pass("relu_mask_sum_copy", (y, gy, g2, gx0, gx1))
+            return
+        except (TypeError, ValueError):
+            pass
+    add(gy, g2, gx0)
+    relu_mask_copy(y, gx0, gx0, gx1)
 
 
 def scale_by_mask(x, mask, y, scale) -> None:

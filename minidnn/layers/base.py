@@ -120,6 +120,9 @@ class StepContext:
     relu_in_pool: names of the max pool nodes that apply the mask of the ReLU before them in
     their backward; relu_mask_done: those ReLUs, whose backward has nothing to mask and
     which keep nothing for it (the decision's pool_relu).
+    gy_addend: in the backward of an add that takes over a gradient sum (the decision's
+    add_sum), the part of its output gradient a second reader wrote, to add to gy (a map
+    of gy's shape and layout); else None.
     maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
     precision), in which a batch norm recomputes the output of the ReLU it applies; None:
     the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
@@ -157,6 +160,7 @@ class StepContext:
     add_done: frozenset = frozenset()
     relu_in_pool: frozenset = frozenset()
     relu_mask_done: frozenset = frozenset()
+    gy_addend: Any = None
     maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None

@@ -88,7 +88,8 @@ class Add(Layer):
         """Two inputs: one kernel add, rounded once, which the GPU's kernels do on bf16 maps
         as the widening path does (layers/precision.py); more inputs would be rounded
         between the adds, so they are widened."""
-        return ("add", "add_relu", "relu_mask_copy") if len(self.in_shapes) == 2 else None
+        return ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy") \
+            if len(self.in_shapes) == 2 else None
 
     def forward(self, xs, y, aux, ctx):
         """y = xs[0] + xs[1] + ...; all the same shape. max(xs[0] + xs[1], 0) when this add
@@ -108,9 +109,15 @@ class Add(Layer):
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gxs[k] = gy (None: not wanted); gy where y > 0, else 0, when this add applies the
         ReLU after it (ctx.relu_in_add): y is then that ReLU's output, retained (the liveness
-        plan's `fuse`), and gy is masked in place when input 0's gradient shares it."""
+        plan's `fuse`), and gy is masked in place when input 0's gradient shares it. With
+        ctx.gy_addend (minidnn/fusion.py, add_sum) the gradient is gy + that addend, summed
+        in the same pass."""
         if self.name in ctx.relu_in_add:
-            ctx.kernels.relu_mask_copy(y, gy, gy if gxs[0] is None else gxs[0], gxs[1])
+            gx0 = gy if gxs[0] is None else gxs[0]
+            if ctx.gy_addend is not None:   # gy + the addend, masked (the decision's add_sum)
+                ctx.kernels.relu_mask_sum_copy(y, gy, ctx.gy_addend, gx0, gxs[1])
+            else:
+                ctx.kernels.relu_mask_copy(y, gy, gx0, gxs[1])
             return
         for gx in gxs:
             if gx is not None and not same_memory(gx, gy):

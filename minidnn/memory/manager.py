@@ -245,12 +245,16 @@ class MemoryManager:
     extra_inputs: {node index: (tensor name, ...)}: maps a node's forward reads after its
     own inputs (a batch norm that applies the add after it reads the add's other input:
     minidnn/fusion.py). Each is on the device then, its last forward reader coming later.
+    deferred_sums: {node index: (gradient name, add node index)}: that node's backward writes
+    its part of the gradient into a temporary as a second reader does, but the add's backward
+    adds it (`addend`), not after_backward; the temporary is freed after the add's backward
+    (minidnn/fusion.py, add_sum).
     """
 
     def __init__(self, plan: LivenessPlan, device, allocator, host=None,
                  decision: MemoryDecision | None = None, dry: bool = False, blocks=None,
                  workspace: dict | None = None, scratch: dict | None = None, add=None,
-                 extra_inputs: dict | None = None):
+                 extra_inputs: dict | None = None, deferred_sums: dict | None = None):
         decision = NO_DECISION if decision is None else decision
         offload, recompute = decision.offload, decision.recompute
         prefetch_lookahead = 1 if decision.prefetch_lookahead is None \
@@ -294,6 +298,8 @@ class MemoryManager:
         self._grad_written: set[str] = set()
         self._grad_rows: dict[str, list] = {}   # gradient -> rows written by chunk pieces
         self._pending_sums: list[tuple[object, object, object, int]] = []
+        self._deferred_sums = dict(deferred_sums or {})
+        self._addends: dict[int, tuple[object, object, int]] = {}  # add index -> (tmp, buf, bytes)
         self._window_at = None
         # (tensor, address) -> the array view of it there, when the allocator carves its
         # buffers out of one block (Allocator.carves). A layer call asks for several views and
@@ -569,8 +575,12 @@ class MemoryManager:
                     tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
-                self._pending_sums.append((self._cut(self.view(gname), rows), tmp, tmp_buf,
-                                           nbytes))
+                deferred = self._deferred_sums.get(i)
+                if deferred is not None and deferred[0] == gname:   # the add sums it
+                    self._addends[deferred[1]] = (tmp, tmp_buf, nbytes)
+                else:
+                    self._pending_sums.append((self._cut(self.view(gname), rows), tmp,
+                                               tmp_buf, nbytes))
                 gxs.append(tmp)
         self.stats.samples.append(("backward", i, self.resident_bytes))
         return xs, y, gy, gxs, aux
@@ -655,6 +665,12 @@ class MemoryManager:
         while self._call_blocks:
             self.blocks.release(self._call_blocks.pop(), after=None)
 
+    def addend(self, i: int):
+        """The part of its output gradient that node i's backward adds itself (a view; None in
+        a dry run, or when there is none): a deferred sum (deferred_sums)."""
+        entry = self._addends.get(i)
+        return None if entry is None else entry[0]
+
     def after_backward(self, i: int) -> None:
         for acc, tmp, tmp_buf, nbytes in self._pending_sums:
             if not self.dry:
@@ -662,9 +678,16 @@ class MemoryManager:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
         self._pending_sums = []
+        if i in self._addends:
+            self._free_addend(i)
         for sid in self.schedule.frees_train.get(self.plan.backward_time(i), ()):
             if sid not in self.keep:
                 self._release(sid)
+
+    def _free_addend(self, i: int) -> None:
+        _, buf, nbytes = self._addends.pop(i)
+        self.allocator.free(buf)
+        self._count(-nbytes)
 
     def end_step(self) -> None:
         """Free whatever is still held (kept outputs; everything, after an interrupted step)."""
@@ -674,6 +697,8 @@ class MemoryManager:
             self.allocator.free(tmp_buf)
             self._count(-nbytes)
         self._pending_sums = []
+        for i in list(self._addends):
+            self._free_addend(i)
         for fm in self.maps:
             self._release(fm.sid)
         self.keep = set()

@@ -94,6 +94,10 @@ class MemoryDecision:
     # writes the add's input 0 applies the add and its ReLU in its own pass, whose forward
     # then does nothing (minidnn/fusion.py).
     bn_add: dict = field(default_factory=dict)
+    # add_sum: {add node name: node name}, adds of add_relu: the add's backward adds the
+    # gradient of its ReLU's output that node's backward wrote, in its own pass, instead of the
+    # memory manager after that backward (minidnn/fusion.py).
+    add_sum: dict = field(default_factory=dict)
     # pool_relu: {ReLU node name: max pool node name}: the max pool applies that ReLU's mask
     # in its backward, and the ReLU keeps nothing for backward (minidnn/fusion.py).
     pool_relu: dict = field(default_factory=dict)

@@ -63,7 +63,8 @@ import numpy as np
 
 from .batchnorm_sums import stage_one_parts
 from .cuda_divide import DIVIDE_SOURCE
-from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, run_per_pixel
+from .cuda_pointwise import ROUNDED_SOURCE, STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, \
+    run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256              # threads of a sums block (a power of two) and of a per-value pass
@@ -87,7 +88,7 @@ _PLANE_BLOCKS = 4096
 
 # mode 0: (x - k, (x - k)^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first
 # masked by the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
-_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + ROUNDED_SOURCE + r"""
 constexpr int RUN = %(run)d;
 // The affine value x * s + t: the product rounded, then the sum (no fused multiply-add), as
 // NumPy computes it; every pass that needs a batch norm's output computes it so.
@@ -141,15 +142,6 @@ __device__ __forceinline__ void load_group(const M* p, M (&v)[G]) {
     }
 }
 
-// The rounded operations of T, each on its own (no fused multiply-add, which the compiler
-// could place differently in two kernels whose bits must agree).
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
 // One value's terms of the sums of MODE (see _SOURCE's comment), added to a run's sums
 // (a, b) in T = acc_t<M>: mode 0 (d, d * d) with d = x - m, m the channel's shift; modes 1
 // and 2 (g, g * (x - m)), m the mean. s, t: the affine's coefficients (mode 2).
@@ -159,14 +151,14 @@ __device__ __forceinline__ void accumulate(M x, M g, acc_t<M> m, acc_t<M> s, acc
     typedef acc_t<M> T;
     const T xv = widen(x);
     if (MODE == 0) {
-        const T d = sub_rn(xv, m);
-        a = add_rn(a, d);
-        b = add_rn(b, mul_rn(d, d));
+        const T d = sub(xv, m);
+        a = add(a, d);
+        b = add(b, mul(d, d));
     } else {
         T gv = widen(g);
         if (MODE == 2 && !relu_passes<M>(affine(xv, s, t))) gv = (T)0;
-        a = add_rn(a, gv);
-        b = add_rn(b, mul_rn(gv, sub_rn(xv, m)));
+        a = add(a, gv);
+        b = add(b, mul(gv, sub(xv, m)));
     }
 }
 
@@ -189,8 +181,8 @@ __device__ __forceinline__ void channel_terms(const M* x, long long first,
 // A run's sums (a, b), in T, added to the thread's totals in double.
 template<typename T>
 __device__ __forceinline__ void flush(T& a, T& b, double& ta, double& tb) {
-    ta = __dadd_rn(ta, (double)a);
-    tb = __dadd_rn(tb, (double)b);
+    ta = add(ta, (double)a);
+    tb = add(tb, (double)b);
     a = (T)0;
     b = (T)0;
 }

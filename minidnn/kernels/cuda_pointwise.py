@@ -95,6 +95,18 @@ template<typename T> __device__ __forceinline__ T narrow(acc_t<T> v) { return v;
 template<> __device__ __forceinline__ bf16 narrow<bf16>(float v) { return bf16{bf16_bits(v)}; }
 """
 
+#: CUDA source of float and double operations each rounded on its own (for cuda_sgd.py and
+#: cuda_batchnorm.py): never contracted into a fused multiply-add, which the compiler may
+#: place differently in two kernels whose bits must agree.
+ROUNDED_SOURCE = r"""
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
+"""
+
 _SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
 // Thread k of a launch owns values k * VEC ... k * VEC + VEC - 1; n is a multiple of VEC.
 // Maps are T, per-channel arrays and sums acc_t<T>; comparisons are on widened values (never

@@ -48,21 +48,13 @@ import cupy as cp
 import numpy as np
 
 from . import cpu as _cpu
-from .cuda_pointwise import VECTOR_SOURCE
+from .cuda_pointwise import ROUNDED_SOURCE, VECTOR_SOURCE
 from .mapformat import common_layout
 
-_SOURCE = VECTOR_SOURCE + r"""
+_SOURCE = VECTOR_SOURCE + ROUNDED_SOURCE + r"""
 // One chunk of one parameter: the addresses of its first value in w, g and v (v: 0 without
 // momentum) and its number of values.
 struct Chunk { unsigned long long w, g, v, n; };
-
-// Each operation rounded on its own: never contracted into a fused multiply-add.
-__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
 
 // One value, the reference's operations in its order: tmp = w * wd + g (WD),
 // v = v * momentum + tmp (MOM; v updated through the reference), then w - v * lr.

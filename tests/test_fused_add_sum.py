@@ -172,3 +172,19 @@ def test_the_temporary_lives_until_the_add_and_no_longer():
     assert after[index["out1"]] == {add}
     assert after[add] == set()                         # freed with the add's
     assert resident == held[False][2]
+
+
+def test_the_step_model_prices_the_adds_that_sum():
+    """The model's backward of an add that sums (SUMMING_ADD_SHARE: five maps where four
+    were); --no-fuse prices the plain add; nothing else moves."""
+    from minidnn.planner.step_model import SUMMING_ADD_SHARE, StepModel
+    from test_planner import flat_profile
+    net = two_blocks()
+    prof = flat_profile(net, 4, layer_s=1e-3)
+    fused = StepModel(net, 4, prof, input_batches=0)
+    assert fused.backward_share == {"b1.sum": SUMMING_ADD_SHARE}
+    plain = StepModel(net, 4, prof, input_batches=0, fuse=False)
+    assert plain.backward_share == {}
+    gap = fused.evaluate(frozenset()).step_time_s - plain.evaluate(frozenset()).step_time_s
+    shares = sum(fused.forward_share.values()) - len(fused.forward_share)
+    assert gap == pytest.approx((SUMMING_ADD_SHARE - 1 + shares) * 1e-3)

@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..fusion import bias_relu_pairs, bn_add_pairs, conv_relu_pairs, pool_relu_pairs
+from ..fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs,
+                      conv_relu_pairs, pool_relu_pairs)
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -79,6 +80,11 @@ FUSED_ADD_SHARE = 1 / 3
 # pool_relu) and that added a convolution's bias: the bias gradient's read of the map, one of
 # the three maps of its pass (without a bias: nothing).
 POOLED_RELU_BIAS_SHARE = 1 / 3
+# The backward of a residual add that takes over a gradient sum (minidnn/fusion.py, add_sum):
+# its pass moves five maps (gy, the addend and y read, two gradients written) where it moved
+# four. (The memory manager's sum that it replaces, three maps, is in no layer's measured
+# time: the profile times layers alone.)
+SUMMING_ADD_SHARE = 5 / 4
 
 
 @dataclass(frozen=True)
@@ -328,14 +334,18 @@ class StepModel:
         # probe.txt). An add its batch norm applies (bn_add): the read of its other input in
         # the batch norm's pass, FUSED_ADD_SHARE. The CPU still runs every pass. Of a
         # backward, backward_share: a ReLU whose max pool applies its mask (pool_relu), its
-        # bias's gradient if it added one, POOLED_RELU_BIAS_SHARE, else nothing.
+        # bias's gradient if it added one, POOLED_RELU_BIAS_SHARE, else nothing; an add that
+        # takes over a gradient sum (add_sum), SUMMING_ADD_SHARE.
         fused = spec.fuse and not profile.synchronous
         self.forward_share = {
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, options.batch_slice
                                                      is not None)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
-        self.backward_share = {relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
-                               for relu in pool_relu_pairs(self.plan)} if fused else {}
+        self.backward_share = {
+            **{relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
+               for relu in pool_relu_pairs(self.plan)},
+            **{add: SUMMING_ADD_SHARE
+               for add in add_sum_pairs(self.plan, add_relu_pairs(self.plan))}} if fused else {}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs

@@ -170,7 +170,8 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                         "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
                         "norm or residual add before it, no residual add applied by the batch "
                         "norm before it, no ReLU gradient masked by the max pool after it, "
-                        "whose ReLU then keeps its output for backward (the same bits; "
+                        "whose ReLU then keeps its output for backward, no gradient sum "
+                        "taken over by the residual add before it (the same bits; "
                         "minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,
                    help="feature maps nchw or nhwc: channels last, as cuDNN's NHWC "

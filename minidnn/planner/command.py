@@ -100,8 +100,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true",
                    help="plan every layer in its own passes, as train --no-fuse runs them "
                         "(fused, a residual add that applies the ReLU after it keeps its "
-                        "output longer, and a ReLU before a max pool keeps nothing for "
-                        "backward)")
+                        "output longer and the gradient part it sums until its backward, and "
+                        "a ReLU before a max pool keeps nothing for backward)")
     p.add_argument("--no-graphs", action="store_true",
                    help="predict a step issued layer by layer from the host (as train "
                         "--no-graphs; also taken from a --report whose GPU run replayed no "

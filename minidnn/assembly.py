@@ -40,7 +40,7 @@ from .memory.arena import make_allocator
 from .memory.host import HostSlab, check_host_memory
 from .memory.layout import PlannedBlocks
 from .memory.manager import MemoryManager
-from .memory.plan import LivenessPlan
+from .memory.plan import LivenessPlan, grad_name
 from .memory.policy import CALL_PHASES, MemoryDecision, check_runnable
 from .memory.record import layout_for_step
 from .network import Network
@@ -470,15 +470,20 @@ class Assembly:
 
     def _add_sum(self) -> dict:
         """{reader node index: (gradient name, add node index)}: the gradient sums the adds'
-        backward takes over from the memory manager (its `deferred_sums`), from the decision's
-        add_sum, whose adds must be among its add_relu."""
-        if not self.decision.add_sum:
-            return {}
-        relu_of = {add: relu for relu, add in self.decision.add_relu.items()}
-        pairs = self._fusion_pairs("add_sum", add_sum_pairs(self.plan, self.decision.add_relu),
-                                   "moves gradient sums into adds")
+        backward takes over from the memory manager (its `deferred_sums`). The plan's pairs,
+        as the pools' (_pool_relu): they change what the step holds, so a dry run of the
+        step, whose decision names no fusion, must hold what the run holds. A decision that
+        names pairs names those: ConfigError otherwise."""
+        relus = add_relu_pairs(self.plan)
+        pairs = add_sum_pairs(self.plan, relus)
+        named = self.decision.add_sum
+        if named and named != pairs:
+            raise ConfigError(f"the decision has residual adds take over the gradient sums "
+                              f"{dict(sorted(named.items()))}, where the step's plan has "
+                              f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
+        relu_of = {add: relu for relu, add in relus.items()}
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
-        return {index[reader]: (f"grad:{relu_of[add]}", index[add])
+        return {index[reader]: (grad_name(relu_of[add]), index[add])
                 for add, reader in pairs.items()}
 
     def _add_relu(self) -> tuple:

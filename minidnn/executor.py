@@ -68,6 +68,7 @@ from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.slices import row_slices
 from .memory.observer import ObserverGroup
+from .memory.plan import grad_name
 from .memory.policy import NO_DECISION, MemoryDecision
 from .memory.schedule import walk
 from .network import DATA, LABEL, Network
@@ -425,7 +426,7 @@ class Executor:
             with self.device.compute:
                 self._run(self._ctx(True, offset), "backward")
                 if self.plan.input_grad:  # a copy: end_step gives the buffer back
-                    input_grad = self.manager.view(f"grad:{DATA}").copy()
+                    input_grad = self.manager.view(grad_name(DATA)).copy()
                 self.manager.end_step()
         except BaseException:
             self._abort()

@@ -138,10 +138,14 @@ were two (ResNet-50: 15 of its 16 blocks). The temporary lives two calls longer,
 add's backward, which the dry run that plans the step sees. The conditions: the add_relu
 pair, y read by exactly two layers, the earlier of which runs right after the ReLU, which
 runs right after the add (so nothing else reads the gradient between), and neither a piece
-of a layer chunk. The decision is MemoryDecision.add_sum ({add node name: the node whose
-gradient of y it adds}); the memory manager keeps that node's temporary for the add
-(`deferred_sums`), and hands it to the add's backward as StepContext.gy_addend. Where the
-maps are widened for the add (bf16 maps on the CPU) the sum is added before, as unfused.
+of a layer chunk. Which adds is the plan's rule, as for the pools: it changes what the step
+holds, so the assembly takes the pairs from the plan (a dry run of the step, whose decision
+names no fusion, then holds what the run holds), and MemoryDecision.add_sum ({add node name:
+the node whose gradient of y it adds}), filled in by decide.py, names the same. The memory
+manager keeps that node's temporary for the add (`deferred_sums`), apart from the calls'
+short-lived blocks, and the executor hands it to the add's backward as
+StepContext.gy_addend. Where the maps are widened for the add (bf16 maps on the CPU) the sum
+is added before, as unfused.
 """
 from __future__ import annotations
 
@@ -232,9 +236,16 @@ def bn_add_pairs(plan: LivenessPlan) -> dict:
 
 
 def add_sum_pairs(plan: LivenessPlan, add_relu: dict) -> dict:
-    """{add node name: reader node name} for every add of the `add_relu` pairs ({ReLU node
-    name: add node name}) whose backward may add the gradient of its ReLU's output that a
-    second reader wrote (the conditions above), for a step planned as `plan`."""
+    """The adds that take over the sum of their ReLU output's two gradient parts (the
+    conditions above) in a step planned as `plan`.
+
+    Args:
+        plan: the step's LivenessPlan.
+        add_relu: {ReLU node name: add node name}, the adds that apply their ReLU.
+    Returns:
+        {add node name: the node (the ReLU output's earlier reader) whose gradient part the
+        add sums}.
+    """
     readers = plan.net.consumers()
     index = {node.name: i for i, node in enumerate(plan.nodes)}
     pairs = {}
@@ -244,9 +255,9 @@ def add_sum_pairs(plan: LivenessPlan, add_relu: dict) -> dict:
         if index[add] != r - 1 or len(both) != 2 or relu == plan.net.output:
             continue
         first, other = sorted(both, key=lambda n: index[n.name])
-        if first.name == other.name or index[first.name] != r + 1 or first.piece is not None or other.piece is not None \
-                or plan.rows[index[first.name]] is not None \
-                or plan.rows[index[other.name]] is not None:
+        if first.name == other.name or index[first.name] != r + 1:
+            continue
+        if first.piece is not None or other.piece is not None:   # rows of a layer chunk
             continue
         if all(plan.grad_wanted(n, k) for n in both for k, inp in enumerate(n.inputs)
                if inp == relu):

@@ -2,8 +2,9 @@
 output, read by the next block's identity path and its first convolution, gets its two
 gradient parts added by the add before it, in the pass that masks them, instead of by the
 memory manager after the convolution's backward. The pairs ResNets have; the kernels' bits;
-a fused step's bits against the unfused one's in both precisions and layouts and under a
-budget that recomputes; a gradient check; the temporary freed after the add's backward."""
+a fused step's bits against the unfused one's in both precisions and layouts, under a budget
+and with every map recomputed that can be; a gradient check; the temporary freed after the
+add's backward; the step model holding what the run holds."""
 import numpy as np
 import pytest
 
@@ -81,20 +82,23 @@ def test_the_first_reader_must_run_right_after_the_relu(between):
     assert add_sum_pairs(plan, add_relu_pairs(plan)) == ({} if between else {"sum": "a"})
 
 
-def test_the_kernel_gives_the_bits_of_add_then_the_mask():
-    """Sums that cancel to +-0 and round in bf16, and ordinary ones; in place into gy."""
+def test_the_kernel_gives_the_sum_rounded_once_then_the_mask():
+    """Against NumPy itself: the sum taken in float32 (float64 for float64 maps) and stored
+    in the maps' dtype, then 0 where y is not > 0 (a product with the mask, as the CPU's
+    relu_mask_copy: 0 * a finite sum is +-0); in place into gy, both outputs alike. Sums
+    that cancel to 0 and round in bf16, and ordinary ones."""
     import ml_dtypes
     rng = np.random.default_rng(0)
-    for dtype in (np.float32, ml_dtypes.bfloat16):
+    for dtype in (np.float32, np.float64, ml_dtypes.bfloat16):
         y, gy, g2 = (rng.standard_normal((2, 3, 5, 7)).astype(dtype) for _ in range(3))
         y.ravel()[::5] = 0
         g2.ravel()[:6] = -gy.ravel()[:6]
-        want0, want1 = gy.copy(), np.empty_like(gy)
-        cpu.add(want0, g2, want0)
-        cpu.relu_mask_copy(y, want0, want0, want1)
+        wide = np.float64 if dtype == np.float64 else np.float32
+        total = (gy.astype(wide) + g2.astype(wide)).astype(dtype)
+        want = (total.astype(wide) * (y.astype(wide) > 0)).astype(dtype)
         gx0, gx1 = gy.copy(), np.empty_like(gy)
         cpu.relu_mask_sum_copy(y, gx0, g2, gx0, gx1)
-        assert gx0.tobytes() == want0.tobytes() == gx1.tobytes() == want1.tobytes()
+        assert gx0.tobytes() == want.tobytes() == gx1.tobytes()
 
 
 @pytest.mark.parametrize("kwargs", [{"precision": "fp32", "layout": "nchw"},
@@ -121,6 +125,31 @@ def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
     assert fused[0] == plain[0] and fused[3] == plain[3]
     for k in fused[1]:
         assert fused[1][k].tobytes() == plain[1][k].tobytes(), k
+
+
+def test_recomputing_every_candidate_keeps_the_bits():
+    """Every map that can be recomputed is, the blocks' outputs among them, so recomputations
+    run between the reader's backward and the add's: the same bits fused and not."""
+    from dataclasses import replace
+    from minidnn import SGD
+    from minidnn.executor import Executor
+    from minidnn.memory.policy import recompute_candidates
+
+    def train(fuse):
+        net = two_blocks()
+        net.init_params(0)
+        decision = decide(net, 4, device="cpu", fuse=fuse)
+        ids = frozenset(s.id for s in recompute_candidates(LivenessPlan(net, 4, fuse=fuse)))
+        with Executor(net, 4, device="cpu", seed=1,
+                      decision=replace(decision, recompute=ids)) as ex:
+            assert len(ex.decision.recompute) > 4 and bool(ex.decision.add_sum) == fuse
+            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+            rng = np.random.default_rng(2)
+            losses = [float(ex.train_step(rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+                                          rng.integers(0, 10, 4), opt)) for _ in range(2)]
+        return losses, {k: np.array(v).tobytes() for k, v in net.state_dict().items()}
+
+    assert train(True) == train(False)
 
 
 def test_a_network_whose_add_sums_passes_a_gradient_check():
@@ -188,3 +217,25 @@ def test_the_step_model_prices_the_adds_that_sum():
     gap = fused.evaluate(frozenset()).step_time_s - plain.evaluate(frozenset()).step_time_s
     shares = sum(fused.forward_share.values()) - len(fused.forward_share)
     assert gap == pytest.approx((SUMMING_ADD_SHARE - 1 + shares) * 1e-3)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_step_model_holds_what_the_run_holds(fuse):
+    """The step model's dry run (whose decision names no fusion) keeps the gradient part for
+    the add as the run does: the feature-map bytes it predicts at every backward call are
+    those the run's memory manager holds there."""
+    from minidnn.planner.step_model import StepModel
+    from test_planner import flat_profile
+    net = two_blocks()
+    net.init_params(0)
+    predicted = StepModel(net, 4, flat_profile(net, 4), input_batches=0,
+                          fuse=fuse).evaluate(frozenset()).fm_levels
+    with build_executor(net, 4, device="cpu", seed=1, fuse=fuse) as ex:
+        rng = np.random.default_rng(2)
+        ex.forward(rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+                   rng.integers(0, 10, 4))
+        ex.manager.stats.samples.clear()
+        ex.backward()
+        held = {(p, i): b for p, i, b in ex.manager.stats.samples if p == "backward"}
+        index = {n.name: i for i, n in enumerate(ex.plan.nodes)}
+    assert len(held) == len(index) and all(predicted[k] == b for k, b in held.items())

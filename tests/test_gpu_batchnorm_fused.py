@@ -107,15 +107,19 @@ def test_kernels_match_numpy_and_repeat_their_bits(gpu, shape, layout, dtype, re
         assert got[key].tobytes() == again[key].tobytes(), key
 
 
-@pytest.mark.parametrize("shape", [(64, 16, 16, 16), (32, 24, 7, 7)], ids=str)
+@pytest.mark.parametrize("shape", [(64, 16, 16, 16), (32, 24, 7, 7), (80, 5, 16, 16)],
+                         ids=str)
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
 def test_statistics_keep_the_variance_of_a_channel_whose_mean_dwarfs_its_spread(
         gpu, shape, layout, dtype):
     """The forward sums run in float32 in short runs from a shift, the channel's first value
-    (kernels/cuda_batchnorm.py): a mean 10^4 times the standard deviation (float32: 10^4
-    and 1; bf16, whose steps there are 64: 300 and 0.03 of it) leaves the variance exact to
-    float32's precision, where float32 sums of x^2 would lose it whole."""
+    (kernels/cuda_batchnorm.py): a mean 10^4 times the standard deviation (float32; bf16,
+    whose steps are 2 at 300: a mean 100 times a spread of 3) leaves the variance exact to
+    float32's precision, where float32 sums of x^2 would lose it whole. Shapes: groups of 8
+    in both layouts; NCHW planes of 49 values and channels last with C = 24; C = 5 (one
+    channel a group channels last) with 20480 values a channel, two parts in NCHW, each
+    shifted by the same first value."""
     cp = gpu[0]
     from minidnn.kernels import cuda_batchnorm as gpu_bn
     rng = np.random.default_rng(11)

@@ -54,7 +54,8 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
     check_math, contiguous_layout, split_by_group
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
-           "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "maxpool2d_forward", "maxpool2d_backward",
+           "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "maxpool2d_forward",
+           "maxpool2d_backward",
            "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "concat_forward", "concat_backward", "relu_forward",
            "relu_backward", "relu_forward_bits", "relu_backward_bits", "scale_by_mask",

@@ -390,7 +390,8 @@ __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* 
 }
 """
 
-_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
+_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_forward",
+            "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
 #: The modes of column_pass (its ColumnMode).

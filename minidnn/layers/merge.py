@@ -114,11 +114,13 @@ class Add(Layer):
         in the same pass."""
         if self.name in ctx.relu_in_add:
             gx0 = gy if gxs[0] is None else gxs[0]
-            if ctx.gy_addend is not None:   # gy + the addend, masked (the decision's add_sum)
-                ctx.kernels.relu_mask_sum_copy(y, gy, ctx.gy_addend, gx0, gxs[1])
-            else:
+            if ctx.gy_addend is None:
                 ctx.kernels.relu_mask_copy(y, gy, gx0, gxs[1])
+            else:                 # gy + the addend, masked in the same pass (add_sum)
+                ctx.kernels.relu_mask_sum_copy(y, gy, ctx.gy_addend, gx0, gxs[1])
             return
+        if ctx.gy_addend is not None:     # no mask to fold it into: the sum first
+            ctx.kernels.add(gy, ctx.gy_addend, gy)
         for gx in gxs:
             if gx is not None and not same_memory(gx, gy):
                 copy_values(*pointwise_views(gx, gy))

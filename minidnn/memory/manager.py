@@ -570,13 +570,18 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 shape = t.shape if rows is None else (rows.stop - rows.start,) + t.shape[1:]
-                tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
+                deferred = self._deferred_sums.get(i)
+                deferred = deferred if deferred is not None and deferred[0] == gname else None
+                if deferred is not None:   # kept for the add: apart from the call's blocks
+                    with self.allocator.lasting():
+                        tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
+                else:
+                    tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
                 if tmp is not None:  # laid out as the gradient it is added to
                     tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
-                deferred = self._deferred_sums.get(i)
-                if deferred is not None and deferred[0] == gname:   # the add sums it
+                if deferred is not None:   # the add sums it
                     self._addends[deferred[1]] = (tmp, tmp_buf, nbytes)
                 else:
                     self._pending_sums.append((self._cut(self.view(gname), rows), tmp,

@@ -25,6 +25,13 @@ import numpy as np
 from ..kernels.mapformat import MapFormat
 from ..network import DATA, LABEL, Network
 
+GRAD_PREFIX = "grad:"
+
+
+def grad_name(tensor: str) -> str:
+    """The name of the gradient of tensor `tensor` ("conv1" -> "grad:conv1")."""
+    return GRAD_PREFIX + tensor
+
 
 @dataclass
 class StoragePlan:
@@ -208,12 +215,12 @@ class LivenessPlan:
         for i in reversed(range(n)):
             node = self.nodes[i]
             if i == n - 1:  # the loss: its "output gradient" is the constant 1
-                s = self._new_storage(f"grad:{node.name}", (), self.net.dtype, "grad", i)
+                s = self._new_storage(grad_name(node.name), (), self.net.dtype, "grad", i)
                 s.alloc_time = s.free_time = self.backward_time(i)
             for k, inp in enumerate(node.inputs):
                 if not self.grad_wanted(node, k):
                     continue
-                gname = f"grad:{inp}"
+                gname = grad_name(inp)
                 if gname in self.tensors:      # a later consumer wrote it first
                     continue
                 # Input 0 read whole may share a buffer with its gradient; a chunk's piece
@@ -222,7 +229,7 @@ class LivenessPlan:
                 whole_input = k == 0 and self.rows[i] is None
                 if whole_input and node.layer.inplace:
                     # The input gradient overwrites the output gradient (ReLU, Flatten, ...).
-                    s = self.storage_of(f"grad:{node.name}")
+                    s = self.storage_of(grad_name(node.name))
                     self.grad_alias[i] = True
                 elif whole_input and self._may_take_input(i, inp):
                     # The input's buffer, read by this backward alone, takes its gradient.
@@ -245,10 +252,10 @@ class LivenessPlan:
             if s.kind != "grad":
                 s.free_time = max([s.last_forward_use] + s.backward_uses)
         for name, t in self.tensors.items():
-            if not name.startswith("grad:"):
+            if not name.startswith(GRAD_PREFIX):
                 continue
             s = self.storages[t.storage]
-            producer = name[len("grad:"):]
+            producer = name[len(GRAD_PREFIX):]
             end = self.backward_time(index[producer]) if producer in index else s.alloc_time
             if producer == DATA:
                 end = 2 * n     # after the last backward call: end_step releases it
@@ -347,8 +354,8 @@ class LivenessPlan:
                 (tuple(name if k in node.layer.retain_inputs else None
                        for k, name in enumerate(node.inputs)),
                  node.name if self.retains_output(j) else None,
-                 f"grad:{node.name}",
-                 tuple(f"grad:{name}" if self.grad_wanted(node, k) else None
+                 grad_name(node.name),
+                 tuple(grad_name(name) if self.grad_wanted(node, k) else None
                        for k, name in enumerate(node.inputs)))
                 for j, node in enumerate(self.nodes)]
         return self._backward_tensors[i]

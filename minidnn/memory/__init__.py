@@ -49,6 +49,10 @@ word, beside the planner's words: needs, peak, least budget, bound):
 * rows         the rows of its input a piece of a layer chunk reads (plan.rows; the chunked
                network is minidnn/chunks.py's): a view of a whole-batch map along the batch
                axis, whose gradient the pieces write row by row, with no sum.
+* sum          a map read by several layers gets a gradient part from each backward: the
+               first to run writes the gradient's buffer, each later one a temporary that
+               the manager adds into it after that backward (or keeps for a residual add's
+               backward, which adds it in its own pass: deferred_sums, minidnn/fusion.py).
 * free         a storage is dead: after its last read (liveness, plan.py) its device block
                and its host copy, wherever they are, are released for good.
 

@@ -204,8 +204,9 @@ def test_the_temporary_lives_until_the_add_and_no_longer():
 
 
 def test_the_step_model_prices_the_adds_that_sum():
-    """The model's backward of an add that sums (SUMMING_ADD_SHARE: five maps where four
-    were); --no-fuse prices the plain add; nothing else moves."""
+    """The model's backward of an add that sums (SUMMING_ADD_SHARE: the two maps the step
+    saves, off the add's measured copy); --no-fuse prices the plain add; nothing else
+    moves."""
     from minidnn.planner.step_model import SUMMING_ADD_SHARE, StepModel
     from test_planner import flat_profile
     net = two_blocks()

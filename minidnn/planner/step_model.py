@@ -80,11 +80,15 @@ FUSED_ADD_SHARE = 1 / 3
 # pool_relu) and that added a convolution's bias: the bias gradient's read of the map, one of
 # the three maps of its pass (without a bias: nothing).
 POOLED_RELU_BIAS_SHARE = 1 / 3
-# The backward of a residual add that takes over a gradient sum (minidnn/fusion.py, add_sum):
-# its pass moves five maps (gy, the addend and y read, two gradients written) where it moved
-# four. (The memory manager's sum that it replaces, three maps, is in no layer's measured
-# time: the profile times layers alone.)
-SUMMING_ADD_SHARE = 5 / 4
+# What is left of the measured backward of a residual add that takes over a gradient sum
+# (minidnn/fusion.py, add_sum): nothing. The step saves two passes over the map: the memory
+# manager's sum (three maps) is gone and the add's pass moves one map more. The manager's
+# sums are in no layer's measured time (the profile times layers alone), and the model still
+# prices a ReLU its add or batch norm applies as a pass of its own, which offsets what layers
+# cost more inside the step than alone (benchmarks/RESULTS.md, sixteenth wave, "What the step
+# model prices"); so the two maps come off the add's measured backward, a copy of gy into
+# input 1's gradient, two maps.
+SUMMING_ADD_SHARE = 0.0
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,9 @@ def test_the_kernel_gives_the_sum_rounded_once_then_the_mask():
                                     {"precision": "fp32", "layout": "nhwc"},
                                     {"precision": "bf16", "layout": "nchw"},
                                     {"policy": "all", "memory_budget": "1MiB"},
-                                    {"micro_batches": 2, "split_batch_statistics": True}], ids=str)
+                                    {"micro_batches": 2, "split_batch_statistics": True},
+                                    {"deterministic": True, "micro_batches": 2,
+                                     "split_batch_statistics": True}], ids=str)
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
     calls = {"relu_mask_sum_copy": 0}
     original = cpu.relu_mask_sum_copy

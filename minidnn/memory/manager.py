@@ -299,7 +299,8 @@ class MemoryManager:
         self._grad_rows: dict[str, list] = {}   # gradient -> rows written by chunk pieces
         self._pending_sums: list[tuple[object, object, object, int]] = []
         self._deferred_sums = dict(deferred_sums or {})
-        self._addends: dict[int, tuple[object, object, int]] = {}  # add index -> (tmp, buf, bytes)
+        # add node index -> (the part it adds, its buffer, its bytes): deferred_sums kept
+        self._addends: dict[int, tuple[object, object, int]] = {}
         self._window_at = None
         # (tensor, address) -> the array view of it there, when the allocator carves its
         # buffers out of one block (Allocator.carves). A layer call asks for several views and
@@ -572,10 +573,8 @@ class MemoryManager:
                 shape = t.shape if rows is None else (rows.stop - rows.start,) + t.shape[1:]
                 deferred = self._deferred_sums.get(i)
                 deferred = deferred if deferred is not None and deferred[0] == gname else None
-                if deferred is not None:   # kept for the add: apart from the call's blocks
-                    with self.allocator.lasting():
-                        tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
-                else:
+                # one kept for the add outlives the call: apart from the call's blocks
+                with self.allocator.lasting() if deferred else contextlib.nullcontext():
                     tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
                 if tmp is not None:  # laid out as the gradient it is added to
                     tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)

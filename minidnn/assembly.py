@@ -355,14 +355,17 @@ class Assembly:
                     blocks[(i, phase)] = int(nbytes)
         return blocks
 
+    def _bf16_ops(self) -> frozenset:
+        """The kernels' ops that take bf16 maps as they are: the planned device's in a dry
+        run for it."""
+        return BF16_OPS[getattr(self.device, "planned_kind", self.device.kind)]
+
     def _scratch_blocks(self) -> dict:
         """{(node index, phase): bytes} of the scratch blocks of the calls that widen bf16
         maps to float32 (layers/precision.py: the copies, first in the block), copy a map
         inside themselves (Layer.copy_bytes: on maps in the layer's own dtype) or draw random
         numbers (layers/draws.py: the call's own rows' draws and this device's generator)."""
-        # The kernels' ops that take bf16 maps: the planned device's in a dry run for it.
-        kind = getattr(self.device, "planned_kind", self.device.kind)
-        bf16_ops = BF16_OPS[kind]
+        bf16_ops = self._bf16_ops()
         widens = self.plan.maps.precision == "bf16"
         blocks = {}
         for i, node in enumerate(self.plan.nodes):
@@ -469,11 +472,13 @@ class Assembly:
         return frozenset(pairs.values()), frozenset(pairs)
 
     def _add_sum(self) -> dict:
-        """{reader node index: (gradient name, add node index)}: the gradient sums the adds'
+        """{(reader node index, gradient name): add node index}: the gradient sums the adds'
         backward takes over from the memory manager (its `deferred_sums`). The plan's pairs,
         as the pools' (_pool_relu): they change what the step holds, so a dry run of the
         step, whose decision names no fusion, must hold what the run holds. A decision that
-        names pairs names those: ConfigError otherwise."""
+        names pairs names those: ConfigError otherwise. An add whose backward widens bf16
+        maps (on the CPU) leaves its sum to the memory manager: the widened copy of gy is
+        taken before the add could add to it."""
         relus = add_relu_pairs(self.plan)
         pairs = add_sum_pairs(self.plan, relus)
         named = self.decision.add_sum
@@ -483,8 +488,12 @@ class Assembly:
                               f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
         relu_of = {add: relu for relu, add in relus.items()}
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
-        return {index[reader]: (grad_name(relu_of[add]), index[add])
-                for add, reader in pairs.items()}
+        bf16_ops = self._bf16_ops()
+        return {(index[reader], grad_name(relu_of[add])): index[add]
+                for add, reader in pairs.items()
+                if not mixed.temporary_bytes(self.plan.nodes[index[add]].layer, bf16_ops,
+                                             self.plan.call_maps(index[add], "backward"),
+                                             "backward")}
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

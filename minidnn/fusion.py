@@ -144,8 +144,8 @@ names no fusion, then holds what the run holds), and MemoryDecision.add_sum ({ad
 the node whose gradient of y it adds}), filled in by decide.py, names the same. The memory
 manager keeps that node's temporary for the add (`deferred_sums`), apart from the calls'
 short-lived blocks, and the executor hands it to the add's backward as
-StepContext.gy_addend. Where the maps are widened for the add (bf16 maps on the CPU) the sum
-is added before, as unfused.
+StepContext.gy_addend. Where the add's backward widens bf16 maps (on the CPU) the memory
+manager keeps the sum (Assembly._add_sum).
 """
 from __future__ import annotations
 

@@ -677,7 +677,7 @@ def _statistics(geometry: tuple, x, weight, bias, mean, var, invstd, eps: float,
     """The batch's mean, var, invstd (C,) into the arrays given, the running estimates moved
     when running = (running_mean, running_var, momentum) is given; returns the affine pass's
     coefficients (2, C): scale, shift. Two launches."""
-    n, c, hw, sn, sc, sp = geometry
+    n, c, hw, _, sc, _ = geometry        # sc: a channel's first value is x[c * sc]
     partial, parts = _channel_partials(0, geometry, x)
     coef = cp.empty((2, c), channel_dtype(x))   # one allocation: each costs host time
     dt = channel_dtype(x).type

@@ -47,7 +47,6 @@ the buffer carved from its block (`output_buffer`).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -192,14 +191,10 @@ def forward(layer, xs, y, aux, ctx) -> None:
 def backward(layer, xs, y, gy, gxs, aux, ctx) -> None:
     """layer.backward(xs, y, gy, gxs, aux, ctx), in float32 when the maps are bf16. The
     retained maps and gy are widened before any gradient is written (a gradient may take
-    the buffer of gy or of an input). A gradient sum the layer would take over
-    (ctx.gy_addend) is added into gy first, on the maps as they are, as unfused."""
+    the buffer of gy or of an input)."""
     if _as_they_are(layer, ctx, [gy, y, *xs, *gxs]):
         layer.backward(xs, y, gy, gxs, aux, ctx)
         return
-    if ctx.gy_addend is not None:   # the gradient sum an add takes over, as if not fused
-        ctx.kernels.add(gy, ctx.gy_addend, gy)
-        ctx = replace(ctx, gy_addend=None)
     dtype = layer.dtype
     carve = _Carver(ctx.scratch, ctx.xp)
     xs32 = [_wide(x, carve, ctx, dtype) for x in xs]

@@ -245,7 +245,7 @@ class MemoryManager:
     extra_inputs: {node index: (tensor name, ...)}: maps a node's forward reads after its
     own inputs (a batch norm that applies the add after it reads the add's other input:
     minidnn/fusion.py). Each is on the device then, its last forward reader coming later.
-    deferred_sums: {node index: (gradient name, add node index)}: that node's backward writes
+    deferred_sums: {(node index, gradient name): add node index}: that node's backward writes
     its part of the gradient into a temporary as a second reader does, but the add's backward
     adds it (`addend`), not after_backward; the temporary is freed after the add's backward
     (minidnn/fusion.py, add_sum).
@@ -571,17 +571,16 @@ class MemoryManager:
                 # A second reader of `name` (a branch): write into a temporary, sum after.
                 t = self.plan.tensors[gname]
                 shape = t.shape if rows is None else (rows.stop - rows.start,) + t.shape[1:]
-                deferred = self._deferred_sums.get(i)
-                deferred = deferred if deferred is not None and deferred[0] == gname else None
+                add = self._deferred_sums.get((i, gname))   # None: summed after this call
                 # one kept for the add outlives the call: apart from the call's blocks
-                with self.allocator.lasting() if deferred else contextlib.nullcontext():
+                with self.allocator.lasting() if add is not None else contextlib.nullcontext():
                     tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
                 if tmp is not None:  # laid out as the gradient it is added to
                     tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize
                 self._count(nbytes)
-                if deferred is not None:   # the add sums it
-                    self._addends[deferred[1]] = (tmp, tmp_buf, nbytes)
+                if add is not None:
+                    self._addends[add] = (tmp, tmp_buf, nbytes)
                 else:
                     self._pending_sums.append((self._cut(self.view(gname), rows), tmp,
                                                tmp_buf, nbytes))

@@ -165,15 +165,25 @@ def _bits_to_bf16(u):
     return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
 
 
+def _rounding_patterns():
+    """float32 bit patterns of every kind: random ones, halfway cases, subnormals (those that
+    round to a bf16 zero and those that do not), the largest finite values, infinities, NaN
+    (quiet, signalling, negative)."""
+    rng = np.random.default_rng(0)
+    return np.concatenate([
+        rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+        (rng.integers(0, 2**16, 5000, dtype=np.uint64) << 16 | 0x8000).astype(np.uint32),
+        np.arange(0x7FF0, 0x8010, dtype=np.uint32),
+        np.arange(0x7FF0, 0x8010, dtype=np.uint32) | 0x80000000,
+        np.array([0, 0x80000000, 1, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+                  0x7FC00000, 0x7F800001, 0xFFC00001, 0x7FBFFFFF, 0x3F808000, 0x3F818000],
+                 np.uint32)])
+
+
 def test_the_gpu_rounding_formula_is_ml_dtypes_rounding():
     """float_to_bf16's bit formula, replayed here, against ml_dtypes on random values,
     halfway cases, subnormals, the largest finite values, infinities and NaN."""
-    rng = np.random.default_rng(0)
-    patterns = np.concatenate([
-        rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
-        (rng.integers(0, 2**16, 5000, dtype=np.uint64) << 16 | 0x8000).astype(np.uint32),
-        np.array([0, 0x80000000, 1, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
-                  0x7FC00000, 0x7F800001, 0x3F808000, 0x3F818000], np.uint32)])
+    patterns = _rounding_patterns()
     values = patterns.view(np.float32)
     got = _bits_to_bf16(patterns)
     with np.errstate(invalid="ignore"):
@@ -184,6 +194,42 @@ def test_the_gpu_rounding_formula_is_ml_dtypes_rounding():
     # Widening is exact: the pattern in the top half of a float32.
     wide = (want[~nan].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(wide, want[~nan].view(BF16).astype(np.float32))
+
+
+def test_one_comparison_says_whether_a_float_is_stored_as_a_positive_bf16():
+    """The GPU batch norm's ReLU mask on bf16 maps (cuda_batchnorm's relu_passes) compares v
+    with 2^-134 (bits 0x8000) instead of rounding v: the same answer as rounding to bf16,
+    then comparing with 0, on every kind of pattern."""
+    patterns = _rounding_patterns()
+    values = patterns.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        stored_positive = values.astype(BF16).astype(np.float32) > 0
+        compared = values > np.array([0x8000], np.uint32).view(np.float32)[0]
+    np.testing.assert_array_equal(compared, stored_positive)
+    assert (values[compared] > 0).all() and not compared[np.isnan(values)].any()
+
+
+@pytest.mark.gpu
+def test_the_gpu_kernels_rounding_is_the_formulas_bit_for_bit():
+    """cuda_pointwise's float_to_bf16 (the hardware's conversion from compute capability
+    8.0, the integer formula before) gives _bits_to_bf16's bits on every pattern, NaN's
+    included."""
+    cp = pytest.importorskip("cupy")
+    from minidnn.backend import gpu_available
+    if not gpu_available():
+        pytest.skip("needs a GPU")
+    from minidnn.kernels import cuda_pointwise
+    patterns = _rounding_patterns()
+    patterns = patterns[:len(patterns) // 4 * 4]            # whole vectors of 4
+    src = cp.asarray(patterns.view(np.float32))
+    dst = cp.empty(src.shape, BF16)
+    cuda_pointwise.float_to_bf16(src, dst)
+    np.testing.assert_array_equal(cp.asnumpy(dst).view(np.uint16), _bits_to_bf16(patterns))
+    # The tail that fills no whole vector: one value per thread.
+    odd = cp.asarray(patterns[:7].view(np.float32))
+    out = cp.empty(odd.shape, BF16)
+    cuda_pointwise.float_to_bf16(odd, out)
+    np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint16), _bits_to_bf16(patterns[:7]))
 
 
 @pytest.mark.gpu

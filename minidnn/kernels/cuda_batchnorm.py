@@ -123,11 +123,18 @@ __device__ __forceinline__ void scale_shift(double inv, double w, double b, doub
 }
 
 // Did the ReLU after the batch norm pass its gradient? Its output, stored as M, is > 0: the
-// test of cuda_pointwise's relu_backward on that output (a positive v too small for bf16 is
-// stored as 0 and passes nothing).
+// test of cuda_pointwise's relu_backward on that output. For float and double that is v > 0.
+// A positive v too small for bf16 is stored as 0 and passes nothing: bf16 rounds to zero
+// exactly the floats at most 2^-134 (bits 0x8000, the tie, rounds to the even 0), so one
+// comparison answers without rounding v (the same answers, fewer instructions in the passes
+// that ask it for every value: benchmarks/RESULTS.md, wave 20).
 template<typename M>
 __device__ __forceinline__ bool relu_passes(acc_t<M> v) {
-    return widen(narrow<M>(v)) > (acc_t<M>)0;
+    return v > (acc_t<M>)0;
+}
+template<>
+__device__ __forceinline__ bool relu_passes<bf16>(float v) {
+    return v > __uint_as_float(0x8000u);
 }
 
 // G values of M at p (16-byte aligned when G > 1) into v, in 16-byte loads.

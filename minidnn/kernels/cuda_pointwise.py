@@ -81,13 +81,23 @@ __device__ __forceinline__ float widen(bf16 v) {
     return __uint_as_float((unsigned int)v.bits << 16);
 }
 
-// float32 -> bf16 bits rounded to nearest even: add 0x7fff plus the kept half's lowest bit,
-// then truncate; a NaN stays a (quiet) NaN of the same sign.
+// float32 -> bf16 bits rounded to nearest even (subnormals kept); a NaN stays a (quiet) NaN
+// of the same sign and payload's top bits. From compute capability 8.0 the hardware's
+// conversion rounds, one instruction where the integer path takes about eight (the bf16
+// passes that compute most per value gain most: benchmarks/RESULTS.md, wave 20), and a NaN
+// gets the integer path's bits; before 8.0, add 0x7fff plus the kept half's lowest bit,
+// then truncate. Both give the same bits.
 __device__ __forceinline__ unsigned short bf16_bits(float x) {
     const unsigned int u = __float_as_uint(x);
+#if __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return x != x ? (unsigned short)((u >> 16) | 0x40u) : r;
+#else
     return (u & 0x7fffffffu) > 0x7f800000u
         ? (unsigned short)((u >> 16) | 0x40u)
         : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 // A computed value stored as T: as it is for float and double, rounded once for bf16.

@@ -1,5 +1,5 @@
 """What the benchmark scripts share, written once: the worker protocol, the H200's memory
-bandwidth and a device timer.
+bandwidth and two device timers.
 
 Each configuration runs in a child process of its own, so that two frameworks' allocators
 never share the card and a crash or a hang costs one row. The child prints one line
@@ -16,6 +16,52 @@ PREFIX = "RESULT "
 
 #: The H200 SXM's HBM3e bandwidth (datasheet), the floor of every pass over memory.
 HBM_BYTES_PER_S = 4.8e12
+
+
+class CachedEmpty:
+    """The CuPy module with `empty` answered from a cache, one array per (shape, dtype): a
+    kernel wrapper that allocates its scratch (the batch norm's partial sums) then allocates
+    nothing after its first call, so that its calls can be captured in a CUDA graph. Calls
+    run in order on one stream, so reusing the arrays is safe. Install it as the wrapper
+    module's `cp` (`module.cp = CachedEmpty(cupy)`)."""
+
+    def __init__(self, cp):
+        self._cp = cp
+        self._cache = {}
+
+    def empty(self, shape, dtype=float):
+        key = (tuple(shape) if not isinstance(shape, int) else (shape,), str(dtype))
+        if key not in self._cache:
+            self._cache[key] = self._cp.empty(shape, dtype)
+        return self._cache[key]
+
+    def __getattr__(self, name):
+        return getattr(self._cp, name)
+
+
+def graph_seconds(cp, call, repeats: int, replays: int = 5) -> float:
+    """Seconds per call of `call` on the GPU with no host time in them: one warm-up call,
+    then `repeats` calls captured in one CUDA graph, replayed once to warm it and then
+    `replays` times between two CUDA events. `call` must allocate nothing once warm (see
+    CachedEmpty). Below tens of microseconds a call, event_seconds times the host's launches
+    instead."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        call()
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(repeats):
+            call()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(replays):
+            graph.launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / (repeats * replays)
 
 
 def event_seconds(cp, call, repeats: int) -> float:

@@ -1,11 +1,12 @@
 """How close the batch-norm GPU kernels come to memory speed, on ResNet-50's shapes.
 
     python3 scripts/bn_bandwidth.py [--model resnet50] [--batch 256] [--precision bf16]
-                                    [--layout nhwc] [--repeats 20]
+                                    [--layout nhwc] [--repeats 20] [--timing graph]
 
 For every batch-norm shape of the network (bf16 channels-last maps by default: the fast
 step's) each pass of kernels/cuda_batchnorm.py is timed with CUDA events over back-to-back
-calls, and its bytes (each map it reads and writes, once) give the bandwidth it reached and
+calls captured in a CUDA graph (`--timing graph`, the default: no host time in the figures,
+which the small shapes need; `--timing events` issues the calls from Python), and its bytes (each map it reads and writes, once) give the bandwidth it reached and
 its fraction of the H200's 4.8 TB/s:
 
     stats          forward per-channel sums (stage one and two)          reads x
@@ -28,7 +29,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
-from benchlib import HBM_BYTES_PER_S, event_seconds  # noqa: E402
+from benchlib import HBM_BYTES_PER_S, CachedEmpty, event_seconds, graph_seconds  # noqa: E402
 
 
 
@@ -68,6 +69,9 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--layout", choices=("nhwc", "nchw"), default="nhwc")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--timing", choices=("graph", "events"), default="graph",
+                        help="graph: calls captured in a CUDA graph (no host time); events: "
+                             "calls issued from Python between two events")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -81,6 +85,9 @@ def main(argv=None) -> int:
         return 2
     import cupy as cp
     from minidnn.kernels import cuda_batchnorm as bn
+    if args.timing == "graph":
+        bn.cp = CachedEmpty(cp)          # the partial sums' scratch: no allocation captured
+    timer = graph_seconds if args.timing == "graph" else event_seconds
     try:
         net = models.build(args.model)
     except ConfigError as exc:
@@ -94,7 +101,7 @@ def main(argv=None) -> int:
     map_dtype = mapformat.MapFormat(args.layout, args.precision).map_dtype(np.float32)
     print(f"{args.model} b{args.batch}, {args.precision} {args.layout}: {sum(shapes.values())} "
           f"batch norms, {len(shapes)} shapes; GB/s and fraction of "
-          f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s")
+          f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s ({args.timing} timing)")
     names = None
     totals = Counter()
     total_bytes = Counter()
@@ -117,7 +124,7 @@ def main(argv=None) -> int:
             print(f"{'shape (C, H, W) x count':<26}" + "".join(f"{n:>22}" for n in names))
         row = f"{f'{(c, h, w)} x {count}':<26}"
         for name, (run, maps) in table.items():
-            seconds = event_seconds(cp, run, args.repeats)
+            seconds = timer(cp, run, args.repeats)
             nbytes = maps * x.nbytes
             totals[name] += seconds * count
             total_bytes[name] += nbytes * count

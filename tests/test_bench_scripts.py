@@ -96,3 +96,16 @@ def test_a_compiled_step_is_warmed_up_once_more_and_timed_apart():
     assert out == [1, 2] and compile_s is not None and compile_s >= 0
     out, compile_s = benchlib.warm_up(lambda: 7, 3, False, lambda: None)
     assert out == [7, 7, 7] and compile_s is None
+
+
+def test_cached_empty_hands_out_one_array_per_shape_and_dtype():
+    """benchlib.CachedEmpty (what lets bn_bandwidth.py capture the batch norm's passes in a
+    CUDA graph): the same array for the same shape and dtype, another for another; every
+    other name is the module's own."""
+    import numpy as np
+    cached = benchlib.CachedEmpty(np)
+    a = cached.empty((3, 4, 2), np.float64)
+    assert cached.empty((3, 4, 2), np.float64) is a and a.shape == (3, 4, 2)
+    assert cached.empty((3, 4, 2), np.float32) is not a
+    assert cached.empty(5, np.float32) is cached.empty((5,), np.float32)
+    assert cached.zeros is np.zeros and cached.float64 is np.float64

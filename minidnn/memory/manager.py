@@ -572,9 +572,11 @@ class MemoryManager:
                 t = self.plan.tensors[gname]
                 shape = t.shape if rows is None else (rows.stop - rows.start,) + t.shape[1:]
                 add = self._deferred_sums.get((i, gname))   # None: summed after this call
-                # one kept for the add outlives the call: apart from the call's blocks
-                with self.allocator.lasting() if add is not None else contextlib.nullcontext():
-                    tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
+                # By best fit, also one the add keeps for a few calls: from the top of the
+                # arena (Allocator.lasting), it and the calls' high-water mark below would add
+                # up in a step captured as a CUDA graph, which holds every address its blocks
+                # took (ResNet-50 bf16: 392 MiB more; benchmarks/RESULTS.md, wave 20).
+                tmp, tmp_buf = self.allocator.empty(shape, t.dtype, where)
                 if tmp is not None:  # laid out as the gradient it is added to
                     tmp = self.plan.maps.view(tmp_buf, shape, t.dtype)
                 nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize

@@ -14,7 +14,9 @@ Variants (the source's text changed in one place each):
     run8    NHWC sums: runs of 8 rows instead of 4 (more loads in flight; other bits)
 and two passes beside the source's per-value gradient passes: 'grad rows' and 'grad+relu
 rows', in which a thread takes 4 vectors of the same channels (rows T apart), so that it loads
-the per-channel coefficients once for 4 vectors instead of once for each.
+the per-channel coefficients once for 4 vectors instead of once for each. (Call 2 ran it at
+b37efc1 with its own copies of the timer and the cached `empty`, since moved to
+scripts/benchlib.py.)
 """
 from __future__ import annotations
 
@@ -113,46 +115,6 @@ VARIANTS = {
 }
 
 
-class CachedEmpty:
-    """cupy with `empty` answered from a cache (one array per shape and dtype): no allocation
-    while a graph is captured. Calls run in order on one stream, so reuse is safe."""
-
-    def __init__(self, cp):
-        self._cp = cp
-        self._cache = {}
-
-    def empty(self, shape, dtype=None):
-        key = (tuple(shape) if not isinstance(shape, int) else (shape,), str(dtype))
-        if key not in self._cache:
-            self._cache[key] = self._cp.empty(shape, dtype)
-        return self._cache[key]
-
-    def __getattr__(self, name):
-        return getattr(self._cp, name)
-
-
-def graph_seconds(cp, call, repeats: int, replays: int = 5) -> float:
-    """Seconds per call: `repeats` calls captured in one CUDA graph, replayed `replays` times
-    between two events (after one warm replay)."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        call()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(repeats):
-            call()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        for _ in range(replays):
-            graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / (repeats * replays)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=20)
@@ -164,6 +126,7 @@ def main() -> int:
     from minidnn.kernels import mapformat
     from minidnn.kernels import cuda_batchnorm as bn
     from bn_bandwidth import passes
+    from benchlib import CachedEmpty, graph_seconds
     bn.cp = CachedEmpty(cp)
     names = [n for n in bn._instances() if "bf16" in n or n == "bn_finish_backward<float>"]
     rows_names = [f"bn_grad_rows<bf16, 8, {m}, {ROWS}>" for m in (0, 1)]

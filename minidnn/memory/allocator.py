@@ -69,10 +69,11 @@ class Allocator:
 
     @contextlib.contextmanager
     def lasting(self):
-        """Inside: the blocks taken outlive the layer call that takes them (a batch's bf16
+        """Inside: the blocks taken live until the step's end or longer (a batch's bf16
         weight copies, a split step's summed gradients). An allocator that places blocks
         (the arena) keeps them apart from the calls' short-lived ones; the others need
-        nothing."""
+        nothing. A block kept for a few calls only takes its place among the calls' blocks
+        (MemoryManager.backward_buffers says why)."""
         yield self
 
     @contextlib.contextmanager

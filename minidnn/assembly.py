@@ -416,6 +416,18 @@ class Assembly:
                               f"(minidnn/fusion.py)")
         return pairs
 
+    def _plan_pairs(self, field: str, planned: dict, what: str) -> dict:
+        """The pairs of a fusion the plan's rule decides (it changes what the step holds, so
+        a dry run of the step, whose decision names no fusion, must hold what the run
+        holds): `planned`. A decision whose `field` names pairs names those: ConfigError
+        otherwise (a decision made by hand that names none runs the plan's)."""
+        named = getattr(self.decision, field)
+        if named and named != planned:
+            raise ConfigError(f"the decision {what} {dict(sorted(named.items()))}, where the "
+                              f"step's plan has {dict(sorted(planned.items()))} "
+                              f"(minidnn/fusion.py)")
+        return planned
+
     def _bias_relu(self) -> tuple:
         """(convolutions whose bias the ReLU after them adds, {ReLU name: that bias
         Parameter}) from the decision's bias_relu."""
@@ -460,33 +472,21 @@ class Assembly:
 
     def _pool_relu(self) -> tuple:
         """(max pools that apply the mask of the ReLU before them, those ReLUs): the plan's
-        pairs, which keep nothing of those ReLUs for backward (LivenessPlan.pooled_relus),
-        and so the step's. A decision that names pairs names those: ConfigError otherwise
-        (a decision made by hand that names none runs the plan's)."""
-        pairs = pool_relu_pairs(self.plan)
-        named = self.decision.pool_relu
-        if named and named != pairs:
-            raise ConfigError(f"the decision has max pools apply the masks of ReLUs "
-                              f"{dict(sorted(named.items()))}, where the step's plan has "
-                              f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
+        pairs (_plan_pairs), which keep nothing of those ReLUs for backward
+        (LivenessPlan.pooled_relus)."""
+        pairs = self._plan_pairs("pool_relu", pool_relu_pairs(self.plan),
+                                 "has max pools apply the masks of ReLUs")
         return frozenset(pairs.values()), frozenset(pairs)
 
     def _add_sum(self) -> dict:
         """{(reader node index, gradient name): add node index}: the gradient sums the adds'
-        backward takes over from the memory manager (its `deferred_sums`). The plan's pairs,
-        as the pools' (_pool_relu): they change what the step holds, so a dry run of the
-        step, whose decision names no fusion, must hold what the run holds. A decision that
-        names pairs names those: ConfigError otherwise. An add whose backward widens bf16
+        backward takes over from the memory manager (its `deferred_sums`): the plan's pairs
+        (_plan_pairs), whose temporaries the adds keep. An add whose backward widens bf16
         maps (on the CPU) leaves its sum to the memory manager: the widened copy of gy is
         taken before the add could add to it."""
-        relus = add_relu_pairs(self.plan)
-        pairs = add_sum_pairs(self.plan, relus)
-        named = self.decision.add_sum
-        if named and named != pairs:
-            raise ConfigError(f"the decision has residual adds take over the gradient sums "
-                              f"{dict(sorted(named.items()))}, where the step's plan has "
-                              f"{dict(sorted(pairs.items()))} (minidnn/fusion.py)")
-        relu_of = {add: relu for relu, add in relus.items()}
+        pairs = self._plan_pairs("add_sum", add_sum_pairs(self.plan),
+                                 "has residual adds take over the gradient sums")
+        relu_of = {add: relu for relu, add in add_relu_pairs(self.plan).items()}
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
         bf16_ops = self._bf16_ops()
         return {(index[reader], grad_name(relu_of[add])): index[add]

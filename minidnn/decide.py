@@ -88,7 +88,6 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
                             maps=maps, fuse=spec.fuse)
-    add_relu = add_relu_pairs(plan) if spec.fuse else {}
     return replace(decision, prefetch_lookahead=spec.prefetch_lookahead if lookahead is None
                    else lookahead, relu_bits=relus, policy=chosen.name,
                    precision=maps.precision, layout=maps.layout,
@@ -96,7 +95,8 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    conv_relu=conv_relu_pairs(plan, bool(spec.deterministic)) if spec.fuse
                    else {},
                    bn_relu=bn_relu_pairs(plan) if spec.fuse else {},
-                   add_relu=add_relu, add_sum=add_sum_pairs(plan, add_relu),
+                   add_relu=add_relu_pairs(plan) if spec.fuse else {},
+                   add_sum=add_sum_pairs(plan) if spec.fuse else {},
                    bn_add=bn_add_pairs(plan) if spec.fuse else {},
                    pool_relu=pool_relu_pairs(plan) if spec.fuse else {}, spec=spec)
 

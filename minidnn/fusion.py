@@ -235,13 +235,13 @@ def bn_add_pairs(plan: LivenessPlan) -> dict:
     return {readers[bn][0].name: bn for bn in names}
 
 
-def add_sum_pairs(plan: LivenessPlan, add_relu: dict) -> dict:
+def add_sum_pairs(plan: LivenessPlan) -> dict:
     """The adds that take over the sum of their ReLU output's two gradient parts (the
-    conditions above) in a step planned as `plan`.
+    conditions above) in a step planned as `plan`: adds of add_relu_pairs (none in a plan
+    made without `fuse`).
 
     Args:
         plan: the step's LivenessPlan.
-        add_relu: {ReLU node name: add node name}, the adds that apply their ReLU.
     Returns:
         {add node name: the node (the ReLU output's earlier reader) whose gradient part the
         add sums}.
@@ -249,7 +249,7 @@ def add_sum_pairs(plan: LivenessPlan, add_relu: dict) -> dict:
     readers = plan.net.consumers()
     index = {node.name: i for i, node in enumerate(plan.nodes)}
     pairs = {}
-    for relu, add in add_relu.items():
+    for relu, add in add_relu_pairs(plan).items():
         r = index[relu]
         both = readers[relu]
         if index[add] != r - 1 or len(both) != 2 or relu == plan.net.output:

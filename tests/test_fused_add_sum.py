@@ -46,7 +46,7 @@ def two_blocks():
 def test_every_block_output_but_the_last_has_its_sum_taken_over(model, blocks):
     net = models.build(model, num_classes=10, image_size=32)
     plan = LivenessPlan(net, 2)
-    pairs = add_sum_pairs(plan, add_relu_pairs(plan))
+    pairs = add_sum_pairs(plan)
     assert len(pairs) == blocks - 1
     index = {n.name: i for i, n in enumerate(plan.nodes)}
     for add, reader in pairs.items():
@@ -79,7 +79,7 @@ def test_the_first_reader_must_run_right_after_the_relu(between):
     b.linear("fc", 10)
     plan = LivenessPlan(b.finish(), 2)
     assert add_relu_pairs(plan)["out"] == "sum"
-    assert add_sum_pairs(plan, add_relu_pairs(plan)) == ({} if between else {"sum": "a"})
+    assert add_sum_pairs(plan) == ({} if between else {"sum": "a"})
 
 
 def test_the_kernel_gives_the_sum_rounded_once_then_the_mask():

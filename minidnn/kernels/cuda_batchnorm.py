@@ -53,8 +53,8 @@ bf16 maps (mixed precision, kernels/mapformat.py) are read and written as they a
 value is widened (exactly) in registers, every sum and product is the float32 kernel's, and
 each output is rounded once to bf16 (cuda_pointwise's STORAGE_SOURCE). So a call gives the
 bits of the float32 kernels on bf16_to_float of its maps followed by float_to_bf16 of its
-outputs, with no float32 map in memory: the sums run in the same order, in the same types, over the
-same values.
+outputs, with no float32 map in memory: the sums run in the same order, in the same types,
+over the same values.
 """
 from __future__ import annotations
 

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs,
-                      conv_relu_pairs, pool_relu_pairs)
+from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, conv_relu_pairs, \
+    pool_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -349,7 +349,7 @@ class StepModel:
             **{relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
                for relu in pool_relu_pairs(self.plan)},
             **{add: SUMMING_ADD_SHARE
-               for add in add_sum_pairs(self.plan, add_relu_pairs(self.plan))}} if fused else {}
+               for add in add_sum_pairs(self.plan)}} if fused else {}
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -616,13 +616,12 @@ class StepModel:
         """{node index: bytes of the partial sums of a convolution's bias gradient its
         backward takes} (costs.bias_sums_bytes): the convolution's own, or the ReLU's where
         `bias_relu` ({ReLU: convolution}, the step's fused pairs) has it add the bias."""
-        index = {node.name: i for i, node in enumerate(self.nodes)}
         summed_by = {conv: relu for relu, conv in bias_relu.items()}
         sums = {}
         for node in self.nodes:
             nbytes = bias_sums_bytes(node.layer, self.maps.layout)
             if nbytes:
-                sums[index[summed_by.get(node.name, node.name)]] = nbytes
+                sums[self.index[summed_by.get(node.name, node.name)]] = nbytes
         return sums
 
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:

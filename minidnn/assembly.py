@@ -28,7 +28,7 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
-                     conv_relu_pairs, pool_relu_pairs)
+                     conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -52,7 +52,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
-          "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done")
+          "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool")
 
 
 @dataclass
@@ -174,6 +174,8 @@ class Assembly:
         self._relu_done |= folded
         self._add_in_bn, self._add_done, extra_inputs = self._bn_add()
         self._relu_in_pool, self._relu_mask_done = self._pool_relu()
+        self._relu_before_pool = self._pool_relu_forward()
+        self._relu_forward_done |= frozenset(self._relu_before_pool.values())
         deferred_sums = self._add_sum()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
@@ -477,6 +479,16 @@ class Assembly:
         pairs = self._plan_pairs("pool_relu", pool_relu_pairs(self.plan),
                                  "has max pools apply the masks of ReLUs")
         return frozenset(pairs.values()), frozenset(pairs)
+
+    def _pool_relu_forward(self) -> dict:
+        """{max pool: the ReLU before it, whose forward the pool applies} from the decision's
+        pool_relu_forward."""
+        if not self.decision.pool_relu_forward:
+            return {}
+        pairs = self._fusion_pairs("pool_relu_forward",
+                                   pool_relu_forward_pairs(self.plan, self.batch_slice is not None),
+                                   "moves ReLUs into max pools")
+        return {pool: relu for relu, pool in pairs.items()}
 
     def _add_sum(self) -> dict:
         """{(reader node index, gradient name): add node index}: the gradient sums the adds'

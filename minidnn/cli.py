@@ -169,8 +169,9 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                         "otherwise, so within TF32 tolerance of this), no bias added in the "
                         "ReLU after it, no ReLU applied (and its gradient masked) by the batch "
                         "norm or residual add before it, no residual add applied by the batch "
-                        "norm before it, no ReLU gradient masked by the max pool after it, "
-                        "whose ReLU then keeps its output for backward, no gradient sum "
+                        "norm before it, no ReLU gradient masked (nor ReLU applied) by the "
+                        "max pool after it, whose ReLU then keeps its output for backward, "
+                        "no gradient sum "
                         "taken over by the residual add before it (the same bits; "
                         "minidnn/fusion.py)")
     t.add_argument("--layout", choices=LAYOUTS, default=None,

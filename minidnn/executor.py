@@ -224,9 +224,9 @@ class Executor:
                            relu_forward_done=self._relu_forward_done,
                            relu_done=self._relu_done, add_in_bn=self._add_in_bn,
                            add_done=self._add_done, relu_in_pool=self._relu_in_pool,
-                           relu_mask_done=self._relu_mask_done, step_keys=self._step_keys,
-                           batch_slice=self.batch_slice,
-                           statistics_slice=self.statistics_slice)
+                           relu_mask_done=self._relu_mask_done,
+                           relu_before_pool=self._relu_before_pool, step_keys=self._step_keys,
+                           batch_slice=self.batch_slice, statistics_slice=self.statistics_slice)
 
     def _need_compute(self, what: str) -> None:
         if not self.compute:

@@ -125,6 +125,24 @@ nothing either. The decision is MemoryDecision.pool_relu ({ReLU node name: max p
 name}); StepContext.relu_in_pool names those pools and StepContext.relu_mask_done those
 ReLUs.
 
+Such a pool may apply the ReLU's forward too, where no layer before it does (on bf16 maps,
+where the convolution leaves its bias to the ReLU's pass; without a bias; under
+--deterministic). Unfused, the ReLU reads the convolution's output and writes its own in
+place, and the pool reads that: three passes over the map, of which the pool's read alone
+is needed. The ReLU runs in place, so the pool's input buffer holds the ReLU's input when
+the ReLU's forward does nothing; the pool reads it and computes, for each value of a
+window as it reads it, what the ReLU would have stored: max(x + b, 0) rounded once to the
+maps' dtype (kernels: relu_before in cuda_pool.py; on the CPU the ReLU's own kernel on a
+copy), then its comparisons on those values as before. So the same maxima, the same
+winners and marks, the same bits, and one pass over each of VGG-16's five largest maps
+where there were three. Nothing reads the map after the pool (the ReLU keeps nothing, the
+pool only its argmax), so it may keep the ReLU's input instead of its output. The
+conditions: the pool_relu pair, the ReLU in place, its forward not done by its convolution
+(conv_relu), batch norm or add (bn_relu, add_relu). The decision is
+MemoryDecision.pool_relu_forward ({ReLU node name: max pool node name}, a part of
+pool_relu); StepContext.relu_before_pool ({max pool node name: ReLU node name}) names the
+pools, and those ReLUs join StepContext.relu_forward_done.
+
 Such an add's backward may also take over a sum of gradients. A ResNet block's output y (the
 ReLU's, after the add) is read by the next block twice: by its identity path (the next add,
 or a projection convolution) and by its first convolution, which comes right after the
@@ -211,6 +229,18 @@ def pool_relu_pairs(plan: LivenessPlan) -> dict:
     with `fuse`). Which ReLUs is the plan's rule (LivenessPlan.pooled_relus), written once:
     such a ReLU keeps nothing for backward."""
     return {plan.nodes[r].name: plan.nodes[p].name for r, p in plan.pooled_relus.items()}
+
+
+def pool_relu_forward_pairs(plan: LivenessPlan, deterministic: bool) -> dict:
+    """{ReLU node name: max pool node name} of the pool_relu pairs whose pool may apply the
+    ReLU's forward too (the conditions above), for a step planned as `plan` (one planned
+    with `fuse`); `deterministic`: the step's (conv_relu is off then, so these pools apply
+    the ReLUs their convolutions would have)."""
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
+    done_before = {**conv_relu_pairs(plan, deterministic), **bn_relu_pairs(plan),
+                   **add_relu_pairs(plan)}
+    return {relu: pool for relu, pool in pool_relu_pairs(plan).items()
+            if plan.inplace.get(index[relu]) and relu not in done_before}
 
 
 def add_relu_pairs(plan: LivenessPlan) -> dict:

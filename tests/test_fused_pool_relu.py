@@ -1,6 +1,7 @@
-"""A max pool that applies the mask of the ReLU before it (minidnn/fusion.py, pool_relu):
-which pairs qualify, that such a ReLU keeps nothing for backward, the CPU kernels against the
-two layers' kernels bit for bit, and whole steps against the unfused ones."""
+"""A max pool that applies the mask of the ReLU before it (minidnn/fusion.py, pool_relu), and
+the ReLU's forward too (pool_relu_forward): which pairs qualify, that such a ReLU keeps
+nothing for backward, the CPU kernels against the two layers' kernels bit for bit, and whole
+steps against the unfused ones."""
 from dataclasses import replace
 
 import numpy as np
@@ -11,8 +12,10 @@ from minidnn.builder import NetBuilder
 from minidnn.decide import decide
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
-from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_pairs
+from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_forward_pairs, \
+    pool_relu_pairs
 from minidnn.kernels import RELU_MASK_BIT, PoolSpec, cpu, out_size
+from minidnn.kernels.mapformat import MapFormat, bfloat16
 from minidnn.memory.plan import LivenessPlan
 from minidnn.memory.policy import relu_bits_for
 from test_fusion import _run
@@ -133,6 +136,43 @@ def test_the_cpu_pool_with_the_relu_mask_gives_the_relu_backward_of_its_backward
     assert _bits(got).tobytes() == _bits(want).tobytes()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")      # NaN, on purpose
+@pytest.mark.parametrize("kernel,stride,padding,ceil", GEOMETRIES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("stored", [None, "bf16"])
+def test_the_cpu_pool_applying_the_relu_before_it_gives_the_bits_of_the_two_layers(
+        kernel, stride, padding, ceil, bias, stored):
+    """maxpool2d_forward(x, rectify=(b, stored)) against relu_forward(x, ., b), the map
+    stored (rounded to bf16 where the maps are bf16 and the call sees widened copies), then
+    the pool: the same maxima and marked offsets, bit for bit; x itself is left alone."""
+    rng = np.random.default_rng(kernel * 10 + stride + 3 * bias)
+    spec = PoolSpec(kernel=(kernel,) * 2, stride=(stride,) * 2, padding=(padding,) * 2,
+                    ceil_mode=ceil)
+    n, c, h = 2, 5, 9
+    oh = out_size(h, kernel, stride, padding, ceil_mode=ceil)
+    x = rng.standard_normal((n, c, h, h)).astype(np.float32)
+    x.reshape(-1)[::13] = np.nan
+    x[0, 1, :, :5] = 0.25                              # ties
+    x[1, 2] = -1.0                                     # a plane the ReLU zeroes
+    b = rng.standard_normal(c).astype(np.float32) if bias else None
+    dtype = None if stored is None else bfloat16()
+    if dtype is not None:                              # a widened copy of a bf16 map
+        x = x.astype(dtype).astype(np.float32)
+    before = x.copy()
+
+    relu = np.empty_like(x)
+    cpu.relu_forward(x, relu, b)
+    if dtype is not None:
+        relu = relu.astype(dtype).astype(np.float32)
+    want_y, want_a = np.empty((n, c, oh, oh), np.float32), np.empty((n, c, oh, oh), np.uint8)
+    cpu.maxpool2d_forward(relu, want_y, want_a, spec, relu=True)
+    y, a = np.empty_like(want_y), np.empty_like(want_a)
+    cpu.maxpool2d_forward(x, y, a, spec, relu=True, rectify=(b, dtype))
+    assert _bits(y).tobytes() == _bits(want_y).tobytes()
+    np.testing.assert_array_equal(a, want_a)
+    assert _bits(x).tobytes() == _bits(before).tobytes()
+
+
 def test_a_window_without_a_spare_argmax_bit_is_refused_the_mask():
     spec = PoolSpec(kernel=(12, 12), stride=(12, 12))
     x = np.ones((1, 1, 12, 12), np.float32)
@@ -161,6 +201,64 @@ def test_a_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_one(k
     assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
 
 
+def _two_reader_input():
+    """conv1's output read by relu1 and, after it, by conv2: relu1 cannot run in place."""
+    b = NetBuilder("two_readers", image_size=8, num_classes=10)
+    b.conv("conv1", 4, 3, padding=1)
+    b.relu("relu1")
+    b.maxpool("pool1", 2)                           # 4x4
+    b.conv("conv2", 4, 3, stride=2, padding=1, src="conv1")   # 4x4
+    b.add("sum", ["pool1", "conv2"])
+    b.flatten("flat")
+    b.linear("fc", 10)
+    return b.finish()
+
+
+def test_a_pool_applies_the_relus_forward_where_no_layer_before_it_does():
+    """VGG-16: on float32 maps the convolutions apply the ReLUs before the pools (conv_relu),
+    except under --deterministic, where the pools do; on bf16 maps the pools do. Not a ReLU
+    that cannot run in place, nor one a batch norm applies (ResNet-18's stem), nor without
+    `fuse`."""
+    net = models.build("vgg16")
+    pooled = pool_relu_pairs(LivenessPlan(net, 2))
+    assert len(pooled) == 5
+    assert pool_relu_forward_pairs(LivenessPlan(net, 2), False) == {}
+    assert pool_relu_forward_pairs(LivenessPlan(net, 2), True) == pooled
+    bf16 = LivenessPlan(net, 2, maps=MapFormat("nhwc", "bf16"))
+    assert pool_relu_forward_pairs(bf16, False) == pooled == pool_relu_pairs(bf16)
+    bits = LivenessPlan(net, 2, relu_bits=relu_bits_for(net), maps=MapFormat("nhwc", "bf16"))
+    assert pool_relu_forward_pairs(bits, False) == pooled
+    assert pool_relu_forward_pairs(LivenessPlan(net, 2, fuse=False), True) == {}
+
+    two = LivenessPlan(_two_reader_input(), 2, maps=MapFormat("nchw", "bf16"))
+    assert pool_relu_pairs(two) == {"relu1": "pool1"}
+    assert pool_relu_forward_pairs(two, True) == {}        # relu1 writes a map of its own
+
+    stem = LivenessPlan(models.build("resnet18", num_classes=10, image_size=32), 2,
+                        maps=MapFormat("nchw", "bf16"))
+    assert pool_relu_pairs(stem) == {"relu": "maxpool"}
+    assert pool_relu_forward_pairs(stem, True) == {}       # bn1 applies it (bn_relu)
+
+
+@pytest.mark.parametrize("kwargs,pairs", [
+    ({"precision": "bf16"}, 3), ({"precision": "bf16", "layout": "nhwc", "relu_bits": True}, 3),
+    ({"deterministic": True}, 3), ({"deterministic": True, "precision": "bf16",
+                                    "micro_batches": 2}, 3),
+    ({"precision": "bf16", "policy": "all", "memory_budget": "1MiB"}, 3), ({}, 0)], ids=str)
+def test_a_step_whose_pools_apply_the_relus_forward_gives_the_bits_of_the_unfused_one(
+        kwargs, pairs):
+    """Three training steps and an evaluation, the pools applying the ReLUs before them
+    (with their convolutions' biases) in forward and backward: the bits of --no-fuse. On
+    float32 maps without --deterministic the convolutions apply those ReLUs instead."""
+    losses, state, fused, evaluated = _run(_one_reader_pools(), kwargs, 3, True, 24,
+                                           "pool_relu_forward")
+    assert fused == ({"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"} if pairs else {})
+    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu_forward")
+    assert plain[2] == {}
+    assert losses == plain[0] and evaluated == plain[3]
+    assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
+
+
 def test_resnet18s_stem_relu_is_masked_by_its_batch_norm_and_its_pool():
     """The stem's bn1 -> relu -> maxpool: the batch norm applies the ReLU (bn_relu) and the
     pool its mask (pool_relu); the two masks are one, and the bits are the unfused step's."""
@@ -180,3 +278,6 @@ def test_a_decision_naming_other_pool_pairs_is_refused():
     assert decision.pool_relu
     with pytest.raises(ConfigError, match="masks of ReLUs"):
         Executor(net, 4, device="cpu", decision=replace(decision, pool_relu={"relu1": "fc3"}))
+    with pytest.raises(ConfigError, match="moves ReLUs into max pools"):
+        Executor(net, 4, device="cpu",
+                 decision=replace(decision, pool_relu_forward={"relu1": "fc3"}))

@@ -1,7 +1,8 @@
 """A max pool that applies the mask of the ReLU before it (minidnn/fusion.py, pool_relu), on
 the GPU: every max-pool kernel path marked and masked, bit for bit against the unmarked pool
-and the ReLU's own backward; a training step against the unfused one. Skipped without a CUDA
-GPU."""
+and the ReLU's own backward; every forward path applying the ReLU itself (pool_relu_forward)
+against the ReLU's pass and the pool; a training step against the unfused one. Skipped
+without a CUDA GPU."""
 import numpy as np
 import pytest
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 cuda_pool = pytest.importorskip("minidnn.kernels.cuda_pool")
 from minidnn.kernels import cuda_pointwise as pw  # noqa: E402
-from test_pointwise_gpu import BF16, bf16_maps, to_device  # noqa: E402
+from test_pointwise_gpu import BF16, bf16_maps, host_bits, to_device  # noqa: E402
 from test_pool_gpu import out_shape, same_bits  # noqa: E402
 from test_runs_gpu import gpu  # noqa: E402, F401, F811  (the fixture)
 
@@ -23,17 +24,30 @@ GEOMETRIES = {"2x2/2": (2, 2, 0, False, 8), "3x3/2 p1": (3, 2, 1, False, 9),
               "3x3/2 ceil": (3, 2, 0, True, 10), "3x3/1 p1": (3, 1, 1, False, 7)}
 
 
-def _relu_output(shape, dtype, layout, seed):
-    """A ReLU's output on the device: ties, zeros, NaN (bf16: bf16_maps' values)."""
+def _device_map(shape, dtype, layout, seed, special):
+    """A map on the device: bf16_maps' values for bf16, else normal values into which
+    special(rng, flat) writes the values a test wants."""
     if dtype == BF16:
-        v = bf16_maps(shape, seed)
-    else:
-        rng = np.random.default_rng(seed)
-        v = rng.standard_normal(shape).astype(dtype)
-        flat = v.reshape(-1)
-        flat[::2] = rng.integers(-3, 4, flat[::2].size)       # ties and zeros
-        flat[::23] = np.nan
-    x = to_device(v, layout)
+        return to_device(bf16_maps(shape, seed), layout)
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(shape).astype(dtype)
+    special(rng, v.reshape(-1))
+    return to_device(v, layout)
+
+
+def _ties_zeros_nan(rng, flat):
+    flat[::2] = rng.integers(-3, 4, flat[::2].size)            # ties and zeros
+    flat[1::9], flat[::23] = -0.0, np.nan
+
+
+def _relu_input(shape, dtype, layout, seed):
+    """A ReLU's input on the device: both signs, ties, zeros of both signs, NaN."""
+    return _device_map(shape, dtype, layout, seed, _ties_zeros_nan)
+
+
+def _relu_output(shape, dtype, layout, seed):
+    """A ReLU's output on the device: ties, zeros, of _relu_input's values."""
+    x = _relu_input(shape, dtype, layout, seed)
     pw.relu_forward(x, x)
     return x
 
@@ -47,15 +61,13 @@ def _positive(y):
     return wide > 0
 
 
+def _signed_zeros_infinities(rng, flat):
+    flat[::5], flat[1::7], flat[2::29], flat[3::31] = -0.0, np.inf, np.nan, -np.inf
+
+
 def _gradient(shape, dtype, layout, seed):
     """An output gradient with zeros of both signs, NaN and infinities."""
-    if dtype == BF16:
-        return to_device(bf16_maps(shape, seed), layout)
-    rng = np.random.default_rng(seed)
-    g = rng.standard_normal(shape).astype(dtype)
-    flat = g.reshape(-1)
-    flat[::5], flat[1::7], flat[2::29], flat[3::31] = -0.0, np.inf, np.nan, -np.inf
-    return to_device(g, layout)
+    return _device_map(shape, dtype, layout, seed, _signed_zeros_infinities)
 
 
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
@@ -89,6 +101,55 @@ def test_a_pool_with_the_relu_mask_gives_the_bits_of_the_pool_then_the_relu(
     assert same_bits(got, want)              # NaN the same NaN, +0 not -0
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@pytest.mark.parametrize("channels", [3, 64])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64], ids=str)
+def test_a_pool_applying_the_relu_before_it_gives_the_bits_of_the_relu_then_the_pool(
+        gpu, bias, geometry, channels, layout, dtype):
+    """maxpool2d_forward on the ReLU's input with rectify=(b, None): the maxima and the
+    marked offsets of relu_forward(x, ., b) followed by the pool, bit for bit, through each
+    kernel path (per value, vectors of channels, tiles, runs of 3x3/1); x left alone."""
+    k, s, p, ceil, size = GEOMETRIES[geometry]
+    spec = PoolSpec(kernel=(k, k), stride=(s, s), padding=(p, p), ceil_mode=ceil)
+    shape = (3, channels, size, size)
+    x = _relu_input(shape, dtype, layout, seed=k * 5 + s + channels + bias)
+    before = host_bits(x)
+    acc = np.float64 if dtype == np.float64 else np.float32
+    rng = np.random.default_rng(channels + k)
+    b = None
+    if bias:
+        host = rng.standard_normal(channels).astype(acc)
+        host[::4] = rng.integers(-2, 3, host[::4].size)           # sums that tie and cancel
+        b = cp.asarray(host)
+    relu = cp.empty_like(x)
+    pw.relu_forward(x, relu, b)
+    y_shape = out_shape(shape, spec)
+    empty = (lambda s_, d: to_device(np.zeros(s_, d), layout))
+    for marked in (False, True):
+        y0, y1 = empty(y_shape, dtype), empty(y_shape, dtype)
+        a0, a1 = empty(y_shape, np.uint8), empty(y_shape, np.uint8)
+        cuda_pool.maxpool2d_forward(relu, y0, a0, spec, relu=marked)
+        cuda_pool.maxpool2d_forward(x, y1, a1, spec, relu=marked, rectify=(b, None))
+        assert same_bits(y1, y0)
+        assert cp.array_equal(a1, a0)
+    assert np.array_equal(host_bits(x), before)
+
+
+def test_a_pool_refuses_a_relu_it_cannot_apply_as_stored(gpu):
+    """The GPU's pool reads the map as stored: a stored dtype other than the map's, or a
+    bias of the wrong dtype or length, is refused."""
+    spec = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
+    x = to_device(bf16_maps((1, 8, 4, 4), 1))
+    y, a = to_device(bf16_maps((1, 8, 2, 2), 2)), cp.zeros((1, 8, 2, 2), np.uint8)
+    with pytest.raises(TypeError, match="stored as float32"):
+        cuda_pool.maxpool2d_forward(x, y, a, spec, rectify=(None, np.float32))
+    for bad in (cp.zeros(8, np.float64), cp.zeros(4, np.float32)):
+        with pytest.raises(TypeError, match="bias"):
+            cuda_pool.maxpool2d_forward(x, y, a, spec, rectify=(bad, None))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_gpu_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_one(
@@ -99,8 +160,9 @@ def test_a_gpu_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_o
     from test_fused_pool_relu import _bits, _one_reader_pools
     from test_fusion import _run
     kwargs = dict(precision=precision, layout=layout, deterministic=True)
-    fused = _run(_one_reader_pools(), kwargs, 3, True, 24, "pool_relu", device="gpu")
+    fused = _run(_one_reader_pools(), kwargs, 3, True, 24, "pool_relu_forward", device="gpu")
+    # Deterministic: no convolution applies its ReLU, so the pools apply them in forward too.
     assert fused[2] == {"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"}
-    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu", device="gpu")
+    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu_forward", device="gpu")
     assert plain[2] == {} and fused[0] == plain[0] and fused[3] == plain[3]
     assert all(_bits(fused[1][k]).tobytes() == _bits(plain[1][k]).tobytes() for k in fused[1])

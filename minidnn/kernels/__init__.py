@@ -27,10 +27,13 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     convolution allocates its own when it is None or too small)
     linear_forward(x, w, b, y)                       y (N, out) = x (N, in) @ w^T + b
     linear_backward(x, gy, w, gw, gb, gx)            gw, gb, gx (gb, gx may be None)
-    maxpool2d_forward(x, y, argmax, spec, relu=False)
+    maxpool2d_forward(x, y, argmax, spec, relu=False, rectify=None)
                                                      argmax: uint8 (N, C, OH, OW), the winning
                                                      offset kh * KW + kw inside the window;
-                                                     relu: | RELU_MASK_BIT where y > 0
+                                                     relu: | RELU_MASK_BIT where y > 0;
+                                                     rectify (bias, stored): x is the input of
+                                                     the ReLU before the pool, which the pool
+                                                     applies (minidnn/fusion.py)
     maxpool2d_backward(gy, argmax, gx, spec, relu=False)
                                                      gx overwritten (zeros where no winner);
                                                      relu: argmax marked so, and gx also

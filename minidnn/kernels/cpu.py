@@ -225,15 +225,27 @@ def _relu_mask_fits(name: str, spec) -> None:
                           f"positions, which leaves the argmax no bit for a ReLU's mask")
 
 
-def maxpool2d_forward(x, y, argmax, spec, relu: bool = False) -> None:
+def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> None:
     """y (N, C, OH, OW) = window maxima of x (N, C, H, W); argmax (uint8, shape of y) =
     kh * KW + kw of each window's first maximum. Padding never wins. relu: argmax also has
     RELU_MASK_BIT set where the winner's value is > 0 (the pool applies the mask of the ReLU
     before it): where y > 0, except in a window holding NaN, whose y is NaN and whose
-    winner the last offset."""
+    winner the last offset.
+
+    rectify: None, or (bias, stored) when the pool applies the ReLU before it in its forward
+    too (minidnn/fusion.py, pool_relu_forward): x is that ReLU's input, and the windows hold
+    what the ReLU would have stored, relu_forward(x, ., bias) (bias (C,) or None) rounded to
+    `stored` (None: x's dtype; bf16 when x is a widened copy of a bf16 map)."""
     if relu:
         _relu_mask_fits("maxpool2d_forward", spec)
     xp = get_array_module(x)
+    if rectify is not None:           # the ReLU's own kernel, on a copy: the same bits
+        bias, stored = rectify
+        values = xp.empty_like(x)
+        relu_forward(x, values, bias)
+        if stored is not None and xp.dtype(stored) != values.dtype:
+            values[...] = values.astype(stored)
+        x = values
     n_total, c = x.shape[:2]
     out_hw = y.shape[2:]
     extents = _pool_extents(x.shape, out_hw, spec)

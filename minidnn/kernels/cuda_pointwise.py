@@ -438,7 +438,7 @@ _CONVERT_VEC = 4
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 #: The dtype maps of each C type compute in, which their per-channel arrays (a bias, its
 #: gradient) and scalars take: float32 beside bf16 maps.
-_ACC_DTYPES = {"float": np.dtype(np.float32), "double": np.dtype(np.float64),
+ACC_DTYPES = {"float": np.dtype(np.float32), "double": np.dtype(np.float64),
               "bf16": np.dtype(np.float32)}
 _VECTOR_BYTES = 16
 
@@ -624,7 +624,7 @@ def scale_by_mask(x, mask, y, scale) -> None:
         return
     ctype = _ctype("scale_by_mask", (fx, fy))
     vec = _vector((fx, fy, keep), fx.size)
-    factor = _ACC_DTYPES[ctype].type(scale)
+    factor = ACC_DTYPES[ctype].type(scale)
     for s, e in _pieces(fx.size):
         _run("scale_by_mask", ctype, vec, e - s, (fx[s:e], fy[s:e], keep[s:e], factor))
 
@@ -729,7 +729,7 @@ def _check_bias(y2, b) -> str:
     """The C type of maps y2 (rows, C), once b is checked: contiguous (C,), in the dtype the
     maps compute in (float32 beside bf16 maps)."""
     ctype = _ctype("bias_add", (y2,))
-    want = _ACC_DTYPES[ctype]
+    want = ACC_DTYPES[ctype]
     if b.dtype != want or b.shape != (y2.shape[1],) or not b.flags.c_contiguous:
         raise ValueError(f"bias_add: b must be contiguous {want} of shape ({y2.shape[1]},) "
                          f"beside {y2.dtype} maps, got {b.dtype} {b.shape}")
@@ -800,7 +800,7 @@ def _column_pass(mode: str, maps, out, mask=None) -> bool:
 def _sums_dtype(name: str, ctype: str, out) -> np.dtype:
     """The dtype per-channel sums of `ctype` maps are taken in; TypeError unless `out` (where
     they go) has it."""
-    acc = _ACC_DTYPES[ctype]
+    acc = ACC_DTYPES[ctype]
     if np.dtype(out.dtype) != acc:
         raise TypeError(f"{name}: per-channel sums of {ctype} maps are {acc}, got {out.dtype}")
     return acc

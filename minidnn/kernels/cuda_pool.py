@@ -37,7 +37,10 @@ the window's maximum is > 0, and backward routes a window's gradient only when t
 its offset with the bit set. The ReLU's output at a window's winner is that window's
 maximum, so a value gets the sum of its windows' gradients where the ReLU's output is > 0
 and +0 elsewhere: the ReLU backward's selection after the unmasked pool's backward, the same
-bits with one pass over the map where the two layers took four.
+bits with one pass over the map where the two layers took four. Such a pool may apply the
+ReLU's forward too (`rectify`): it reads the ReLU's input and turns each value, as it loads
+it, into what the ReLU would have stored (`relu_before`: the bias added, the ReLU's
+selection, one rounding), so its comparisons see the bits they saw in the ReLU's output.
 
 bfloat16 maps (mixed precision, kernels/mapformat.py) compute in float32 and round each output
 once, as cuda_pointwise's kernels do (its STORAGE_SOURCE: widen, narrow): a kernel on bf16 maps
@@ -53,7 +56,7 @@ import numpy as np
 from ..errors import ConfigError, ShapeError
 from . import RELU_MASK_BIT, relu_mask_fits
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
-from .cuda_pointwise import STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
+from .cuda_pointwise import ACC_DTYPES, STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
 from .mapformat import common_layout
 
 # Maps are T (float, double or bf16); every kernel computes in A = acc_t<T>, reading a map
@@ -65,6 +68,21 @@ __device__ __forceinline__ double minus_inf(double) {
 }
 
 #define GEOMETRY int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW
+// A max pool that applies the ReLU before it in its forward (minidnn/fusion.py,
+// pool_relu_forward) reads the ReLU's input: rectify 1, and bias_addr the address of the
+// bias that ReLU adds (acc_t<T>, one per channel), or 0 for none.
+#define RECTIFY unsigned long long bias_addr, int rectify
+
+// The value the ReLU before the pool stores for x: relu_forward's, and with a bias b
+// relu_bias_last's, narrow(max(x + b, 0)) with one rounding, so the pool's window sees the
+// bits the two layers' passes leave in the map. x itself when the pool applies no ReLU.
+template<typename T>
+__device__ __forceinline__ T relu_before(T x, unsigned long long bias_addr, int c, int rectify) {
+    if (!rectify) return x;
+    acc_t<T> v = widen(x);
+    if (bias_addr) v = v + reinterpret_cast<const acc_t<T>*>(bias_addr)[c];
+    return narrow<T>(v > 0 ? v : acc_t<T>(0));
+}
 // Thread i of a launch of `count` threads works on plane plane0 + i / (rows * cols), at
 // (row, col) = divmod(i % (rows * cols), cols) of that plane's grid of threads.
 #define LAUNCH long long plane0, unsigned int count, unsigned int plane_mul, \
@@ -88,10 +106,11 @@ __device__ __forceinline__ bool locate(Place& p, unsigned int rows, unsigned int
 template<typename T>
 __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
                                   unsigned char* __restrict__ argmax, GEOMETRY, int mark,
-                                  LAUNCH) {
+                                  RECTIFY, int C, LAUNCH) {
     Place p;
     if (!locate(p, OH, OW, plane0, count, plane_mul, plane_shift, col_mul, col_shift)) return;
     const int oh = p.row, ow = p.col;
+    const int c = rectify ? (int)(p.plane % C) : 0;
     x += p.plane * H * W;
     const long long o = p.plane * OH * OW + oh * OW + ow;
     const int h0 = oh * SH - PH, w0 = ow * SW - PW;
@@ -101,13 +120,14 @@ __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
     // Window position 0 (padding reads as -inf) starts the search; a later position wins only
     // when strictly greater, as in cpu.py, so ties keep the first and padding never wins.
     typedef acc_t<T> A;
-    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? widen(x[h0 * W + w0]) : minus_inf(A(0));
+    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W)
+        ? widen(relu_before(x[h0 * W + w0], bias_addr, c, rectify)) : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         const T* row = x + (h0 + kh) * W;
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const A v = widen(row[w0 + kw]);
+            const A v = widen(relu_before(row[w0 + kw], bias_addr, c, rectify));
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
@@ -251,7 +271,7 @@ __device__ __forceinline__ void covering(int h, int K, int S, int P, int O, int&
 template<typename T>
 __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ y,
                                        unsigned char* __restrict__ argmax, GEOMETRY, int C,
-                                       int mark, LAST_LAUNCH) {
+                                       int mark, RECTIFY, LAST_LAUNCH) {
     Pixel p;                                          // (n, oh, ow, c)
     if (!pixel_last(p, C, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const long long i = p.index;
@@ -260,13 +280,15 @@ __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
     const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
     const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
     typedef acc_t<T> A;
-    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W) ? widen(x[((long long)h0 * W + w0) * C])
-                                                         : minus_inf(A(0));
+    A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W)
+        ? widen(relu_before(x[((long long)h0 * W + w0) * C], bias_addr, p.c, rectify))
+        : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const A v = widen(x[((long long)(h0 + kh) * W + (w0 + kw)) * C]);
+            const A v = widen(relu_before(x[((long long)(h0 + kh) * W + (w0 + kw)) * C],
+                                          bias_addr, p.c, rectify));
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
@@ -365,7 +387,7 @@ __global__ void avgpool2d_backward_last(const T* __restrict__ gy, T* __restrict_
 template<typename T, int VEC>
 __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y,
                                       unsigned char* __restrict__ argmax, GEOMETRY, int CV,
-                                      int mark, LAST_LAUNCH) {
+                                      int mark, RECTIFY, LAST_LAUNCH) {
     Pixel p;                                          // (n, oh, ow, vector)
     if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
     const int C = CV * VEC;
@@ -380,7 +402,8 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
     const Pack<T, VEC> a0 = first ? load<T, VEC>(x + ((long long)h0 * W + w0) * C, 0)
                                   : Pack<T, VEC>();
     for (int j = 0; j < VEC; ++j) {
-        best[j] = first ? widen(a0.v[j]) : minus_inf(A(0));
+        best[j] = first ? widen(relu_before(a0.v[j], bias_addr, p.c * VEC + j, rectify))
+                        : minus_inf(A(0));
         arg[j] = 0;
     }
     for (int kh = kh0; kh < kh1; ++kh) {
@@ -388,7 +411,7 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
             if (kh == 0 && kw == 0) continue;
             const Pack<T, VEC> a = load<T, VEC>(x + ((long long)(h0 + kh) * W + (w0 + kw)) * C, 0);
             for (int j = 0; j < VEC; ++j) {
-                const A v = widen(a.v[j]);
+                const A v = widen(relu_before(a.v[j], bias_addr, p.c * VEC + j, rectify));
                 if (v > best[j]) { best[j] = v; arg[j] = (unsigned char)(kh * KW + kw); }
             }
         }
@@ -467,7 +490,7 @@ __global__ void maxpool2d_backward_tiles_vec(const T* __restrict__ gy,
 template<typename T, int VEC>
 __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restrict__ y,
                                            unsigned char* __restrict__ argmax, GEOMETRY,
-                                           int CV, int runs, int mark, LAST_LAUNCH) {
+                                           int CV, int runs, int mark, RECTIFY, LAST_LAUNCH) {
     const int RUN = 16 / VEC;
     Pixel p;                                          // (n, oh, run, vector)
     if (!pixel_last(p, CV, runs, per_image, c_mul, c_shift, w_mul, w_shift)) return;
@@ -488,6 +511,9 @@ __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restric
             const int w = ow0 - PW + m;
             cell[m] = h >= 0 && h < H && w >= 0 && w < W
                 ? load<T, VEC>(x + image + ((long long)h * W + w) * C, 0) : Pack<T, VEC>();
+            #pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                cell[m].v[v] = relu_before(cell[m].v[v], bias_addr, p.c * VEC + v, rectify);
         }
         #pragma unroll
         for (int j = 0; j < RUN; ++j) {
@@ -718,13 +744,14 @@ def _runs3(spec, vec: int, ctype: str) -> bool:
 
 
 def _launch_run3(name: str, ctype: str, shape, maps: tuple, geometry: tuple, vec: int,
-                 mark) -> None:
+                 mark, rectify: tuple = ()) -> None:
     """Kernel `name` + '_run3_vec' over a channels-last map of logical `shape` (N, C, rows,
-    width): a thread per vector of channels of 16 / vec pixels along a row."""
+    width): a thread per vector of channels of 16 / vec pixels along a row. rectify: the
+    forward's RECTIFY arguments (_rectify)."""
     n, c, rows, width = shape
     runs = -(-int(width) // (16 // vec))          # the kernels' RUN = 16 / VEC pixels
     _launch_last(name + "_run3", ctype, (n, c, rows, runs), maps,
-                 geometry + (np.int32(c // vec), np.int32(runs), mark), vec)
+                 geometry + (np.int32(c // vec), np.int32(runs), mark) + rectify, vec)
 
 
 def _mark(name: str, spec, relu: bool) -> np.int32:
@@ -737,25 +764,52 @@ def _mark(name: str, spec, relu: bool) -> np.int32:
     return np.int32(RELU_MASK_BIT if relu else 0)
 
 
-def maxpool2d_forward(x, y, argmax, spec, relu: bool = False) -> None:
+def _rectify(x, rectify) -> tuple:
+    """The forward kernels' RECTIFY arguments (bias address, flag) for maxpool2d_forward's
+    `rectify`, checked: the bias (C,) contiguous in x's accumulation type (float32 beside
+    bf16 maps), the stored dtype x's own (the GPU's kernels take bf16 maps as they are)."""
+    if rectify is None:
+        return (np.uint64(0), np.int32(0))
+    bias, stored = rectify
+    if stored is not None and np.dtype(stored) != np.dtype(x.dtype):
+        raise TypeError(f"maxpool2d_forward: the ReLU's values are stored as {np.dtype(stored)}"
+                        f", but the map is {x.dtype}: the GPU's pool reads the stored map")
+    if bias is None:
+        return (np.uint64(0), np.int32(1))
+    acc = ACC_DTYPES[map_ctype(np.dtype(x.dtype))]
+    if np.dtype(bias.dtype) != acc or bias.shape != (x.shape[1],) or \
+            not bias.flags.c_contiguous:
+        raise TypeError(f"maxpool2d_forward: the ReLU's bias must be contiguous {acc} of "
+                        f"shape ({x.shape[1]},), got {bias.dtype} {bias.shape}")
+    return (np.uint64(bias.data.ptr), np.int32(1))
+
+
+def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> None:
     """y = window maxima of x; argmax (uint8) = kh * KW + kw of each window's first maximum,
-    | RELU_MASK_BIT where y > 0 when `relu` (the pool applies the ReLU's mask)."""
+    | RELU_MASK_BIT where y > 0 when `relu` (the pool applies the ReLU's mask).
+
+    rectify: None, or (bias, stored) when the pool applies the ReLU before it in its forward
+    (minidnn/fusion.py, pool_relu_forward): x is that ReLU's input and the windows hold the
+    values the ReLU would have stored, max(x + bias, 0) (bias (C,) or None) as relu_forward
+    rounds them; stored must be None or x's dtype."""
     mark = _mark("maxpool2d_forward", spec, relu)
     ctype, layout = _check("maxpool2d_forward", (x, y), argmax)
     if argmax.shape != y.shape:
         raise ShapeError(f"maxpool2d_forward: argmax {argmax.shape} must have y's shape {y.shape}")
     geometry = _geometry(x.shape, y.shape, spec)
+    rect = _rectify(x, rectify)
     n, c, oh, ow = y.shape
     if layout == "nhwc":
         vec = _vector(ctype, c, (x, y), argmax)
         if _runs3(spec, vec, ctype):
             _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec,
-                         mark)
+                         mark, rect)
             return
         _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
-                     geometry + (np.int32(c // vec), mark), vec)
+                     geometry + (np.int32(c // vec), mark) + rect, vec)
         return
-    _launch("maxpool2d_forward", ctype, n * c, oh, ow, (x, y, argmax) + geometry + (mark,))
+    _launch("maxpool2d_forward", ctype, n * c, oh, ow,
+            (x, y, argmax) + geometry + (mark,) + rect + (np.int32(c),))
 
 
 def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:

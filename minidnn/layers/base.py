@@ -109,7 +109,7 @@ class StepContext:
     relu_bias: {ReLU node name: the bias Parameter (C,) it adds} (the decision's bias_relu;
     minidnn/fusion.py). relu_in_conv: names of the convolution nodes that add their bias
     and apply the ReLU after them in their forward; relu_forward_done: those ReLUs, whose
-    forward has nothing left to do (the decision's conv_relu). relu_in_bn: names of the batch norm nodes that apply the ReLU after
+    forward has nothing left to do (the decision's conv_relu), and those of relu_before_pool. relu_in_bn: names of the batch norm nodes that apply the ReLU after
     them; relu_done: names of those ReLUs, whose forward and backward have nothing left to do
     (the decision's bn_relu): the batch norm's backward applies the ReLU's mask too.
     relu_in_add: names of the add nodes that apply the ReLU after them and mask their
@@ -119,7 +119,10 @@ class StepContext:
     forward has nothing left to do (the decision's bn_add).
     relu_in_pool: names of the max pool nodes that apply the mask of the ReLU before them in
     their backward; relu_mask_done: those ReLUs, whose backward has nothing to mask and
-    which keep nothing for it (the decision's pool_relu).
+    which keep nothing for it (the decision's pool_relu). relu_before_pool: {max pool node
+    name: the ReLU node before it}: the pools that apply that ReLU in their forward too,
+    reading its input (the decision's pool_relu_forward); relu_forward_done names those
+    ReLUs too.
     gy_addend: in the backward of an add that takes over a gradient sum (the decision's
     add_sum), the part of its output gradient a second reader wrote, to add to gy (a map
     of gy's shape and layout); else None.
@@ -160,6 +163,7 @@ class StepContext:
     add_done: frozenset = frozenset()
     relu_in_pool: frozenset = frozenset()
     relu_mask_done: frozenset = frozenset()
+    relu_before_pool: dict = field(default_factory=dict)
     gy_addend: Any = None
     maps: Any = None
     step_keys: Any = None

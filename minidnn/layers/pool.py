@@ -6,7 +6,8 @@ winner's offset inside its window), average pooling needs nothing at all.
 A max pool after a ReLU may apply that ReLU's mask in its own backward (minidnn/fusion.py,
 the decision's pool_relu): its forward then marks, in bit 7 of each argmax, the windows whose
 maximum is > 0, and its backward routes a window's gradient only where the bit is set. That
-needs windows of at most 128 positions, so that an offset fits in the other 7 bits.
+needs windows of at most 128 positions, so that an offset fits in the other 7 bits. It may
+apply the ReLU's forward too (pool_relu_forward): it then reads the ReLU's input.
 """
 from __future__ import annotations
 
@@ -90,9 +91,18 @@ class MaxPool2d(_Pool2d):
 
     def forward(self, xs, y, aux, ctx):
         """x (N, C, H, W) -> y (N, C, OH, OW), argmax (N, C, OH, OW) uint8; bit 7 of argmax
-        set where y > 0 when this pool applies the ReLU's mask (ctx.relu_in_pool)."""
+        set where y > 0 when this pool applies the ReLU's mask (ctx.relu_in_pool). When it
+        applies the ReLU before it (ctx.relu_before_pool), x is that ReLU's input, and the
+        windows hold the ReLU's values, its bias added (ctx.relu_bias), stored as the maps
+        store them (ctx.maps)."""
+        relu = ctx.relu_before_pool.get(self.name)
+        rectify = None
+        if relu is not None:
+            bias = ctx.relu_bias.get(relu)
+            rectify = (None if bias is None else bias.data,
+                       None if ctx.maps is None else ctx.maps.map_dtype(self.dtype))
         ctx.kernels.maxpool2d_forward(xs[0], y, aux["argmax"], self.spec,
-                                      relu=self.name in ctx.relu_in_pool)
+                                      relu=self.name in ctx.relu_in_pool, rectify=rectify)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gx (N, C, H, W) = gy routed to each window's winner; only where the window's

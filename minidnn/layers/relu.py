@@ -10,7 +10,8 @@ gradients are bit-identical.
 
 A ReLU before a max pool may keep nothing at all: the pool applies its mask in its own
 backward (minidnn/fusion.py, the decision's pool_relu), and this ReLU's backward only passes
-the gradient on (and sums the bias it added, if it did).
+the gradient on (and sums the bias it added, if it did). The pool may apply its forward too
+(pool_relu_forward): this ReLU's forward then leaves its input in place for the pool.
 
 `keep` is the layer's own setting. A step's memory decision may have more ReLUs keep bits
 (MemoryDecision.relu_bits, node names): the liveness plan reads what each one keeps from
@@ -71,10 +72,9 @@ class ReLU(Layer):
     def forward(self, xs, y, aux, ctx):
         """y = max(x, 0), or max(x + b, 0) when this ReLU adds the bias b of the convolution
         before it (ctx.relu_bias; minidnn/fusion.py); nothing when the convolution, the
-        batch norm or the add before it applied it (ctx.relu_forward_done, ctx.relu_done)."""
-        if self.name in ctx.relu_forward_done:   # the convolution did, in place, float32
-            return
-        if self.name in ctx.relu_done:    # the layer before it applied it, in place
+        batch norm or the add before it applied it, or the max pool after it applies it
+        (ctx.relu_forward_done, ctx.relu_done): y, in place, keeps x."""
+        if self.name in ctx.relu_forward_done or self.name in ctx.relu_done:
             if not same_memory(xs[0], y):   # bf16 maps widened to float32 copies (precision.py)
                 y[...] = xs[0]
             return

@@ -51,7 +51,7 @@ from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
 from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, conv_relu_pairs, \
-    pool_relu_pairs
+    pool_relu_forward_pairs, pool_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -335,15 +335,18 @@ class StepModel:
         # the profile times the layers apart), by node name; 1 where it is absent. A ReLU
         # its convolution applies (conv_relu): nothing, the fused graph takes the
         # convolution's own time (the H200's TF32 plans: benchmarks/runs/wave15/call2/
-        # probe.txt). An add its batch norm applies (bn_add): the read of its other input in
-        # the batch norm's pass, FUSED_ADD_SHARE. The CPU still runs every pass. Of a
+        # probe.txt). A ReLU its max pool applies (pool_relu_forward): nothing, the pool reads
+        # the ReLU's input as it would have read its output. An add its batch norm applies
+        # (bn_add): the read of its other input in the batch norm's pass, FUSED_ADD_SHARE.
+        # The CPU still runs every pass. Of a
         # backward, backward_share: a ReLU whose max pool applies its mask (pool_relu), its
         # bias's gradient if it added one, POOLED_RELU_BIAS_SHARE, else nothing; an add that
         # takes over a gradient sum (add_sum), SUMMING_ADD_SHARE.
         fused = spec.fuse and not profile.synchronous
+        sliced = options.batch_slice is not None
         self.forward_share = {
-            **{relu: 0.0 for relu in conv_relu_pairs(self.plan, options.batch_slice
-                                                     is not None)},
+            **{relu: 0.0 for relu in conv_relu_pairs(self.plan, sliced)},
+            **{relu: 0.0 for relu in pool_relu_forward_pairs(self.plan, sliced)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
         self.backward_share = {
             **{relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0

@@ -69,18 +69,24 @@ __device__ __forceinline__ double minus_inf(double) {
 
 #define GEOMETRY int H, int W, int OH, int OW, int KH, int KW, int SH, int SW, int PH, int PW
 // A max pool that applies the ReLU before it in its forward (minidnn/fusion.py,
-// pool_relu_forward) reads the ReLU's input: rectify 1, and bias_addr the address of the
-// bias that ReLU adds (acc_t<T>, one per channel), or 0 for none.
+// pool_relu_forward) reads the ReLU's input: rectify RELU, or RELU_BIAS with bias_addr the
+// address of the bias that ReLU adds (acc_t<T>, one per channel); NONE otherwise.
 #define RECTIFY unsigned long long bias_addr, int rectify
+enum Rectify { NONE = 0, RELU = 1, RELU_BIAS = 2 };
 
-// The value the ReLU before the pool stores for x: relu_forward's, and with a bias b
+// The bias of channel c a thread adds, read once (0 when it adds none).
+template<typename T>
+__device__ __forceinline__ acc_t<T> bias_of(unsigned long long bias_addr, int c, int rectify) {
+    return rectify == RELU_BIAS ? reinterpret_cast<const acc_t<T>*>(bias_addr)[c] : acc_t<T>(0);
+}
+
+// The value the ReLU before the pool stores for x: relu_forward's, and with the bias b
 // relu_bias_last's, narrow(max(x + b, 0)) with one rounding, so the pool's window sees the
 // bits the two layers' passes leave in the map. x itself when the pool applies no ReLU.
 template<typename T>
-__device__ __forceinline__ T relu_before(T x, unsigned long long bias_addr, int c, int rectify) {
-    if (!rectify) return x;
-    acc_t<T> v = widen(x);
-    if (bias_addr) v = v + reinterpret_cast<const acc_t<T>*>(bias_addr)[c];
+__device__ __forceinline__ T relu_before(T x, acc_t<T> b, int rectify) {
+    if (rectify == NONE) return x;
+    const acc_t<T> v = rectify == RELU_BIAS ? widen(x) + b : widen(x);
     return narrow<T>(v > 0 ? v : acc_t<T>(0));
 }
 // Thread i of a launch of `count` threads works on plane plane0 + i / (rows * cols), at
@@ -110,7 +116,8 @@ __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
     Place p;
     if (!locate(p, OH, OW, plane0, count, plane_mul, plane_shift, col_mul, col_shift)) return;
     const int oh = p.row, ow = p.col;
-    const int c = rectify ? (int)(p.plane % C) : 0;
+    const acc_t<T> b = bias_of<T>(bias_addr, rectify == RELU_BIAS ? (int)(p.plane % C) : 0,
+                                  rectify);
     x += p.plane * H * W;
     const long long o = p.plane * OH * OW + oh * OW + ow;
     const int h0 = oh * SH - PH, w0 = ow * SW - PW;
@@ -121,13 +128,13 @@ __global__ void maxpool2d_forward(const T* __restrict__ x, T* __restrict__ y,
     // when strictly greater, as in cpu.py, so ties keep the first and padding never wins.
     typedef acc_t<T> A;
     A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W)
-        ? widen(relu_before(x[h0 * W + w0], bias_addr, c, rectify)) : minus_inf(A(0));
+        ? widen(relu_before(x[h0 * W + w0], b, rectify)) : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         const T* row = x + (h0 + kh) * W;
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const A v = widen(relu_before(row[w0 + kw], bias_addr, c, rectify));
+            const A v = widen(relu_before(row[w0 + kw], b, rectify));
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
@@ -280,15 +287,16 @@ __global__ void maxpool2d_forward_last(const T* __restrict__ x, T* __restrict__ 
     const int kh0 = max(-h0, 0), kh1 = min(KH, H - h0);
     const int kw0 = max(-w0, 0), kw1 = min(KW, W - w0);
     typedef acc_t<T> A;
+    const A b = bias_of<T>(bias_addr, p.c, rectify);
     A best = (h0 >= 0 && h0 < H && w0 >= 0 && w0 < W)
-        ? widen(relu_before(x[((long long)h0 * W + w0) * C], bias_addr, p.c, rectify))
+        ? widen(relu_before(x[((long long)h0 * W + w0) * C], b, rectify))
         : minus_inf(A(0));
     int arg = 0;
     for (int kh = kh0; kh < kh1; ++kh) {
         for (int kw = kw0; kw < kw1; ++kw) {
             if (kh == 0 && kw == 0) continue;
-            const A v = widen(relu_before(x[((long long)(h0 + kh) * W + (w0 + kw)) * C],
-                                          bias_addr, p.c, rectify));
+            const A v = widen(relu_before(x[((long long)(h0 + kh) * W + (w0 + kw)) * C], b,
+                                          rectify));
             if (v > best) { best = v; arg = kh * KW + kw; }
         }
     }
@@ -401,9 +409,10 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
     const bool first = h0 >= 0 && h0 < H && w0 >= 0 && w0 < W;
     const Pack<T, VEC> a0 = first ? load<T, VEC>(x + ((long long)h0 * W + w0) * C, 0)
                                   : Pack<T, VEC>();
+    A b[VEC];
     for (int j = 0; j < VEC; ++j) {
-        best[j] = first ? widen(relu_before(a0.v[j], bias_addr, p.c * VEC + j, rectify))
-                        : minus_inf(A(0));
+        b[j] = bias_of<T>(bias_addr, p.c * VEC + j, rectify);
+        best[j] = first ? widen(relu_before(a0.v[j], b[j], rectify)) : minus_inf(A(0));
         arg[j] = 0;
     }
     for (int kh = kh0; kh < kh1; ++kh) {
@@ -411,7 +420,7 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
             if (kh == 0 && kw == 0) continue;
             const Pack<T, VEC> a = load<T, VEC>(x + ((long long)(h0 + kh) * W + (w0 + kw)) * C, 0);
             for (int j = 0; j < VEC; ++j) {
-                const A v = widen(relu_before(a.v[j], bias_addr, p.c * VEC + j, rectify));
+                const A v = widen(relu_before(a.v[j], b[j], rectify));
                 if (v > best[j]) { best[j] = v; arg[j] = (unsigned char)(kh * KW + kw); }
             }
         }
@@ -501,6 +510,9 @@ __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restric
     typedef acc_t<T> A;
     A best[RUN][VEC];
     unsigned char arg[RUN][VEC];
+    A b[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) b[v] = bias_of<T>(bias_addr, p.c * VEC + v, rectify);
     #pragma unroll
     for (int kh = 0; kh < 3; ++kh) {
         const int h = h0 + kh;
@@ -513,7 +525,7 @@ __global__ void maxpool2d_forward_run3_vec(const T* __restrict__ x, T* __restric
                 ? load<T, VEC>(x + image + ((long long)h * W + w) * C, 0) : Pack<T, VEC>();
             #pragma unroll
             for (int v = 0; v < VEC; ++v)
-                cell[m].v[v] = relu_before(cell[m].v[v], bias_addr, p.c * VEC + v, rectify);
+                cell[m].v[v] = relu_before(cell[m].v[v], b[v], rectify);
         }
         #pragma unroll
         for (int j = 0; j < RUN; ++j) {
@@ -764,24 +776,27 @@ def _mark(name: str, spec, relu: bool) -> np.int32:
     return np.int32(RELU_MASK_BIT if relu else 0)
 
 
+_NONE, _RELU, _RELU_BIAS = 0, 1, 2      # the kernels' Rectify
+
+
 def _rectify(x, rectify) -> tuple:
     """The forward kernels' RECTIFY arguments (bias address, flag) for maxpool2d_forward's
     `rectify`, checked: the bias (C,) contiguous in x's accumulation type (float32 beside
     bf16 maps), the stored dtype x's own (the GPU's kernels take bf16 maps as they are)."""
     if rectify is None:
-        return (np.uint64(0), np.int32(0))
+        return (np.uint64(0), np.int32(_NONE))
     bias, stored = rectify
     if stored is not None and np.dtype(stored) != np.dtype(x.dtype):
         raise TypeError(f"maxpool2d_forward: the ReLU's values are stored as {np.dtype(stored)}"
                         f", but the map is {x.dtype}: the GPU's pool reads the stored map")
     if bias is None:
-        return (np.uint64(0), np.int32(1))
+        return (np.uint64(0), np.int32(_RELU))
     acc = ACC_DTYPES[map_ctype(np.dtype(x.dtype))]
     if np.dtype(bias.dtype) != acc or bias.shape != (x.shape[1],) or \
             not bias.flags.c_contiguous:
         raise TypeError(f"maxpool2d_forward: the ReLU's bias must be contiguous {acc} of "
                         f"shape ({x.shape[1]},), got {bias.dtype} {bias.shape}")
-    return (np.uint64(bias.data.ptr), np.int32(1))
+    return (np.uint64(bias.data.ptr), np.int32(_RELU_BIAS))
 
 
 def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> None:

@@ -29,7 +29,9 @@ float32 and bf16 maps runs the `_vec` kernels instead: the same code value for v
 moving 16 bytes of channels with each load and store (VGG-16's pool1 at batch 256 on the H200:
 forward 2.33 -> 1.24 ms, from about 1.85 to 3.5 TB/s; backward 1.41 -> 1.05 ms). 3x3 windows
 at stride 1 (GoogLeNet's inception pools) run the `_run3_vec` kernels there: a thread covers a
-run of pixels along a row and loads the pixels their windows share once (RUN3_POOLS).
+run of pixels along a row and loads the pixels their windows share once (RUN3_POOLS); 2x2
+windows that tile the input (VGG's pools) run `maxpool2d_forward_tiles2_vec`, which issues a
+window's four loads before its first comparison.
 
 A max pool that applies the mask of the ReLU before it (minidnn/fusion.py) runs the same
 kernels with `mark` = RELU_MASK_BIT instead of 0: forward sets that bit of the argmax where
@@ -435,6 +437,42 @@ __global__ void maxpool2d_forward_vec(const T* __restrict__ x, T* __restrict__ y
     store<unsigned char, VEC>(argmax + p.index * VEC, 0, args);
 }
 
+// 2x2 windows that tile the input (stride 2, no padding, 2 * OH = H, 2 * OW = W: VGG's
+// pools): the kernel above, value for value, with the four loads of a window issued before
+// any comparison, so that they are in flight together (the loop above, with its bounds
+// known only at run time, waits for each load before the next).
+template<typename T, int VEC>
+__global__ void maxpool2d_forward_tiles2_vec(const T* __restrict__ x, T* __restrict__ y,
+                                             unsigned char* __restrict__ argmax, GEOMETRY,
+                                             int CV, int mark, RECTIFY, LAST_LAUNCH) {
+    Pixel p;                                          // (n, oh, ow, vector)
+    if (!pixel_last(p, CV, OW, per_image, c_mul, c_shift, w_mul, w_shift)) return;
+    const int C = CV * VEC;
+    const T* window = x + ((p.n * H + 2LL * p.h) * W + 2LL * p.w) * C + p.c * VEC;
+    Pack<T, VEC> a[4];                                // window position kh * 2 + kw
+    #pragma unroll
+    for (int k = 0; k < 4; ++k)
+        a[k] = load<T, VEC>(window + ((long long)(k >> 1) * W + (k & 1)) * C, 0);
+    typedef acc_t<T> A;
+    Pack<T, VEC> out;
+    Pack<unsigned char, VEC> args;
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const A b = bias_of<T>(bias_addr, p.c * VEC + j, rectify);
+        A best = widen(relu_before(a[0].v[j], b, rectify));
+        int arg = 0;
+        #pragma unroll
+        for (int k = 1; k < 4; ++k) {
+            const A v = widen(relu_before(a[k].v[j], b, rectify));
+            if (v > best) { best = v; arg = k; }
+        }
+        out.v[j] = narrow<T>(best);
+        args.v[j] = (unsigned char)(arg | (best > 0 ? mark : 0));
+    }
+    store<T, VEC>(y + p.index * VEC, 0, out);
+    store<unsigned char, VEC>(argmax + p.index * VEC, 0, args);
+}
+
 template<typename T, int VEC>
 __global__ void maxpool2d_backward_vec(const T* __restrict__ gy,
                                        const unsigned char* __restrict__ argmax,
@@ -633,9 +671,9 @@ __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
             "maxpool2d_forward_last", "maxpool2d_backward_last", "maxpool2d_backward_tiles_last",
             "avgpool2d_forward_last", "avgpool2d_backward_last")
-_VECTOR_KERNELS = ("maxpool2d_forward_vec", "maxpool2d_backward_vec",
-                   "maxpool2d_backward_tiles_vec", "maxpool2d_forward_run3_vec",
-                   "maxpool2d_backward_run3_vec")
+_VECTOR_KERNELS = ("maxpool2d_forward_vec", "maxpool2d_forward_tiles2_vec",
+                   "maxpool2d_backward_vec", "maxpool2d_backward_tiles_vec",
+                   "maxpool2d_forward_run3_vec", "maxpool2d_backward_run3_vec")
 _VECTOR_BYTES = 16
 # Maps the vector kernels take, and their values per vector. float64 maps (tests, gradient
 # checks) keep the per-value kernels: NVRTC orders a double sum's operands differently in
@@ -766,6 +804,14 @@ def _launch_run3(name: str, ctype: str, shape, maps: tuple, geometry: tuple, vec
                  geometry + (np.int32(c // vec), np.int32(runs), mark) + rectify, vec)
 
 
+def _tiles(x_shape, y_shape, spec) -> bool:
+    """Whether the windows tile the input: stride = kernel, no padding, and the windows
+    cover every row and column (VGG's 2x2 pools)."""
+    (h, w), (oh, ow) = x_shape[2:], y_shape[2:]
+    return (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
+            and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
+
+
 def _mark(name: str, spec, relu: bool) -> np.int32:
     """The kernels' `mark`: RELU_MASK_BIT when the pool applies the mask of the ReLU before
     it (its windows then leave that bit of the argmax free), else 0."""
@@ -820,8 +866,9 @@ def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> N
             _launch_run3("maxpool2d_forward", ctype, y.shape, (x, y, argmax), geometry, vec,
                          mark, rect)
             return
-        _launch_last("maxpool2d_forward", ctype, y.shape, (x, y, argmax),
-                     geometry + (np.int32(c // vec), mark) + rect, vec)
+        tiles2 = vec > 1 and tuple(spec.kernel) == (2, 2) and _tiles(x.shape, y.shape, spec)
+        _launch_last("maxpool2d_forward_tiles2" if tiles2 else "maxpool2d_forward", ctype,
+                     y.shape, (x, y, argmax), geometry + (np.int32(c // vec), mark) + rect, vec)
         return
     _launch("maxpool2d_forward", ctype, n * c, oh, ow,
             (x, y, argmax) + geometry + (mark,) + rect + (np.int32(c),))
@@ -841,15 +888,12 @@ def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
     geometry = _geometry(gx.shape, gy.shape, spec)
     n, c = gx.shape[:2]
     if layout == "nhwc":
-        (h, w), (oh, ow) = gx.shape[2:], gy.shape[2:]
         vec = _vector(ctype, c, (gy, gx), argmax)
         args = geometry + (np.int32(c // vec), mark)
-        tiles = (tuple(spec.stride) == tuple(spec.kernel) and tuple(spec.padding) == (0, 0)
-                 and spec.kernel[0] * oh == h and spec.kernel[1] * ow == w)
         if _runs3(spec, vec, ctype):
             _launch_run3("maxpool2d_backward", ctype, gx.shape, (gy, argmax, gx), geometry, vec,
                          mark)
-        elif tiles:   # one thread per window: reads gy and argmax once (VGG's 2x2 pooling)
+        elif _tiles(gx.shape, gy.shape, spec):   # a thread per window: reads gy, argmax once
             _launch_last("maxpool2d_backward_tiles", ctype, gy.shape, (gy, argmax, gx), args,
                          vec)
         else:       # one thread per input value, gathering its windows

@@ -136,7 +136,7 @@ maps' dtype (kernels: relu_before in cuda_pool.py; on the CPU the ReLU's own ker
 copy), then its comparisons on those values as before. So the same maxima, the same
 winners and marks, the same bits, and one pass over each of VGG-16's five largest maps
 where there were three. Nothing reads the map after the pool (the ReLU keeps nothing, the
-pool only its argmax), so it may keep the ReLU's input instead of its output. The
+pool only its argmax), so the map may hold the ReLU's input instead of its output. The
 conditions: the pool_relu pair, the ReLU in place, its forward not done by its convolution
 (conv_relu), batch norm or add (bn_relu, add_relu). The decision is
 MemoryDecision.pool_relu_forward ({ReLU node name: max pool node name}, a part of

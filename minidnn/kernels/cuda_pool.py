@@ -91,6 +91,7 @@ __device__ __forceinline__ T relu_before(T x, acc_t<T> b, int rectify) {
     const acc_t<T> v = rectify == RELU_BIAS ? widen(x) + b : widen(x);
     return narrow<T>(v > 0 ? v : acc_t<T>(0));
 }
+
 // Thread i of a launch of `count` threads works on plane plane0 + i / (rows * cols), at
 // (row, col) = divmod(i % (rows * cols), cols) of that plane's grid of threads.
 #define LAUNCH long long plane0, unsigned int count, unsigned int plane_mul, \

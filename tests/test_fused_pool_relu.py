@@ -259,6 +259,32 @@ def test_a_step_whose_pools_apply_the_relus_forward_gives_the_bits_of_the_unfuse
     assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
 
 
+def _unbiased():
+    """A ReLU on the network's input before a pool (no gradient wanted: not a pair), and a
+    convolution without a bias -> ReLU -> pool (no bias to fold, so no convolution applies
+    the ReLU, float32 maps too)."""
+    b = NetBuilder("unbiased", image_size=8, num_classes=10)
+    b.relu("relu0")
+    b.maxpool("pool0", 2)
+    b.conv("conv1", 4, 3, padding=1, bias=False)
+    b.relu("relu1")
+    b.maxpool("pool1", 2)
+    b.flatten("flat")
+    b.linear("fc", 10)
+    return b.finish()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"precision": "bf16", "layout": "nhwc"}], ids=str)
+def test_a_pool_applies_a_relu_without_a_bias_with_the_unfused_bits(kwargs):
+    """No bias: the pool's windows hold max(x, 0), as the ReLU's own pass stores it; on float32
+    maps too, where no convolution applies a ReLU without a bias."""
+    losses, state, fused, evaluated = _run(_unbiased(), kwargs, 2, True, 8, "pool_relu_forward")
+    assert fused == {"relu1": "pool1"}
+    plain = _run(_unbiased(), kwargs, 2, False, 8, "pool_relu_forward")
+    assert losses == plain[0] and evaluated == plain[3]
+    assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
+
+
 def test_resnet18s_stem_relu_is_masked_by_its_batch_norm_and_its_pool():
     """The stem's bn1 -> relu -> maxpool: the batch norm applies the ReLU (bn_relu) and the
     pool its mask (pool_relu); the two masks are one, and the bits are the unfused step's."""

@@ -185,6 +185,17 @@ def test_a_window_without_a_spare_argmax_bit_is_refused_the_mask():
 
 
 # ---- whole steps ----------------------------------------------------------------------------
+def _fused_against_plain(build, kwargs, steps, size, field):
+    """`steps` training steps and an evaluation of build()'s network fused and with --no-fuse
+    (test_fusion._run): asserts that losses, weights and the evaluation's loss have the same
+    bits; returns (the fused decision's `field` pairs, the unfused one's)."""
+    fused = _run(build(), kwargs, steps, True, size, field)
+    plain = _run(build(), kwargs, steps, False, size, field)
+    assert fused[0] == plain[0] and fused[3] == plain[3]
+    assert all(_bits(fused[1][k]).tobytes() == _bits(plain[1][k]).tobytes() for k in fused[1])
+    return fused[2], plain[2]
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"precision": "bf16"}, {"layout": "nhwc"},
                                     {"relu_bits": True},
                                     {"policy": "all", "memory_budget": "1MiB"},
@@ -192,13 +203,9 @@ def test_a_window_without_a_spare_argmax_bit_is_refused_the_mask():
 def test_a_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_one(kwargs):
     """Three training steps and an evaluation: losses, weights and the evaluation's loss
     have the bits of the same step with --no-fuse."""
-    losses, state, pairs, evaluated = _run(_one_reader_pools(), kwargs, 3, True, 24,
-                                           "pool_relu")
+    pairs, plain = _fused_against_plain(_one_reader_pools, kwargs, 3, 24, "pool_relu")
     assert pairs == {"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"}
-    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu")
-    assert plain[2] == {}
-    assert losses == plain[0] and evaluated == plain[3]
-    assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
+    assert plain == {}
 
 
 def _two_reader_input():
@@ -250,13 +257,9 @@ def test_a_step_whose_pools_apply_the_relus_forward_gives_the_bits_of_the_unfuse
     """Three training steps and an evaluation, the pools applying the ReLUs before them
     (with their convolutions' biases) in forward and backward: the bits of --no-fuse. On
     float32 maps without --deterministic the convolutions apply those ReLUs instead."""
-    losses, state, fused, evaluated = _run(_one_reader_pools(), kwargs, 3, True, 24,
-                                           "pool_relu_forward")
+    fused, plain = _fused_against_plain(_one_reader_pools, kwargs, 3, 24, "pool_relu_forward")
     assert fused == ({"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"} if pairs else {})
-    plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu_forward")
-    assert plain[2] == {}
-    assert losses == plain[0] and evaluated == plain[3]
-    assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
+    assert plain == {}
 
 
 def _unbiased():
@@ -278,24 +281,19 @@ def _unbiased():
 def test_a_pool_applies_a_relu_without_a_bias_with_the_unfused_bits(kwargs):
     """No bias: the pool's windows hold max(x, 0), as the ReLU's own pass stores it; on float32
     maps too, where no convolution applies a ReLU without a bias."""
-    losses, state, fused, evaluated = _run(_unbiased(), kwargs, 2, True, 8, "pool_relu_forward")
+    fused, _ = _fused_against_plain(_unbiased, kwargs, 2, 8, "pool_relu_forward")
     assert fused == {"relu1": "pool1"}
-    plain = _run(_unbiased(), kwargs, 2, False, 8, "pool_relu_forward")
-    assert losses == plain[0] and evaluated == plain[3]
-    assert all(_bits(state[k]).tobytes() == _bits(plain[1][k]).tobytes() for k in state)
 
 
 def test_resnet18s_stem_relu_is_masked_by_its_batch_norm_and_its_pool():
     """The stem's bn1 -> relu -> maxpool: the batch norm applies the ReLU (bn_relu) and the
     pool its mask (pool_relu); the two masks are one, and the bits are the unfused step's."""
-    net = models.build("resnet18", num_classes=10, image_size=32)
-    decision = decide(net, 4)
+    def resnet18():
+        return models.build("resnet18", num_classes=10, image_size=32)
+
+    decision = decide(resnet18(), 4)
     assert decision.pool_relu == {"relu": "maxpool"} and "relu" in decision.bn_relu
-    fused = _run(net, {}, 2, True, 32, "pool_relu")
-    plain = _run(models.build("resnet18", num_classes=10, image_size=32), {}, 2, False, 32,
-                 "pool_relu")
-    assert fused[0] == plain[0] and fused[3] == plain[3]
-    assert all(_bits(fused[1][k]).tobytes() == _bits(plain[1][k]).tobytes() for k in fused[1])
+    _fused_against_plain(resnet18, {}, 2, 32, "pool_relu")
 
 
 def test_a_decision_naming_other_pool_pairs_is_refused():

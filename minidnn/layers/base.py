@@ -172,6 +172,13 @@ class StepContext:
     add_grads: bool = False
     extras: dict = field(default_factory=dict)
 
+    def stored_dtype(self, dtype):
+        """The dtype this step's feature maps are stored in, for a layer of `dtype` (bf16
+        under mixed precision, where a widened call sees float32 copies): what a fused
+        kernel rounds a value to where the unfused layer would have stored it; None without
+        a map format (the layer's own dtype)."""
+        return None if self.maps is None else self.maps.map_dtype(dtype)
+
     def rng(self, layer: "Layer"):
         """A generator seeded by (seed, step, layer index): reproducible, and independent per layer."""
         key = [self.seed, self.step, max(layer.index, 0)]  # -1: a layer outside a network

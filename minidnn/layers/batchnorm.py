@@ -108,7 +108,7 @@ class BatchNorm2d(Layer):
         w, b = self.params["weight"].data, self.params["bias"].data
         relu = self.name in ctx.relu_in_bn    # the ReLU after it too (minidnn/fusion.py)
         # (z, the maps' dtype): y is rounded as stored before z is added (minidnn/fusion.py)
-        residual = (xs[1], None if ctx.maps is None else ctx.maps.map_dtype(self.dtype)) \
+        residual = (xs[1], ctx.stored_dtype(self.dtype)) \
             if self.name in ctx.add_in_bn else None
         if not ctx.train:
             running = self.buffers
@@ -152,7 +152,7 @@ class BatchNorm2d(Layer):
         # (bias, the maps' dtype) for the kernels: the ReLU's output is recomputed, stored.
         relu = None
         if self.name in ctx.relu_in_bn:
-            relu = (b.data, None if ctx.maps is None else ctx.maps.map_dtype(self.dtype))
+            relu = (b.data, ctx.stored_dtype(self.dtype))
         if relu is not None and k is not self._device_kernels(ctx):
             # Statistics from elsewhere (--sync-batchnorm): the ReLU's backward first.
             self._device_kernels(ctx).relu_mask(x, gy, aux["mean"], aux["invstd"], w.data,

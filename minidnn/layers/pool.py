@@ -99,8 +99,7 @@ class MaxPool2d(_Pool2d):
         rectify = None
         if relu is not None:
             bias = ctx.relu_bias.get(relu)
-            rectify = (None if bias is None else bias.data,
-                       None if ctx.maps is None else ctx.maps.map_dtype(self.dtype))
+            rectify = (None if bias is None else bias.data, ctx.stored_dtype(self.dtype))
         ctx.kernels.maxpool2d_forward(xs[0], y, aux["argmax"], self.spec,
                                       relu=self.name in ctx.relu_in_pool, rectify=rectify)
 

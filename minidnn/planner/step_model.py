@@ -338,10 +338,10 @@ class StepModel:
         # probe.txt). A ReLU its max pool applies (pool_relu_forward): nothing, the pool reads
         # the ReLU's input as it would have read its output. An add its batch norm applies
         # (bn_add): the read of its other input in the batch norm's pass, FUSED_ADD_SHARE.
-        # The CPU still runs every pass. Of a
-        # backward, backward_share: a ReLU whose max pool applies its mask (pool_relu), its
-        # bias's gradient if it added one, POOLED_RELU_BIAS_SHARE, else nothing; an add that
-        # takes over a gradient sum (add_sum), SUMMING_ADD_SHARE.
+        # The CPU still runs every pass. Of a backward, backward_share: a ReLU whose max pool
+        # applies its mask (pool_relu), its bias's gradient if it added one,
+        # POOLED_RELU_BIAS_SHARE, else nothing; an add that takes over a gradient sum
+        # (add_sum), SUMMING_ADD_SHARE.
         fused = spec.fuse and not profile.synchronous
         sliced = options.batch_slice is not None
         self.forward_share = {

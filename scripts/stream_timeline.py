@@ -22,8 +22,6 @@ and phase, so its panel shows one pass of a split step.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import shlex
 import sys
@@ -31,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from model_vs_trace import plan_json  # noqa: E402
 
 LANES = ("compute", "offload", "prefetch")
 PHASE_COLOURS = {"forward": "tab:blue", "recompute": "tab:green", "backward": "tab:orange"}
@@ -76,13 +76,7 @@ def measured_timeline(trace: dict, step: int | None = None) -> dict:
 
 def predicted_timeline(plan_args: list[str]) -> dict:
     """The step model's timeline of the plan `minidnn plan PLAN_ARGS` makes (its --json)."""
-    from minidnn.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(["plan", *plan_args, "--json"])
-    if status:
-        raise SystemExit(err.getvalue().strip() or f"minidnn plan failed ({status})")
-    return json.loads(out.getvalue())["timeline"]
+    return plan_json(plan_args)["timeline"]
 
 
 def waits(timeline: dict) -> list[tuple[float, float, dict | None]]:

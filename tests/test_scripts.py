@@ -123,3 +123,36 @@ def test_bench_budget_on_the_cpu_plans_and_runs_bf16_maps(tmp_path):
     assert "bf16 mixed precision" in proc.stdout and "--precision bf16" in proc.stdout
     refused = run("scripts/bench_budget.py", "--device", "cpu")
     assert refused.returncode == 2 and "--only minidnn" in refused.stderr
+
+
+def test_model_vs_trace_sets_each_traced_call_beside_the_step_models(tmp_path):
+    """Two passes of tiny_cnn traced on the CPU: each row averages the pass's calls, the
+    totals are the trace's and the plan's, and a plan of other micro-batches is refused."""
+    trace, report, out = tmp_path / "t.json", tmp_path / "r.json", tmp_path / "c.json"
+    proc = subprocess.run([sys.executable, "-m", "minidnn", "train", "--model", "tiny_cnn",
+                           "--batch", "8", "--steps", "2", "--device", "cpu", "--data",
+                           "synthetic", "--micro-batches", "2", "--eval-every", "0",
+                           "--no-progress", "--trace", str(trace), "--report", str(report)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    proc = run("scripts/model_vs_trace.py", str(trace), "--report", str(report),
+               "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("tiny_cnn b8, fp32, 2 pass(es) of 4")
+    rows = json.loads(out.read_text())
+    events = json.loads(trace.read_text())["traceEvents"]
+    last = max(e["args"]["step"] for e in events if e.get("ph") == "X" and e["tid"] == 1)
+    traced = sum(e["dur"] / 1e6 for e in events
+                 if e.get("ph") == "X" and e["tid"] == 1 and e["args"]["step"] == last)
+    assert abs(sum(r["measured"] for r in rows["by_kind"]) - traced / 2) < 1e-9
+    calls = rows["plan"]["timeline"]["calls"]
+    assert abs(sum(r["predicted"] for r in rows["by_kind"])
+               - sum(c["end"] - c["start"] for c in calls)) < 1e-12
+    assert {r["kind"] for r in rows["by_kind"]} >= {"conv", "relu", "loss"}
+    other = tmp_path / "p.json"
+    other.write_text(json.dumps(dict(rows["plan"], micro_batches=1)))
+    proc = run("scripts/model_vs_trace.py", str(trace), "--report", str(report),
+               "--plan", str(other))
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "not the same plan" in err[0], err

@@ -7,7 +7,8 @@ Fields (these names never change; new fields may be added):
     and the steps captured as CUDA graphs are left out), peak_device_bytes,
     peak_feature_map_bytes, offloaded_bytes and prefetched_bytes (per step, last step),
     param_checksum (sha256 of all parameters after the run).
-Also: start_step, device_name, micro_batches (passes per step), chunks (layer chunks,
+Also: start_step, device_name, micro_batches (passes per step), split_batch_statistics
+(whether BatchNorm may normalize each pass with its own statistics), chunks (layer chunks,
 [first, last, pieces] each), math_mode, num_classes, num_params, data, seed, lr, momentum,
 weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,
@@ -95,6 +96,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "precision": ex.maps.precision,
         "layout": ex.maps.layout,
         "micro_batches": ex.micro_batches,
+        "split_batch_statistics": cfg.split_batch_statistics,
         "chunks": [list(c) for c in ex.decision.chunks],
         "memory_budget_bytes": cfg.memory_budget,
         "steps": start_step + len(losses),

@@ -31,7 +31,8 @@ is given as a ratio to it. Prints a markdown table per cap and writes bench_budg
 bench_budget.md into --out. PyTorch is imported only inside the PyTorch worker processes.
 Each configuration costs its process start, cuDNN's benchmark search and warmup + steps
 (about half a minute for VGG-16 at 256); with the defaults, 26 PyTorch configurations and
-minidnn per cap. --time-limit skips what would run past it (listed as skipped).
+minidnn per cap. Under --time-limit a configuration gets the time left (at most --timeout);
+one started with less than MIN_RUN_S left is skipped (listed as such).
 
     python3 scripts/bench_budget.py --out runs/bench_budget
     python3 scripts/bench_budget.py --model vgg416 --batch 32 --caps 12GiB --segments 10,20,40
@@ -55,6 +56,11 @@ from minidnn.chunks import describe as describe_chunks  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
 from benchlib import emit, run_worker, warm_up  # noqa: E402
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+
+
+# A configuration is not started with less time than this left under --time-limit: a process
+# start, the cuDNN plan search and a few steps of a small network take about this long.
+MIN_RUN_S = 30
 
 
 # ---- configurations -------------------------------------------------------------------------------
@@ -363,7 +369,8 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
     p.add_argument("--time-limit", type=float, default=3600,
-                   help="seconds for the whole benchmark; later configurations are skipped")
+                   help="seconds for the whole benchmark: a configuration runs in what is left, "
+                        "at most --timeout; later ones are skipped")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"),
                    help="where minidnn runs; cpu (with --only minidnn) checks the script")
     p.add_argument("--out", default="runs/bench_budget")
@@ -420,10 +427,11 @@ def main(argv=None) -> int:
         rows = []
         cap = None if cap_text.lower() == "none" else parse_bytes(cap_text)
         for spec in specs_for(args, cap, image):
-            if time.time() + args.timeout > deadline:
+            left = deadline - time.time()   # a configuration gets what is left, at most --timeout
+            if left < MIN_RUN_S:
                 rows.append(dict(spec, error="skipped: time limit"))
                 continue
-            r = launch(spec, args.timeout)
+            r = launch(spec, min(args.timeout, int(left)))
             rows.append(r)
             what = f"[{cap_text}] {describe(r)}"
             print(f"{what}: {r['error']}" if "error" in r else

@@ -349,3 +349,21 @@ def test_on_a_gpu_the_chosen_count_is_planned_again_from_its_own_measured_profil
     assert measured and set(measured) == {64 // tight["micro_batches"]}
     assert again["micro_batches"] == tight["micro_batches"]
     assert any("planned again from profiles measured" in n for n in again["notes"])
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_report_that_split_batch_statistics_is_planned_split(tmp_path, split):
+    """A run allowed to split BatchNorm's batch (train --split-batch-statistics) says so in
+    its report, and `plan --report` plans that run's passes; without it the split is refused."""
+    report = {"model": "resnet18", "batch": 8, "image_size": 16, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": None, "peak_device_bytes": 1,
+              "split_batch_statistics": split}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    args = parse("--report", str(path), "--gpu", "h200", "--json", "--micro-batches", "2")
+    if split:
+        assert plan_json_of(args)["micro_batches"] == 2
+    else:
+        with pytest.raises(ConfigError, match="split-batch-statistics"):
+            plan_json_of(args)

@@ -94,7 +94,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "largest maps)")
     p.add_argument("--split-batch-statistics", action="store_true",
                    help="let dyn split the batch of a network with BatchNorm (as train "
-                        "--split-batch-statistics; otherwise such a network runs one pass)")
+                        "--split-batch-statistics; otherwise such a network runs one pass; "
+                        "default: the --report's)")
     p.add_argument("--relu-bits", action="store_true",
                    help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
     p.add_argument("--no-fuse", action="store_true",
@@ -175,8 +176,8 @@ def _load_report(path: str) -> dict:
 
 def _settings(args, report: dict | None) -> dict:
     """Model, batch, image size, classes, policy, budget, math, deterministic, precision,
-    layout, CUDA graphs, ReLU bit masks, fusion: the command line's, else the report's, else
-    the defaults."""
+    layout, CUDA graphs, ReLU bit masks, fusion, split batch statistics: the command line's,
+    else the report's, else the defaults."""
     r = report or {}
     # A report writes e.g. 'fp32 deterministic' (report.math_mode).
     report_math, deterministic = parse_math_mode(r.get("math_mode"))
@@ -199,6 +200,8 @@ def _settings(args, report: dict | None) -> dict:
         "relu_bits": bool(args.relu_bits or r.get("relu_bits")),
         # a run with --no-fuse: on a GPU a ReLU its convolution would apply takes its pass
         "fuse": not args.no_fuse and bool(r.get("fuse", True)),
+        "split_batch_statistics": bool(getattr(args, "split_batch_statistics", False)
+                                       or r.get("split_batch_statistics")),
     }
     if not s["model"] or not s["batch"]:
         raise ConfigError("plan needs --model and --batch (or --report RUN.json to take them "
@@ -436,7 +439,7 @@ def _plan_spec(args, s: dict, net, batch: int, budget: int):
     spec = StepSpec(batch=batch, policy=s["policy"], memory_budget=int(budget),
                     micro_batches=forced if forced is not None else (None if dyn else 1),
                     chunks=args.chunks if args.chunks is not None else (None if dyn else ()),
-                    split_batch_statistics=getattr(args, "split_batch_statistics", False),
+                    split_batch_statistics=s["split_batch_statistics"],
                     prefetch_lookahead=1 if args.prefetch_lookahead is None
                     else args.prefetch_lookahead,
                     relu_bits=s["relu_bits"], precision=s["precision"],

@@ -1,6 +1,7 @@
-"""The profiler's clock on the GPU (planner/profile.py): a stream held busy while the host
-issues the timed calls (kernels/cuda_hold.py), so that a call the host issues more slowly than
-the device runs it is timed at the device's rate. Skipped without a CUDA GPU."""
+"""The profiler's clock on the GPU (planner/profile.py): the timed calls captured as a CUDA
+graph and replayed, as a replayed step runs them; where they cannot be captured, a stream held
+busy while the host issues them (kernels/cuda_hold.py), so that a call the host issues more
+slowly than the device runs it is timed at the device's rate. Skipped without a CUDA GPU."""
 import time
 
 import pytest
@@ -53,3 +54,43 @@ def test_a_call_the_device_runs_slowly_is_timed_at_its_own_length():
         device_s, host_s = _Clock(device)(lambda: cuda_hold.hold(2e-3), repeats=5)
     assert 2e-3 <= device_s < 2.3e-3
     assert host_s < 1e-3
+
+
+def test_calls_of_many_short_kernels_are_timed_as_a_replayed_graph_runs_them():
+    """Forty tiny kernels a call: replayed from a graph they take the device less time than
+    launched one by one from the host (the step model's calls run replayed)."""
+    device = select_device("gpu")
+    x = cp.ones(256, cp.float32)
+
+    def many_kernels():
+        for _ in range(40):
+            cp.multiply(x, 1, out=x)
+
+    clock = _Clock(device)
+    with device.compute:
+        many_kernels()
+        replayed = clock._time_replayed(many_kernels, 10)
+        launched, _ = clock._time_held(many_kernels, 10, 20e-3)
+        timed, _ = clock(many_kernels, 10)
+    assert replayed is not None
+    assert replayed[0] < launched / 10
+    assert timed < launched / 10
+
+
+def test_a_call_that_cannot_be_captured_is_timed_launched_and_the_stream_stays_usable():
+    """A call that reads a value back to the host cannot be captured: the clock times it
+    launched, and the compute stream runs work afterwards as before."""
+    device = select_device("gpu")
+    x = cp.ones(1024, cp.float32)
+
+    def reads_back():
+        cp.multiply(x, 1, out=x)
+        return float(x[0])
+
+    clock = _Clock(device)
+    with device.compute:
+        assert clock._time_replayed(reads_back, 5) is None
+        device_s, host_s = clock(reads_back, 5)
+        y = cp.arange(8, dtype=cp.float32) * 2
+    assert device_s > 0 and host_s > 0
+    assert y.get().tolist() == [0, 2, 4, 6, 8, 10, 12, 14]

@@ -12,11 +12,11 @@ host's time to issue each call, one SGD step, and the pinned copy bandwidth devi
 host -> device and both at once.
 
 Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream,
-issued while the stream is held busy so that the host is ahead of the device (device time,
-even for calls the host issues more slowly than the GPU runs them), and the host clock for
-the time to issue them; on
-the CPU, where the host does the work, wall-clock time (and the host's issue time is the
-memory manager's bookkeeping alone, measured in a dry run).
+captured as a CUDA graph and replayed as a replayed step runs them (or, where they cannot be
+captured, issued while the stream is held busy so that the host is ahead of the device), and
+the host clock for the time to issue them; on the CPU, where the host does the work,
+wall-clock time (and the host's issue time is the memory manager's bookkeeping alone,
+measured in a dry run).
 
 Cache: JSON files under `$MINIDNN_CACHE/profiles/` (default `~/.cache/minidnn/profiles/`),
 named by network, batch and device, keyed by a hash of the network's structure, the batch,
@@ -51,8 +51,9 @@ from .costs import ALGOS, LayerCost, Profile, structure_hash
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
-# is measured again (2: the stream held while the host issues the timed calls, _Clock).
-TIMING_METHOD = 2
+# is measured again (2: the stream held while the host issues the timed calls; 3: the calls
+# replayed from a CUDA graph, _Clock).
+TIMING_METHOD = 3
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 
@@ -151,11 +152,15 @@ class _Clock:
     """Times `repeats` back-to-back calls: device time by events (GPU) or wall clock (CPU),
     and the host's time to issue them.
 
-    On a GPU the stream is held (kernels/cuda_hold.py) while the host issues the timed
-    calls, so that a call the host issues more slowly than the device runs it is still timed
-    at the device's rate: the hold lasts HOLD_MARGIN times the host's issue time of the
-    previous timing (at least MIN_HOLD_S), and a timing whose issue outlasted its hold is
-    taken again with a hold long enough."""
+    On a GPU the calls are captured once as a CUDA graph and the graph is replayed between
+    two events, as a step replayed from a graph runs them (step_graph.py): launched one by
+    one from the host, each kernel costs the device a few microseconds more, which at small
+    batches is a fifth of a step. The host's time is that of issuing the captured calls.
+    A call that cannot be captured is timed launched from the host instead, with the stream
+    held (kernels/cuda_hold.py) while the host issues them, so that a call the host issues
+    more slowly than the device runs it is still timed at the device's rate: the hold lasts
+    HOLD_MARGIN times the host's issue time of the previous timing (at least MIN_HOLD_S),
+    and a timing whose issue outlasted its hold is taken again with a hold long enough."""
 
     MIN_HOLD_S = 0.5e-3
     HOLD_MARGIN = 2.0
@@ -173,12 +178,45 @@ class _Clock:
             for _ in range(repeats):
                 fn()
             return (time.perf_counter() - t0) / repeats, 0.0
+        replayed = self._time_replayed(fn, repeats)
+        if replayed is not None:
+            return replayed
         held = max(self.MIN_HOLD_S, self.HOLD_MARGIN * self._issue_s)
         device_s, self._issue_s = self._time_held(fn, repeats, held)
         if self._issue_s > held:     # the device caught up with the host: time it again
             device_s, self._issue_s = self._time_held(
                 fn, repeats, self.HOLD_MARGIN * self._issue_s)
         return device_s / repeats, self._issue_s / repeats
+
+    def _time_replayed(self, fn, repeats: int) -> tuple[float, float] | None:
+        """(device seconds, host seconds) per call of `repeats` calls captured as one CUDA
+        graph and replayed, or None where they cannot be captured. The warm-up call before
+        left the blocks the calls take in CuPy's pool, so the capture allocates nothing new."""
+        import cupy
+        dev = self.device
+        stream = dev.compute
+        dev.synchronize()
+        try:
+            with stream:
+                stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
+                t0 = time.perf_counter()
+                try:
+                    for _ in range(repeats):
+                        fn()
+                finally:
+                    host = time.perf_counter() - t0
+                    graph = stream.end_capture()
+            graph.upload(stream)
+            graph.launch(stream)             # the first replay sets the graph up
+            start, end = dev.timing_event(), dev.timing_event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+        except Exception:   # noqa: BLE001 -- not capturable: timed as launched (the caller)
+            dev.synchronize()
+            return None
+        return cupy.cuda.get_elapsed_time(start, end) / 1e3 / repeats, host / repeats
 
     def _time_held(self, fn, repeats: int, held: float) -> tuple[float, float]:
         """(device seconds, host seconds) of `repeats` calls issued behind a hold of `held`."""

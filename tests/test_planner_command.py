@@ -367,3 +367,42 @@ def test_a_report_that_split_batch_statistics_is_planned_split(tmp_path, split):
     else:
         with pytest.raises(ConfigError, match="split-batch-statistics"):
             plan_json_of(args)
+
+
+@pytest.mark.parametrize("speed, runs", [(0.1, 2), (2.0, 1)])
+def test_a_split_option_close_to_the_chosen_one_pass_is_measured_and_runs_where_faster(
+        monkeypatch, speed, runs):
+    """The scaled profile chooses one pass; two passes predicted within REMEASURE_WITHIN of
+    it are planned again from profiles measured at their own batch, and run where those
+    predict them faster (here the pass batch's layers take `speed` times the scaled time):
+    the profile at the pass's batch decides, not the scaled one."""
+    from dataclasses import replace
+
+    from minidnn.planner import planning
+    from minidnn.planner.gpus import analytic_profile
+    monkeypatch.setattr(planning, "REMEASURE_WITHIN", 10.0)   # every split option is close
+    # A budget just under the unconstrained peak: one pass fits moving nothing, and two
+    # passes are planned too.
+    budget = int(plan_json()["plan"]["peak_device_bytes"] * 0.95)
+    measured = []
+
+    class FakeMeasured(ProfileSource):
+        def at(self, net, batch, relu_bits=frozenset(), maps=None):
+            return analytic_profile(net, batch, "h200", "tf32", relu_bits)
+
+        def measured_at(self, net, batch, relu_bits=frozenset(), maps=None):
+            measured.append(batch)
+            prof = self.at(net, batch, relu_bits, maps)
+            return replace(prof, layers={
+                name: replace(cost, forward_s={k: v * speed for k, v in cost.forward_s.items()},
+                              backward_s={k: v * speed for k, v in cost.backward_s.items()})
+                for name, cost in prof.layers.items()})
+    monkeypatch.setattr(command, "_profile_source", lambda args, s, report: (
+        FakeMeasured(device="gpu"), "measured (test)"))
+    out = plan_json("--memory-budget", str(budget), "--chunks", "none")
+    assert measured == [32]
+    assert out["micro_batches"] == runs
+    said = [n for n in out["notes"] if "planned again from profiles measured" in n]
+    assert bool(said) == (runs > 1)
+    if runs > 1:
+        assert "faster than one pass of 64, the scaled profile's choice" in said[0], said

@@ -507,11 +507,17 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
     split = planned.split
     option = planned.chosen or split.options[0]
     if planned.remeasured is not None:
+        first = planned.first
         notes.append(f"{_passes(option)}"
                      + (f", layers {describe(option.chunks)}," if option.chunks else "")
                      + " planned again from profiles measured at their own batches, as "
                        "a run plans them (the table of options is from the scaled "
-                       "profile)")
+                       "profile)"
+                     + ("" if (first.micro_batches, first.chunks) ==
+                        (option.micro_batches, option.chunks) else
+                        f": measured, it is faster than {_passes(first)}"
+                        + (f", layers {describe(first.chunks)}" if first.chunks else "")
+                        + ", the scaled profile's choice"))
     counts = sorted({o.micro_batches for o in split.options})
     chosen = planned.first
     batch = int(s["batch"])

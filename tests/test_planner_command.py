@@ -406,3 +406,5 @@ def test_a_split_option_close_to_the_chosen_one_pass_is_measured_and_runs_where_
     assert bool(said) == (runs > 1)
     if runs > 1:
         assert "faster than one pass of 64, the scaled profile's choice" in said[0], said
+    marked = [o["micro_batches"] for o in out["micro_batch_options"] if o["chosen"]]
+    assert marked == [runs]      # the table marks the option the step runs

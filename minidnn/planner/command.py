@@ -519,7 +519,9 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
                         + (f", layers {describe(first.chunks)}" if first.chunks else "")
                         + ", the scaled profile's choice"))
     counts = sorted({o.micro_batches for o in split.options})
-    chosen = planned.first
+    # The row of the option the step runs (its figures in the table are the scaled profile's).
+    chosen = next((o for o in split.options if (o.micro_batches, o.chunks) ==
+                   (option.micro_batches, option.chunks)), planned.first)
     batch = int(s["batch"])
     planner, result, infeasible = option.planner, option.result, option.error
     lookahead = option.lookahead

@@ -29,6 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+# Traced calls adding up to more than this many times the run's replayed step were timed by
+# the host issuing them (passes of a few images), not by the device running them.
+HOST_BOUND = 1.5
+
+
 def measured_calls(trace: dict) -> tuple[dict, int]:
     """({(phase, layer): [seconds of each call]}, traced step) of the trace's last step."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -155,6 +160,10 @@ def main(argv=None) -> int:
         if after:
             run = after[len(after) // 2]
             line += f"; the run's step {run * 1e3:.1f} ms (median after its warm-up)"
+            if k * total_m > HOST_BOUND * run:
+                line += (f"\nThe traced calls took {k * total_m / run:.1f} times the run's "
+                         f"step: issued one by one, they measure the host's time to issue "
+                         f"them here, not the device's; compare the run's step")
     print(line + "\n")
     print(f"The {args.top} calls furthest from their prediction (ms per pass):\n")
     print("| phase | layer | predicted | measured |")

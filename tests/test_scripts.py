@@ -1,6 +1,6 @@
 """The measuring scripts run on a CPU and say what they measured: scripts/soak.py (flat device
-bytes and RSS over many steps in a budget) and scripts/layer_times.py (device time per layer
-kind)."""
+bytes and RSS over many steps in a budget), scripts/layer_times.py (device time per layer
+kind) and scripts/model_vs_trace.py (a traced step's calls beside the step model's)."""
 import json
 import os
 import subprocess
@@ -149,6 +149,14 @@ def test_model_vs_trace_sets_each_traced_call_beside_the_step_models(tmp_path):
     assert abs(sum(r["predicted"] for r in rows["by_kind"])
                - sum(c["end"] - c["start"] for c in calls)) < 1e-12
     assert {r["kind"] for r in rows["by_kind"]} >= {"conv", "relu", "loss"}
+    assert "measure the host" not in proc.stdout
+    # A replayed step far shorter than its traced calls: they timed the host issuing them.
+    fast = tmp_path / "fast.json"
+    runs = json.loads(report.read_text())
+    fast.write_text(json.dumps(dict(runs, step_time_s=[traced / 10] * len(runs["step_time_s"]))))
+    proc = run("scripts/model_vs_trace.py", str(trace), "--report", str(fast))
+    assert proc.returncode == 0, proc.stderr
+    assert "measure the host's time to issue them" in proc.stdout
     other = tmp_path / "p.json"
     other.write_text(json.dumps(dict(rows["plan"], micro_batches=1)))
     proc = run("scripts/model_vs_trace.py", str(trace), "--report", str(report),

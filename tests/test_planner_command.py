@@ -327,26 +327,40 @@ def test_a_plan_that_fits_carries_no_note_that_the_budget_is_too_small():
     assert "too small" not in text
 
 
+class FakeMeasured(ProfileSource):
+    """A source that 'measures': the h200's analytic profile at every batch, the profiles
+    measured at a pass's batch (`measured_at`, listed in `measured`) with every layer's time
+    multiplied by `speed`."""
+
+    def __init__(self, speed: float = 1.0, **fields):
+        super().__init__(**fields)
+        self.speed, self.measured = speed, []
+
+    def at(self, net, batch, relu_bits=frozenset(), maps=None):
+        from minidnn.planner.gpus import analytic_profile
+        return analytic_profile(net, batch, "h200", "tf32", relu_bits)
+
+    def measured_at(self, net, batch, relu_bits=frozenset(), maps=None):
+        from dataclasses import replace
+        self.measured.append(batch)
+        prof, k = self.at(net, batch, relu_bits, maps), self.speed
+        return replace(prof, layers={
+            name: replace(cost, forward_s={a: v * k for a, v in cost.forward_s.items()},
+                          backward_s={a: v * k for a, v in cost.backward_s.items()})
+            for name, cost in prof.layers.items()})
+
+
 def test_on_a_gpu_the_chosen_count_is_planned_again_from_its_own_measured_profile(monkeypatch):
     """As a run's dyn policy does: the micro-batch count chosen from the step's profile, scaled,
     is planned again from a profile measured at the pass's batch."""
-    from minidnn.planner.gpus import analytic_profile
     loose = plan_json()
     tight = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
     assert tight["micro_batches"] > 1
-    measured = []
-
-    class FakeMeasured(ProfileSource):
-        def at(self, net, batch, relu_bits=frozenset(), maps=None):
-            return analytic_profile(net, batch, "h200", "tf32", relu_bits)
-
-        def measured_at(self, net, batch, relu_bits=frozenset(), maps=None):
-            measured.append(batch)
-            return self.at(net, batch, relu_bits, maps)
+    source = FakeMeasured(device="gpu")
     monkeypatch.setattr(command, "_profile_source", lambda args, s, report: (
-        FakeMeasured(device="gpu"), "measured (test)"))
+        source, "measured (test)"))
     again = plan_json("--memory-budget", str(loose["minimum_budget_bytes"]))
-    assert measured and set(measured) == {64 // tight["micro_batches"]}
+    assert source.measured and set(source.measured) == {64 // tight["micro_batches"]}
     assert again["micro_batches"] == tight["micro_batches"]
     assert any("planned again from profiles measured" in n for n in again["notes"])
 
@@ -376,31 +390,16 @@ def test_a_split_option_close_to_the_chosen_one_pass_is_measured_and_runs_where_
     it are planned again from profiles measured at their own batch, and run where those
     predict them faster (here the pass batch's layers take `speed` times the scaled time):
     the profile at the pass's batch decides, not the scaled one."""
-    from dataclasses import replace
-
     from minidnn.planner import planning
-    from minidnn.planner.gpus import analytic_profile
     monkeypatch.setattr(planning, "REMEASURE_WITHIN", 10.0)   # every split option is close
     # A budget just under the unconstrained peak: one pass fits moving nothing, and two
     # passes are planned too.
     budget = int(plan_json()["plan"]["peak_device_bytes"] * 0.95)
-    measured = []
-
-    class FakeMeasured(ProfileSource):
-        def at(self, net, batch, relu_bits=frozenset(), maps=None):
-            return analytic_profile(net, batch, "h200", "tf32", relu_bits)
-
-        def measured_at(self, net, batch, relu_bits=frozenset(), maps=None):
-            measured.append(batch)
-            prof = self.at(net, batch, relu_bits, maps)
-            return replace(prof, layers={
-                name: replace(cost, forward_s={k: v * speed for k, v in cost.forward_s.items()},
-                              backward_s={k: v * speed for k, v in cost.backward_s.items()})
-                for name, cost in prof.layers.items()})
+    source = FakeMeasured(device="gpu", speed=speed)
     monkeypatch.setattr(command, "_profile_source", lambda args, s, report: (
-        FakeMeasured(device="gpu"), "measured (test)"))
+        source, "measured (test)"))
     out = plan_json("--memory-budget", str(budget), "--chunks", "none")
-    assert measured == [32]
+    assert source.measured == [32]
     assert out["micro_batches"] == runs
     said = [n for n in out["notes"] if "planned again from profiles measured" in n]
     assert bool(said) == (runs > 1)

@@ -19,14 +19,15 @@ beside the sum of its traced calls: what a replay gains or loses between the cal
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from stream_timeline import measured_timeline, plan_json  # noqa: E402
 
 
 # Traced calls adding up to more than this many times the run's replayed step were timed by
@@ -36,29 +37,11 @@ HOST_BOUND = 1.5
 
 def measured_calls(trace: dict) -> tuple[dict, int]:
     """({(phase, layer): [seconds of each call]}, traced step) of the trace's last step."""
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    lanes = {e["tid"]: e["args"]["name"].split()[0] for e in events
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    spans = [e for e in events if e.get("ph") == "X" and lanes.get(e.get("tid")) == "compute"]
-    if not spans:
-        raise ValueError("no layer call in the trace (was it written by minidnn train --trace?)")
-    step = max(e["args"].get("step", 0) for e in spans)
+    timeline = measured_timeline(trace)
     calls: dict = defaultdict(list)
-    for e in spans:
-        if e["args"].get("step", 0) == step:
-            calls[(e["cat"], e["args"]["layer"])].append(e["dur"] / 1e6)
-    return calls, step
-
-
-def plan_json(plan_args: list[str]) -> dict:
-    """The output of `minidnn plan PLAN_ARGS --json`, made in this process."""
-    from minidnn.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(["plan", *plan_args, "--json"])
-    if status:
-        raise SystemExit(err.getvalue().strip() or f"minidnn plan failed ({status})")
-    return json.loads(out.getvalue())
+    for c in timeline["calls"]:
+        calls[(c["phase"], c["layer"])].append(c["end"] - c["start"])
+    return calls, timeline["step"]
 
 
 def plan_of_run(report_path: str, report: dict) -> dict:

@@ -22,6 +22,8 @@ and phase, so its panel shows one pass of a split step.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import shlex
 import sys
@@ -29,8 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-from model_vs_trace import plan_json  # noqa: E402
 
 LANES = ("compute", "offload", "prefetch")
 PHASE_COLOURS = {"forward": "tab:blue", "recompute": "tab:green", "backward": "tab:orange"}
@@ -72,6 +72,17 @@ def measured_timeline(trace: dict, step: int | None = None) -> dict:
               for e in spans if lanes[e["tid"]] != "compute"]
     end = max([c["end"] for c in calls] + [c["end"] for c in copies])
     return {"step": step, "step_time_s": end, "calls": calls, "copies": copies}
+
+
+def plan_json(plan_args: list[str]) -> dict:
+    """The output of `minidnn plan PLAN_ARGS --json`, made in this process."""
+    from minidnn.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["plan", *plan_args, "--json"])
+    if status:
+        raise SystemExit(err.getvalue().strip() or f"minidnn plan failed ({status})")
+    return json.loads(out.getvalue())
 
 
 def predicted_timeline(plan_args: list[str]) -> dict:

@@ -356,6 +356,11 @@ def _evaluation_json(model, ev) -> dict:
     }
 
 
+def _same_option(a, b) -> bool:
+    """Do two SplitOptions (of a scaled and a measured plan) run the same passes and chunks?"""
+    return (a.micro_batches, a.chunks) == (b.micro_batches, b.chunks)
+
+
 def _passes(option) -> str:
     """'2 micro-batches of 128', or 'one pass of 256'."""
     return (f"{option.micro_batches} micro-batches of {option.batch}"
@@ -513,15 +518,13 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
                      + " planned again from profiles measured at their own batches, as "
                        "a run plans them (the table of options is from the scaled "
                        "profile)"
-                     + ("" if (first.micro_batches, first.chunks) ==
-                        (option.micro_batches, option.chunks) else
+                     + ("" if _same_option(first, option) else
                         f": measured, it is faster than {_passes(first)}"
                         + (f", layers {describe(first.chunks)}" if first.chunks else "")
                         + ", the scaled profile's choice"))
     counts = sorted({o.micro_batches for o in split.options})
     # The row of the option the step runs (its figures in the table are the scaled profile's).
-    chosen = next((o for o in split.options if (o.micro_batches, o.chunks) ==
-                   (option.micro_batches, option.chunks)), planned.first)
+    chosen = next((o for o in split.options if _same_option(o, option)), planned.first)
     batch = int(s["batch"])
     planner, result, infeasible = option.planner, option.result, option.error
     lookahead = option.lookahead

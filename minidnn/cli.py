@@ -207,6 +207,11 @@ def _add_output_arguments(t, d: TrainConfig) -> None:
                    help="write the run report (JSON) here")
     t.add_argument("--trace", default=None, metavar="PATH",
                    help="write a Chrome trace (JSON, opens in Perfetto) of compute and copies")
+    t.add_argument("--trace-held", action="store_true",
+                   help="with --trace, on a GPU: hold the compute stream before each traced "
+                        "layer call so that its span is the device's time for the call, not "
+                        "the host's to issue it (passes of a few images); the traced step "
+                        "runs slower by the holds")
     t.add_argument("--plot", default=None, metavar="PATH",
                    help="write a PNG of device memory over a step")
     t.add_argument("--log-every", type=argtypes.positive_int, default=d.log_every, metavar="N",
@@ -420,7 +425,8 @@ def _run_training(args, argv: list[str]) -> int:
         deterministic=args.deterministic, precision=args.precision, layout=args.layout,
         graphs=not args.no_graphs, fuse=not args.no_fuse, checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
-        report=args.report, trace=args.trace, plot=args.plot, progress=not args.no_progress,
+        report=args.report, trace=args.trace, trace_held=args.trace_held, plot=args.plot,
+        progress=not args.no_progress,
         log_every=args.log_every, force=args.force, collective_timeout=args.collective_timeout,
         sync_batchnorm=args.sync_batchnorm, host_link_gbps=args.host_link_gbps,
         **_recipe_settings(args, TrainConfig()))

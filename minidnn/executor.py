@@ -200,11 +200,13 @@ class Executor:
         self.observer = observer
         self.manager.observer = observer
 
-    def enable_trace(self, on: bool = True, max_steps: int | None = None):
-        """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it."""
+    def enable_trace(self, on: bool = True, max_steps: int | None = None, hold: bool = False):
+        """Start (or stop) recording a trace.Tracer in `self.tracer`; returns it. hold: a held
+        trace, each layer call's span the device's time for it (trace.py)."""
         if on:
             from .trace import Tracer
-            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget)
+            self.tracer = Tracer(self.device, max_steps=max_steps, budget=self.memory_budget,
+                                 hold=hold)
         else:
             self.tracer = None
         self.watch(self.tracer)

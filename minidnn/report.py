@@ -57,6 +57,12 @@ def capture_steps(ex, start_step: int = 0) -> list[int]:
     return [s - start_step for s in graphs.get("captured_at", ())]
 
 
+def traced_steps(cfg, step_times: list) -> list[int]:
+    """Indices of the steps that were traced (the last, for --trace or --plot): issued call by
+    call with events around each (held ones slower still), not the run's steady step."""
+    return [len(step_times) - 1] if (cfg.trace or cfg.plot) and step_times else []
+
+
 def memory_figures(ex) -> dict:
     """The executor's memory statistics (Executor.memory_stats: per-step figures are of the
     last step; the four the report names at its top level are among them)."""
@@ -104,7 +110,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "loss": [float(v) for v in losses],
         "step_time_s": [float(t) for t in step_times],
         "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps,
-                                            capture_steps(ex, start_step)),
+                                            capture_steps(ex, start_step)
+                                            + traced_steps(cfg, step_times)),
         "warmup_steps": cfg.warmup_steps,
         "peak_device_bytes": mem["peak_device_bytes"],
         "steady_peak_device_bytes": mem.get("steady_peak_device_bytes"),

@@ -10,6 +10,15 @@ Times: on the GPU each span is a pair of CUDA timing events recorded on its stre
 (`cupy.cuda.get_elapsed_time`) only when the trace is written, so tracing never synchronizes
 the step; on the CPU, `time.perf_counter()`. All times are relative to the first mark.
 The executor holds no tracer unless asked (trace=True), so tracing costs nothing otherwise.
+
+A layer call's span on the GPU starts when the device reaches it. Where the host issues a
+call more slowly than the device runs it (passes of a few images), the device waits for the
+host inside the span, and the span measures the host. A *held* trace (`hold=True`,
+`minidnn train --trace-held`) keeps the compute stream busy before each call
+(kernels/cuda_hold.py) while the host issues the call behind the hold, as the planner's
+profile does: each span is then the device's time for the call, the step itself slower by
+the holds. A call whose issue outlasted its hold is marked (`held: false`); the next holds
+are made longer.
 """
 from __future__ import annotations
 
@@ -20,6 +29,9 @@ from dataclasses import dataclass
 from .memory.observer import StepObserver
 
 TRACKS = ("compute", "offload", "prefetch", "allreduce")
+# A held trace's shortest hold, and how many times the longest issue seen so far a hold lasts.
+MIN_HOLD_S = 0.5e-3
+HOLD_MARGIN = 3.0
 
 
 def step_label(step: int) -> int:
@@ -59,13 +71,21 @@ class Tracer(StepObserver):
     """Records spans and memory samples of the steps it is given (see module docstring).
 
     max_steps: keep only the last N steps (None: all). budget: the device memory budget in
-    bytes, drawn as a line on the memory plot (None: no line).
+    bytes, drawn as a line on the memory plot (None: no line). hold: hold the compute stream
+    before each layer call, so that its span is the device's time (GPU only; see above).
     """
 
-    def __init__(self, device, max_steps: int | None = None, budget: int | None = None):
+    def __init__(self, device, max_steps: int | None = None, budget: int | None = None,
+                 hold: bool = False):
+        if hold and not device.is_gpu:
+            raise ValueError("a held trace holds a GPU stream; the CPU has none")
         self.device = device
         self.max_steps = max_steps
         self.budget = budget
+        self.hold = hold
+        self.longest_issue_s = 0.0   # a held trace: the longest a call took the host to issue
+        self.unheld_calls = 0        # a held trace: calls whose issue outlasted their hold
+        self._issue = None           # (host clock, hold seconds) of the call being issued
         self.spans: list[Span] = []
         self.samples: list[Sample] = []
         self.step = -1
@@ -85,6 +105,15 @@ class Tracer(StepObserver):
             self._origin = marker
         return marker
 
+    def begin_layer(self, stream, phase: str, name: str, index: int):
+        if self.hold:
+            from .kernels.cuda_hold import hold
+            seconds = max(MIN_HOLD_S, HOLD_MARGIN * self.longest_issue_s)
+            with stream:
+                hold(seconds)
+            self._issue = (time.perf_counter(), seconds)
+        return self.mark(stream)
+
     def begin_step(self, step: int) -> None:
         self.step = int(step)
         if self.max_steps is not None:
@@ -96,8 +125,14 @@ class Tracer(StepObserver):
 
     def layer(self, phase: str, name: str, index: int, start, end) -> None:
         """A layer's forward or backward on the compute track."""
-        self._add(Span("compute", f"{phase} {name}", phase, self.step, start, end,
-                       {"layer": name, "index": index}))
+        args = {"layer": name, "index": index}
+        if self._issue is not None:
+            issue_s = time.perf_counter() - self._issue[0]
+            self.longest_issue_s = max(self.longest_issue_s, issue_s)
+            args["held"] = issue_s < self._issue[1]
+            self.unheld_calls += not args["held"]
+            self._issue = None
+        self._add(Span("compute", f"{phase} {name}", phase, self.step, start, end, args))
 
     def copy(self, track: str, name: str, start, end, nbytes: int) -> None:
         """A copy on the offload or prefetch track (or a bucket's all-reduce on its own)."""
@@ -205,7 +240,10 @@ class Tracer(StepObserver):
             events.append({"name": "device memory", "ph": "C", "pid": pid,
                            "ts": round(m.ts_us, 3),
                            "args": {"in use": m.device_bytes, "feature maps": m.feature_map_bytes}})
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        trace = {"traceEvents": events, "displayTimeUnit": "ms"}
+        if self.hold:   # each span is the device's time for its call (see the module docstring)
+            trace["otherData"] = {"held": True, "unheld_calls": self.unheld_calls}
+        return trace
 
     def write_chrome_trace(self, path) -> None:
         """Write the Chrome trace JSON (opens in Perfetto or chrome://tracing)."""

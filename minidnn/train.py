@@ -137,6 +137,7 @@ class TrainConfig:
     force: bool = False
     report: str | None = None
     trace: str | None = None
+    trace_held: bool = False   # each traced call's span the device's time for it (trace.py)
     plot: str | None = None
     progress: bool = True
     log_every: int = 10
@@ -191,6 +192,8 @@ def _check_config(cfg: TrainConfig) -> None:
     if cfg.checkpoint_every and not cfg.checkpoint:
         raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint PATH "
                           f"(where to write the checkpoints)")
+    if cfg.trace_held and not cfg.trace:
+        raise ConfigError("--trace-held holds the steps that --trace records; give --trace PATH")
     figures = {"--plot": cfg.plot, "--curve": cfg.curve}
     for option, path in figures.items():
         if path:
@@ -457,6 +460,10 @@ def _train(cfg: TrainConfig, log, stop: "StopSignals", dp=None) -> dict:
     if dp is None or dp.is_main:
         for line in device_warnings(cfg, device):
             print(f"minidnn: warning: {line}", file=sys.stderr)
+    if cfg.trace_held and not device.is_gpu:
+        raise ConfigError("--trace-held holds a GPU stream so that each traced call measures "
+                          "the device; on the CPU a trace already times each call (drop the "
+                          "flag)")
     if dp:
         dp.connect(device)   # NCCL's buffers before the executor's arena
     pool, inputs = _device_batches(cfg, sources, device, dp)
@@ -657,7 +664,7 @@ class _Loop:
                 if self.recipe.varies_lr:
                     self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):
-                    ex.enable_trace(True, max_steps=1)
+                    ex.enable_trace(True, max_steps=1, hold=cfg.trace_held and bool(cfg.trace))
                 self.pending.append(ex.train_step(x, y, self.opt))
                 self.timer.lap()
                 if last:

@@ -9,7 +9,8 @@ measured, added up by phase and layer kind.
 
 The step model (planner/step_model.py) prices a call at its layer's time in the profile,
 measured alone at the pass's batch (planner/profile.py); the trace (minidnn/trace.py) times the
-same call inside a real step, one event pair around it. A step split into K micro-batches
+same call inside a real step, one event pair around it (with `--trace-held`, the stream held
+while the host issues the call, so that the pair times the device, not the host). A step split into K micro-batches
 makes K calls per layer and phase: they are averaged, so each row is one pass. The plan is
 `minidnn plan --report RUN.json` with the run's micro-batches and chunks (made here, so on the
 GPU that ran it, from its cached profile), or a saved `minidnn plan --json` output. With the
@@ -42,6 +43,12 @@ def measured_calls(trace: dict) -> tuple[dict, int]:
     for c in timeline["calls"]:
         calls[(c["phase"], c["layer"])].append(c["end"] - c["start"])
     return calls, timeline["step"]
+
+
+def held_of(trace: dict) -> dict | None:
+    """{'held': True, 'unheld_calls': n} of a held trace (`--trace-held`: each call's span
+    the device's time), None of a plain one."""
+    return trace.get("otherData") if isinstance(trace, dict) else None
 
 
 def plan_of_run(report_path: str, report: dict) -> dict:
@@ -106,7 +113,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows")
     args = ap.parse_args(argv)
     try:
-        measured, step = measured_calls(json.loads(Path(args.trace).read_text()))
+        trace = json.loads(Path(args.trace).read_text())
+        measured, step = measured_calls(trace)
+        held = held_of(trace)
         report = json.loads(Path(args.report).read_text()) if args.report else None
         plan = json.loads(Path(args.plan).read_text()) if args.plan else None
     except (OSError, ValueError, KeyError) as e:
@@ -143,10 +152,14 @@ def main(argv=None) -> int:
         if after:
             run = after[len(after) // 2]
             line += f"; the run's step {run * 1e3:.1f} ms (median after its warm-up)"
-            if k * total_m > HOST_BOUND * run:
+            if not held and k * total_m > HOST_BOUND * run:
                 line += (f"\nThe traced calls took {k * total_m / run:.1f} times the run's "
                          f"step: issued one by one, they measure the host's time to issue "
-                         f"them here, not the device's; compare the run's step")
+                         f"them here, not the device's; trace with --trace-held, or "
+                         f"compare the run's step")
+    if held:
+        line += (f"\nA held trace: each call's span is the device's time for it "
+                 f"({held.get('unheld_calls', 0)} calls issued more slowly than their hold)")
     print(line + "\n")
     print(f"The {args.top} calls furthest from their prediction (ms per pass):\n")
     print("| phase | layer | predicted | measured |")

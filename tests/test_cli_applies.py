@@ -155,6 +155,29 @@ def test_the_trace_of_a_3_step_run_says_step_3(tmp_path):
     assert steps == {3}
 
 
+def test_a_traced_step_is_not_counted_in_the_steady_speed(tmp_path):
+    """The traced step issues its calls one by one with events around each (a held one
+    slower still): the report's images/s leaves it out, as it leaves out the warm-up."""
+    from minidnn.report import steady_images_per_s
+    report = train(TrainConfig(model="mlp", image_size=16, batch=8, steps=5, device="cpu",
+                               eval_every=0, eval_batches=1, progress=False,
+                               trace=str(tmp_path / "t.json")), log=lambda *a: None)
+    times = report["step_time_s"]
+    assert report["images_per_s"] == pytest.approx(8 * 2 / sum(times[2:4]))
+    assert report["images_per_s"] != steady_images_per_s(times, 8, 2)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--trace-held",), "--trace-held holds the steps that --trace records"),
+    (("--trace-held", "--trace", "t.json"), "--trace-held holds a GPU stream"),
+])
+def test_a_held_trace_needs_a_trace_and_a_gpu(capsys, tmp_path, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(capsys, *MLP, *argv)
+    assert code == 2 and needle in one_error_line(err)
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_the_plot_title_says_the_last_step(tmp_path, monkeypatch):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")

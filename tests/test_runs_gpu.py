@@ -118,6 +118,27 @@ def test_a_gpu_trace_holds_compute_and_both_copy_streams(tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_held_trace_times_the_device_not_the_host(tmp_path):
+    """tiny_cnn at batch 16: the host issues each call more slowly than the GPU runs it, so a
+    plain trace's spans measure the host; held, each span is the device's time, far less."""
+    spans = {}
+    for held in (False, True):
+        trace = tmp_path / f"t{held}.json"
+        train(small(steps=3, graphs=False, trace=str(trace), trace_held=held), log=quiet)
+        data = json.loads(trace.read_text())
+        calls = [e for e in data["traceEvents"] if e.get("ph") == "X" and e["tid"] == 1]
+        assert calls and all(e["dur"] > 0 for e in calls)
+        spans[held] = sum(e["dur"] for e in calls)
+        if held:
+            assert data["otherData"]["held"] is True
+            assert all("held" in e["args"] for e in calls)
+            assert sum(not e["args"]["held"] for e in calls) == data["otherData"]["unheld_calls"]
+            assert data["otherData"]["unheld_calls"] < len(calls) / 4
+        else:
+            assert "otherData" not in data
+    assert spans[True] < 0.8 * spans[False], spans
+
+
 def test_synthetic_device_batches_are_on_the_gpu_and_repeat_by_seed(gpu):
     from minidnn.data import SyntheticImages
     data = SyntheticImages(num_classes=7, image_shape=(3, 8, 8), seed=3)

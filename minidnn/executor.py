@@ -367,6 +367,8 @@ class Executor:
         accumulate_gradients().
         """
         self._need_compute("forward")
+        if not train:
+            self._leave_graphs()
         x, labels = self._step_inputs(x, labels)
         if self.micro_batches == 1:
             return self._forward_pass(x, labels, train, keep_outputs, dropout)
@@ -466,9 +468,19 @@ class Executor:
         if self._graphs is not None and self.observer is None:
             loss = self._graphs.step(x, labels, optimizer, dropout, self.step)
         if loss is None:
+            self._leave_graphs()
             loss = self._step(x, labels, optimizer, dropout)
         self.step += 1
         return loss
+
+    def _leave_graphs(self) -> None:
+        """A plain step (a traced one) or an evaluation is about to run after steps were
+        captured: under a budget, the graphs' blocks go back to the arena first. The plain
+        work takes blocks as the captured step did, and the budget holds one step's, not
+        two; kept, the graphs' blocks made a traced last step, or an evaluation, exceed a
+        budget the plan had filled. The next step that can be is captured again."""
+        if self._graphs is not None and self._graphs.count and self.memory_budget is not None:
+            self._graphs.release()
 
     def graph_stats(self) -> dict | None:
         """{'captured': graphs captured, 'captured_at': the steps that were captured (a

@@ -34,7 +34,9 @@ host memory, its blocks have planned addresses (a static layout: blocks freed be
 are then waited for by their next occupant's stream, where the arena would hold compute back
 until the copy ends). The first WARMUP steps run plainly: they choose the convolution plans
 and make the optimizer's momentum. If a capture fails, the executor warns once and runs plain
-steps from then on.
+steps from then on. A plain step after captures (a traced one) and an evaluation take blocks
+of their own; under a budget, which holds one step's blocks and not two, the graphs give
+theirs back first (Executor._leave_graphs) and a later step is captured again.
 """
 from __future__ import annotations
 
@@ -142,14 +144,20 @@ class StepGraphs:
             out[...] = loss
         return out
 
+    def release(self) -> None:
+        """Drop every graph and give their blocks back to the arena, for plain work to use;
+        a later step is captured again (into the same loss ring, with the same dropout
+        keys)."""
+        if self._graphs:
+            self.device.synchronize()   # the last replay has let go of the blocks
+        self._graphs.clear()
+        self.allocator.release_graph_pool(self._pool)
+
     def close(self) -> None:
         """Drop every graph and the device arrays kept for them, and give their blocks back to
         the arena."""
-        if self._graphs:
-            self.device.synchronize()
-        self._graphs.clear()
+        self.release()
         self._losses = self._keys = None
-        self.allocator.release_graph_pool(self._pool)
 
     # ---- internals ----------------------------------------------------------------------------
     @staticmethod

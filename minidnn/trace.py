@@ -17,8 +17,12 @@ host inside the span, and the span measures the host. A *held* trace (`hold=True
 `minidnn train --trace-held`) keeps the compute stream busy before each call
 (kernels/cuda_hold.py) while the host issues the call behind the hold, as the planner's
 profile does: each span is then the device's time for the call, the step itself slower by
-the holds. A call whose issue outlasted its hold is marked (`held: false`); the next holds
-are made longer.
+the holds. A call's hold is a few times what the host took to issue the same call in an
+earlier pass (at first, and at the least, MIN_HOLD_S), and at most MAX_HOLD_S: a call in
+which the host waits for the device (the arena's pressure rule waits for a copy, and the
+holds are device time too) takes longer to issue the more the device holds, so a hold learnt
+from every call, unbounded, grew without end. A call whose issue outlasted its hold is marked
+(`held: false`).
 """
 from __future__ import annotations
 
@@ -29,9 +33,16 @@ from dataclasses import dataclass
 from .memory.observer import StepObserver
 
 TRACKS = ("compute", "offload", "prefetch", "allreduce")
-# A held trace's shortest hold, and how many times the longest issue seen so far a hold lasts.
+# A held trace's hold before a call: HOLD_MARGIN times the host's time to issue the same call
+# in an earlier pass, within [MIN_HOLD_S, MAX_HOLD_S] (see the module docstring).
 MIN_HOLD_S = 0.5e-3
+MAX_HOLD_S = 5e-3
 HOLD_MARGIN = 3.0
+
+
+def hold_seconds(issued_s: float) -> float:
+    """The hold before a call the host took `issued_s` to issue in an earlier pass (0: none)."""
+    return min(MAX_HOLD_S, max(MIN_HOLD_S, HOLD_MARGIN * issued_s))
 
 
 def step_label(step: int) -> int:
@@ -83,7 +94,7 @@ class Tracer(StepObserver):
         self.max_steps = max_steps
         self.budget = budget
         self.hold = hold
-        self.longest_issue_s = 0.0   # a held trace: the longest a call took the host to issue
+        self.issue_s: dict = {}      # a held trace: (phase, layer) -> host seconds to issue it
         self.unheld_calls = 0        # a held trace: calls whose issue outlasted their hold
         self._issue = None           # (host clock, hold seconds) of the call being issued
         self.spans: list[Span] = []
@@ -107,10 +118,10 @@ class Tracer(StepObserver):
 
     def begin_layer(self, stream, phase: str, name: str, index: int):
         if self.hold:
-            from .kernels.cuda_hold import hold
-            seconds = max(MIN_HOLD_S, HOLD_MARGIN * self.longest_issue_s)
+            from .kernels import cuda_hold
+            seconds = hold_seconds(self.issue_s.get((phase, name), 0.0))
             with stream:
-                hold(seconds)
+                cuda_hold.hold(seconds)
             self._issue = (time.perf_counter(), seconds)
         return self.mark(stream)
 
@@ -128,7 +139,7 @@ class Tracer(StepObserver):
         args = {"layer": name, "index": index}
         if self._issue is not None:
             issue_s = time.perf_counter() - self._issue[0]
-            self.longest_issue_s = max(self.longest_issue_s, issue_s)
+            self.issue_s[(phase, name)] = issue_s
             args["held"] = issue_s < self._issue[1]
             self.unheld_calls += not args["held"]
             self._issue = None

@@ -139,3 +139,47 @@ def test_the_memory_plot_knows_the_budget(tmp_path, monkeypatch):
     ex.tracer.plot_memory(tmp_path / "m.png")
     assert lines == [4.0] and (tmp_path / "m.png").stat().st_size > 0   # 4 MiB, in MiB
     assert traced().tracer.budget is None
+
+
+class _GpuLike:
+    """What a held Tracer asks of a GPU device, on the CPU: streams, and marks that are clock
+    readings (the holds it issues are recorded, not run)."""
+    is_gpu = True
+
+    class _Event:
+        def record(self, stream):
+            pass
+
+    def timing_event(self):
+        return self._Event()
+
+
+def test_a_held_trace_holds_each_call_by_its_own_issue_time_within_bounds(monkeypatch):
+    """A call's hold is learnt from the same call in an earlier pass, within [MIN_HOLD_S,
+    MAX_HOLD_S]: a call whose host waits (here 30 ms) marks itself unheld and holds at most
+    MAX_HOLD_S the next time; the others keep the shortest hold (a hold learnt from the longest
+    call of all fed back into the waits and grew without end)."""
+    import contextlib
+    import sys
+    import time
+    import types
+    from minidnn import trace
+    holds = []
+    fake = types.SimpleNamespace(hold=holds.append)
+    monkeypatch.setitem(sys.modules, "minidnn.kernels.cuda_hold", fake)
+    monkeypatch.setattr("minidnn.kernels.cuda_hold", fake, raising=False)
+    tracer = Tracer(_GpuLike(), hold=True)
+    tracer.begin_step(0)
+    stream = contextlib.nullcontext()
+    for _ in range(2):                       # two passes of three calls
+        for name, wait in (("conv1", 0.0), ("bn1", 0.03), ("relu1", 0.0)):
+            start = tracer.begin_layer(stream, "forward", name, 0)
+            time.sleep(wait)
+            tracer.layer("forward", name, 0, start, tracer.mark(stream))
+    assert holds[:3] == [trace.MIN_HOLD_S] * 3
+    assert holds[3] == holds[5] == trace.MIN_HOLD_S and holds[4] == trace.MAX_HOLD_S
+    assert tracer.unheld_calls == 2
+    held = [s.args["held"] for s in tracer.spans]
+    assert held == [True, False, True, True, False, True]
+    with pytest.raises(ValueError, match="the CPU has none"):
+        Tracer(Device("cpu"), hold=True)

@@ -28,6 +28,12 @@ capture, 9 timed.
     python3 scripts/matrix_gpu.py --out /tmp/m --device cpu --batch 4 --image-size 32 \\
         --models vgg11 --steps 2                                          # a quick CPU check
 
+With --trace each budget cell's last step is traced (held on a GPU: `minidnn train
+--trace-held`, each call's span the device's time) and set beside the step model's calls by
+phase and layer kind (scripts/model_vs_trace.py): the kinds furthest from their prediction
+are listed under the table, which says where a missed step goes wrong. The traced step is
+left out of the measured step.
+
 Writes OUT/matrix.json (settings, every cell) and OUT/matrix.md (the table). --time-limit
 bounds the whole wall clock: no run outlives it, and the cells left when it runs out are
 listed as skipped. The GPU matrix in about 4 minutes:
@@ -133,13 +139,40 @@ def least_named(line: str | None) -> int | None:
     return parse_bytes(m.group(1)) if m else None
 
 
-def timed_steps(report: dict) -> list[float]:
+def timed_steps(report: dict, traced: bool = False) -> list[float]:
     """The step times (seconds) of a run's steady steps: its report's `step_time_s` less the
-    first WARMUP_STEPS and the steps captured as CUDA graphs."""
+    first WARMUP_STEPS, the steps captured as CUDA graphs and, when `traced`, the last."""
     graphs = report.get("step_graphs") or {}
-    captured = set(graphs.get("captured_at") or ())
-    return [t for i, t in enumerate(report.get("step_time_s") or [])
-            if i >= WARMUP_STEPS and i not in captured]
+    times = report.get("step_time_s") or []
+    left_out = set(graphs.get("captured_at") or ()) | ({len(times) - 1} if traced else set())
+    return [t for i, t in enumerate(times) if i >= WARMUP_STEPS and i not in left_out]
+
+
+#: Layer kinds a traced cell lists under the table: those furthest from their prediction.
+KINDS_LISTED = 4
+
+
+def traced_kinds(trace_path: str, report_path: str, report: dict) -> dict:
+    """A traced cell's layer calls beside the step model's (scripts/model_vs_trace.py), by
+    phase and layer kind: {'kinds': the KINDS_LISTED rows furthest from their prediction,
+    milliseconds per pass, 'held': was the trace held, 'unheld_calls'}, or {'trace_error'}."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import model_vs_trace as mvt
+    try:
+        with open(trace_path) as f:
+            trace = json.load(f)
+        measured, _ = mvt.measured_calls(trace)
+        plan = mvt.plan_of_run(report_path, report)
+        rows, _ = mvt.compare(measured, mvt.predicted_calls(plan), mvt.layer_kinds(plan),
+                              int(report.get("micro_batches") or 1))
+    except (OSError, ValueError, KeyError, SystemExit) as e:
+        return {"trace_error": f"{type(e).__name__}: {e}"}
+    rows.sort(key=lambda r: -abs(r["measured"] - r["predicted"]))
+    held = mvt.held_of(trace) or {}
+    return {"kinds": [{"phase": r["phase"], "kind": r["kind"], "calls": r["calls"],
+                       "predicted_ms": r["predicted"] * 1e3, "measured_ms": r["measured"] * 1e3}
+                      for r in rows[:KINDS_LISTED]],
+            "held": bool(held.get("held")), "unheld_calls": held.get("unheld_calls", 0)}
 
 
 def median(values: list[float]) -> float | None:
@@ -262,8 +295,14 @@ class Matrix:
 
     def cell(self, model: str, precision: str, split: bool, label: str, budget: int,
              base: dict) -> None:
-        path = os.path.join(self.opts.out, self.name(model, precision, split, label) + ".json")
-        result = self.run(self.train_args(model, precision, split, budget, path, "dyn"))
+        o = self.opts
+        name = self.name(model, precision, split, label)
+        path = os.path.join(o.out, name + ".json")
+        args = self.train_args(model, precision, split, budget, path, "dyn")
+        trace = os.path.join(o.out, name + ".trace.json") if o.trace else None
+        if trace:
+            args += ["--trace", trace] + (["--trace-held"] if o.device == "gpu" else [])
+        result = self.run(args)
         cell = dict(base, budget=label, budget_bytes=budget, outcome=outcome(result),
                     error=error_line(result), wall_s=result["wall_s"])
         if cell["outcome"] == "ran":
@@ -271,11 +310,13 @@ class Matrix:
                 report = json.load(f)
             cell.update(micro_batches=report.get("micro_batches"), chunks=report.get("chunks"),
                         images_per_s=report.get("images_per_s"))
-            cell.update(self.compare(model, precision, split, path, report))
+            cell.update(self.compare(model, precision, split, path, report, bool(trace)))
+            if trace:
+                cell.update(traced_kinds(trace, path, report))
         self.cells.append(cell)
 
     def compare(self, model: str, precision: str, split: bool, path: str,
-                report: dict) -> dict:
+                report: dict, traced: bool = False) -> dict:
         """`minidnn plan --report RUN.json --json`'s predicted peak and step beside the
         measured ones: the run's steady peak and the median of its timed steps
         (timed_steps), as predicted/measured ratios with their verdicts."""
@@ -283,7 +324,7 @@ class Matrix:
         if result.get("returncode") != 0:
             return {"plan_error": f"plan: {error_line(result)}"}
         rows = {r["quantity"]: r for r in json.loads(result["stdout"])["comparison"]["rows"]}
-        timed = timed_steps(report)
+        timed = timed_steps(report, traced)
         return compared(rows["peak device memory"]["predicted"],
                         rows["peak device memory"]["measured"],
                         rows["step time (s)"]["predicted"], median(timed), len(timed))
@@ -371,6 +412,19 @@ def markdown(data: dict) -> str:
            c.get("step_within_target") is False]
     lines += ["", f"{len(missed)} cells failed or timed out; {len(off)} ran outside the "
                   f"peak or step target."]
+    traced = [c for c in data["cells"] if c.get("kinds") or c.get("trace_error")]
+    if traced:
+        lines += ["", "Traced cells: the layer kinds furthest from the step model, per pass "
+                      "(predicted / measured ms; a held trace times the device):", ""]
+    for c in traced:
+        model = c["model"] + (" (split statistics)" if c["split_batch_statistics"] else "")
+        kinds = "; ".join(f"{k['phase']} {k['kind']} ({k['calls']}) {k['predicted_ms']:.2f} / "
+                          f"{k['measured_ms']:.2f}" for k in c.get("kinds") or ())
+        how = "held" if c.get("held") else "not held"
+        if c.get("unheld_calls"):
+            how += f", {c['unheld_calls']} calls issued past their hold"
+        lines.append(f"- {model} {c['precision']} {c['budget']} ({how}): "
+                     f"{kinds or c.get('trace_error')}")
     if data["skipped"]:
         lines.append(f"Skipped at the time limit ({s['time_limit']:g} s): "
                      f"{', '.join(data['skipped'])}.")
@@ -397,6 +451,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="train with --no-graphs (every step issued layer by layer)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace each budget cell's last step (held on a GPU) and list the "
+                        "layer kinds furthest from the step model's prediction")
     p.add_argument("--in-process", action="store_true",
                    help="run every command in this process (no --timeout; the cells share "
                         "its CUDA context, kernels and measured cuDNN plans)")

@@ -47,3 +47,22 @@ def test_cells_past_the_time_limit_are_skipped_and_listed(tmp_path):
 def test_a_fraction_that_is_not_one_is_refused(tmp_path):
     r = matrix(tmp_path, "--fractions", "1.5")
     assert r.returncode == 2 and "--fractions: '1.5' is neither" in r.stderr
+
+
+def test_a_traced_cell_lists_the_layer_kinds_furthest_from_the_model(tmp_path):
+    """--trace: the budget cell's last step is traced (plainly on the CPU) and set beside the
+    step model's calls; the kinds furthest off are listed under the table, the traced step is
+    left out of the measured step."""
+    r = matrix(tmp_path, "--fractions", "least", "--trace", "--steps", "3")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "matrix.json").read_text())
+    cell = next(c for c in data["cells"] if c["budget"] == "least")
+    assert cell["outcome"] == "ran" and not cell.get("trace_error"), cell
+    assert cell["timed_steps"] == 0 and cell["held"] is False
+    kinds = cell["kinds"]
+    assert 0 < len(kinds) <= 4 and {"forward", "backward"} & {k["phase"] for k in kinds}
+    gaps = [abs(k["measured_ms"] - k["predicted_ms"]) for k in kinds]
+    assert gaps == sorted(gaps, reverse=True) and all(k["measured_ms"] > 0 for k in kinds)
+    table = (tmp_path / "matrix.md").read_text()
+    assert "Traced cells: the layer kinds furthest" in table
+    assert "- vgg11 fp32 least (not held): " in table

@@ -407,3 +407,25 @@ def test_a_split_option_close_to_the_chosen_one_pass_is_measured_and_runs_where_
         assert "faster than one pass of 64, the scaled profile's choice" in said[0], said
     marked = [o["micro_batches"] for o in out["micro_batch_options"] if o["chosen"]]
     assert marked == [runs]      # the table marks the option the step runs
+
+
+def test_the_report_of_a_cpu_run_is_planned_on_the_cpu(tmp_path, capsys):
+    """`minidnn plan --report RUN.json` of a CPU run measures this CPU, as the run planned:
+    the least budget `train` named on the CPU fits (the H200's model, which a GPU-less
+    machine plans with otherwise, counts the GPU's temporaries and refused it)."""
+    from minidnn.cli import main
+    from minidnn.train import TrainConfig, train
+    common = dict(model="vgg11", image_size=32, batch=4, device="cpu", data="synthetic",
+                  policy="dyn", relu_bits=True, eval_every=0, eval_batches=1,
+                  progress=False)
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        train(TrainConfig(steps=1, memory_budget=4096, **common), log=lambda *a: None)
+    report = tmp_path / "run.json"
+    train(TrainConfig(steps=2, memory_budget=int(refused.value.minimum),
+                      report=str(report), **common), log=lambda *a: None)
+    capsys.readouterr()
+    assert main(["plan", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "measured profile of this CPU" in out
+    peak = next(line for line in out.splitlines() if line.strip().startswith("peak device"))
+    assert "within 5%: yes" in peak

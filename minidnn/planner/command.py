@@ -70,7 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="device memory for everything, e.g. 12GiB (default: the whole GPU)")
     p.add_argument("--gpu", default=None, metavar="|".join(gpu_names()),
                    help="plan for this GPU from its analytic model (default: measure this "
-                        "machine's GPU, or the h200 model when there is none)")
+                        "machine's GPU, or the h200 model when there is none; a --report of "
+                        "a CPU run: this CPU, measured, as the run planned)")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="plan from a measured profile (JSON, as the profiling pass caches it)")
     p.add_argument("--math", choices=MATH_MODES, default=None,
@@ -222,7 +223,7 @@ def _profile_source(args, s: dict, report: dict | None) -> tuple:
     """(ProfileSource, a line saying where the costs come from): --profile FILE, else --gpu
     NAME's analytic model, else this GPU measured (with the math mode and deterministic
     algorithms of the settings `s`, as the --report's run had them), else the analytic
-    model of the report's GPU or the h200."""
+    model of the report's GPU or the h200; a CPU run's report, this CPU measured."""
     from .gpus import preset_for_device_name
     if args.profile:
         from .profile import load_profile
@@ -239,6 +240,10 @@ def _profile_source(args, s: dict, report: dict | None) -> tuple:
                           or mod.math_mode()["deterministic"])
         return (ProfileSource(device=Device("gpu"), refresh=args.refresh_profile),
                 "measured profile of this {device} ({math}, cached)")
+    if report and report.get("device") == "cpu":   # a CPU run is planned as train planned it
+        from ..backend import Device
+        return (ProfileSource(device=Device("cpu"), refresh=args.refresh_profile),
+                "measured profile of this CPU (the report's run; cached)")
     preset = None
     if report and report.get("device") == "gpu":
         preset = preset_for_device_name(str(report.get("device_name", "")))

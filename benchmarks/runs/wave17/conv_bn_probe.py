@@ -1,7 +1,8 @@
 """What cuDNN's fused convolution + batch-norm graphs cost on ResNet-50's convolutions.
 
-For each distinct stride-1 convolution of ResNet-50 at batch 256 (bf16, NHWC), three cuDNN
-frontend graphs, every plan cuDNN offers timed, the fastest kept:
+For each distinct stride-1 convolution of ResNet-50 at batch 256 (bf16, or float32 maps with
+TF32 math: --dtype fp32; NHWC), three cuDNN frontend graphs, every plan cuDNN offers timed,
+the fastest kept:
 
   conv        y = conv(x, w)                                  what minidnn runs today
   conv+stats  y = conv(x, w); sum, sum of squares of y        the batch norm's statistics
@@ -14,6 +15,7 @@ read x, write x'), priced at the copy bandwidth measured in the same process. Wh
 graph's fastest plan is compiled at run time is printed too (minidnn excludes those today).
 
     python3 benchmarks/runs/wave17/conv_bn_probe.py [--batch 256] [--repeats 20] [--max-plans 8]
+        [--dtype bf16|fp32] [--modes A,FALLBACK]
 """
 import argparse
 import time
@@ -40,6 +42,15 @@ def bf16_random(rng, size, scale):
     return (f.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
+def fp32_random(rng, size, scale):
+    return scale * rng.standard_normal((size,), dtype=cp.float32)
+
+
+# --dtype: (the maps' cuDNN type name, random values, an array of n values, one, bytes a value)
+DTYPES = {"bf16": ("BFLOAT16", bf16_random, lambda n: cp.empty(n, cp.uint16), 0x3F80, 2),
+          "fp32": ("FLOAT", fp32_random, lambda n: cp.empty(n, cp.float32), 1.0, 4)}
+
+
 def timed(fn, repeats):
     fn()
     start, stop = cp.cuda.Event(), cp.cuda.Event()
@@ -51,8 +62,8 @@ def timed(fn, repeats):
     return cp.cuda.get_elapsed_time(start, stop) / repeats
 
 
-def build(cudnn, handle, kind, n, h, ci, co, k):
-    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+def build(cudnn, handle, kind, n, h, ci, co, k, dtype="bf16", modes=("A", "FALLBACK")):
+    bf16, f32 = getattr(cudnn.data_type, DTYPES[dtype][0]), cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=bf16, intermediate_data_type=f32, compute_data_type=f32,
                       handle=handle)
     dim, st = nhwc(n, ci, h, h)
@@ -78,7 +89,7 @@ def build(cudnn, handle, kind, n, h, ci, co, k):
         t.update(sum=total, sq=squares)
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes])
     return g, t
 
 
@@ -125,7 +136,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--max-plans", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=400)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--modes", default="A,FALLBACK", help="heuristics modes, e.g. A,B,FALLBACK")
     args = ap.parse_args()
+    modes = tuple(m for m in args.modes.split(",") if m)
+    _, random, empty, one, size = DTYPES[args.dtype]
     preload("cudnn")
     cudnn = load_cudnn()
     handle = g_handle[0] = cudnn.create_handle()
@@ -143,21 +158,23 @@ def main():
             print("time limit reached")
             break
         rng = cp.random.default_rng(0)
-        arrays = {"x": bf16_random(rng, n * h * h * ci, 1.0),
-                  "w": bf16_random(rng, co * k * k * ci, 0.05),
-                  "y": cp.empty(n * h * h * co, cp.uint16),
-                  "s": cp.full(ci, 0x3F80, cp.uint16), "b": cp.zeros(ci, cp.uint16),
+        arrays = {"x": random(rng, n * h * h * ci, 1.0),
+                  "w": random(rng, co * k * k * ci, 0.05),
+                  "y": empty(n * h * h * co),
+                  "s": empty(ci), "b": empty(ci),
                   "sum": cp.zeros(co, cp.float32), "sq": cp.zeros(co, cp.float32)}
+        arrays["s"][...] = one
+        arrays["b"][...] = 0
         row = {}
         for kind in ("conv", "conv+stats", "sbr+conv"):
             try:
-                g, t = build(cudnn, handle, kind, n, h, ci, co, k)
+                g, t = build(cudnn, handle, kind, n, h, ci, co, k, args.dtype, modes)
                 row[kind] = best_plan(cudnn, g, t, arrays, args.repeats,
                                       args.max_plans)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 row[kind] = (float("nan"), f"unsupported: {str(exc).splitlines()[0][:60]}", False, 0)
         # bytes of the passes the fused graph replaces: read y (stats), read x + write x' (apply)
-        saved_bytes = 2 * (n * h * h * co) + 2 * 2 * (n * h * h * ci)
+        saved_bytes = size * (n * h * h * co) + 2 * size * (n * h * h * ci)
         saved_ms = saved_bytes / (copy_gbs * 1e6)
         gain = row["conv"][0] + saved_ms - row["sbr+conv"][0]
         for key, v in (("conv", row["conv"][0]), ("conv+stats", row["conv+stats"][0]),

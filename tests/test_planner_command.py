@@ -429,3 +429,19 @@ def test_the_report_of_a_cpu_run_is_planned_on_the_cpu(tmp_path, capsys):
     assert "measured profile of this CPU" in out
     peak = next(line for line in out.splitlines() if line.strip().startswith("peak device"))
     assert "within 5%: yes" in peak
+
+
+def test_a_vdnn_policy_in_micro_batches_is_planned_from_the_pass_batchs_own_profile(monkeypatch):
+    """A vDNN policy's one decision in K passes is priced from a profile measured at the pass's
+    batch, as dyn's chosen split is: scaled from the step's, its layers' times (a fully
+    connected layer reads its weights whatever the batch) came out other than a run's. Here
+    the pass batch's layers take `speed` times the analytic model's time."""
+    compute = {}
+    for speed in (1.0, 3.0):
+        source = FakeMeasured(device="gpu", speed=speed)
+        monkeypatch.setattr(command, "_profile_source", lambda args, s, report: (
+            source, "measured (test)"))
+        out = plan_json("--policy", "none", "--micro-batches", "4")
+        assert set(source.measured) == {16}
+        compute[speed] = out["plan"]["compute_time_s"]
+    assert compute[3.0] > 2 * compute[1.0], compute

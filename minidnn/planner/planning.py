@@ -306,7 +306,12 @@ def plan_policy(net, spec, source: ProfileSource, maps, offload, conv_algo: dict
     k = spec.micro_batches or 1
     pass_batch = spec.batch // k
     relu_bits = options.get("relu_bits", frozenset())
-    profile = source.pass_profile(net, spec.batch, pass_batch, relu_bits=relu_bits, maps=maps)
+    # Passes of fewer images are priced from a profile measured at their batch, as dyn's
+    # chosen split is (plan_step): scaled from the step's, a fully connected layer's weights,
+    # read whatever the batch, and the convolutions' workspaces came out wrong.
+    profile = source.measured_at(net, pass_batch, relu_bits, maps) \
+        if k > 1 and source.measures else \
+        source.pass_profile(net, spec.batch, pass_batch, relu_bits=relu_bits, maps=maps)
     # The decision is not planned for the budget: it is walked with nothing held back, and
     # the reserve is added to what it needs (below).
     options = dict(options, static_layout=spec.static_layout, reserve=0.0)

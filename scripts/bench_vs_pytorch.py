@@ -316,9 +316,27 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
     return model, opt, x, labels
 
 
+# Kernel classes by name, tried in order (a convolution's name says gemm too; a batch norm's
+# kernel from Inductor says fused and batch_norm): what a step spends outside its products.
+KERNEL_CLASSES = (
+    ("batch norm", ("batch_norm", "batchnorm", "bn_", "welford")),
+    ("convolution", ("conv", "fprop", "dgrad", "wgrad", "implicit_gemm", "cudnn")),
+    ("matrix product", ("gemm", "nvjet", "cublas")),
+    ("copy and fill", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class of a GPU kernel by its name (KERNEL_CLASSES), else 'pointwise and other'."""
+    low = name.lower()
+    return next((cls for cls, words in KERNEL_CLASSES if any(w in low for w in words)),
+                "pointwise and other")
+
+
 def torch_kernel_profile(step, top=16) -> dict:
-    """GPU time of one step, `step()`, of either framework, in total and for its slowest
-    kernels by name, as PyTorch's profiler (CUPTI) sees every kernel of the process."""
+    """GPU time of one step, `step()`, of either framework, in total, by kernel class
+    (kernel_class) and for its slowest kernels by name, as PyTorch's profiler (CUPTI) sees
+    every kernel of the process."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -330,7 +348,12 @@ def torch_kernel_profile(step, top=16) -> dict:
             ms, count = kernels.get(e.name, (0.0, 0))
             kernels[e.name] = (ms + e.device_time_total / 1e3, count + 1)
     slowest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    by_class: dict = {}
+    for name, (ms, _) in kernels.items():
+        by_class[kernel_class(name)] = by_class.get(kernel_class(name), 0.0) + ms
     return {"total_ms": round(sum(ms for ms, _ in kernels.values()), 2),
+            "by_class": {c: round(ms, 2) for c, ms in sorted(by_class.items(),
+                                                            key=lambda kv: -kv[1])},
             "slowest": [(name[:90], round(ms, 2), count) for name, (ms, count) in slowest]}
 
 

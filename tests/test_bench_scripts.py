@@ -109,3 +109,22 @@ def test_cached_empty_hands_out_one_array_per_shape_and_dtype():
     assert cached.empty((3, 4, 2), np.float32) is not a
     assert cached.empty(5, np.float32) is cached.empty((5,), np.float32)
     assert cached.zeros is np.zeros and cached.float64 is np.float64
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
+     "convolution"),
+    ("sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16", "convolution"),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>", "convolution"),
+    ("nvjet_sm90_tss_256x128_64x4_1x2_h_bz_coopA_NTT", "matrix product"),
+    ("triton_per_fused__native_batch_norm_legit_functional_add_relu_12", "batch norm"),
+    ("void bn_grad_relu_last<bf16, 8>(bf16 const*)", "batch norm"),
+    ("void column_pass<bf16, 8, 2>(bf16 const*)", "pointwise and other"),
+    ("triton_poi_fused_add_relu_threshold_backward_7", "pointwise and other"),
+    ("void relu_backward_bits<bf16, 8>(bf16 const*)", "pointwise and other"),
+    ("Memset (Unknown)", "copy and fill"),
+    ("cupy_copy__uint16_uint16", "copy and fill"),
+])
+def test_a_kernel_is_classed_by_its_name(name, cls):
+    """The kernel profile's classes: where a step's time goes besides its products."""
+    assert bench_vs_pytorch.kernel_class(name) == cls

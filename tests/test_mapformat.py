@@ -171,6 +171,32 @@ def test_pointwise_views_are_flat_in_memory_order_only_where_that_is_the_same_op
     assert pointwise_views(a, b)[0] is a       # NCHW: already in memory order
 
 
+def test_a_copy_of_channels_last_rows_goes_through_flat_views(monkeypatch):
+    """copy_values of a layer chunk's piece into its rows of the whole channels-last batch
+    (BatchJoin) copies flat views in memory order, the bits of the strided copy; maps in two
+    layouts are copied through their strides."""
+    import ml_dtypes
+    from minidnn.kernels.mapformat import arrange, copy_values
+    seen = []
+    real = mapformat.pointwise_views
+    monkeypatch.setattr(mapformat, "pointwise_views",
+                        lambda *a: seen.append(real(*a)) or seen[-1])
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        values = rng.standard_normal((6, 3, 4, 5)).astype(dtype)
+        whole = arrange(np.zeros_like(values), "nhwc").transpose(0, 3, 1, 2)
+        pieces = [arrange(values[j:j + 2], "nhwc").transpose(0, 3, 1, 2) for j in (0, 2, 4)]
+        for j, piece in zip((0, 2, 4), pieces):
+            copy_values(whole[j:j + 2], piece)
+        assert all(dst.ndim == 1 and src.ndim == 1 for dst, src in seen[-3:])
+        np.testing.assert_array_equal(np.ascontiguousarray(whole).view(np.uint8),
+                                      values.view(np.uint8))
+        plain = np.zeros_like(values)
+        copy_values(plain[:2], pieces[0])                    # NCHW from NHWC: strided
+        assert seen[-1][0].ndim == 4
+        np.testing.assert_array_equal(plain[:2], values[:2])
+
+
 def test_is_channels_last_by_strides_agrees_with_the_array_module():
     """The stride rule against NumPy's own contiguity of the (N, H, W, C) transpose, over
     views of every kind: sliced, transposed, length-1 and empty axes."""

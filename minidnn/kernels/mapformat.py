@@ -196,9 +196,13 @@ def copy_values(dst, src) -> None:
     """dst[...] = src, bit for bit, in any dtype and layout (NumPy or CuPy). bf16 arrays are
     copied as their 16-bit patterns, so the copy needs no bfloat16 support of the array
     module: a layer that only moves values (Concat, BatchJoin) runs on bf16 maps as they
-    are, with no float32 copies."""
+    are, with no float32 copies. Two maps of one shape in one dense layout are copied as
+    their flat views in memory order (pointwise_views): through the strides, CuPy copied a
+    layer chunk's pieces of channels-last maps into the whole batch (BatchJoin) at a few
+    percent of memory speed (VGG-16 bf16 on the H200: 0.235 ms for a 26 MB piece)."""
     if is_bfloat16(dst.dtype) and is_bfloat16(src.dtype):
         dst, src = dst.view(np.uint16), src.view(np.uint16)
+    dst, src = pointwise_views(dst, src)
     dst[...] = src
 
 

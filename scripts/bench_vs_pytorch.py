@@ -52,7 +52,7 @@ from typing import NamedTuple
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchlib, beside it
-from benchlib import emit, run_worker, warm_up  # noqa: E402
+from benchlib import emit, kernel_class, run_worker, warm_up  # noqa: E402
 
 DEFAULT_RUNS = ("vgg16:256:tf32", "alexnet:256:tf32", "vgg16:256:fp32", "resnet50:256:tf32")
 GiB = 1024 ** 3
@@ -314,23 +314,6 @@ def torch_training(name, batch, image, math, lr, momentum, weight_decay=0.0,
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     return model, opt, x, labels
-
-
-# Kernel classes by name, tried in order (a convolution's name says gemm too; a batch norm's
-# kernel from Inductor says fused and batch_norm): what a step spends outside its products.
-KERNEL_CLASSES = (
-    ("batch norm", ("batch_norm", "batchnorm", "bn_", "welford")),
-    ("convolution", ("conv", "fprop", "dgrad", "wgrad", "implicit_gemm", "cudnn")),
-    ("matrix product", ("gemm", "nvjet", "cublas")),
-    ("copy and fill", ("memcpy", "memset", "copy", "fill")),
-)
-
-
-def kernel_class(name: str) -> str:
-    """The class of a GPU kernel by its name (KERNEL_CLASSES), else 'pointwise and other'."""
-    low = name.lower()
-    return next((cls for cls, words in KERNEL_CLASSES if any(w in low for w in words)),
-                "pointwise and other")
 
 
 def torch_kernel_profile(step, top=16) -> dict:

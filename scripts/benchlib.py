@@ -1,5 +1,5 @@
 """What the benchmark scripts share, written once: the worker protocol, the H200's memory
-bandwidth and two device timers.
+bandwidth, two device timers and the classes of GPU kernels by name.
 
 Each configuration runs in a child process of its own, so that two frameworks' allocators
 never share the card and a crash or a hang costs one row. The child prints one line
@@ -16,6 +16,22 @@ PREFIX = "RESULT "
 
 #: The H200 SXM's HBM3e bandwidth (datasheet), the floor of every pass over memory.
 HBM_BYTES_PER_S = 4.8e12
+
+# Kernel classes by name, tried in order (a convolution's name says gemm too; a batch norm's
+# kernel from Inductor says fused and batch_norm): what a step spends outside its products.
+KERNEL_CLASSES = (
+    ("batch norm", ("batch_norm", "batchnorm", "bn_", "welford")),
+    ("convolution", ("conv", "fprop", "dgrad", "wgrad", "implicit_gemm", "cudnn")),
+    ("matrix product", ("gemm", "nvjet", "cublas")),
+    ("copy and fill", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class of a GPU kernel by its name (KERNEL_CLASSES), else 'pointwise and other'."""
+    low = name.lower()
+    return next((cls for cls, words in KERNEL_CLASSES if any(w in low for w in words)),
+                "pointwise and other")
 
 
 class CachedEmpty:

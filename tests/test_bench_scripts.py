@@ -127,4 +127,25 @@ def test_cached_empty_hands_out_one_array_per_shape_and_dtype():
 ])
 def test_a_kernel_is_classed_by_its_name(name, cls):
     """The kernel profile's classes: where a step's time goes besides its products."""
-    assert bench_vs_pytorch.kernel_class(name) == cls
+    assert benchlib.kernel_class(name) == cls
+
+
+def test_step_kernels_adds_a_steps_kernels_up_per_pass_by_class_and_name():
+    """scripts/step_kernels.py's summary: span, busy time (overlaps counted once), and each
+    class's and kernel's time per pass."""
+    import step_kernels
+    events = [(0.0, 10.0, "sm90_xmma_fprop_implicit_gemm"), (5.0, 12.0, "cupy_copy__uint16"),
+              (20.0, 24.0, "sm90_xmma_fprop_implicit_gemm"), (24.0, 25.0, "bn_grad_last")]
+    s = step_kernels.summary(events, passes=2)
+    assert s["span_us"] == 25.0 and s["busy_us"] == 12.0 + 5.0
+    assert s["by_class"] == {"convolution": 7.0, "copy and fill": 3.5, "batch norm": 0.5}
+    assert s["by_name"][0] == ("sm90_xmma_fprop_implicit_gemm", 7.0, 1.0)
+
+
+def test_step_kernels_without_a_gpu_says_so_in_one_line():
+    import subprocess
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "step_kernels.py"), "--model",
+                           "tiny_cnn", "--batch", "8"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "minidnn: error: step_kernels.py profiles a GPU's kernels; there is no GPU here"]

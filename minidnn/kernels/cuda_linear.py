@@ -170,27 +170,38 @@ def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
         _gemm(False, False, k, n, out, w if wide else weights_in(w, gy.dtype), gy, gx)
 
 
-_COLUMN_SUMS = cp.RawModule(code=r"""
+_COLUMN_SUMS = cp.RawKernel(r"""
+extern "C" __global__ void bf16_column_sums(const unsigned short* g, float* out,
+                                            long long rows, int cols) {
+    // One thread per column: the rows summed in order, as NumPy sums axis 0 of (rows, cols).
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float s = __uint_as_float((unsigned int)g[j] << 16);
+    for (long long r = 1; r < rows; ++r)
+        s += __uint_as_float((unsigned int)g[r * cols + j] << 16);
+    out[j] = s;
+}
+""", "bf16_column_sums")
+
+# The same sums added to out (a micro-batch after the first), for bf16 and float32 g.
+_COLUMN_SUMS_ADD = cp.RawModule(code=r"""
 template <typename T> __device__ float widen(T v);
 template <> __device__ float widen<float>(float v) { return v; }
 template <> __device__ float widen<unsigned short>(unsigned short v) {
     return __uint_as_float((unsigned int)v << 16);
 }
 template <typename T>
-__global__ void column_sums(const T* g, float* out, long long rows, int cols, int add) {
-    // One thread per column: the rows summed in order, as NumPy sums axis 0 of (rows, cols);
-    // with `add`, the sum added to out (one rounding, as an add of the sum after).
+__global__ void column_sums_add(const T* g, float* out, long long rows, int cols) {
+    // One thread per column: the rows summed in order, then added to out (one rounding, as
+    // an add of the sum after).
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= cols) return;
     float s = widen(g[j]);
     for (long long r = 1; r < rows; ++r)
         s += widen(g[r * cols + j]);
-    out[j] = add ? out[j] + s : s;
+    out[j] = out[j] + s;
 }
-template __global__ void column_sums<float>(const float*, float*, long long, int, int);
-template __global__ void column_sums<unsigned short>(const unsigned short*, float*, long long,
-                                                     int, int);
-""", name_expressions=("column_sums<float>", "column_sums<unsigned short>"))
+""", name_expressions=("column_sums_add<float>", "column_sums_add<unsigned short>"))
 
 
 def column_sums(g, out, add: bool = False) -> None:
@@ -204,13 +215,16 @@ def column_sums(g, out, add: bool = False) -> None:
     if out.dtype != np.float32 or out.shape != (cols,):
         raise ValueError(f"column_sums: out must be float32 of shape ({cols},), got "
                          f"{out.dtype} {out.shape}")
-    if g.dtype == np.float32 and not add:
-        g.sum(axis=0, out=out)
-        return
-    threads = 128
     bf16 = is_bfloat16(g.dtype)
-    kernel = _COLUMN_SUMS.get_function("column_sums<unsigned short>" if bf16 else
-                                       "column_sums<float>")
-    kernel(((cols + threads - 1) // threads,), (threads,),
-           (g.view(np.uint16) if bf16 else g, out, np.int64(rows), np.int32(cols),
-            np.int32(add)))
+    threads = 128
+    blocks = ((cols + threads - 1) // threads,)
+    if add:
+        kernel = _COLUMN_SUMS_ADD.get_function("column_sums_add<unsigned short>" if bf16
+                                               else "column_sums_add<float>")
+        kernel(blocks, (threads,), (g.view(np.uint16) if bf16 else g, out, np.int64(rows),
+                                    np.int32(cols)))
+    elif bf16:
+        _COLUMN_SUMS(blocks, (threads,), (g.view(np.uint16), out, np.int64(rows),
+                                          np.int32(cols)))
+    else:
+        g.sum(axis=0, out=out)

@@ -293,12 +293,9 @@ class Executor:
     def _layer_backward(self, node, buffers, ctx) -> None:
         """node's backward; in a micro-batch after the first, and in a piece of a layer chunk
         after the first to run backward (the last piece), the parameter gradients it writes
-        go to temporaries (a layer overwrites p.grad) that are then added into p.grad, unless
-        the layer adds them itself (ctx.add_grads)."""
+        go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
         adds = self._accumulate or (node.piece is not None and node.piece[0] < node.piece[1] - 1)
-        # The layer adds them itself: slice by slice (layers/slices.py), or in its products
-        # (Layer.adds_gradients, where it writes no gradient but its own parameters').
-        if self.batch_slice is not None or (adds and self._adds_itself(node)):
+        if self.batch_slice is not None:    # the layer adds slice by slice (layers/slices.py)
             mixed.backward(node.layer, *buffers, replace(ctx, add_grads=adds) if adds else ctx)
             return
         params = self._gradients_written(node) if adds else []
@@ -321,14 +318,6 @@ class Executor:
             for p, grad, _, buf in held:
                 p.grad = grad
                 self.allocator.free(buf)
-
-    def _adds_itself(self, node) -> bool:
-        """Does node's backward add its parameter gradients to p.grad itself
-        (Layer.adds_gradients), the gradients it writes being its own parameters', all?"""
-        own = list(node.layer.params.values())
-        written = self._gradients_written(node)
-        return node.layer.adds_gradients and len(written) == len(own) and \
-            all(a is b for a, b in zip(written, own))
 
     def _gradients_written(self, node) -> list:
         """The Parameters whose gradient node's backward writes: its own, except a bias that

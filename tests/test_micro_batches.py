@@ -219,28 +219,3 @@ def test_dyn_does_not_split_a_batch_norm_network_unless_allowed():
                              "--micro-batches", "2"], capture_output=True, text=True,
                             timeout=240)
     assert forced.returncode == 2 and "--split-batch-statistics" in forced.stderr
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_a_fully_connected_layer_adds_its_gradients_in_its_own_product(monkeypatch, dtype):
-    """Past a step's first micro-batch a Linear adds its gradients into p.grad in its own
-    product (Layer.adds_gradients) where the executor had it write temporaries and added
-    them after the call: the same bits, and no temporary of its gradients' size taken."""
-    runs = {}
-    for adds in (False, True):
-        monkeypatch.setattr(Linear, "adds_gradients", adds)
-        taken = []
-        net = small_net(dtype)
-        with build_executor(net, BATCH, device="cpu", seed=0, micro_batches=4) as ex:
-            empty = ex.allocator.empty
-            ex.allocator.empty = lambda shape, dt, where="": (taken.append(where),
-                                                             empty(shape, dt, where))[1]
-            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
-            for x, y in batches(2, dtype):
-                ex.train_step(x, y, opt)
-        runs[adds] = net.state_dict(), {w for w in taken if "(summed)" in w}
-    (temps, summed_then), (adds, summed_now) = runs[False], runs[True]
-    for name, value in temps.items():
-        assert adds[name].tobytes() == value.tobytes(), name
-    assert {"gradient of fc1 (summed)", "gradient of fc2 (summed)"} <= summed_then
-    assert not {w for w in summed_now if "fc" in w} and "gradient of conv2 (summed)" in summed_now

@@ -517,20 +517,13 @@ def linear_forward(x, w, b, y, y32=None) -> None:
         y += b
 
 
-def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
+def linear_backward(x, gy, w, gw, gb, gx) -> None:
     """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
-    may be None (no bias, no input gradient). All three are overwritten; with `add`, gw and
-    gb have the products added to them instead (gw + (gy^T @ x), one rounding: the bits of
-    the product in a temporary added after)."""
+    may be None (no bias, no input gradient). All three are overwritten."""
     xp = get_array_module(x)
-    if add:
-        gw += xp.matmul(gy.T, x)
-        if gb is not None:
-            gb += gy.sum(axis=0)
-    else:
-        xp.matmul(gy.T, x, out=gw)
-        if gb is not None:
-            gy.sum(axis=0, out=gb)
+    xp.matmul(gy.T, x, out=gw)
+    if gb is not None:
+        gy.sum(axis=0, out=gb)
     if gx is not None:
         xp.matmul(gy, w, out=gx)
 

@@ -15,8 +15,7 @@ autocast does:
 
     y  = round(x @ w16^T + b)      the product in a float32 temporary, the bias added there,
                                    one rounding
-    gw = gy^T @ x                  written in float32 straight into w.grad (no rounding), or
-                                   added to it (a micro-batch after the first: beta 1)
+    gw = gy^T @ x                  written in float32 straight into w.grad (no rounding)
     gb = sum over N of gy          in float32, row after row (NumPy's order), no float32 copy
     gx = round(gy @ w16)
 
@@ -96,11 +95,9 @@ def _status(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with cuBLAS status {code}")
 
 
-def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c,
-          add: bool = False) -> None:
+def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c) -> None:
     """Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), float32 sums; A, B bf16 (C bf16 or
-    float32) or all float32 (summed as set_math says); on CuPy's current stream. add: C +=
-    the product instead (GemmEx's beta 1: the sums, then C added, one rounding).
+    float32) or all float32 (summed as set_math says); on CuPy's current stream.
 
     a, b, c: C-contiguous 2-D arrays, which cuBLAS reads as column-major matrices of their
     transposed shape: each one's leading dimension is its last axis."""
@@ -109,8 +106,8 @@ def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c,
     _status(_cublas().cublasGemmEx(
         cp.cuda.device.get_cublas_handle(), int(trans_a), int(trans_b), m, n, k,
         _ONE.ctypes.data, a.data.ptr, _cuda_type(a), a.shape[-1], b.data.ptr, _cuda_type(b),
-        b.shape[-1], (_ONE if add else _ZERO).ctypes.data, c.data.ptr, _cuda_type(c),
-        c.shape[-1], compute, _GEMM_DEFAULT), "cublasGemmEx")
+        b.shape[-1], _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), c.shape[-1], compute,
+        _GEMM_DEFAULT), "cublasGemmEx")
 
 
 def _check(*arrays) -> None:
@@ -150,24 +147,28 @@ def linear_forward(x, w, b, y, y32=None) -> None:
     float_to_bf16(y32, y)
 
 
-def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
+def linear_backward(x, gy, w, gw, gb, gx) -> None:
     """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
-    may be None. All three are overwritten; with `add`, gw and gb have the products added to
-    them instead: in the weight gradient's GemmEx (beta 1) and in the bias's column sums,
-    each sum added once, so no temporary of either's size."""
+    may be None. All three are overwritten."""
     wide = gy.dtype == np.float32
     if not (is_bfloat16(gy.dtype) or wide and _dense(x, gy, w, gw, gx)):
-        _cpu.linear_backward(x, gy, w, gw, gb, gx, add=add)
+        _cpu.linear_backward(x, gy, w, gw, gb, gx)
         return
     _check(x, gy, w, gw, gx)
     (n, k), out = x.shape, w.shape[0]
     # gw^T (in, out) = x^T (in, N) @ gy (N, out), straight into float32 gw
-    _gemm(False, True, k, out, n, x, gy, gw, add=add)
+    _gemm(False, True, k, out, n, x, gy, gw)
+    if wide:
+        if gb is not None:
+            gy.sum(axis=0, out=gb)
+        if gx is not None:
+            _gemm(False, False, k, n, out, w, gy, gx)
+        return
     if gb is not None:
-        column_sums(gy, gb, add=add)
+        column_sums(gy, gb)
     if gx is not None:
-        # gx^T (in, N) = w^T (in, out) @ gy^T (out, N), w16 beside bf16 maps
-        _gemm(False, False, k, n, out, w if wide else weights_in(w, gy.dtype), gy, gx)
+        # gx^T (in, N) = w16^T (in, out) @ gy^T (out, N)
+        _gemm(False, False, k, n, out, weights_in(w, gy.dtype), gy, gx)
 
 
 _COLUMN_SUMS = cp.RawKernel(r"""
@@ -183,48 +184,15 @@ extern "C" __global__ void bf16_column_sums(const unsigned short* g, float* out,
 }
 """, "bf16_column_sums")
 
-# The same sums added to out (a micro-batch after the first), for bf16 and float32 g.
-_COLUMN_SUMS_ADD = cp.RawModule(code=r"""
-template <typename T> __device__ float widen(T v);
-template <> __device__ float widen<float>(float v) { return v; }
-template <> __device__ float widen<unsigned short>(unsigned short v) {
-    return __uint_as_float((unsigned int)v << 16);
-}
-template <typename T>
-__global__ void column_sums_add(const T* g, float* out, long long rows, int cols) {
-    // One thread per column: the rows summed in order, then added to out (one rounding, as
-    // an add of the sum after).
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    float s = widen(g[j]);
-    for (long long r = 1; r < rows; ++r)
-        s += widen(g[r * cols + j]);
-    out[j] = out[j] + s;
-}
-""", name_expressions=("column_sums_add<float>", "column_sums_add<unsigned short>"))
 
-
-def column_sums(g, out, add: bool = False) -> None:
-    """out (cols,) float32 = g (rows, cols), C-contiguous, summed over its rows in float32.
-    bf16 g: row after row, each value widened as it is read (the bits of NumPy's sum over
-    axis 0 of g widened, with no widened copy). float32 g: CuPy's own sum, the bits a
-    float32 step has always had. add: out += the sum instead, with no temporary: row after
-    row for either dtype (a temporary of CuPy's would be an allocation no plan counts)."""
+def column_sums(g, out) -> None:
+    """out (cols,) float32 = g (rows, cols) bf16, C-contiguous, summed over its rows in float32,
+    row after row: the bits of NumPy's sum over axis 0 of g widened, with no widened copy."""
     _check(g, out)
     rows, cols = g.shape
     if out.dtype != np.float32 or out.shape != (cols,):
         raise ValueError(f"column_sums: out must be float32 of shape ({cols},), got "
                          f"{out.dtype} {out.shape}")
-    bf16 = is_bfloat16(g.dtype)
     threads = 128
-    blocks = ((cols + threads - 1) // threads,)
-    if add:
-        kernel = _COLUMN_SUMS_ADD.get_function("column_sums_add<unsigned short>" if bf16
-                                               else "column_sums_add<float>")
-        kernel(blocks, (threads,), (g.view(np.uint16) if bf16 else g, out, np.int64(rows),
-                                    np.int32(cols)))
-    elif bf16:
-        _COLUMN_SUMS(blocks, (threads,), (g.view(np.uint16), out, np.int64(rows),
-                                          np.int32(cols)))
-    else:
-        g.sum(axis=0, out=out)
+    _COLUMN_SUMS(((cols + threads - 1) // threads,), (threads,),
+                 (g.view(np.uint16), out, np.int64(rows), np.int32(cols)))

@@ -135,10 +135,9 @@ class StepContext:
     gradients in slice order; None (the default): one call over the call's rows.
     statistics_slice: the rows a BatchNorm normalizes with statistics of their own, each
     slice of that many (deterministic mode with split statistics); None: all the call's.
-    add_grads: the call adds its parameter gradients to p.grad, which holds the sum of the
-    passes before it (a micro-batch or chunk piece after the first): under batch_slice
-    slice by slice (layers/slices.py), and without it in a layer that adds them in its own
-    product (Layer.adds_gradients); for the others the executor adds them itself.
+    add_grads: under batch_slice, the call adds its parameter gradients to p.grad, which
+    holds the sum of the slices before it (a micro-batch or chunk piece after the first);
+    without batch_slice the executor adds them itself.
     """
     xp: Any
     kernels: Any = cpu_kernels
@@ -224,11 +223,6 @@ class Layer:
     # Backward may also apply the mask of a ReLU whose output is its input, so that the
     # ReLU's backward has nothing to mask (a max pool: minidnn/fusion.py, memory/plan.py).
     masks_relu_before = False
-    # Backward adds its parameter gradients to p.grad in its own products when asked
-    # (ctx.add_grads, a micro-batch or chunk piece after the first), where the executor would
-    # have them written into temporaries and added after the call (a fully connected layer:
-    # the weight gradient's product accumulates into p.grad, two passes over it fewer).
-    adds_gradients = False
     # The ops of ctx.kernels that forward and backward compute with, when they compute only
     # with those: where the kernels take bf16 maps in all of them (kernels BF16_OPS), the layer
     # runs on bf16 maps as they are; otherwise (None: it computes with array code of its own)
@@ -314,8 +308,7 @@ class Layer:
     def backward(self, xs: list, y, gy, gxs: list, aux: dict, ctx: StepContext) -> None:
         """Write input gradients into `gxs` (None where none is wanted) and parameter
         gradients into `p.grad` (overwritten, not accumulated; added to under
-        ctx.add_grads: in slices of ctx.batch_slice, layers/slices.py, or, without them, by
-        a layer that `adds_gradients`).
+        ctx.add_grads, in slices of ctx.batch_slice: layers/slices.py).
 
         xs[i] is None unless i is in retain_inputs; y is None unless retain_output.
         gxs[0] may be gy itself when `inplace`.

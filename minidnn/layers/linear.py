@@ -13,7 +13,6 @@ class Linear(Layer):
     recomputable = True
     retain_inputs = (0,)
     kernel_ops = ("linear_forward", "linear_backward")
-    adds_gradients = True
 
     def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",
                  name: str | None = None):
@@ -56,7 +55,7 @@ class Linear(Layer):
         gb = self.params["bias"].grad if self.bias else None
         x, gx = xs[0], gxs[0]
         if ctx.batch_slice is None:
-            ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx, add=ctx.add_grads)
+            ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx)
             return
         # Deterministic (layers/slices.py): each slice's gx with its share of the gradients.
         def slice_gradients(part, out):

@@ -26,8 +26,6 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
-
 from ..errors import ConfigError
 from ..kernels.batchnorm_sums import partial_sums_bytes
 from ..kernels.column_sums import channel_sums_bytes
@@ -204,35 +202,17 @@ class Profile:
 
 
 def least_step_s(profile: Profile, micro_batches: int, names=None,
-                 forward_share=None, backward_share=None, accumulate_share: float = 1.0
-                 ) -> float:
+                 forward_share=None, backward_share=None) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
     (of the layers `names`, default every layer of the profile; of a fused layer's forward
     and backward the shares `forward_share` and `backward_share` give: StepModel's), the
-    gradient adds of the passes after the first (accumulate_share of them:
-    accumulation_share), one optimizer update."""
+    gradient adds of the passes after the first, one optimizer update."""
     names = list(profile.layers) if names is None else names
     shares = {"forward": forward_share or {}, "backward": backward_share or {}}
     pass_s = sum(profile.layer(n).least_time(phase) * shares[phase].get(n, 1.0)
                  for n in names for phase in PHASES)
-    return micro_batches * pass_s + \
-        (micro_batches - 1) * profile.accumulate_s * accumulate_share + profile.optimizer_s
-
-
-def accumulation_share(layers, batch_slice: int | None = None) -> float:
-    """What of Profile.accumulate_s (every parameter's gradient added into another once) a
-    pass after a step's first spends, over `layers` (each once): the adds of the gradients
-    the executor adds after a layer's call, and, of a layer that adds them in its own
-    products (Layer.adds_gradients), the product's one more read of the gradient, a third
-    of an add (which reads two and writes one). Under deterministic slices (batch_slice)
-    every gradient is added after its slices."""
-    total = spent = 0.0
-    for layer in layers:
-        for p in layer.params.values():
-            n = numel(p.shape)
-            total += n
-            spent += n / 3 if layer.adds_gradients and batch_slice is None else n
-    return spent / total if total else 1.0
+    return micro_batches * pass_s + (micro_batches - 1) * profile.accumulate_s + \
+        profile.optimizer_s
 
 
 def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:
@@ -308,8 +288,7 @@ def gradient_copy_bytes(layer, phase: str) -> int:
 
 
 def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None,
-                       batch_slice: int | None = None, rows: int = 0, in_arena: int = 1,
-                       params=None) -> int:
+                       batch_slice: int | None = None, rows: int = 0, in_arena: int = 1) -> int:
     """In a step of several micro-batches, a backward after the first writes its parameter
     gradients into temporaries, all of them at once, and adds them to the accumulated ones
     (executor.py); so does the backward of every piece of a layer chunk but the last (the
@@ -320,25 +299,12 @@ def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None,
     than one slice sums its slices' gradients through one such set of temporaries too
     (layers/slices.sum_in_slices; rows: the call's images), made by the array module: in the
     device allocator where temporaries are (in_arena 1: the GPU's arena), not on the CPU
-    (0).
-
-    A layer that adds its gradients in its own products (Layer.adds_gradients: a fully
-    connected layer's GemmEx with beta 1) takes none, but where its products are the
-    reference's ops (float64), which make the product in a temporary of the array module.
-
-    params: the Parameters whose gradients the call writes (default: the layer's own); a
-    convolution whose bias the ReLU after it adds (minidnn/fusion.py, bias_relu) writes its
-    weight's alone, and that ReLU the bias's."""
+    (0)."""
     if phase != "backward":
         return 0
-    own = list(layer.params.values())
-    params = own if params is None else params
-    grads = sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1)) for p in params)
+    grads = sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
+                for p in layer.params.values())
     if micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1):
-        adds_itself = layer.adds_gradients and len(params) == len(own) and \
-            all(a is b for a, b in zip(params, own))
-        if adds_itself and batch_slice is None:
-            return in_arena * grads if layer.dtype == np.float64 else 0
         return grads
     return in_arena * grads if batch_slice is not None and rows > batch_slice else 0
 

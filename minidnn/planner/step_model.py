@@ -61,9 +61,9 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, accumulation_share, bias_sums_bytes,
-                    gradient_copy_bytes, numel, optimizer_transient_bytes, param_bytes,
-                    transient_bytes, weight_copy_bytes)
+from .costs import (ALGOS, Profile, accumulation_bytes, bias_sums_bytes, gradient_copy_bytes,
+                    numel, optimizer_transient_bytes, param_bytes, transient_bytes,
+                    weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
 from .recorded import StepRecording, splice
@@ -319,22 +319,17 @@ class StepModel:
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes + \
             self.loss_bytes
         self.optimizer_transient = counted * optimizer_transient_bytes(net)
-        # The gradient adds of a pass after the first (the executor's, and a fully connected
-        # layer's one more read of its gradient where it adds in its product).
-        self.accumulate_share = accumulation_share(
-            {id(n.layer): n.layer for n in self.nodes}.values(), options.batch_slice)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
         sums = self._bias_sums(biased if spec.fuse else {})
-        written = self._gradients_written(biased if spec.fuse else {})
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + (counted * sums.get(i, 0) if phase == "backward" else 0)
                            + accumulation_bytes(node.layer, phase, k, node.piece,
                                                 options.batch_slice,
                                                 batch // node.piece[1] if node.piece else batch,
-                                                counted, written[i])
+                                                counted)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         # What of a layer's measured forward a fused step still spends (minidnn/fusion.py;
         # the profile times the layers apart), by node name; 1 where it is absent. A ReLU
@@ -605,7 +600,7 @@ class StepModel:
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes,
         # the gradient adds of the k - 1 after the first, and one update.
-        between = (k - 1) * (self.profile.accumulate_s * self.accumulate_share - opt)
+        between = (k - 1) * (self.profile.accumulate_s - opt)
         step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,
@@ -620,20 +615,6 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _gradients_written(self, bias_relu: dict) -> list:
-        """[the Parameters whose gradients node i's backward writes] by node index
-        (executor.py, _gradients_written): its layer's own, but a convolution's bias that
-        the ReLU after it adds (`bias_relu`, {ReLU: convolution}), which that ReLU writes."""
-        by_name = {node.name: node for node in self.nodes}
-        deferred = set(bias_relu.values())
-        out = []
-        for node in self.nodes:
-            own = [p for key, p in node.layer.params.items()
-                   if not (key == "bias" and node.name in deferred)]
-            conv = bias_relu.get(node.name)
-            out.append(own + ([by_name[conv].layer.params["bias"]] if conv else []))
-        return out
-
     def _bias_sums(self, bias_relu: dict) -> dict:
         """{node index: bytes of the partial sums of a convolution's bias gradient its
         backward takes} (costs.bias_sums_bytes): the convolution's own, or the ReLU's where

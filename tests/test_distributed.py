@@ -337,15 +337,26 @@ def test_ranks_under_dyn_plan_from_rank_zeros_profiles(tmp_path, monkeypatch):
     from minidnn.planner.dyn import DynPolicy
     from minidnn.spec import StepSpec
     from minidnn.train import plan_from_rank_zero
+    from minidnn.decide import decide
+    from minidnn.planner import InfeasibleBudgetError
     monkeypatch.setenv("MINIDNN_CACHE", str(tmp_path / "cache"))
     sent: list = []
+
+    def spec_of(policy, budget):
+        return StepSpec(batch=8, policy=policy, memory_budget=budget, micro_batches=2,
+                        chunks=())
+
+    # The least budget: a step that must move or rebuild maps to fit.
+    with pytest.raises(InfeasibleBudgetError) as refused:
+        decide(models.build("tiny_cnn", num_classes=10, image_size=16),
+               spec_of(DynPolicy(log=lambda *_: None), 4096), device="cpu")
+    least = int(refused.value.minimum)
 
     def plan(is_main):
         net = models.build("tiny_cnn", num_classes=10, image_size=16)
         policy = DynPolicy(log=lambda *_: None)
-        spec = StepSpec(batch=8, policy=policy, memory_budget=745_000, micro_batches=2,
-                        chunks=())
-        return plan_from_rank_zero(_Rank(is_main, sent), net, spec, "cpu", policy)
+        return plan_from_rank_zero(_Rank(is_main, sent), net, spec_of(policy, least), "cpu",
+                                   policy)
 
     first = plan(True)
     assert sent and sent[0], "rank 0 sent no profiles"

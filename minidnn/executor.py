@@ -66,7 +66,7 @@ from .backend import Device, to_numpy
 from .errors import ConfigError, DataError, ShapeError
 from .layers import precision as mixed
 from .layers.base import StepContext
-from .layers.slices import row_slices
+from .layers.slices import pairwise_sum, row_slices
 from .memory.observer import ObserverGroup
 from .memory.plan import grad_name
 from .memory.policy import NO_DECISION, MemoryDecision
@@ -97,11 +97,10 @@ def check_step_inputs(net: Network, plan, batch: int, x, labels) -> None:
 
 
 def mean_of_passes(losses):
-    """The step's mean loss from its passes' mean losses (equal passes: their mean)."""
-    total = losses[0]
-    for loss in losses[1:]:
-        total = total + loss
-    return total / len(losses)
+    """The step's mean loss from its passes' mean losses (equal passes: their mean), summed
+    as a balanced tree (layers/slices.pairwise_sum: a deterministic step's loss has the same
+    bits however it is split)."""
+    return pairwise_sum(list(losses)) / len(losses)
 
 
 class Executor:

@@ -106,6 +106,30 @@ def test_every_split_and_chunk_gives_the_same_bits():
     assert differing(reference, runs) == []
 
 
+def losses_of(make_net, **options) -> list:
+    """The bits of every step's reported loss (float hex) over STEPS SGD steps from seed 0."""
+    net = make_net()
+    rng = np.random.default_rng(1)
+    with build_executor(net, BATCH, device="cpu", seed=0, **options) as ex:
+        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
+        out = []
+        for _ in range(STEPS):
+            x = rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32)
+            out.append(float(ex.train_step(x, rng.integers(0, 10, BATCH), opt)).hex())
+        del opt
+    return out
+
+
+def test_every_split_reports_the_same_loss_bits():
+    """The loss a step reports is the mean of its slices' means summed as a tree
+    (layers/slices.pairwise_sum), in one pass or across passes: the same bits in every split
+    (summed pass after pass, the splits reported other last bits)."""
+    runs = {k: losses_of(vgg_net, micro_batches=k, deterministic=True) for k in (1, 2, 4, 8)}
+    runs["chunks"] = losses_of(vgg_net, policy="dyn", micro_batches=2, deterministic=True,
+                               chunks=(("conv1", "pool1", 2),))
+    assert all(r == runs[1] for r in runs.values()), runs
+
+
 def test_without_deterministic_mode_the_splits_differ():
     """The test above is not trivially true: without the slices the sums group differently
     and the bits differ (the same runs, deterministic mode off)."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import Layer
+from .slices import pairwise_sum, row_slices
 
 
 def check_label_smoothing(eps: float) -> float:
@@ -65,7 +66,12 @@ class SoftmaxCrossEntropy(Layer):
         xp.exp(p, out=p)
         total = p.sum(axis=1)                     # >= 1: the largest term is exp(0)
         p /= total[:, None]
-        y[...] = (xp.log(total) - picked).mean()
+        losses = xp.log(total) - picked
+        if ctx.batch_slice is None or n <= ctx.batch_slice:
+            y[...] = losses.mean()
+        else:   # deterministic: the slices' means as a tree, the bits of every split
+            parts = row_slices(n, ctx.batch_slice)
+            y[...] = pairwise_sum([losses[part].mean() for part in parts]) / len(parts)
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         xp = ctx.xp

@@ -18,6 +18,8 @@ another budget. Under deterministic mode (`--deterministic`) the grouping is fix
   or in chunk pieces. Last to first, because that is the order in which backward meets the
   pieces of a layer chunk (memory/schedule.py); the executor runs the micro-batches of a
   deterministic step last to first as well, so every plan meets the slices in one order;
+* the loss is the mean of the slices' mean losses, summed as a balanced tree
+  (`pairwise_sum`), in one pass or across passes alike;
 * a BatchNorm that normalizes parts of the batch (split_batch_statistics) normalizes each
   slice with its own statistics in every plan, split or not, and moves its running
   estimates once per slice, in the same order (layers/batchnorm.py).
@@ -85,6 +87,19 @@ def row_slices(rows: int, size: int) -> list:
     if rows % size:
         raise ValueError(f"{rows} rows are not whole slices of {size}")
     return [slice(start, start + size) for start in range(0, rows, size)]
+
+
+def pairwise_sum(values: list):
+    """values[0] + ... + values[-1] as a balanced tree: (v0 + v1) + (v2 + v3), and so on. A
+    step's loss is the mean of its slices' means summed this way (layers/loss.py,
+    executor.mean_of_passes): passes of whole slices, a power of two of them, are subtrees,
+    and each node's two terms add the same whichever comes first, so every split of a
+    deterministic step reports the loss's bits (a sum in pass order would group them by
+    the split)."""
+    if len(values) == 1:
+        return values[0]
+    half = len(values) // 2
+    return pairwise_sum(values[:half]) + pairwise_sum(values[half:])
 
 
 def in_order(rows: int, size: int) -> list:

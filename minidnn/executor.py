@@ -100,7 +100,7 @@ def mean_of_passes(losses):
     """The step's mean loss from its passes' mean losses (equal passes: their mean), summed
     as a balanced tree (layers/slices.pairwise_sum: a deterministic step's loss has the same
     bits however it is split)."""
-    return pairwise_sum(list(losses)) / len(losses)
+    return pairwise_sum(losses) / len(losses)
 
 
 class Executor:

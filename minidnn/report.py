@@ -13,7 +13,8 @@ Also: start_step, device_name, micro_batches (passes per step), split_batch_stat
 weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accuracy,
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,
 step_graphs (null where no step can be replayed from a CUDA graph, else {captured,
-captured_at, replayed_steps, given_up}: Executor.graph_stats).
+captured_at, replayed_steps, given_up}: Executor.graph_stats), traced_steps (the indices of
+the steps traced for --trace or --plot, left out of images_per_s too).
 A run stopped part-way (a signal, divergence, a full disk, memory exhausted) writes the report
 of the steps done with partial (true) and partial_reason (what stopped it), and
 diverged_at_step or interrupted_by where they apply (minidnn/stopping.py).
@@ -90,6 +91,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
     data's description) and what it has done (`progress`)."""
     mem, start_step, losses = progress.memory, progress.start_step, progress.losses
     step_times, evals, wall_time_s = progress.step_times, progress.evals, progress.wall_time_s
+    traced = traced_steps(cfg, step_times)
     report = {
         "model": cfg.model,
         "batch": cfg.batch,
@@ -110,8 +112,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "loss": [float(v) for v in losses],
         "step_time_s": [float(t) for t in step_times],
         "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps,
-                                            capture_steps(ex, start_step)
-                                            + traced_steps(cfg, step_times)),
+                                            capture_steps(ex, start_step) + traced),
+        "traced_steps": traced,
         "warmup_steps": cfg.warmup_steps,
         "peak_device_bytes": mem["peak_device_bytes"],
         "steady_peak_device_bytes": mem.get("steady_peak_device_bytes"),

@@ -95,7 +95,6 @@ class Tracer(StepObserver):
         self.budget = budget
         self.hold = hold
         self.issue_s: dict = {}      # a held trace: (phase, layer) -> host seconds to issue it
-        self.unheld_calls = 0        # a held trace: calls whose issue outlasted their hold
         self._issue = None           # (host clock, hold seconds) of the call being issued
         self.spans: list[Span] = []
         self.samples: list[Sample] = []
@@ -141,9 +140,13 @@ class Tracer(StepObserver):
             issue_s = time.perf_counter() - self._issue[0]
             self.issue_s[(phase, name)] = issue_s
             args["held"] = issue_s < self._issue[1]
-            self.unheld_calls += not args["held"]
             self._issue = None
         self._add(Span("compute", f"{phase} {name}", phase, self.step, start, end, args))
+
+    @property
+    def unheld_calls(self) -> int:
+        """A held trace's calls (of the steps kept) whose issue outlasted their hold."""
+        return sum(s.args.get("held") is False for s in self.spans)
 
     def copy(self, track: str, name: str, start, end, nbytes: int) -> None:
         """A copy on the offload or prefetch track (or a bucket's all-reduce on its own)."""

@@ -664,7 +664,7 @@ class _Loop:
                 if self.recipe.varies_lr:
                     self.opt.set_lr(self.recipe.schedule.lr_at(step))
                 if last and (cfg.trace or cfg.plot):
-                    ex.enable_trace(True, max_steps=1, hold=cfg.trace_held and bool(cfg.trace))
+                    ex.enable_trace(True, max_steps=1, hold=cfg.trace_held)
                 self.pending.append(ex.train_step(x, y, self.opt))
                 self.timer.lap()
                 if last:

@@ -333,7 +333,8 @@ def torch_kernel_profile(step, top=16) -> dict:
     slowest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
     by_class: dict = {}
     for name, (ms, _) in kernels.items():
-        by_class[kernel_class(name)] = by_class.get(kernel_class(name), 0.0) + ms
+        cls = kernel_class(name)
+        by_class[cls] = by_class.get(cls, 0.0) + ms
     return {"total_ms": round(sum(ms for ms, _ in kernels.values()), 2),
             "by_class": {c: round(ms, 2) for c, ms in sorted(by_class.items(),
                                                             key=lambda kv: -kv[1])},

@@ -139,13 +139,13 @@ def least_named(line: str | None) -> int | None:
     return parse_bytes(m.group(1)) if m else None
 
 
-def timed_steps(report: dict, traced: bool = False) -> list[float]:
+def timed_steps(report: dict) -> list[float]:
     """The step times (seconds) of a run's steady steps: its report's `step_time_s` less the
-    first WARMUP_STEPS, the steps captured as CUDA graphs and, when `traced`, the last."""
+    first WARMUP_STEPS, the steps captured as CUDA graphs and the steps traced."""
     graphs = report.get("step_graphs") or {}
-    times = report.get("step_time_s") or []
-    left_out = set(graphs.get("captured_at") or ()) | ({len(times) - 1} if traced else set())
-    return [t for i, t in enumerate(times) if i >= WARMUP_STEPS and i not in left_out]
+    left_out = set(graphs.get("captured_at") or ()) | set(report.get("traced_steps") or ())
+    return [t for i, t in enumerate(report.get("step_time_s") or [])
+            if i >= WARMUP_STEPS and i not in left_out]
 
 
 #: Layer kinds a traced cell lists under the table: those furthest from their prediction.
@@ -310,13 +310,13 @@ class Matrix:
                 report = json.load(f)
             cell.update(micro_batches=report.get("micro_batches"), chunks=report.get("chunks"),
                         images_per_s=report.get("images_per_s"))
-            cell.update(self.compare(model, precision, split, path, report, bool(trace)))
+            cell.update(self.compare(model, precision, split, path, report))
             if trace:
                 cell.update(traced_kinds(trace, path, report))
         self.cells.append(cell)
 
     def compare(self, model: str, precision: str, split: bool, path: str,
-                report: dict, traced: bool = False) -> dict:
+                report: dict) -> dict:
         """`minidnn plan --report RUN.json --json`'s predicted peak and step beside the
         measured ones: the run's steady peak and the median of its timed steps
         (timed_steps), as predicted/measured ratios with their verdicts."""
@@ -324,7 +324,7 @@ class Matrix:
         if result.get("returncode") != 0:
             return {"plan_error": f"plan: {error_line(result)}"}
         rows = {r["quantity"]: r for r in json.loads(result["stdout"])["comparison"]["rows"]}
-        timed = timed_steps(report, traced)
+        timed = timed_steps(report)
         return compared(rows["peak device memory"]["predicted"],
                         rows["peak device memory"]["measured"],
                         rows["step time (s)"]["predicted"], median(timed), len(timed))

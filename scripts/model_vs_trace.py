@@ -10,8 +10,9 @@ measured, added up by phase and layer kind.
 The step model (planner/step_model.py) prices a call at its layer's time in the profile,
 measured alone at the pass's batch (planner/profile.py); the trace (minidnn/trace.py) times the
 same call inside a real step, one event pair around it (with `--trace-held`, the stream held
-while the host issues the call, so that the pair times the device, not the host). A step split into K micro-batches
-makes K calls per layer and phase: they are averaged, so each row is one pass. The plan is
+while the host issues the call, so that the pair times the device, not the host). A step
+split into K micro-batches makes K calls per layer and phase: they are averaged, so each row
+is one pass. The plan is
 `minidnn plan --report RUN.json` with the run's micro-batches and chunks (made here, so on the
 GPU that ran it, from its cached profile), or a saved `minidnn plan --json` output. With the
 run's report, the step the run measured (replayed as a CUDA graph where it could be) stands

@@ -9,7 +9,8 @@
 # packing; `timeout -k` kills what does not stop on SIGTERM (a training run answers SIGTERM by
 # ending after the step in progress, which may be long). Its output goes to $OUT/NAME.txt,
 # its end (seconds and exit status) to $OUT/stages.txt; then everything under $OUT is packed
-# into the archive ($FINAL/NAME.tgz, traces gzipped) and stages.txt copied to $FINAL/log.txt.
+# into the archive ($FINAL/NAME.tgz) and stages.txt copied to $FINAL/log.txt. Nothing under
+# $OUT is changed by the packing: a later stage may read what an earlier one wrote.
 # So a call cut short at the machine's limit still brings back every stage that ended.
 FINAL=$OUT
 CALL=$1
@@ -33,8 +34,7 @@ cap() {
 }
 
 pack() {
-    (cd "$OUT" && for f in $(find . -name '*.trace.json'); do gzip -f "$f"; done
-     tar czf "$FINAL/$CALL.tgz" .)
+    tar czf "$FINAL/$CALL.tgz" -C "$OUT" .
     cp "$OUT/stages.txt" "$FINAL/log.txt"
 }
 

@@ -18,7 +18,8 @@ host inside the span, and the span measures the host. A *held* trace (`hold=True
 (kernels/cuda_hold.py) while the host issues the call behind the hold, as the planner's
 profile does: each span is then the device's time for the call, the step itself slower by
 the holds. A call's hold is a few times what the host took to issue the same call in an
-earlier pass (at first, and at the least, MIN_HOLD_S), and at most MAX_HOLD_S: a call in
+earlier pass, at least MIN_HOLD_S and at most MAX_HOLD_S; a call not issued before (the
+traced step's first pass: only the last step is traced) holds MAX_HOLD_S. A call in
 which the host waits for the device (the arena's pressure rule waits for a copy, and the
 holds are device time too) takes longer to issue the more the device holds, so a hold learnt
 from every call, unbounded, grew without end. A call whose issue outlasted its hold is marked
@@ -34,14 +35,18 @@ from .memory.observer import StepObserver
 
 TRACKS = ("compute", "offload", "prefetch", "allreduce")
 # A held trace's hold before a call: HOLD_MARGIN times the host's time to issue the same call
-# in an earlier pass, within [MIN_HOLD_S, MAX_HOLD_S] (see the module docstring).
+# in an earlier pass, within [MIN_HOLD_S, MAX_HOLD_S]; MAX_HOLD_S for a call not issued before
+# (see the module docstring).
 MIN_HOLD_S = 0.5e-3
 MAX_HOLD_S = 5e-3
 HOLD_MARGIN = 3.0
 
 
-def hold_seconds(issued_s: float) -> float:
-    """The hold before a call the host took `issued_s` to issue in an earlier pass (0: none)."""
+def hold_seconds(issued_s: float | None) -> float:
+    """The hold before a call the host took `issued_s` to issue in an earlier pass (None: not
+    issued before, so the longest hold)."""
+    if issued_s is None:
+        return MAX_HOLD_S
     return min(MAX_HOLD_S, max(MIN_HOLD_S, HOLD_MARGIN * issued_s))
 
 
@@ -118,7 +123,7 @@ class Tracer(StepObserver):
     def begin_layer(self, stream, phase: str, name: str, index: int):
         if self.hold:
             from .kernels import cuda_hold
-            seconds = hold_seconds(self.issue_s.get((phase, name), 0.0))
+            seconds = hold_seconds(self.issue_s.get((phase, name)))
             with stream:
                 cuda_hold.hold(seconds)
             self._issue = (time.perf_counter(), seconds)

@@ -27,8 +27,8 @@ from . import kernels
 from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
-from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_relu_pairs,
-                     conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs)
+from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
+                     bn_relu_pairs, conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -52,7 +52,8 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "memory_budget", "kernels", "host", "allocator", "maps", "plan", "layout", "manager",
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
-          "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool")
+          "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool",
+          "_add_grad_to", "_grad_handed")
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Assembly:
         self._relu_before_pool = self._pool_relu_forward()
         self._relu_forward_done |= frozenset(self._relu_before_pool.values())
         deferred_sums = self._add_sum()
+        self._add_grad_to, self._grad_handed = self._bn_grad()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -506,6 +508,28 @@ class Assembly:
                 if not mixed.temporary_bytes(self.plan.nodes[index[add]].layer, bf16_ops,
                                              self.plan.call_maps(index[add], "backward"),
                                              "backward")}
+
+    def _bn_grad(self) -> tuple:
+        """({add node name: the input whose gradient alone it writes}, {add node index: the
+        index of the batch norm node that reads it}) from the decision's bn_grad. An add whose
+        backward widens bf16 maps (on the CPU) writes both, as unfused: its widened copies
+        are written back whole."""
+        if not self.decision.bn_grad:
+            return {}, {}
+        pairs = self._fusion_pairs("bn_grad", bn_grad_pairs(self.plan),
+                                   "has batch norms read their gradient from an add's other "
+                                   "input")
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        bf16_ops = self._bf16_ops()
+        to, handed = {}, {}
+        for bn, add in pairs.items():
+            a = index[add]
+            if mixed.temporary_bytes(self.plan.nodes[a].layer, bf16_ops,
+                                     self.plan.call_maps(a, "backward"), "backward"):
+                continue
+            to[add] = 1 - self.plan.nodes[a].inputs.index(bn)
+            handed[a] = index[bn]
+        return to, handed
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

@@ -157,6 +157,7 @@ class Executor:
         self._in_step = False
         self._closed = False
         self._step_keys = None         # while a step is captured: its dropout keys' table
+        self._handed = None            # bn_grad: (batch norm node index, its add's gradient)
         self._graphs = step_graphs(self, setup) if self.spec.graphs else None
 
     def close(self) -> None:
@@ -227,6 +228,7 @@ class Executor:
                            add_done=self._add_done, relu_in_pool=self._relu_in_pool,
                            relu_mask_done=self._relu_mask_done,
                            relu_before_pool=self._relu_before_pool, step_keys=self._step_keys,
+                           add_grad_to=self._add_grad_to,
                            batch_slice=self.batch_slice, statistics_slice=self.statistics_slice)
 
     def _need_compute(self, what: str) -> None:
@@ -277,6 +279,7 @@ class Executor:
                     xs, y = buffers
                     mixed.forward(node.layer, xs, y, None, ctx)
                 else:
+                    buffers = self._handed_gradient(i, buffers)
                     addend = self.manager.addend(i)   # a gradient sum the add takes over
                     self._layer_backward(node, buffers, ctx if addend is None else
                                          replace(ctx, gy_addend=addend))
@@ -288,6 +291,21 @@ class Executor:
             t1 = observer.mark(self.device.compute)
             observer.layer(phase, node.name, i, t0, t1)
             self._sample(t1, phase, node.name, "end")
+
+    def _handed_gradient(self, i: int, buffers):
+        """The backward buffers (xs, y, gy, gxs, aux) of node i, where the decision's bn_grad
+        (minidnn/fusion.py) hands a gradient on: an add's masked gradient, written to one
+        input's gradient alone (StepContext.add_grad_to), is the gy of the batch norm whose
+        backward comes next, which writes its own gradient over the buffer it would have
+        read."""
+        if i in self._grad_handed:                       # the add: what it writes
+            xs, y, gy, gxs, aux = buffers
+            k = self._add_grad_to[self.plan.nodes[i].name]
+            self._handed = (self._grad_handed[i], gy if gxs[k] is None else gxs[k])
+        elif self._handed is not None and self._handed[0] == i:   # its batch norm
+            xs, y, _, gxs, aux = buffers
+            buffers, self._handed = (xs, y, self._handed[1], gxs, aux), None
+        return buffers
 
     def _layer_backward(self, node, buffers, ctx) -> None:
         """node's backward; in a micro-batch after the first, and in a piece of a layer chunk

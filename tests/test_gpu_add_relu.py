@@ -1,5 +1,5 @@
 """The residual add with the ReLU after it folded in (minidnn/fusion.py) on the GPU: the
-add_relu and relu_mask_copy kernels (kernels/cuda_pointwise.py) against NumPy, bit for bit
+add_relu, relu_mask_copy and relu_mask_sum kernels (kernels/cuda_pointwise.py) against NumPy, bit for bit
 (a sum and a selection are exact in float32; on bf16 maps the sum is rounded once), on odd
 sizes and misaligned arrays, in place, both layouts; and a fused training step of a small
 residual network giving the bits of the unfused one. Skipped without a CUDA GPU."""
@@ -122,6 +122,13 @@ def test_the_mask_of_a_sum_against_numpy(gpu, shape, layout, dtype):
     pw.relu_mask_sum_copy(*flat, out0, out1)
     assert cp.asnumpy(out0).tobytes() == want.reshape(-1).tobytes() == \
         cp.asnumpy(out1).tobytes()
+    # relu_mask_sum, its one-output form (bn_grad): in place into gy, then misaligned
+    dy, dgy, dg2 = (to_device(cp, a, layout) for a in (y, gy, g2))
+    pw.relu_mask_sum(dy, dgy, dg2, dgy)
+    assert raw(cp, dgy).tobytes() == want.tobytes()
+    flat = [on_device(a.reshape(-1), 1) for a in (y, gy, g2)]
+    pw.relu_mask_sum(*flat, out0)
+    assert cp.asnumpy(out0).tobytes() == want.reshape(-1).tobytes()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -138,6 +145,26 @@ def test_a_gpu_step_whose_add_sums_gives_the_bits_of_the_unfused_one(gpu, precis
     assert pairs == {"b1.sum": "b2.conv1"}
     plain_losses, plain_state, none, plain_evaluated = _run(
         two_blocks(), settings, 2, False, 8, "add_sum", device="gpu")
+    assert none == {} and losses == plain_losses and evaluated == plain_evaluated
+    for k in state:
+        assert state[k].tobytes() == plain_state[k].tobytes(), k
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_gpu_step_whose_batch_norms_read_the_other_gradient_gives_the_unfused_bits(
+        gpu, precision, layout):
+    """A projection block and an identity block (tests/test_fused_bn_grad.py): each add
+    writes one gradient, which the batch norm before it reads on (bn_grad); two steps and an
+    evaluation against --no-fuse, deterministic algorithms: the same bits."""
+    from test_fused_bn_grad import PAIRS, projected_blocks
+    from test_fusion import _run
+    settings = {"precision": precision, "layout": layout, "deterministic": True}
+    losses, state, pairs, evaluated = _run(projected_blocks(), settings, 2, True, 8,
+                                           "bn_grad", device="gpu")
+    assert pairs == PAIRS
+    plain_losses, plain_state, none, plain_evaluated = _run(
+        projected_blocks(), settings, 2, False, 8, "bn_grad", device="gpu")
     assert none == {} and losses == plain_losses and evaluated == plain_evaluated
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k

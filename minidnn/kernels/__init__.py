@@ -55,6 +55,8 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     relu_mask_sum_copy(y, gy, g2, gx0, gx1)          the same of gy + g2 (the sum rounded
                                                      once, as add's): a gradient sum the
                                                      add takes over (minidnn/fusion.py)
+    relu_mask_sum(y, gy, g2, gx)                     relu_mask_sum_copy to gx alone (bn_grad);
+                                                     gx may be gy
     sgd_update(params, lr, momentum, weight_decay)   SGD's update of [(w, g, v)], in place
                                                      (optim.py; one launch per dtype on a GPU)
     relu_forward(x, y, bias=None)                    y = max(x + bias, 0); y may be x (in

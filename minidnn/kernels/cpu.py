@@ -508,6 +508,14 @@ def relu_mask_sum_copy(y, gy, g2, gx0, gx1) -> None:
     relu_mask_copy(y, gx0, gx0, gx1)
 
 
+def relu_mask_sum(y, gy, g2, gx) -> None:
+    """gx = (gy + g2) where y > 0, else 0: relu_mask_sum_copy with one output (the add's
+    gradient that a batch norm reads on: minidnn/fusion.py, bn_grad); gx may be gy. Its
+    bits: add, then relu_backward's product."""
+    add(gy, g2, gx)
+    get_array_module(y).multiply(gx, y > 0, out=gx)
+
+
 # ---- fully connected ---------------------------------------------------------------------------
 def linear_forward(x, w, b, y, y32=None) -> None:
     """y (N, out) = x (N, in) @ w (out, in)^T + b (out,) (b may be None). y32, the float32

@@ -45,7 +45,7 @@ from .cuda_concat import concat_backward, concat_forward
 from .cuda_lrn import lrn_backward, lrn_forward
 from .cuda_pointwise import add, add_relu, bf16_to_float, bias_add, bias_grad, float_to_bf16, \
     relu_backward, relu_backward_bits, relu_forward, relu_forward_bits, relu_mask_copy, \
-    relu_mask_sum_copy, scale_by_mask
+    relu_mask_sum, relu_mask_sum_copy, scale_by_mask
 from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward, \
     maxpool2d_forward
 from .cuda_sgd import sgd_update
@@ -54,7 +54,8 @@ from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavaila
     check_math, contiguous_layout, split_by_group
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
-           "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "maxpool2d_forward",
+           "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_mask_sum",
+           "maxpool2d_forward",
            "maxpool2d_backward",
            "avgpool2d_forward", "avgpool2d_backward",
            "lrn_forward", "lrn_backward", "concat_forward", "concat_backward", "relu_forward",

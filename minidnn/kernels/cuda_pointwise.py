@@ -183,13 +183,10 @@ __global__ void relu_mask_copy(const T* y, const T* gy, T* gx0, T* gx1, unsigned
     store<T, VEC>(gx1, k, g);
 }
 
-// relu_mask_copy of gy + g2 (a gradient sum the add takes over, minidnn/fusion.py): the sum
-// stored as add stores it, then the selection; gx0 may be gy.
+// Vector k of gy + g2 (a gradient sum the add takes over, minidnn/fusion.py): the sum stored
+// as add stores it, then relu_backward's selection where y > 0.
 template<typename T, int VEC>
-__global__ void relu_mask_sum_copy(const T* y, const T* gy, const T* g2, T* gx0, T* gx1,
-                                   unsigned int n) {
-    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n / VEC) return;
+__device__ Pack<T, VEC> masked_sum(const T* y, const T* gy, const T* g2, unsigned int k) {
     const Pack<T, VEC> out = load<T, VEC>(y, k);
     Pack<T, VEC> g = load<T, VEC>(gy, k);
     const Pack<T, VEC> h = load<T, VEC>(g2, k);
@@ -198,8 +195,26 @@ __global__ void relu_mask_sum_copy(const T* y, const T* gy, const T* g2, T* gx0,
         const T sum = narrow<T>(widen(g.v[j]) + widen(h.v[j]));
         g.v[j] = widen(out.v[j]) > 0 ? sum : narrow<T>(0);
     }
+    return g;
+}
+
+// relu_mask_copy of gy + g2; gx0 may be gy.
+template<typename T, int VEC>
+__global__ void relu_mask_sum_copy(const T* y, const T* gy, const T* g2, T* gx0, T* gx1,
+                                   unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    const Pack<T, VEC> g = masked_sum<T, VEC>(y, gy, g2, k);
     store<T, VEC>(gx0, k, g);
     store<T, VEC>(gx1, k, g);
+}
+
+// The same to one gradient (bn_grad, minidnn/fusion.py); gx may be gy.
+template<typename T, int VEC>
+__global__ void relu_mask_sum(const T* y, const T* gy, const T* g2, T* gx, unsigned int n) {
+    const unsigned int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n / VEC) return;
+    store<T, VEC>(gx, k, masked_sum<T, VEC>(y, gy, g2, k));
 }
 
 // y = (x * mask) * scale, two products each rounded in acc_t<T> (NumPy's multiply, then its
@@ -400,8 +415,8 @@ __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* 
 }
 """
 
-_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_forward",
-            "relu_backward", "relu_forward_bits", "relu_backward_bits",
+_KERNELS = ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_mask_sum",
+            "relu_forward", "relu_backward", "relu_forward_bits", "relu_backward_bits",
             "bias_add", "bias_add_last", "relu_bias_last", "relu_bias_bits_last",
             "scale_by_mask")
 #: The modes of column_pass (its ColumnMode).
@@ -605,6 +620,18 @@ def relu_mask_sum_copy(y, gy, g2, gx0, gx1) -> None:
             pass
     add(gy, g2, gx0)
     relu_mask_copy(y, gx0, gx0, gx1)
+
+
+def relu_mask_sum(y, gy, g2, gx) -> None:
+    """gx = (gy + g2) where y > 0, else 0: relu_mask_sum_copy with one output (the add's
+    gradient that a batch norm reads on: minidnn/fusion.py, bn_grad); gx may be gy. One
+    pass reading gy, g2 and y and writing gx, over arrays as relu_mask_sum_copy's; anything
+    else runs add then relu_backward, whose bits the pass gives."""
+    try:
+        _flat_pass("relu_mask_sum", (y, gy, g2, gx))
+    except (TypeError, ValueError):
+        add(gy, g2, gx)
+        relu_backward(y, gx, gx)
 
 
 def scale_by_mask(x, mask, y, scale) -> None:

@@ -55,7 +55,7 @@ BF16_OPS = {
                       "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
                       "scale_by_mask", "batchnorm_training_forward", "batchnorm_forward",
                       "batchnorm_backward", "lrn_forward", "lrn_backward", "add", "add_relu",
-                      "relu_mask_copy", "relu_mask_sum_copy"}),
+                      "relu_mask_copy", "relu_mask_sum_copy", "relu_mask_sum"}),
 }
 
 #: Ops among BF16_OPS that compute their bf16 output in a float32 buffer of its shape and

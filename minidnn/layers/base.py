@@ -126,6 +126,9 @@ class StepContext:
     gy_addend: in the backward of an add that takes over a gradient sum (the decision's
     add_sum), the part of its output gradient a second reader wrote, to add to gy (a map
     of gy's shape and layout); else None.
+    add_grad_to: {add node name: k}: the adds that write their masked gradient to input k's
+    gradient alone (input 0's: gy's buffer when it has none of its own), which the batch
+    norm writing their other input reads as its gy (the decision's bn_grad).
     maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
     precision), in which a batch norm recomputes the output of the ReLU it applies; None:
     the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
@@ -165,6 +168,7 @@ class StepContext:
     relu_mask_done: frozenset = frozenset()
     relu_before_pool: dict = field(default_factory=dict)
     gy_addend: Any = None
+    add_grad_to: dict = field(default_factory=dict)
     maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None

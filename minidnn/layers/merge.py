@@ -88,7 +88,8 @@ class Add(Layer):
         """Two inputs: one kernel add, rounded once, which the GPU's kernels do on bf16 maps
         as the widening path does (layers/precision.py); more inputs would be rounded
         between the adds, so they are widened."""
-        return ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy") \
+        return ("add", "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_backward",
+                "relu_mask_sum") \
             if len(self.in_shapes) == 2 else None
 
     def forward(self, xs, y, aux, ctx):
@@ -111,8 +112,17 @@ class Add(Layer):
         ReLU after it (ctx.relu_in_add): y is then that ReLU's output, retained (the liveness
         plan's `fuse`), and gy is masked in place when input 0's gradient shares it. With
         ctx.gy_addend (minidnn/fusion.py, add_sum) the gradient is gy + that addend, summed
-        in the same pass."""
+        in the same pass. An add of ctx.add_grad_to (bn_grad) writes input k's gradient
+        alone; the batch norm writing the other input reads it from there."""
         if self.name in ctx.relu_in_add:
+            k = ctx.add_grad_to.get(self.name)
+            if k is not None:     # one input's gradient: the batch norm after reads it (bn_grad)
+                gx = gy if gxs[k] is None else gxs[k]
+                if ctx.gy_addend is None:
+                    ctx.kernels.relu_backward(y, gy, gx)
+                else:
+                    ctx.kernels.relu_mask_sum(y, gy, ctx.gy_addend, gx)
+                return
             gx0 = gy if gxs[0] is None else gxs[0]
             if ctx.gy_addend is None:
                 ctx.kernels.relu_mask_copy(y, gy, gx0, gxs[1])

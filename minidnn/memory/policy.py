@@ -98,6 +98,10 @@ class MemoryDecision:
     # gradient of its ReLU's output that node's backward wrote, in its own pass, instead of the
     # memory manager after that backward (minidnn/fusion.py).
     add_sum: dict = field(default_factory=dict)
+    # bn_grad: {batch norm node name: add node name}, adds of add_relu: the add's backward
+    # writes its masked gradient to its other input's gradient alone, and the batch norm,
+    # whose backward comes next, reads it from there (minidnn/fusion.py).
+    bn_grad: dict = field(default_factory=dict)
     # pool_relu: {ReLU node name: max pool node name}: the max pool applies that ReLU's mask
     # in its backward, and the ReLU keeps nothing for backward (minidnn/fusion.py).
     pool_relu: dict = field(default_factory=dict)

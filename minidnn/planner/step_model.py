@@ -87,7 +87,9 @@ POOLED_RELU_BIAS_SHARE = 1 / 3
 # prices a ReLU its add or batch norm applies as a pass of its own, which offsets what layers
 # cost more inside the step than alone (benchmarks/RESULTS.md, sixteenth wave, "What the step
 # model prices"); so the two maps come off the add's measured backward, a copy of gy into
-# input 1's gradient, two maps.
+# input 1's gradient, two maps. Where the batch norm before the add reads the add's gradient
+# on (bn_grad), the add writes one map fewer still, which the model, pricing it at nothing
+# already, does not see.
 SUMMING_ADD_SHARE = 0.0
 
 

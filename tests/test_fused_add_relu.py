@@ -13,7 +13,7 @@ from minidnn.kernels.mapformat import MapFormat
 from minidnn.layers import Add, Conv2d, Flatten, Linear, ReLU
 from minidnn.memory.plan import LivenessPlan
 from test_fused_bn_relu import small_resnet
-from test_fusion import _run
+from test_fusion import _run, counting
 from test_graph import check_gradients
 
 pytest.importorskip("ml_dtypes")
@@ -40,14 +40,7 @@ def test_the_relu_after_the_add_is_folded_and_the_add_keeps_its_output():
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(layout, precision, monkeypatch):
     settings = {"precision": precision, "layout": layout}
-    calls = {"add_relu": 0, "relu_mask_copy": 0, "relu_backward": 0}
-    for name in calls:
-        original = getattr(cpu, name)
-
-        def counted(*a, _name=name, _original=original):
-            calls[_name] += 1
-            return _original(*a)
-        monkeypatch.setattr(cpu, name, counted)
+    calls = counting(monkeypatch, cpu, ("add_relu", "relu_mask_copy", "relu_backward"))
     fused = _run(small_resnet(), settings, 2, True, 8, "add_relu")
     assert fused[2] == {"relu3": "sum"}
     # Two steps and an evaluation forward; two backward masks; no ReLU backward left. On

@@ -4,20 +4,17 @@ the batch norm does not write, and the batch norm, whose backward comes next, re
 there and writes its own gradient over the buffer it would have read. The pairs ResNets
 have; the kernel's bits; a fused step's bits against the unfused one's, with identity and
 projection blocks, under budgets, micro-batches, recomputation and deterministic slices."""
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
-from minidnn import SGD, models
+from minidnn import models
 from minidnn.builder import NetBuilder
 from minidnn.decide import decide
-from minidnn.executor import Executor
 from minidnn.fusion import add_relu_pairs, bn_grad_pairs
 from minidnn.kernels import cpu
 from minidnn.memory.plan import LivenessPlan
-from minidnn.memory.policy import recompute_candidates
-from test_fusion import _run
+from test_fused_add_sum import recomputing_everything
+from test_fusion import _run, counting
 
 pytest.importorskip("ml_dtypes")
 
@@ -93,14 +90,7 @@ def test_the_kernel_gives_the_bits_of_the_two_output_one():
                                     {"deterministic": True, "micro_batches": 2,
                                      "split_batch_statistics": True}], ids=str)
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
-    calls = {"relu_mask_sum": 0, "relu_mask_sum_copy": 0, "relu_mask_copy": 0}
-    for name in calls:
-        original = getattr(cpu, name)
-
-        def counted(*a, _name=name, _original=original):
-            calls[_name] += 1
-            return _original(*a)
-        monkeypatch.setattr(cpu, name, counted)
+    calls = counting(monkeypatch, cpu, ("relu_mask_sum", "relu_mask_sum_copy", "relu_mask_copy"))
     fused = _run(projected_blocks(), kwargs, 2, True, 8, "bn_grad")
     assert fused[2] == PAIRS
     passes = 2 * kwargs.get("micro_batches", 1)
@@ -122,21 +112,5 @@ def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
 def test_recomputing_every_candidate_keeps_the_bits():
     """Recomputations run between an add's backward and its batch norm's: they write maps,
     not the gradient handed on."""
-    def train(fuse):
-        net = projected_blocks()
-        net.init_params(0)
-        decision = decide(net, 4, device="cpu", fuse=fuse)
-        ids = frozenset(s.id for s in recompute_candidates(LivenessPlan(net, 4, fuse=fuse)))
-        with Executor(net, 4, device="cpu", seed=1,
-                      decision=replace(decision, recompute=ids)) as ex:
-            assert len(ex.decision.recompute) > 4 and bool(ex.decision.bn_grad) == fuse
-            opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
-            rng = np.random.default_rng(2)
-            losses = [float(ex.train_step(rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
-                                          rng.integers(0, 10, 4), opt)) for _ in range(2)]
-        return losses, {k: np.array(v) for k, v in net.state_dict().items()}
-
-    fused, plain = train(True), train(False)
-    assert fused[0] == plain[0]
-    for k in fused[1]:
-        assert fused[1][k].tobytes() == plain[1][k].tobytes(), k
+    assert recomputing_everything(projected_blocks(), True, "bn_grad") == \
+        recomputing_everything(projected_blocks(), False, "bn_grad")

@@ -56,6 +56,20 @@ def _run(net, decision_kwargs, steps, fuse, size, field, device="cpu"):
     return losses, state, fused, evaluated
 
 
+def counting(monkeypatch, module, names) -> dict:
+    """{name: calls so far} of the functions `names` of `module`, each wrapped to count its
+    calls (monkeypatch undoes it)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        original = getattr(module, name)
+
+        def counted(*a, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*a)
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def _train(net, decision_kwargs, steps=3, fuse=True):
     return _run(net, decision_kwargs, steps, fuse, 16, "bias_relu")[:3]
 

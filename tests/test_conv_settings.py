@@ -110,7 +110,7 @@ def test_settings_are_ordered_by_workspace():
 def test_profiling_costs_each_rung_from_the_plan_table(monkeypatch):
     """The CPU has no cuDNN plans; a stand-in table exercises the path the GPU runs (by
     default not deterministic)."""
-    def conv_plans(op, x_shape, w_shape, spec, dtype=None):
+    def conv_plans(op, x_shape, w_shape, spec, dtype=None, layout="nchw"):
         return {"fprop": FPROP, "wgrad": WGRAD, "dgrad": WGRAD}[op]
     monkeypatch.setattr(cpu_kernels, "conv_plans", conv_plans, raising=False)
     monkeypatch.setattr(profiling, "kernel_settings",
@@ -182,7 +182,7 @@ def test_the_planner_takes_a_rung_rather_than_the_memory_optimal_plan():
 def test_deterministic_profiling_costs_one_plan_for_every_setting(monkeypatch):
     """In deterministic mode every setting runs the same plan (the best-ranked of the least
     workspace), so the profile offers no trade-off and no budget changes a bit."""
-    def conv_plans(op, x_shape, w_shape, spec, dtype=None):
+    def conv_plans(op, x_shape, w_shape, spec, dtype=None, layout="nchw"):
         return {"fprop": FPROP, "wgrad": WGRAD, "dgrad": WGRAD}[op]
     monkeypatch.setattr(cpu_kernels, "conv_plans", conv_plans, raising=False)
     net = Network.sequential((3, 8, 8), [Conv2d(4, 3, padding=1, name="conv1"),

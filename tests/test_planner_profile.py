@@ -174,3 +174,27 @@ def test_a_profile_is_measured_in_the_format_the_run_stores_its_maps_in(net, cac
     assert len({nhwc.key, bf16.key, plain.key}) == 3
     assert len(list(cache.glob("*.json"))) == 3
     assert any("NHWC" in note for note in nhwc.notes)
+
+
+@pytest.mark.parametrize("layout, precision", [("nhwc", "bf16"), ("nchw", "fp32")])
+def test_a_convolution_s_plan_tables_are_asked_for_in_the_maps_format(net, monkeypatch, layout,
+                                                                    precision):
+    """The workspace ladder of a convolution (planner/profile.py, _conv_settings) comes from
+    the cuDNN plan tables of the problems the step runs: channels-last bf16 maps run other
+    plans, with other workspaces, than NCHW float32 ones. A GPU kernels module stand-in
+    records what is asked (the CPU's has no tables)."""
+    pytest.importorskip("ml_dtypes")
+    from minidnn.kernels import cpu
+    from minidnn.kernels.cudnn_conv import PlanTiming  # noqa: F401 (needs no GPU)
+    from minidnn.kernels.mapformat import MapFormat
+    asked = []
+
+    def conv_plans(op, x_shape, w_shape, spec, dtype=np.float32, layout="nchw"):
+        asked.append((op, np.dtype(dtype).name, layout))
+        return [(0, 0, 1.0)]
+    monkeypatch.setattr(cpu, "conv_plans", conv_plans, raising=False)
+    profiling.measure_layers(net, 4, Device("cpu"), repeats=1, progress=False,
+                             maps=MapFormat(layout, precision))
+    want = "bfloat16" if precision == "bf16" else "float32"
+    assert asked and all(dtype == want and lay == layout for _, dtype, lay in asked)
+    assert {op for op, _, _ in asked} >= {"fprop", "wgrad"}

@@ -94,3 +94,31 @@ def test_a_call_that_cannot_be_captured_is_timed_launched_and_the_stream_stays_u
         y = cp.arange(8, dtype=cp.float32) * 2
     assert device_s > 0 and host_s > 0
     assert y.get().tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
+
+
+@pytest.mark.parametrize("layout, precision", [("nhwc", "bf16"), ("nhwc", "fp32"),
+                                               ("nchw", "fp32")])
+def test_the_plan_tables_a_profile_reads_are_those_of_the_problems_a_step_runs(layout,
+                                                                             precision):
+    """A convolution's workspace ladder comes from the cuDNN plan tables of the problems the
+    step runs (planner/profile.py, _conv_tables): after a step, asking for every
+    convolution's tables finds them all in the plan cache and builds no other problem (they
+    were NCHW float32 problems whatever the maps)."""
+    from minidnn import models
+    from minidnn.kernels import cuda
+    from minidnn.kernels.mapformat import MapFormat
+    from minidnn.planner.profile import _conv_tables
+    from test_fusion import _run
+    cuda.clear_conv_cache()
+    net = models.build("tiny_cnn", num_classes=10, image_size=16)
+    _run(net, {"layout": layout, "precision": precision}, 1, False, 16, "bias_relu",
+         device="gpu")
+    entries = cuda.conv_cache_stats()["entries"]
+    maps = MapFormat(layout, precision)
+    convs = [n for n in net.nodes if n.layer.kind == "conv"]
+    assert convs and entries >= 2 * len(convs)
+    for node in convs:
+        tables = _conv_tables(cuda, node.layer, node, maps)
+        assert tables and all(any(t.time_ms == t.time_ms for t in table)
+                              for table in tables.values())
+    assert cuda.conv_cache_stats()["entries"] == entries

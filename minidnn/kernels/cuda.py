@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
-from .mapformat import BF16_OPS as MAP_OPS
+from .mapformat import BF16_OPS as MAP_OPS, shaped
 from .cuda_linear import bind_stream as bind_cublas, linear_backward, linear_forward, \
     set_math as _linear_math
 from .cuda_concat import concat_backward, concat_forward
@@ -431,11 +431,13 @@ def run_conv_plan(op: str, x, w, y, spec, plan_index: int) -> None:
     _conv(op, x, w, y, spec, plan_index=plan_index)
 
 
-def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32) -> list:
+def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32, layout: str = "nchw") -> list:
     """The measured plan table of a convolution op: [(plan_index, workspace_bytes, time_ms)].
 
     x_shape (N, C, H, W) and w_shape (O, C/groups, KH, KW) are the forward shapes for all three
-    ops. A problem not yet seen is measured now on temporary arrays (allocated from CuPy, i.e.
+    ops; image, filter and output are `dtype` arrays laid out as `layout` says (mapformat), as
+    a step with maps of that dtype and layout runs them, so the table is that step's problem's.
+    A problem not yet seen is measured now on temporary arrays (allocated from CuPy, i.e.
     the arena). When cuDNN cannot run the groups together the table is the per-group graph's,
     with times multiplied by the number of groups. Plans that could not run have time inf,
     plans not measured (ranked past cudnn_conv.MEASURED_PLANS) NaN.
@@ -445,27 +447,35 @@ def conv_plans(op: str, x_shape, w_shape, spec, dtype=np.float32) -> list:
     oh = out_size(h, kh, spec.stride[0], spec.padding[0], spec.dilation[0])
     ow = out_size(wd, kw, spec.stride[1], spec.padding[1], spec.dilation[1])
     dtype = np.dtype(dtype)
-    y_shape = (n, o, oh, ow)
+    shapes = (x_shape, w_shape, (n, o, oh, ow))
     known = _cache().lookup(ConvProblem.of(
-        op, _Layout(x_shape, dtype), _Layout(w_shape, dtype), _Layout(y_shape, dtype), spec,
-        _state["math"], _state["deterministic"]))
+        op, *(_Layout(s, dtype, layout) for s in shapes), spec, _state["math"],
+        _state["deterministic"]))
     if known is not None:
         return [(p.index, p.workspace_bytes, p.time_ms) for p in known.table]
-    rng = cp.random.default_rng(0)
     with _cudnn_stream():
-        x = rng.standard_normal(contiguous_layout(x_shape)[0], dtype=dtype)
-        w = rng.standard_normal(contiguous_layout(w_shape)[0], dtype=dtype)
-        y = rng.standard_normal(y_shape, dtype=dtype)
+        x, w, y = (_filled(s, dtype, layout) for s in shapes)
         entry, parts = _entry_and_parts(op, x, w, y, spec)
     factor = len(parts)
     return [(p.index, p.workspace_bytes, p.time_ms * factor) for p in entry.table]
 
 
-class _Layout:
-    """Shape, C-order strides and dtype of an array not allocated (for cache look-ups)."""
+def _filled(shape, dtype, layout: str):
+    """A temporary array of logical `shape` in `layout`, every byte 0x3C: about 0.0115 as a
+    float32 or a bf16, finite and not zero (the plans' times do not depend on the values)."""
+    size = int(np.prod(shape)) * dtype.itemsize
+    return shaped(cp.full(size, 0x3C, dtype=np.uint8), shape, dtype, layout)
 
-    def __init__(self, shape, dtype):
+
+class _Layout:
+    """Shape, strides (in bytes, as CuPy's) and dtype of an array of logical `shape` laid out
+    as `layout` says, not allocated (for cache look-ups)."""
+
+    def __init__(self, shape, dtype, layout: str = "nchw"):
         self.shape, strides = contiguous_layout(shape)
+        if layout == "nhwc" and len(self.shape) == 4:
+            n, c, h, w = self.shape
+            strides = (h * w * c, 1, w * c, c)      # mapformat.shaped's channels-last view
         self.dtype = np.dtype(dtype)
         self.itemsize = self.dtype.itemsize
         self.strides = tuple(s * self.itemsize for s in strides)

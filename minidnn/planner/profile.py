@@ -52,8 +52,9 @@ from .costs import ALGOS, LayerCost, Profile, structure_hash
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
 # is measured again (2: the stream held while the host issues the timed calls; 3: the calls
-# replayed from a CUDA graph, _Clock).
-TIMING_METHOD = 3
+# replayed from a CUDA graph, _Clock; 4: a convolution's plan tables, which give its
+# workspace ladder, of the maps' layout and dtype, where they were NCHW float32's).
+TIMING_METHOD = 4
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 
@@ -294,10 +295,11 @@ def _layer_buffers(i, node, plan, shapes, xp, rng, num_classes, kernels):
     return xs, y, aux, gy, gxs
 
 
-def _conv_tables(kernels, layer, node) -> dict:
+def _conv_tables(kernels, layer, node, maps: MapFormat) -> dict:
     """{op: [PlanTiming]}: the kernels' measured plan tables of the convolution ops a conv layer
-    runs (fprop; wgrad; dgrad when its input wants a gradient), or {} for kernels without
-    cuDNN plans (the CPU)."""
+    runs (fprop; wgrad; dgrad when its input wants a gradient) on maps stored as `maps` says
+    (the problems the step runs: the layout and dtype choose cuDNN's plans and workspaces), or
+    {} for kernels without cuDNN plans (the CPU)."""
     conv_plans = getattr(kernels, "conv_plans", None)
     if conv_plans is None:
         return {}
@@ -305,10 +307,12 @@ def _conv_tables(kernels, layer, node) -> dict:
     ops = ["fprop", "wgrad"] + (["dgrad"] if LivenessPlan.wants_grad(node, 0) else [])
     return {op: [PlanTiming(*t) for t in conv_plans(op, layer.in_shapes[0],
                                                     layer.params["weight"].shape, layer.spec,
-                                                    dtype=layer.dtype)] for op in ops}
+                                                    dtype=maps.map_dtype(layer.dtype),
+                                                    layout=maps.layout)]
+            for op in ops}
 
 
-def _conv_settings(layer, node, ctx, deterministic, run) -> tuple:
+def _conv_settings(layer, node, ctx, deterministic, run, maps: MapFormat) -> tuple:
     """(forward_s, backward_s, workspace_forward, workspace_backward, host times) of a conv
     layer under each plan setting: 'fastest' and 'min_workspace' timed by running the layer,
     and the workspace limits between them (cudnn_conv.workspace_ladder) from the fastest
@@ -319,7 +323,7 @@ def _conv_settings(layer, node, ctx, deterministic, run) -> tuple:
     for algo in ALGOS:
         layer.plan_setting = algo
         fwd[algo], bwd[algo], host = run()
-    tables = _conv_tables(ctx.kernels, layer, node)
+    tables = _conv_tables(ctx.kernels, layer, node, maps)
     if not tables:
         return fwd, bwd, {a: 0 for a in ALGOS}, {a: 0 for a in ALGOS}, host
     where = f"profile of {layer.name}"
@@ -368,7 +372,7 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
         return f, b, (hf, hb)
 
     if layer.kind == "conv":
-        return _conv_settings(layer, node, ctx, deterministic, run)
+        return _conv_settings(layer, node, ctx, deterministic, run, plan.maps)
     f, b, host = run()
     return {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}, host
 

@@ -44,7 +44,7 @@ def main():
               f"{ {k: round(v * 1e3, 4) for k, v in costs.backward_s.items()} }")
         print(f"batch {batch}: conv1 backward workspace {costs.workspace_backward}")
         node = net.node("conv1")
-        for op, table in _conv_tables(kernels, node.layer, node).items():
+        for op, table in _conv_tables(kernels, node.layer, node, MapFormat("nhwc", "fp32")).items():
             rows = sorted(table, key=lambda t: (t.time_ms != t.time_ms, t.time_ms))
             print(f"batch {batch}: {op} plans (index, workspace bytes, ms): "
                   f"{[(t.index, t.workspace_bytes, round(t.time_ms, 4)) for t in rows]}")

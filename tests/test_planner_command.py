@@ -132,6 +132,31 @@ def test_a_run_report_is_compared_with_the_plan(tmp_path):
     assert rows["step time (s)"]["within_target"] is False
     text = run("--report", str(path))
     assert "predicted against measured" in text and "within 5%: yes" in text
+    assert out["comparison"]["differs"] is None and "not the same step" not in text
+
+
+def test_a_report_in_micro_batches_moves_each_pass_s_bytes_and_may_be_another_step(tmp_path):
+    """A run report's bytes moved are its last pass's (Executor.memory_stats): a step of 4
+    passes moves 4 times them. A plan whose step is not the run's says so."""
+    planned = plan_json()
+    report = {"model": "tiny_cnn", "batch": 64, "image_size": 32, "num_classes": 10,
+              "device": "gpu", "device_name": "NVIDIA H200", "policy": "dyn",
+              "memory_budget_bytes": None, "steps": 20, "math_mode": "tf32",
+              "peak_device_bytes": planned["plan"]["peak_device_bytes"],
+              "images_per_s": 1000.0, "micro_batches": 4, "chunks": [],
+              "offloaded_bytes": 1000, "prefetched_bytes": 900}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    out = json.loads(run("--report", str(path), "--json", "--micro-batches", "4"))
+    rows = {r["quantity"]: r for r in out["comparison"]["rows"]}
+    assert rows["offloaded bytes per step"]["measured"] == 4000
+    assert rows["prefetched bytes per step"]["measured"] == 3600
+    assert out["micro_batches"] == 4 and out["comparison"]["differs"] is None
+    # Unconstrained, the plan takes one pass where the run took four.
+    out = json.loads(run("--report", str(path), "--json"))
+    assert out["micro_batches"] == 1
+    assert out["comparison"]["differs"] == "the run took 4 micro-batches, this plan one pass"
+    assert "not the same step: the run took 4 micro-batches" in run("--report", str(path))
 
 
 # A GPU run's report, as train writes it, with what plan --report needs.

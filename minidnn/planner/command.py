@@ -590,9 +590,21 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
 
 
 def compare_with_report(planned: dict, report: dict, path: str) -> dict:
-    """Predicted against measured: peak device bytes, step time, images/s, bytes moved."""
+    """Predicted against measured: peak device bytes, step time, images/s, bytes moved.
+
+    A report's bytes moved are its last pass's (every pass alike): a step's are that times
+    its micro-batches. `differs` says how this plan's step is not the one the run took (its
+    micro-batches or layer chunks: the planner, or its profile, changed since), None when
+    it is: the comparison then sets one step beside another."""
     p = planned["plan"]
     batch = report.get("batch") or planned["batch"]
+    passes = int(report.get("micro_batches") or 1)
+    ran = (passes, [list(c) for c in report.get("chunks") or []])
+    planned_step = (int(planned["micro_batches"]), planned["chunks"])
+    # A report written before these fields were: nothing to tell the steps apart by.
+    known = "micro_batches" in report and "chunks" in report
+    differs = None if ran == planned_step or not known else (
+        f"the run took {_step_shape(*ran)}, this plan {_step_shape(*planned_step)}")
     # The steady state's peak when the run reports it (the first steps also measure every
     # cuDNN plan, whose trial workspaces are not part of training).
     peak = report.get("steady_peak_device_bytes") or report.get("peak_device_bytes")
@@ -603,17 +615,28 @@ def compare_with_report(planned: dict, report: dict, path: str) -> dict:
             ("peak device memory", p["peak_device_bytes"], peak, 0.05),
             ("step time (s)", p["step_time_s"], measured_step, 0.15),
             ("images/s", p["images_per_s"], ips, None),
-            ("offloaded bytes per step", p["offloaded_bytes"], report.get("offloaded_bytes"),
-             None),
+            ("offloaded bytes per step", p["offloaded_bytes"],
+             _per_step(report.get("offloaded_bytes"), passes), None),
             ("prefetched bytes per step", p["prefetched_bytes"],
-             report.get("prefetched_bytes"), None)):
+             _per_step(report.get("prefetched_bytes"), passes), None)):
         err = (pred - meas) / meas if (pred is not None and meas) else None
         rows.append({"quantity": what, "predicted": pred, "measured": meas,
                      "relative_error": err, "target": target,
                      "within_target": None if (target is None or err is None)
                      else abs(err) <= target})
     return {"report": path, "device_name": report.get("device_name"),
-            "policy": report.get("policy"), "steps": report.get("steps"), "rows": rows}
+            "policy": report.get("policy"), "steps": report.get("steps"), "rows": rows,
+            "differs": differs}
+
+
+def _per_step(pass_bytes, passes: int):
+    return None if pass_bytes is None else int(pass_bytes) * passes
+
+
+def _step_shape(micro_batches: int, chunks: list) -> str:
+    """'8 micro-batches' / 'one pass', with its layer chunks."""
+    shape = f"{micro_batches} micro-batches" if micro_batches > 1 else "one pass"
+    return shape + (f", {describe(chunks)}" if chunks else "")
 
 
 def _fmt_value(what: str, v) -> str:
@@ -666,6 +689,8 @@ def _comparison_lines(c: dict) -> list:
             f"within {r['target']:.0%}: {'yes' if r['within_target'] else 'no'}"
         lines.append(f"  {r['quantity']:<28}{_fmt_value(r['quantity'], r['predicted']):>14}"
                      f"{_fmt_value(r['quantity'], r['measured']):>14}{err:>9}  {target}")
+    if c.get("differs"):
+        lines.append(f"  not the same step: {c['differs']}")
     return lines
 
 

@@ -101,14 +101,18 @@ def test_the_kernel_gives_the_sum_rounded_once_then_the_mask():
         assert gx0.tobytes() == want.tobytes() == gx1.tobytes()
 
 
-@pytest.mark.parametrize("kwargs", [{"precision": "fp32", "layout": "nchw"},
-                                    {"precision": "bf16", "layout": "nhwc"},
-                                    {"precision": "fp32", "layout": "nhwc"},
-                                    {"precision": "bf16", "layout": "nchw"},
-                                    {"policy": "all", "memory_budget": "1MiB"},
-                                    {"micro_batches": 2, "split_batch_statistics": True},
-                                    {"deterministic": True, "micro_batches": 2,
-                                     "split_batch_statistics": True}], ids=str)
+# The settings a residual fusion's step is checked under against --no-fuse: both precisions
+# and layouts, a budget, micro-batches, deterministic slices.
+RESIDUAL_SETTINGS = [{"precision": "fp32", "layout": "nchw"},
+                     {"precision": "bf16", "layout": "nhwc"},
+                     {"precision": "fp32", "layout": "nhwc"},
+                     {"precision": "bf16", "layout": "nchw"},
+                     {"policy": "all", "memory_budget": "1MiB"},
+                     {"micro_batches": 2, "split_batch_statistics": True},
+                     {"deterministic": True, "micro_batches": 2, "split_batch_statistics": True}]
+
+
+@pytest.mark.parametrize("kwargs", RESIDUAL_SETTINGS, ids=str)
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
     calls = {"sums": 0}       # relu_mask_sum_copy, or relu_mask_sum where bn2 reads on (bn_grad)
     for name in ("relu_mask_sum_copy", "relu_mask_sum"):

@@ -13,7 +13,7 @@ from minidnn.decide import decide
 from minidnn.fusion import add_relu_pairs, bn_grad_pairs
 from minidnn.kernels import cpu
 from minidnn.memory.plan import LivenessPlan
-from test_fused_add_sum import recomputing_everything
+from test_fused_add_sum import RESIDUAL_SETTINGS, recomputing_everything
 from test_fusion import _run, counting
 
 pytest.importorskip("ml_dtypes")
@@ -82,13 +82,7 @@ def test_the_kernel_gives_the_bits_of_the_two_output_one():
         assert one.tobytes() == gx0.tobytes()
 
 
-@pytest.mark.parametrize("kwargs", [{"precision": "fp32", "layout": "nchw"},
-                                    {"precision": "fp32", "layout": "nhwc"},
-                                    {"precision": "bf16", "layout": "nhwc"},
-                                    {"policy": "all", "memory_budget": "1MiB"},
-                                    {"micro_batches": 2, "split_batch_statistics": True},
-                                    {"deterministic": True, "micro_batches": 2,
-                                     "split_batch_statistics": True}], ids=str)
+@pytest.mark.parametrize("kwargs", RESIDUAL_SETTINGS, ids=str)
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
     calls = counting(monkeypatch, cpu, ("relu_mask_sum", "relu_mask_sum_copy", "relu_mask_copy"))
     fused = _run(projected_blocks(), kwargs, 2, True, 8, "bn_grad")

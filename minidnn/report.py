@@ -14,7 +14,8 @@ weight_decay, eval (held-out loss/accuracy at each evaluation), final_eval_accur
 memory (every figure the executor reports), wall_time_s, minidnn_version, created,
 step_graphs (null where no step can be replayed from a CUDA graph, else {captured,
 captured_at, replayed_steps, given_up}: Executor.graph_stats), traced_steps (the indices of
-the steps traced for --trace or --plot, left out of images_per_s too).
+the steps traced for --trace or --plot, left out of images_per_s too), steady_steps (how many
+steps images_per_s is of; 0: none was steady, and it is of every step).
 A run stopped part-way (a signal, divergence, a full disk, memory exhausted) writes the report
 of the steps done with partial (true) and partial_reason (what stopped it), and
 diverged_at_step or interrupted_by where they apply (minidnn/stopping.py).
@@ -36,15 +37,20 @@ REQUIRED_FIELDS = ("model", "batch", "image_size", "device", "policy", "memory_b
                    "param_checksum")
 
 
+def steady_steps(steps: int, warmup_steps: int = 2, skip=()) -> list[int]:
+    """Indices of a run's steady steps among its `steps`: after the first `warmup_steps`, and
+    not at the indices `skip` (the steps captured as CUDA graphs, a capture paid once as a
+    warm-up is; a traced step)."""
+    left_out = set(skip)
+    return [i for i in range(steps) if i >= warmup_steps and i not in left_out]
+
+
 def steady_images_per_s(step_times: list[float], batch: int, warmup_steps: int = 2,
                         skip=()) -> float | None:
-    """Images per second over the steps after the first `warmup_steps`, leaving out those at
-    the indices `skip` too (the steps captured as CUDA graphs: a capture is paid once, as a
-    warm-up is); all steps when that would leave none. None without steps."""
-    left_out = set(skip)
-    times = [t for i, t in enumerate(step_times) if i >= warmup_steps and i not in left_out]
-    if not times:
-        times = step_times
+    """Images per second over the steady steps (steady_steps); over all steps when there is
+    none (the report says so: steady_steps 0). None without steps."""
+    steady = steady_steps(len(step_times), warmup_steps, skip)
+    times = [step_times[i] for i in steady] or step_times
     total = sum(times)
     if not times or total <= 0:
         return None
@@ -113,6 +119,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "step_time_s": [float(t) for t in step_times],
         "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps,
                                             capture_steps(ex, start_step) + traced),
+        "steady_steps": len(steady_steps(len(step_times), cfg.warmup_steps,
+                                         capture_steps(ex, start_step) + traced)),
         "traced_steps": traced,
         "warmup_steps": cfg.warmup_steps,
         "peak_device_bytes": mem["peak_device_bytes"],

@@ -834,7 +834,10 @@ def summary_lines(report: dict) -> list[str]:
                      f"(chance {1 / report['num_classes']:.3f})")
     ips = report.get("images_per_s")
     peak = report.get("peak_device_bytes")
-    lines.append(f"{ips:.1f} images/s (steady state), peak device memory {fmt_bytes(peak)}, "
+    over = "steady state" if report.get("steady_steps", 1) else \
+        (f"over all {len(report['step_time_s'])} steps: none was steady, each a warm-up, "
+         f"captured or traced step")
+    lines.append(f"{ips:.1f} images/s ({over}), peak device memory {fmt_bytes(peak)}, "
                  f"wall time {report['wall_time_s']:.1f} s" if ips else
                  f"wall time {report['wall_time_s']:.1f} s")
     return lines

@@ -30,11 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from stream_timeline import measured_timeline, plan_json  # noqa: E402
+from minidnn.report import steady_steps  # noqa: E402
 
 
 # Traced calls adding up to more than this many times the run's replayed step were timed by
 # the host issuing them (passes of a few images), not by the device running them.
 HOST_BOUND = 1.5
+
+
+def steady_median(report: dict) -> float | None:
+    """The median of a run's steady steps (minidnn/report.py: after its warm-up, neither
+    captured as a CUDA graph nor traced), None when it has none."""
+    times = report.get("step_time_s") or []
+    captured = [s - int(report.get("start_step") or 0)
+                for s in (report.get("step_graphs") or {}).get("captured_at", ())]
+    steady = sorted(times[i] for i in steady_steps(len(times),
+                                                   int(report.get("warmup_steps") or 0),
+                                                   captured + list(report.get("traced_steps")
+                                                                   or ())))
+    return steady[len(steady) // 2] if steady else None
 
 
 def measured_calls(trace: dict) -> tuple[dict, int]:
@@ -147,17 +161,16 @@ def main(argv=None) -> int:
     step_p = plan["timeline"]["step_time_s"]
     line = (f"step: predicted {step_p * 1e3:.1f} ms (layer calls {k} x {total_p * 1e3:.2f}); "
             f"traced calls {k} x {total_m * 1e3:.2f} = {k * total_m * 1e3:.1f} ms")
-    if report is not None:
-        times = report.get("step_time_s") or []
-        after = sorted(times[int(report.get("warmup_steps") or 0):]) or sorted(times)
-        if after:
-            run = after[len(after) // 2]
-            line += f"; the run's step {run * 1e3:.1f} ms (median after its warm-up)"
-            if not held and k * total_m > HOST_BOUND * run:
-                line += (f"\nThe traced calls took {k * total_m / run:.1f} times the run's "
-                         f"step: issued one by one, they measure the host's time to issue "
-                         f"them here, not the device's; trace with --trace-held, or "
-                         f"compare the run's step")
+    run = None if report is None else steady_median(report)
+    if report is not None and run is None:
+        line += "; the run has no steady step (each a warm-up, captured or traced step)"
+    if run is not None:
+        line += f"; the run's step {run * 1e3:.1f} ms (median of its steady steps)"
+        if not held and k * total_m > HOST_BOUND * run:
+            line += (f"\nThe traced calls took {k * total_m / run:.1f} times the run's "
+                     f"step: issued one by one, they measure the host's time to issue "
+                     f"them here, not the device's; trace with --trace-held, or "
+                     f"compare the run's step")
     if held:
         line += (f"\nA held trace: each call's span is the device's time for it "
                  f"({held.get('unheld_calls', 0)} calls issued more slowly than their hold)")

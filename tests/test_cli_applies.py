@@ -165,6 +165,20 @@ def test_a_traced_step_is_not_counted_in_the_steady_speed(tmp_path):
     times = report["step_time_s"]
     assert report["images_per_s"] == pytest.approx(8 * 2 / sum(times[2:4]))
     assert report["images_per_s"] != steady_images_per_s(times, 8, 2)
+    assert report["steady_steps"] == 2
+
+
+def test_a_run_with_no_steady_step_says_its_speed_is_of_every_step(tmp_path):
+    """Three steps, two of warm-up and the last traced: none is steady. The speed is of all
+    three, and the report and the summary say so."""
+    from minidnn.train import summary_lines
+    report = train(TrainConfig(model="mlp", image_size=16, batch=8, steps=3, device="cpu",
+                               eval_every=0, eval_batches=1, progress=False,
+                               trace=str(tmp_path / "t.json")), log=lambda *a: None)
+    assert report["steady_steps"] == 0
+    assert report["images_per_s"] == pytest.approx(8 * 3 / sum(report["step_time_s"]))
+    line = [s for s in summary_lines(report) if "images/s" in s][0]
+    assert "over all 3 steps: none was steady" in line and "steady state" not in line
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -146,16 +146,21 @@ def test_a_profile_is_measured_in_the_format_the_run_stores_its_maps_in(net, cac
     pytest.importorskip("ml_dtypes")
     from minidnn.kernels.mapformat import MapFormat, is_channels_last, is_bfloat16
     from minidnn.layers.conv import Conv2d
-    seen = []
+    seen, weights = [], []
     real = Conv2d.forward
 
     def spy(self, xs, y, aux, ctx):
         seen.append((is_channels_last(xs[0]) and not xs[0].flags.c_contiguous,
                      str(xs[0].dtype)))
+        w = self.params["weight"]
+        weights.append(all(is_channels_last(a) and not a.flags.c_contiguous
+                           for a in (w.data, w.grad)))
         return real(self, xs, y, aux, ctx)
     monkeypatch.setattr(Conv2d, "forward", spy)
     nhwc = profiling.get_profile(net, 4, Device("cpu"), repeats=1, maps=MapFormat("nhwc"))
     assert seen and all(last and dtype == "float32" for last, dtype in seen)
+    # The weights and their gradients too, as the run lays them out: the same cuDNN problem.
+    assert weights and all(weights)
     seen.clear()
     from minidnn.kernels import cpu
     widened = []

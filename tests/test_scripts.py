@@ -150,10 +150,13 @@ def test_model_vs_trace_sets_each_traced_call_beside_the_step_models(tmp_path):
                - sum(c["end"] - c["start"] for c in calls)) < 1e-12
     assert {r["kind"] for r in rows["by_kind"]} >= {"conv", "relu", "loss"}
     assert "measure the host" not in proc.stdout
+    # Two steps, both of warm-up (the second traced too): no steady step to compare with.
+    assert "the run has no steady step" in proc.stdout
     # A replayed step far shorter than its traced calls: they timed the host issuing them.
     fast = tmp_path / "fast.json"
     runs = json.loads(report.read_text())
-    fast.write_text(json.dumps(dict(runs, step_time_s=[traced / 10] * len(runs["step_time_s"]))))
+    fast.write_text(json.dumps(dict(runs, step_time_s=[traced / 10] * len(runs["step_time_s"]),
+                                    warmup_steps=0, traced_steps=[])))
     proc = run("scripts/model_vs_trace.py", str(trace), "--report", str(fast))
     assert proc.returncode == 0, proc.stderr
     assert "measure the host's time to issue them" in proc.stdout

@@ -8,7 +8,7 @@ import pytest
 
 from minidnn import Executor
 from minidnn.errors import CheckpointError, ConfigError
-from minidnn.report import REQUIRED_FIELDS, steady_images_per_s
+from minidnn.report import REQUIRED_FIELDS, steady_images_per_s, steady_steps
 from minidnn.train import DivergenceError, TrainConfig, train
 from minidnn.decide import build_executor
 
@@ -93,6 +93,7 @@ def test_steady_state_throughput():
     # a step captured as a CUDA graph is left out, as a warm-up step is
     assert steady_images_per_s([5.0, 1.0, 3.0, 0.5, 0.5], batch=10, warmup_steps=2,
                                skip=[2]) == 20.0
+    assert steady_steps(5, 2, skip=[2]) == [3, 4] and steady_steps(2, 2) == []
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -53,8 +53,10 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
 # is measured again (2: the stream held while the host issues the timed calls; 3: the calls
 # replayed from a CUDA graph, _Clock; 4: a convolution's plan tables, which give its
-# workspace ladder, of the maps' layout and dtype, where they were NCHW float32's).
-TIMING_METHOD = 4
+# workspace ladder, of the maps' layout and dtype, where they were NCHW float32's; 5: the
+# parameters laid out as the run lays them out, so a channels-last convolution is timed with
+# its weights channels last, where they were C order: another cuDNN problem).
+TIMING_METHOD = 5
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 
@@ -408,10 +410,14 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
                        disable=None if progress else True, leave=False)  # None: off without a terminal
             for i, node in enumerate(bar):
                 bar.set_postfix_str(node.name)
-                # Parameters of the right shape (their values do not change the time).
+                # Parameters of the right shape, laid out as the run lays them out (a
+                # convolution's weights as the maps: Assembly._place_parameters), so that a
+                # convolution is timed on the cuDNN problem the run runs; their values do
+                # not change the time.
                 for p in node.layer.params.values():
-                    p.data = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
-                    p.grad = xp.empty(p.shape, dtype=net.dtype)
+                    p.data = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
+                    p.data[...] = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
+                    p.grad = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
                 for b in node.layer.buffers.values():
                     b.data = xp.asarray(b.initial_value(net.dtype))
                 fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(

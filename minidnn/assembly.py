@@ -510,8 +510,8 @@ class Assembly:
                                              "backward")}
 
     def _bn_grad(self) -> tuple:
-        """({add node name: the input whose gradient alone it writes}, {add node index: the
-        index of the batch norm node that reads it}) from the decision's bn_grad. An add whose
+        """({add node name: the input k whose gradient alone it writes}, {add node index: (k,
+        the index of the batch norm node that reads it)}) from the decision's bn_grad. An add whose
         backward widens bf16 maps (on the CPU) writes both, as unfused: its widened copies
         are written back whole."""
         if not self.decision.bn_grad:
@@ -528,7 +528,7 @@ class Assembly:
                                      self.plan.call_maps(a, "backward"), "backward"):
                 continue
             to[add] = 1 - self.plan.nodes[a].inputs.index(bn)
-            handed[a] = index[bn]
+            handed[a] = (to[add], index[bn])
         return to, handed
 
     def _add_relu(self) -> tuple:

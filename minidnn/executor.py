@@ -300,8 +300,8 @@ class Executor:
         read."""
         if i in self._grad_handed:                       # the add: what it writes
             xs, y, gy, gxs, aux = buffers
-            k = self._add_grad_to[self.plan.nodes[i].name]
-            self._handed = (self._grad_handed[i], gy if gxs[k] is None else gxs[k])
+            k, bn = self._grad_handed[i]
+            self._handed = (bn, gy if gxs[k] is None else gxs[k])
         elif self._handed is not None and self._handed[0] == i:   # its batch norm
             xs, y, _, gxs, aux = buffers
             buffers, self._handed = (xs, y, self._handed[1], gxs, aux), None

@@ -45,6 +45,19 @@ def steady_steps(steps: int, warmup_steps: int = 2, skip=()) -> list[int]:
     return [i for i in range(steps) if i >= warmup_steps and i not in left_out]
 
 
+def steady_step_times(report: dict) -> list[float]:
+    """The step times of a run report's steady steps (steady_steps, by the report's own
+    warmup_steps, its steps captured as CUDA graphs and its traced steps); a report without
+    warmup_steps had the default 2."""
+    times = report.get("step_time_s") or []
+    start = int(report.get("start_step") or 0)
+    skip = [s - start for s in (report.get("step_graphs") or {}).get("captured_at") or ()]
+    skip += list(report.get("traced_steps") or ())
+    warmup = report.get("warmup_steps")
+    return [times[i] for i in steady_steps(len(times), 2 if warmup is None else int(warmup),
+                                           skip)]
+
+
 def steady_images_per_s(step_times: list[float], batch: int, warmup_steps: int = 2,
                         skip=()) -> float | None:
     """Images per second over the steady steps (steady_steps); over all steps when there is
@@ -98,6 +111,7 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
     mem, start_step, losses = progress.memory, progress.start_step, progress.losses
     step_times, evals, wall_time_s = progress.step_times, progress.evals, progress.wall_time_s
     traced = traced_steps(cfg, step_times)
+    skip = capture_steps(ex, start_step) + traced
     report = {
         "model": cfg.model,
         "batch": cfg.batch,
@@ -117,10 +131,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "start_step": start_step,
         "loss": [float(v) for v in losses],
         "step_time_s": [float(t) for t in step_times],
-        "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps,
-                                            capture_steps(ex, start_step) + traced),
-        "steady_steps": len(steady_steps(len(step_times), cfg.warmup_steps,
-                                         capture_steps(ex, start_step) + traced)),
+        "images_per_s": steady_images_per_s(step_times, cfg.batch, cfg.warmup_steps, skip),
+        "steady_steps": len(steady_steps(len(step_times), cfg.warmup_steps, skip)),
         "traced_steps": traced,
         "warmup_steps": cfg.warmup_steps,
         "peak_device_bytes": mem["peak_device_bytes"],

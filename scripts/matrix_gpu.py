@@ -56,6 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from minidnn.errors import fmt_bytes, parse_bytes  # noqa: E402
+from minidnn.report import steady_step_times  # noqa: E402
 
 MODELS = ("vgg16", "resnet50", "googlenet", "alexnet", "overfeat")
 PEAK_TARGET = 0.03
@@ -141,11 +142,9 @@ def least_named(line: str | None) -> int | None:
 
 def timed_steps(report: dict) -> list[float]:
     """The step times (seconds) of a run's steady steps: its report's `step_time_s` less the
-    first WARMUP_STEPS, the steps captured as CUDA graphs and the steps traced."""
-    graphs = report.get("step_graphs") or {}
-    left_out = set(graphs.get("captured_at") or ()) | set(report.get("traced_steps") or ())
-    return [t for i, t in enumerate(report.get("step_time_s") or [])
-            if i >= WARMUP_STEPS and i not in left_out]
+    first WARMUP_STEPS (the runs' warm-up), the steps captured as CUDA graphs and the steps
+    traced (minidnn/report.py, steady_step_times)."""
+    return steady_step_times(report)
 
 
 #: Layer kinds a traced cell lists under the table: those furthest from their prediction.

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from stream_timeline import measured_timeline, plan_json  # noqa: E402
-from minidnn.report import steady_steps  # noqa: E402
+from minidnn.report import steady_step_times  # noqa: E402
 
 
 # Traced calls adding up to more than this many times the run's replayed step were timed by
@@ -41,13 +41,7 @@ HOST_BOUND = 1.5
 def steady_median(report: dict) -> float | None:
     """The median of a run's steady steps (minidnn/report.py: after its warm-up, neither
     captured as a CUDA graph nor traced), None when it has none."""
-    times = report.get("step_time_s") or []
-    captured = [s - int(report.get("start_step") or 0)
-                for s in (report.get("step_graphs") or {}).get("captured_at", ())]
-    steady = sorted(times[i] for i in steady_steps(len(times),
-                                                   int(report.get("warmup_steps") or 0),
-                                                   captured + list(report.get("traced_steps")
-                                                                   or ())))
+    steady = sorted(steady_step_times(report))
     return steady[len(steady) // 2] if steady else None
 
 

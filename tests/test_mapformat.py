@@ -213,3 +213,11 @@ def test_is_channels_last_by_strides_agrees_with_the_array_module():
                 candidate.transpose(0, 2, 3, 1).flags.c_contiguous, (candidate.shape,
                                                                       candidate.strides)
     assert not is_channels_last(np.zeros((2, 3, 4)))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 1, 1, 1), (4, 64, 9, 9), (3, 8)])
+def test_layout_strides_are_those_of_an_array_laid_out_so(shape, layout):
+    from minidnn.kernels.mapformat import empty, layout_strides
+    a = empty(np, shape, np.float32, layout)
+    assert tuple(s * 4 for s in layout_strides(shape, layout)) == a.strides

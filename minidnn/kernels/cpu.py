@@ -504,8 +504,9 @@ def relu_mask_sum_copy(y, gy, g2, gx0, gx1) -> None:
     """gx0 = gx1 = (gy + g2) where y > 0, else 0: relu_mask_copy of the sum gy + g2 (a
     gradient sum the add takes over: minidnn/fusion.py), the sum rounded in gx0's dtype, as
     add rounds it; gx0 may be gy, gx1 None. The bits of add then relu_mask_copy."""
-    add(gy, g2, gx0)
-    relu_mask_copy(y, gx0, gx0, gx1)
+    relu_mask_sum(y, gy, g2, gx0)
+    if gx1 is not None:
+        mapformat.copy_values(*pointwise_views(gx1, gx0))
 
 
 def relu_mask_sum(y, gy, g2, gx) -> None:

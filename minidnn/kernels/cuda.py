@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import cpu as _cpu
 from . import out_size
-from .mapformat import BF16_OPS as MAP_OPS, shaped
+from .mapformat import BF16_OPS as MAP_OPS, layout_strides, shaped
 from .cuda_linear import bind_stream as bind_cublas, linear_backward, linear_forward, \
     set_math as _linear_math
 from .cuda_concat import concat_backward, concat_forward
@@ -51,7 +51,7 @@ from .cuda_pool import avgpool2d_backward, avgpool2d_forward, maxpool2d_backward
 from .cuda_sgd import sgd_update
 from .cuda_weights import empty_as, shared_weight_copies, weights_in
 from .cudnn_conv import ConvPlanCache, ConvProblem, CudnnConvGraph, PlanUnavailable, load_cudnn, \
-    check_math, contiguous_layout, split_by_group
+    check_math, split_by_group
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "bias_grad", "add",
            "add_relu", "relu_mask_copy", "relu_mask_sum_copy", "relu_mask_sum",
@@ -472,13 +472,10 @@ class _Layout:
     as `layout` says, not allocated (for cache look-ups)."""
 
     def __init__(self, shape, dtype, layout: str = "nchw"):
-        self.shape, strides = contiguous_layout(shape)
-        if layout == "nhwc" and len(self.shape) == 4:
-            n, c, h, w = self.shape
-            strides = (h * w * c, 1, w * c, c)      # mapformat.shaped's channels-last view
+        self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.itemsize = self.dtype.itemsize
-        self.strides = tuple(s * self.itemsize for s in strides)
+        self.strides = tuple(s * self.itemsize for s in layout_strides(shape, layout))
 
 
 def conv_cache_stats() -> dict:

@@ -33,6 +33,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
+from .mapformat import layout_strides
 from .math_mode import MATH_MODES
 
 OPS = ("fprop", "dgrad", "wgrad", "fprop_bias_relu")
@@ -94,12 +95,7 @@ def _layout(a) -> tuple:
 
 def contiguous_layout(shape) -> tuple:
     """(shape, C-order strides in elements)."""
-    shape = tuple(int(d) for d in shape)
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= max(d, 1)
-    return shape, tuple(reversed(strides))
+    return tuple(int(d) for d in shape), layout_strides(shape)
 
 
 @dataclass(frozen=True)

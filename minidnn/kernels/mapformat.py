@@ -27,9 +27,10 @@ cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors they transpose
 call. With NHWC maps from end to end the convolutions run on the maps as they are, and the
 other kernels (pooling, LRN, ReLU, the bias add) have a channels-last twin.
 
-Only feature maps change layout. Parameters keep PyTorch's layouts (conv weights OIHW, linear
-weights (out, in)) everywhere; vectors (N, F) and other shapes are C-contiguous in both
-layouts. The CPU uses 'nchw' unless told otherwise.
+Parameters keep PyTorch's logical shapes (conv weights (O, I, KH, KW), linear weights
+(out, in)); on the device a convolution's weights and their gradients are stored in the maps'
+layout too (Assembly._place_parameters), so that cuDNN sees one layout. Vectors (N, F) and
+other shapes are C-contiguous in both layouts. The CPU uses 'nchw' unless told otherwise.
 """
 from __future__ import annotations
 
@@ -148,6 +149,21 @@ def arrange(a, layout: str):
     if layout == "nhwc" and a.ndim == 4:
         return a.transpose(0, 2, 3, 1).copy()
     return a if a.flags.c_contiguous else a.copy()
+
+
+def layout_strides(shape, layout: str = "nchw") -> tuple:
+    """The strides, in elements, of an array of logical `shape` laid out as `layout` says (as
+    `shaped` lays it out), without making one: (H*W*C, 1, W*C, C) for a 4-D 'nhwc' array,
+    C order otherwise (an axis of length 0 counted as 1)."""
+    shape = tuple(int(d) for d in shape)
+    if layout == "nhwc" and len(shape) == 4:
+        _, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 def shaped(flat, shape, dtype, layout: str = "nchw"):

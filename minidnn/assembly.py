@@ -28,7 +28,8 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
-                     bn_relu_pairs, conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs)
+                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_relu_forward_pairs,
+                     pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -53,7 +54,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
           "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool",
-          "_add_grad_to", "_grad_handed")
+          "_add_grad_to", "_grad_handed", "_sums_handed")
 
 
 @dataclass
@@ -179,6 +180,7 @@ class Assembly:
         self._relu_forward_done |= frozenset(self._relu_before_pool.values())
         deferred_sums = self._add_sum()
         self._add_grad_to, self._grad_handed = self._bn_grad()
+        self._sums_handed = self._bn_sums()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -530,6 +532,22 @@ class Assembly:
             to[add] = 1 - self.plan.nodes[a].inputs.index(bn)
             handed[a] = (to[add], index[bn])
         return to, handed
+
+    def _bn_sums(self) -> frozenset:
+        """Indices of the batch norm nodes whose sums the add before them takes (the
+        decision's bn_sums), among those the bn_grad pairs in force hand a gradient to and
+        whose input this decision keeps on the device (a decision made by hand may move
+        one its bn_sums names: that pair runs unfused)."""
+        if not self.decision.bn_sums:
+            return frozenset()
+        pairs = self._fusion_pairs("bn_sums", bn_sums_pairs(self.plan, frozenset(),
+                                                            self.statistics_slice is not None),
+                                   "has adds take batch norms' sums")
+        kept = bn_sums_pairs(self.plan, self.decision.offload | self.decision.recompute,
+                             False)
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        handed = {bn for _, bn in self._grad_handed.values()}
+        return frozenset(index[bn] for bn in pairs if bn in kept and index[bn] in handed)
 
     def _add_relu(self) -> tuple:
         """(adds that apply the ReLU after them, those ReLUs) from the decision's add_relu."""

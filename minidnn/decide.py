@@ -29,7 +29,8 @@ from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
-                     bn_relu_pairs, conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs)
+                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_relu_forward_pairs,
+                     pool_relu_pairs)
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -99,6 +100,10 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    add_sum=add_sum_pairs(plan) if spec.fuse else {},
                    bn_add=bn_add_pairs(plan) if spec.fuse else {},
                    bn_grad=bn_grad_pairs(plan) if spec.fuse else {},
+                   bn_sums=bn_sums_pairs(plan, decision.offload | decision.recompute,
+                                         bool(spec.deterministic and
+                                              spec.split_batch_statistics))
+                   if spec.fuse else {},
                    pool_relu=pool_relu_pairs(plan) if spec.fuse else {},
                    pool_relu_forward=pool_relu_forward_pairs(plan, bool(spec.deterministic))
                    if spec.fuse else {}, spec=spec)

@@ -157,7 +157,9 @@ class Executor:
         self._in_step = False
         self._closed = False
         self._step_keys = None         # while a step is captured: its dropout keys' table
-        self._handed = None            # bn_grad: (batch norm node index, its add's gradient)
+        # bn_grad: (batch norm node index, its add's gradient, the GradientSums the add took
+        # of it (bn_sums) or None)
+        self._handed = None
         self._graphs = step_graphs(self, setup) if self.spec.graphs else None
 
     def close(self) -> None:
@@ -279,7 +281,7 @@ class Executor:
                     xs, y = buffers
                     mixed.forward(node.layer, xs, y, None, ctx)
                 else:
-                    buffers = self._handed_gradient(i, buffers)
+                    buffers, ctx = self._handed_gradient(i, buffers, ctx)
                     addend = self.manager.addend(i)   # a gradient sum the add takes over
                     self._layer_backward(node, buffers, ctx if addend is None else
                                          replace(ctx, gy_addend=addend))
@@ -292,20 +294,32 @@ class Executor:
             observer.layer(phase, node.name, i, t0, t1)
             self._sample(t1, phase, node.name, "end")
 
-    def _handed_gradient(self, i: int, buffers):
-        """The backward buffers (xs, y, gy, gxs, aux) of node i, where the decision's bn_grad
-        (minidnn/fusion.py) hands a gradient on: an add's masked gradient, written to one
-        input's gradient alone (StepContext.add_grad_to), is the gy of the batch norm whose
-        backward comes next, which writes its own gradient over the buffer it would have
-        read."""
+    def _handed_gradient(self, i: int, buffers, ctx):
+        """The backward buffers (xs, y, gy, gxs, aux) and StepContext of node i, where the
+        decision's bn_grad (minidnn/fusion.py) hands a gradient on: an add's masked gradient,
+        written to one input's gradient alone (StepContext.add_grad_to), is the gy of the
+        batch norm whose backward comes next, which writes its own gradient over the buffer
+        it would have read. Where the decision's bn_sums says so, the add also takes that
+        batch norm's sums of it (StepContext.gradient_sums, for both calls), reading the
+        batch norm's input, which the step keeps on the device until then."""
         if i in self._grad_handed:                       # the add: what it writes
             xs, y, gy, gxs, aux = buffers
             k, bn = self._grad_handed[i]
-            self._handed = (bn, gy if gxs[k] is None else gxs[k])
+            sums = None
+            if bn in self._sums_handed:
+                node = self.plan.nodes[bn]
+                mean = dict(self.plan.aux_tensors(bn))["mean"]
+                sums = node.layer.gradient_sums(self.manager.resident_view(node.inputs[0]),
+                                                self.manager.resident_view(mean), ctx)
+                ctx = replace(ctx, gradient_sums=sums)
+            self._handed = (bn, gy if gxs[k] is None else gxs[k], sums)
         elif self._handed is not None and self._handed[0] == i:   # its batch norm
             xs, y, _, gxs, aux = buffers
-            buffers, self._handed = (xs, y, self._handed[1], gxs, aux), None
-        return buffers
+            _, gy, sums = self._handed
+            buffers, self._handed = (xs, y, gy, gxs, aux), None
+            if sums is not None:
+                ctx = replace(ctx, gradient_sums=sums)
+        return buffers, ctx
 
     def _layer_backward(self, node, buffers, ctx) -> None:
         """node's backward; in a micro-batch after the first, and in a piece of a layer chunk

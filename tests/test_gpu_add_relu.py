@@ -168,3 +168,23 @@ def test_a_gpu_step_whose_batch_norms_read_the_other_gradient_gives_the_unfused_
     assert none == {} and losses == plain_losses and evaluated == plain_evaluated
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_gpu_step_whose_adds_take_the_batch_norms_sums_gives_the_unfused_bits(
+        gpu, precision, layout):
+    """The same blocks: each add also takes the sums of the batch norm it hands its gradient
+    to (bn_sums: whole-batch statistics, inputs kept); two steps and an evaluation against
+    --no-fuse, deterministic algorithms: the same bits."""
+    from test_fused_bn_grad import PAIRS, projected_blocks
+    from test_fusion import _run
+    settings = {"precision": precision, "layout": layout, "deterministic": True}
+    losses, state, pairs, evaluated = _run(projected_blocks(), settings, 2, True, 8,
+                                           "bn_sums", device="gpu")
+    assert pairs == PAIRS
+    plain_losses, plain_state, none, plain_evaluated = _run(
+        projected_blocks(), settings, 2, False, 8, "bn_sums", device="gpu")
+    assert none == {} and losses == plain_losses and evaluated == plain_evaluated
+    for k in state:
+        assert state[k].tobytes() == plain_state[k].tobytes(), k

@@ -231,3 +231,59 @@ def test_a_fused_gpu_step_gives_the_bits_of_the_unfused_one(gpu, precision, layo
     assert none == ({}, {}) and losses == plain_losses
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k
+
+
+def offset_by_one(cp, a, layout):
+    """`a` on the GPU in `layout`, starting one value past a 16-byte boundary."""
+    host = mapformat.arrange(a, layout).reshape(-1).view(np.uint8)
+    size = a.dtype.itemsize
+    flat = cp.zeros(host.size + size, np.uint8)
+    flat[size:] = cp.asarray(host)
+    return mapformat.shaped(flat[size:], a.shape, a.dtype, layout)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("addend", [True, False], ids=["sum", "one"])
+def test_handed_sums_give_the_bits_of_the_add_then_the_batch_norm(gpu, shape, layout, dtype,
+                                                                   addend):
+    """handed_sums (minidnn/fusion.py, bn_sums) writes the add's gradient as
+    cuda_pointwise.relu_mask_sum (relu_backward without a second part) writes it, and the
+    batch norm's backward from its sums gives the bits of the plain backward of that
+    gradient; with the add's maps aligned apart (its own pass, then the sums) too."""
+    cp = gpu[0]
+    from minidnn.kernels import cuda_batchnorm as gpu_bn
+    from minidnn.kernels import cuda_pointwise
+    x, gy, w, b = inputs(shape, dtype, seed=13)
+    y, g2, _, _ = inputs(shape, dtype, seed=14)
+    y = (y.astype(np.float32) - 3).astype(dtype)               # about half the mask is off
+    c, dt = shape[1], w.dtype
+    dx, dw, db = to_device(cp, x, layout), cp.asarray(w), cp.asarray(b)
+    mean, invstd = cp.empty(c, dt), cp.empty(c, dt)
+    gpu_bn.batchnorm_training_forward(dx, dw, db, to_device(cp, np.zeros_like(x), layout),
+                                      mean, invstd, EPS, None)
+    results = []
+    for way in ("plain", "handed", "apart"):
+        place = offset_by_one if way == "apart" else to_device
+        dy, dgy = place(cp, y, layout), to_device(cp, gy, layout)
+        dg2 = to_device(cp, g2, layout) if addend else None
+        g = to_device(cp, np.zeros_like(x), layout)
+        gx = to_device(cp, np.zeros_like(x), layout)
+        gw, gb = cp.empty(c, dt), cp.empty(c, dt)
+        if way == "plain":
+            if addend:
+                cuda_pointwise.relu_mask_sum(dy, dgy, dg2, g)
+            else:
+                cuda_pointwise.relu_backward(dy, dgy, g)
+            gpu_bn.batchnorm_backward(dx, g, mean, invstd, dw, gx, gw, gb)
+        else:
+            sums = gpu_bn.handed_sums(dy, dgy, dg2, g, dx, mean)
+            gpu_bn.batchnorm_backward(dx, g, mean, invstd, dw, gx, gw, gb, sums=sums)
+        results.append((raw(cp, g).tobytes(), raw(cp, gx).tobytes(), gw.get().tobytes(),
+                        gb.get().tobytes()))
+    assert results[0] == results[1] == results[2]
+    want = np.where(y.astype(np.float32) > 0, (gy.astype(np.float32) + g2.astype(np.float32)
+                                                ).astype(dtype) if addend else gy,
+                    np.zeros((), dtype))
+    assert results[0][0] == want.tobytes()

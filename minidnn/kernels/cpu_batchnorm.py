@@ -14,12 +14,19 @@ With M = N * H * W values per channel, mean and biased variance over them:
         max(y, 0), the ReLU after the batch norm (minidnn/fusion.py); residual = (z,
         stored): then max(y + z, 0), y rounded to `stored` first (the maps' dtype; None:
         y's), the residual add after the batch norm and its ReLU, add_relu's bits
-    batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None)
+    batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None,
+                       sums=None)
         the gradients of a training-mode forward (mean, invstd the batch's):
         gbias = sum gy, gweight = sum gy * xhat   (xhat = (x - mean) * invstd)
         gx = weight * invstd * (gy - gbias / M - xhat * gweight / M)   (gx may be None)
         relu = (bias, stored): the ReLU after the batch norm folded in (minidnn/fusion.py):
-        gy is that ReLU's output gradient, masked first as relu_mask masks it
+        gy is that ReLU's output gradient, masked first as relu_mask masks it;
+        sums: handed_sums's, the sums of gy taken already
+    handed_sums(y, ay, a2, g, x, mean) -> sums
+        the backward of the residual add after the batch norm and its ReLU (y its output,
+        ay its output gradient, a2 that gradient's second part or None): its gradient into
+        g as cpu.relu_mask_sum (cpu.relu_backward without a2) writes it, and the sums the
+        batch norm's backward takes of g as its gy (minidnn/fusion.py, bn_sums)
     relu_mask(x, gy, mean, invstd, weight, bias, stored=None)
         gy *= (y > 0) in place, y = batchnorm_forward's output recomputed from x and stored
         as `stored` (the maps' dtype: bfloat16 under mixed precision, where a positive value
@@ -113,17 +120,40 @@ def relu_mask(x, gy, mean, invstd, weight, bias, stored=None) -> None:
     xp.multiply(gy, _relu_passes(x, mean, invstd, weight, bias, stored), out=gy)
 
 
-def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None) -> None:
+def _gradient_sums(x, gy, mean) -> tuple:
+    """(sum gy, sum gy * (x - mean)) per channel, float64 (C,) each, and x - mean."""
+    xp = get_array_module(x)
+    axes = (0, 2, 3)
+    centred = x - _per_channel(mean)
+    return (gy.sum(axis=axes, dtype=xp.float64),
+            (gy * centred).sum(axis=axes, dtype=xp.float64)), centred
+
+
+def handed_sums(y, ay, a2, g, x, mean) -> tuple:
+    """g = (ay + a2) * (y > 0) (a2 None: ay * (y > 0)), the add's gradient, then the sums
+    of g that batchnorm_backward takes (see the module docstring)."""
+    if a2 is None:
+        cpu.relu_backward(y, ay, g)
+    else:
+        cpu.relu_mask_sum(y, ay, a2, g)
+    return _gradient_sums(x, g, mean)[0]
+
+
+def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None,
+                       sums=None) -> None:
     """Training-mode gradients (see the module docstring); gweight, gbias, gx overwritten.
-    relu: None, or (bias, stored) to mask gy first (relu_mask), on a copy."""
+    relu: None, or (bias, stored) to mask gy first (relu_mask), on a copy. sums:
+    handed_sums's of gy (no relu)."""
     xp = get_array_module(x)
     if relu is not None:
+        if sums is not None:
+            raise ValueError("handed sums are of a gradient no ReLU masks")
         gy = xp.multiply(gy, _relu_passes(x, mean, invstd, weight, *relu))
-    axes = (0, 2, 3)
     count = x.size // x.shape[1]
-    centred = x - _per_channel(mean)
-    sum_gy = gy.sum(axis=axes, dtype=xp.float64)
-    sum_gy_centred = (gy * centred).sum(axis=axes, dtype=xp.float64)
+    if sums is None:
+        (sum_gy, sum_gy_centred), centred = _gradient_sums(x, gy, mean)
+    else:
+        (sum_gy, sum_gy_centred), centred = sums, x - _per_channel(mean)
     istd = invstd.astype(xp.float64)
     gbias[...] = sum_gy
     gweight[...] = sum_gy_centred * istd

@@ -64,7 +64,7 @@ import numpy as np
 from .batchnorm_sums import stage_one_parts
 from .cuda_divide import DIVIDE_SOURCE
 from .cuda_pointwise import ROUNDED_SOURCE, STORAGE_SOURCE, VECTOR_SOURCE, map_ctype, \
-    run_per_pixel
+    relu_backward, relu_mask_sum, run_per_pixel
 from .mapformat import is_channels_last
 
 _THREADS = 256              # threads of a sums block (a power of two) and of a per-value pass
@@ -87,7 +87,9 @@ _AFFINE_LAST = ("bn_affine_last", "bn_affine_relu_last", "bn_affine_add_relu_las
 _PLANE_BLOCKS = 4096
 
 # mode 0: (x - k, (x - k)^2); mode 1: (gy, gy * (x - mean)); mode 2: as mode 1 with gy first
-# masked by the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x.
+# masked by the ReLU after the batch norm (minidnn/fusion.py), its output recomputed from x;
+# mode 3: as mode 1 of the gradient the residual add after the batch norm hands it, which the
+# pass computes from the add's (y, gy, g2) and writes (handed_gradient; fusion.py, bn_sums).
 _SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + ROUNDED_SOURCE + r"""
 constexpr int RUN = %(run)d;
 // The affine value x * s + t: the product rounded, then the sum (no fused multiply-add), as
@@ -147,6 +149,38 @@ __device__ __forceinline__ void load_group(const M* p, M (&v)[G]) {
         #pragma unroll
         for (int j = 0; j < V; ++j) v[i * V + j] = a.v[j];
     }
+}
+
+// G values of M from v to p (16-byte aligned when G > 1), in 16-byte stores.
+template<typename M, int G>
+__device__ __forceinline__ void store_group(M* p, const M (&v)[G]) {
+    constexpr int V = (int)(16 / sizeof(M)) < G ? (int)(16 / sizeof(M)) : G;
+    #pragma unroll
+    for (int i = 0; i < G / V; ++i) {
+        Pack<M, V> a;
+        #pragma unroll
+        for (int j = 0; j < V; ++j) a.v[j] = v[i * V + j];
+        reinterpret_cast<Pack<M, V>*>(p)[i] = a;
+    }
+}
+
+// Mode 3: the gradient the residual add after the batch norm (with its ReLU) hands it, made
+// from the G values of the add's output gradient at offset o (g, loaded) as the add's backward
+// makes it (cuda_pointwise's masked_sum, or its relu_backward when g2 is null): g + g2 stored
+// as the add stores a sum, kept where the add's output y > 0, else 0; written to `out` and
+// left in g for the sums.
+template<typename M, int G>
+__device__ __forceinline__ void handed_gradient(const M* y, const M* g2, M* out, long long o,
+                                                M (&g)[G]) {
+    M yv[G], hv[G];
+    load_group<M, G>(y + o, yv);
+    if (g2 != nullptr) load_group<M, G>(g2 + o, hv);
+    #pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const M v = g2 != nullptr ? narrow<M>(widen(g[j]) + widen(hv[j])) : g[j];
+        g[j] = widen(yv[j]) > 0 ? v : narrow<M>((acc_t<M>)0);
+    }
+    store_group<M, G>(out + o, g);
 }
 
 // One value's terms of the sums of MODE (see _SOURCE's comment), added to a run's sums
@@ -221,7 +255,8 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
                                 const acc_t<M>* weight, const acc_t<M>* bias, double* partial,
                                 long long groups_per_plane, long long groups,
                                 long long per_block, long long stride_n, long long stride_c,
-                                long long stride_p) {
+                                long long stride_p, const M* __restrict__ y,
+                                const M* __restrict__ g2, M* __restrict__ out) {
     typedef acc_t<M> T;
     const int c = blockIdx.x, part = blockIdx.y, parts = gridDim.y;
     const long long begin = (long long)part * per_block;
@@ -236,6 +271,7 @@ __global__ void bn_partial_sums(const M* __restrict__ x, const M* __restrict__ g
         M xv[G], gv[G];
         load_group<M, G>(x + o, xv);
         if (MODE != 0) load_group<M, G>(gy + o, gv);
+        if (MODE == 3) handed_gradient<M, G>(y, g2, out, o, gv);
         #pragma unroll
         for (int j = 0; j < G; ++j)
             accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m, s, t, ra, rb);
@@ -260,7 +296,9 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
                                        const acc_t<M>* mean, const acc_t<M>* invstd,
                                        const acc_t<M>* weight, const acc_t<M>* bias,
                                        double* partial, long long rows, int C,
-                                       long long per_part, int cols, int lanes) {
+                                       long long per_part, int cols, int lanes,
+                                       const M* __restrict__ y, const M* __restrict__ g2,
+                                       M* __restrict__ out) {
     typedef acc_t<M> T;
     const int tid = threadIdx.x, lane = tid / cols, col = tid - lane * cols;
     const int group = blockIdx.y * cols + col, part = blockIdx.x, parts = gridDim.x;
@@ -290,6 +328,7 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
                 const long long o = (r + (long long)q * lanes) * C + group * G;
                 load_group<M, G>(x + o, xv[q]);
                 if (MODE != 0) load_group<M, G>(gy + o, gv[q]);
+                if (MODE == 3) handed_gradient<M, G>(y, g2, out, o, gv[q]);
             }
             #pragma unroll
             for (int q = 0; q < RUN; ++q) {
@@ -307,6 +346,7 @@ __global__ void bn_column_partial_sums(const M* __restrict__ x, const M* __restr
             M xv[G], gv[G];
             load_group<M, G>(x + o, xv);
             if (MODE != 0) load_group<M, G>(gy + o, gv);
+            if (MODE == 3) handed_gradient<M, G>(y, g2, out, o, gv);
             #pragma unroll
             for (int j = 0; j < G; ++j)
                 accumulate<M, MODE>(xv[j], MODE ? gv[j] : xv[j], m[j], s[j], t[j], ra[j], rb[j]);
@@ -578,7 +618,7 @@ def _instances():
     for t, size in (("float", 4), ("double", 8), ("bf16", 2)):    # the maps' types
         yield f"bn_finish_forward<{t}>"
         for group in (1, _GROUP):
-            for mode in (0, 1, 2):
+            for mode in (0, 1, 2, 3):
                 yield f"bn_partial_sums<{t}, {group}, {mode}>"
                 yield f"bn_column_partial_sums<{t}, {group}, {mode}>"
         for vec in (1, 16 // size):          # cuda_pointwise's 16-byte vectors
@@ -642,19 +682,36 @@ def _column_shape(c: int, group: int) -> tuple:
     return cols, _THREADS // cols
 
 
-def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
+def _group(x, gy, handed, size: int) -> int:
+    """Values a thread of a sums pass reads at once: _GROUP where `size` (C channels last,
+    H * W in NCHW) is a multiple of it and the maps summed are aligned, else 1: x and gy,
+    or in mode 3 (handed = (y, g2, out)) x and out, the maps mode 1 sums after the add's
+    pass, so that mode 3 sums in mode 1's order; its other maps (gy, y, g2) must then be
+    aligned too (ValueError: handed_sums makes the gradient apart)."""
+    summed, others = ((x, gy), ()) if not handed else ((x, handed[2]), (gy,) + handed[:2])
+    group = _GROUP if size % _GROUP == 0 and \
+        _aligned(*(a for a in summed if a is not None)) else 1
+    if group > 1 and not _aligned(*(a for a in others if a is not None)):
+        raise ValueError("the add's maps are not aligned as the batch norm's are")
+    return group
+
+
+def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None, handed=()):
     """(partial, parts): stage one of the per-channel sums of the kernel's `mode` (0: forward;
-    1: backward; 2: backward through the ReLU after the batch norm), float64 (C, parts, 2),
-    for a bn_finish_* kernel to add. geometry: _geometry(x); channel: (mean, invstd, weight,
-    bias) (C,) for modes 1 and 2 (mode 1 reads only the mean)."""
+    1: backward; 2: backward through the ReLU after the batch norm; 3: backward of the
+    gradient an add hands on, which the pass writes), float64 (C, parts, 2), for a
+    bn_finish_* kernel to add. geometry: _geometry(x); channel: (mean, invstd, weight, bias)
+    (C,) for modes 1 to 3 (modes 1 and 3 read only the mean); handed: mode 3's (y, g2, out),
+    the add's output, its gradient's second part (None: none) and the gradient written."""
     n, c, hw, sn, sc, sp = geometry
     ctype = _ctype_of(x)
-    maps = (x,) if gy is None else (x, gy)
     g = gy if gy is not None else x      # the pointer a mode that does not read gy is given
     per_channel = channel if channel is not None else (x,) * 4   # (not read in mode 0)
+    y, g2, out = handed if handed else (x, None, x)    # (read and written in mode 3 only)
+    tail = (y, np.uint64(0) if g2 is None else g2, out)       # 0: a null pointer
     count = n * hw
     if is_channels_last(x) and c > 1:
-        group = _GROUP if c % _GROUP == 0 and _aligned(*maps) else 1
+        group = _group(x, gy, handed, c)
         cols, lanes = _column_shape(c, group)
         blocks_c = -(-c // (group * cols))
         parts = stage_one_parts(count, c, blocks_c)
@@ -664,9 +721,9 @@ def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
         _module.get_function(f"bn_column_partial_sums<{ctype}, {group}, {mode}>")(
             (parts, blocks_c), (cols * lanes,),
             (x, g, *per_channel, partial, np.int64(count), np.int32(c), np.int64(per_part),
-             np.int32(cols), np.int32(lanes)))
+             np.int32(cols), np.int32(lanes), *tail))
     else:
-        group = _GROUP if hw % _GROUP == 0 and sp == 1 and _aligned(*maps) else 1
+        group = _group(x, gy, handed, hw) if sp == 1 else 1
         groups = count // group
         parts = stage_one_parts(count, c)
         per_block = -(-groups // parts)
@@ -675,7 +732,7 @@ def _channel_partials(mode: int, geometry: tuple, x, gy=None, channel=None):
         _module.get_function(f"bn_partial_sums<{ctype}, {group}, {mode}>")(
             (c, parts), (_THREADS,),
             (x, g, *per_channel, partial, np.int64(hw // group), np.int64(groups),
-             np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp)))
+             np.int64(per_block), np.int64(sn), np.int64(sc), np.int64(sp), *tail))
     return partial, parts
 
 
@@ -763,18 +820,51 @@ def batchnorm_forward(x, mean, invstd, weight, bias, y, relu: bool = False,
             residual)
 
 
-def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None) -> None:
+def handed_sums(y, gy, g2, gx, x, mean):
+    """The backward of a residual add with the ReLU after it, writing its gradient to gx
+    alone (cuda_pointwise.relu_mask_sum, or relu_backward when g2 is None), and in the same
+    pass the per-channel sums that the backward of the batch norm whose input is x and
+    output gradient gx needs (minidnn/fusion.py, bn_sums): mode 3 of the sums kernels, in
+    mode 1's order, so batchnorm_backward(..., sums=) gives the bits it gives without them.
+
+    Args:
+        y, gy, g2, gx: the add's output (the ReLU's), its output gradient, the second part of
+            that gradient it adds (or None), the gradient written (N, C, H, W), laid out as x.
+        x: the batch norm's input (N, C, H, W); mean: its batch mean (C,).
+    Returns:
+        (partial, parts): stage one's sums, for batchnorm_backward's `sums`.
+    """
+    maps = (x, gy, gx, y) + (() if g2 is None else (g2,))
+    geometry = _geometry(*maps)
+    if any(a is gx for a in (gy, g2)) or gx.data.ptr in (gy.data.ptr, y.data.ptr):
+        raise ValueError("handed_sums writes a gradient of its own")
+    try:
+        return _channel_partials(3, geometry, x, gy, (mean,) * 4, handed=(y, g2, gx))
+    except ValueError:      # maps aligned apart: the add's pass, then the sums of its output
+        if g2 is None:
+            relu_backward(y, gy, gx)
+        else:
+            relu_mask_sum(y, gy, g2, gx)
+        return _channel_partials(1, geometry, x, gx, (mean,) * 4)
+
+
+def batchnorm_backward(x, gy, mean, invstd, weight, gx, gweight, gbias, relu=None,
+                       sums=None) -> None:
     """Training-mode gradients, as cpu_batchnorm.batchnorm_backward: three launches (partial
     sums, the per-channel results, the per-value pass). relu: None, or (bias, stored) when
     the ReLU after the batch norm is folded in (minidnn/fusion.py): gy is then the ReLU's
     output gradient, masked here where the ReLU's output, recomputed from x with the
     forward's operations and stored in the maps' dtype (`stored` is the CPU kernel's
-    business), is not > 0."""
+    business), is not > 0. sums: handed_sums's of gy, taken by the add before (no relu):
+    the first launch is then not needed."""
     geometry = _geometry(x, gy) if gx is None else _geometry(x, gy, gx)
     n, c, hw, *_ = geometry
     bias = relu[0] if relu is not None else weight     # (not read without relu)
-    partial, parts = _channel_partials(1 if relu is None else 2, geometry, x, gy,
-                                       (mean, invstd, weight, bias))
+    if sums is not None and relu is not None:
+        raise ValueError("handed sums are of a gradient no ReLU masks")
+    partial, parts = sums if sums is not None else \
+        _channel_partials(1 if relu is None else 2, geometry, x, gy,
+                          (mean, invstd, weight, bias))
     coef = cp.empty((6, c), channel_dtype(x))   # one allocation: each costs host time
     _module.get_function(f"bn_finish_backward<{_channel_ctype(x)}>")(
         (c,), (_PART_THREADS,),

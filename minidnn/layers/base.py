@@ -129,6 +129,9 @@ class StepContext:
     add_grad_to: {add node name: k}: the adds that write their masked gradient to input k's
     gradient alone (input 0's: gy's buffer when it has none of its own), which the batch
     norm writing their other input reads as its gy (the decision's bn_grad).
+    gradient_sums: in the backward of such an add, and of that batch norm next, a
+    layers/batchnorm.GradientSums: the add takes the batch norm's sums of the gradient it
+    writes, and the batch norm starts from them (the decision's bn_sums); else None.
     maps: the step's feature-map format (kernels/mapformat.MapFormat; bf16 under mixed
     precision), in which a batch norm recomputes the output of the ReLU it applies; None:
     the layer's dtype. step_keys: while a step is captured as a CUDA graph, the device table
@@ -169,6 +172,7 @@ class StepContext:
     relu_before_pool: dict = field(default_factory=dict)
     gy_addend: Any = None
     add_grad_to: dict = field(default_factory=dict)
+    gradient_sums: Any = None
     maps: Any = None
     step_keys: Any = None
     batch_slice: int | None = None

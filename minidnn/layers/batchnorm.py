@@ -24,6 +24,9 @@ stores max(y, 0), and backward takes the ReLU's output gradient and masks it whe
 output, recomputed from x with the forward's operations, is not positive. So may the residual
 add after it and that add's ReLU (ctx.add_in_bn): forward then reads the add's other input z
 as a second input and stores max(y + z, 0), y rounded as stored first; backward is unchanged.
+In backward, that add may take the per-channel sums of the gradient it hands this layer in
+the pass that writes it (GradientSums; minidnn/fusion.py, bn_sums): backward then starts
+from those sums.
 
 The statistics are the whole batch's (`batch_statistics`): a step split into micro-batches
 would normalize each part with its own, which is a different network.
@@ -44,6 +47,28 @@ import numpy as np
 from ..errors import ConfigError, ShapeError
 from .base import Layer
 from .slices import in_order, sum_in_slices
+
+
+class GradientSums:
+    """The per-channel sums a batch norm's backward takes of its output gradient (sum gy and
+    sum gy * (x - mean)), taken instead by the residual add after it, in the pass that
+    writes that gradient (minidnn/fusion.py, bn_sums). The executor makes one (with the
+    batch norm's `gradient_sums`) for the add's backward and hands it on to the batch
+    norm's, the next call.
+
+    Args:
+        kernels: the batch norm's kernels (cpu_batchnorm or cuda_batchnorm).
+        x: the batch norm's input (N, C, H, W); mean: its batch mean (C,).
+    """
+
+    def __init__(self, kernels, x, mean):
+        self._kernels, self._x, self._mean = kernels, x, mean
+        self.sums = None
+
+    def take(self, y, gy, addend, gx) -> None:
+        """The add's backward: gx = (gy + addend) where y > 0, else 0 (addend None: gy
+        there), all (N, C, H, W); and the sums of gx, kept for the batch norm."""
+        self.sums = self._kernels.handed_sums(y, gy, addend, gx, self._x, self._mean)
 
 
 class BatchNorm2d(Layer):
@@ -142,10 +167,21 @@ class BatchNorm2d(Layer):
                                          running, relu, residual and (residual[0][part],
                                                                       residual[1]))
 
+    def gradient_sums(self, x, mean, ctx) -> GradientSums | None:
+        """What the add after this layer fills with the sums of the gradient it hands on
+        (x: this layer's input, mean: its aux 'mean'), for this layer's next backward; None
+        where this backward would not start from them: under --sync-batchnorm (the sums are
+        the global batch's) or with statistics of each slice (ctx.statistics_slice)."""
+        if ctx.statistics_slice is not None or \
+                self._kernels(ctx) is not self._device_kernels(ctx):
+            return None
+        return GradientSums(self._device_kernels(ctx), x, mean)
+
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gy: the output gradient, or, when this layer applies the ReLU after it
         (ctx.relu_in_bn), that ReLU's output gradient, which the kernels mask where the
-        ReLU's output (recomputed from x as forward computed it) is not positive."""
+        ReLU's output (recomputed from x as forward computed it) is not positive. With
+        ctx.gradient_sums (minidnn/fusion.py, bn_sums) the add before took gy's sums."""
         w = self.params["weight"]
         b = self.params["bias"]
         k, x, gx = self._kernels(ctx), xs[0], gxs[0]
@@ -159,6 +195,8 @@ class BatchNorm2d(Layer):
                                                 *relu)
             relu = None
         through = {} if relu is None else {"relu": relu}
+        if ctx.gradient_sums is not None:    # whole-batch statistics, this batch norm's kernels
+            through["sums"] = ctx.gradient_sums.sums
         if ctx.batch_slice is None:
             k.batchnorm_backward(x, gy, aux["mean"], aux["invstd"], w.data, gx, w.grad, b.grad,
                                  **through)

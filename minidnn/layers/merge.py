@@ -113,12 +113,15 @@ class Add(Layer):
         plan's `fuse`), and gy is masked in place when input 0's gradient shares it. With
         ctx.gy_addend (minidnn/fusion.py, add_sum) the gradient is gy + that addend, summed
         in the same pass. An add of ctx.add_grad_to (bn_grad) writes input k's gradient
-        alone; the batch norm writing the other input reads it from there."""
+        alone; the batch norm writing the other input reads it from there, and with
+        ctx.gradient_sums (bn_sums) this pass takes that batch norm's sums of it too."""
         if self.name in ctx.relu_in_add:
             k = ctx.add_grad_to.get(self.name)
             if k is not None:     # one input's gradient: the batch norm after reads it (bn_grad)
                 gx = gy if gxs[k] is None else gxs[k]
-                if ctx.gy_addend is None:
+                if ctx.gradient_sums is not None:
+                    ctx.gradient_sums.take(y, gy, ctx.gy_addend, gx)
+                elif ctx.gy_addend is None:
                     ctx.kernels.relu_backward(y, gy, gx)
                 else:
                     ctx.kernels.relu_mask_sum(y, gy, ctx.gy_addend, gx)

@@ -384,6 +384,16 @@ class MemoryManager:
             self._ensure(sid, where or tensor)
         return None if self.dry else self._view(fm, tensor)
 
+    def resident_view(self, tensor: str):
+        """The tensor's view (as `view`), which must be on the device now: a map a call reads
+        beside its own buffers, that the step keeps there (minidnn/fusion.py, bn_sums).
+        RuntimeError when it is not: offloaded or dropped, its bytes are elsewhere or gone."""
+        if self.maps[self.plan.tensors[tensor].storage].device is None:
+            raise RuntimeError(f"{tensor!r} is not on the device at {self.time}: a decision "
+                               f"read it where the step does not keep it")
+        return None if self.dry else self._view(self.maps[self.plan.tensors[tensor].storage],
+                                                tensor)
+
     # ---- moving -----------------------------------------------------------------------------
     def _offload(self, sid: int) -> None:
         fm = self.maps[sid]

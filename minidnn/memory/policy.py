@@ -102,6 +102,10 @@ class MemoryDecision:
     # writes its masked gradient to its other input's gradient alone, and the batch norm,
     # whose backward comes next, reads it from there (minidnn/fusion.py).
     bn_grad: dict = field(default_factory=dict)
+    # bn_sums: {batch norm node name: add node name}, a part of bn_grad: the add's pass also
+    # takes the batch norm's sums of the gradient it writes, reading the batch norm's input,
+    # which this decision neither offloads nor recomputes (minidnn/fusion.py).
+    bn_sums: dict = field(default_factory=dict)
     # pool_relu: {ReLU node name: max pool node name}: the max pool applies that ReLU's mask
     # in its backward, and the ReLU keeps nothing for backward (minidnn/fusion.py).
     pool_relu: dict = field(default_factory=dict)

@@ -265,6 +265,15 @@ def batchnorm_transient_bytes(shape) -> int:
     return aligned(partial_sums_bytes(n, c, pixels)) + 3 * channel + aligned(6 * 8 * c)
 
 
+def handed_sums_bytes(batchnorm) -> int:
+    """Bytes of the stage-one sums a residual add takes for the batch norm before it
+    (minidnn/fusion.py, bn_sums), over that batch norm's input: made in the add's backward,
+    they live until the batch norm's, so the add's call counts them too."""
+    n, c = (int(d) for d in batchnorm.in_shapes[0][:2])
+    return aligned(partial_sums_bytes(n, c, math.prod(int(d) for d in
+                                                      batchnorm.in_shapes[0][2:])))
+
+
 def bias_sums_bytes(layer, layout: str) -> int:
     """Bytes of the partial sums of convolution `layer`'s bias gradient over its output, on
     maps stored in `layout` (kernels/column_sums.py), taken inside the backward that sums

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
-from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, conv_relu_pairs, \
-    pool_relu_forward_pairs, pool_relu_pairs
+from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
+    conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs
 from ..kernels.mapformat import MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -62,8 +62,8 @@ from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, bias_sums_bytes, gradient_copy_bytes,
-                    numel, optimizer_transient_bytes, param_bytes, transient_bytes,
-                    weight_copy_bytes)
+                    handed_sums_bytes, numel, optimizer_transient_bytes, param_bytes,
+                    transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
 from .recorded import StepRecording, splice
@@ -325,6 +325,13 @@ class StepModel:
         copies = counted if self.maps.precision == "bf16" else 0
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
         sums = self._bias_sums(biased if spec.fuse else {})
+        # bn_sums (minidnn/fusion.py): an add may take its batch norm's sums, which live on
+        # into that batch norm's call; counted wherever the pair may fuse, whatever the
+        # decision moves (a bound: a moved input leaves the pair unfused).
+        if spec.fuse and not (options.batch_slice and spec.split_batch_statistics):
+            for bn, add in bn_grad_pairs(self.plan).items():
+                i = self.index[add]
+                sums[i] = sums.get(i, 0) + handed_sums_bytes(self.plan.net.node(bn).layer)
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + (counted * sums.get(i, 0) if phase == "backward" else 0)

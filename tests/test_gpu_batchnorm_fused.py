@@ -251,7 +251,8 @@ def test_handed_sums_give_the_bits_of_the_add_then_the_batch_norm(gpu, shape, la
     """handed_sums (minidnn/fusion.py, bn_sums) writes the add's gradient as
     cuda_pointwise.relu_mask_sum (relu_backward without a second part) writes it, and the
     batch norm's backward from its sums gives the bits of the plain backward of that
-    gradient; with the add's maps aligned apart (its own pass, then the sums) too."""
+    gradient; in place into gy, and with the add's maps aligned apart (its own pass, then
+    the sums) too."""
     cp = gpu[0]
     from minidnn.kernels import cuda_batchnorm as gpu_bn
     from minidnn.kernels import cuda_pointwise
@@ -264,11 +265,13 @@ def test_handed_sums_give_the_bits_of_the_add_then_the_batch_norm(gpu, shape, la
     gpu_bn.batchnorm_training_forward(dx, dw, db, to_device(cp, np.zeros_like(x), layout),
                                       mean, invstd, EPS, None)
     results = []
-    for way in ("plain", "handed", "apart"):
+    for way in ("plain", "handed", "in place", "apart"):
         place = offset_by_one if way == "apart" else to_device
         dy, dgy = place(cp, y, layout), to_device(cp, gy, layout)
         dg2 = to_device(cp, g2, layout) if addend else None
-        g = to_device(cp, np.zeros_like(x), layout)
+        # in place: into gy's buffer (a projection block's add, whose batch norm writes its
+        # input 1 and reads input 0's gradient, which shares gy's)
+        g = dgy if way == "in place" else to_device(cp, np.zeros_like(x), layout)
         gx = to_device(cp, np.zeros_like(x), layout)
         gw, gb = cp.empty(c, dt), cp.empty(c, dt)
         if way == "plain":
@@ -282,7 +285,7 @@ def test_handed_sums_give_the_bits_of_the_add_then_the_batch_norm(gpu, shape, la
             gpu_bn.batchnorm_backward(dx, g, mean, invstd, dw, gx, gw, gb, sums=sums)
         results.append((raw(cp, g).tobytes(), raw(cp, gx).tobytes(), gw.get().tobytes(),
                         gb.get().tobytes()))
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
     want = np.where(y.astype(np.float32) > 0, (gy.astype(np.float32) + g2.astype(np.float32)
                                                 ).astype(dtype) if addend else gy,
                     np.zeros((), dtype))

@@ -829,15 +829,16 @@ def handed_sums(y, gy, g2, gx, x, mean):
 
     Args:
         y, gy, g2, gx: the add's output (the ReLU's), its output gradient, the second part of
-            that gradient it adds (or None), the gradient written (N, C, H, W), laid out as x.
+            that gradient it adds (or None), the gradient written (N, C, H, W), laid out as x;
+            gx may be gy (in place: a thread reads each of its values before it writes it).
         x: the batch norm's input (N, C, H, W); mean: its batch mean (C,).
     Returns:
         (partial, parts): stage one's sums, for batchnorm_backward's `sums`.
     """
     maps = (x, gy, gx, y) + (() if g2 is None else (g2,))
     geometry = _geometry(*maps)
-    if any(a is gx for a in (gy, g2)) or gx.data.ptr in (gy.data.ptr, y.data.ptr):
-        raise ValueError("handed_sums writes a gradient of its own")
+    if gx.data.ptr in (y.data.ptr, x.data.ptr) or g2 is not None and gx.data.ptr == g2.data.ptr:
+        raise ValueError("handed_sums writes its gradient over a map it reads besides gy")
     try:
         return _channel_partials(3, geometry, x, gy, (mean,) * 4, handed=(y, g2, gx))
     except ValueError:      # maps aligned apart: the add's pass, then the sums of its output

@@ -14,7 +14,7 @@ import numpy as np
 
 from minidnn.kernels import cuda_batchnorm as bn
 from minidnn.kernels import cuda_pointwise as pw
-from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order, shaped
+from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order
 
 # (C, H = W, blocks): ResNet-50's four stages; every block's add hands its batch norm a map.
 STAGES = ((256, 56, 3), (512, 28, 4), (1024, 14, 6), (2048, 7, 3))
@@ -46,12 +46,16 @@ def main():
         total = [0.0, 0.0]
         for c, hw, blocks in STAGES:
             shape = (args.batch, c, hw, hw)
-            rng = np.random.default_rng(0)
+            rng = cp.random.default_rng(0)
 
-            def fill():      # random values, channels last, through their bytes
-                host = rng.standard_normal((shape[0], hw, hw, c), dtype=np.float32)
-                flat = cp.asarray(host.astype(dtype).reshape(-1).view(np.uint8))
-                return shaped(flat, shape, dtype, "nhwc")
+            def fill():      # random values, channels last, rounded once for bf16
+                values = rng.standard_normal((shape[0], hw, hw, c), dtype=cp.float32)
+                values = values.transpose(0, 3, 1, 2)
+                if dtype == np.float32:
+                    return values
+                out = empty(cp, shape, dtype, "nhwc")
+                pw.float_to_bf16(values, out)
+                return out
             y, gy, g2, x = fill(), fill(), fill(), fill()
             g_plain, g_handed = empty(cp, shape, dtype, "nhwc"), empty(cp, shape, dtype, "nhwc")
             mean = cp.zeros(c, cp.float32)

@@ -107,7 +107,8 @@ def counted_sums(monkeypatch) -> dict:
     return calls
 
 
-@pytest.mark.parametrize("kwargs", RESIDUAL_SETTINGS, ids=str)
+# Deterministic with whole-batch statistics: one slice, the whole pass, takes the sums.
+@pytest.mark.parametrize("kwargs", RESIDUAL_SETTINGS + [{"deterministic": True}], ids=str)
 def test_a_fused_step_gives_the_bits_of_the_unfused_one(kwargs, monkeypatch):
     calls = counted_sums(monkeypatch)
     fused = _run(projected_blocks(), kwargs, 2, True, 8, "bn_sums")

@@ -155,28 +155,10 @@ def test_a_gpu_step_whose_add_sums_gives_the_bits_of_the_unfused_one(gpu, precis
 def test_a_gpu_step_whose_batch_norms_read_the_other_gradient_gives_the_unfused_bits(
         gpu, precision, layout):
     """A projection block and an identity block (tests/test_fused_bn_grad.py): each add
-    writes one gradient, which the batch norm before it reads on (bn_grad); two steps and an
-    evaluation against --no-fuse, deterministic algorithms: the same bits."""
-    from test_fused_bn_grad import PAIRS, projected_blocks
-    from test_fusion import _run
-    settings = {"precision": precision, "layout": layout, "deterministic": True}
-    losses, state, pairs, evaluated = _run(projected_blocks(), settings, 2, True, 8,
-                                           "bn_grad", device="gpu")
-    assert pairs == PAIRS
-    plain_losses, plain_state, none, plain_evaluated = _run(
-        projected_blocks(), settings, 2, False, 8, "bn_grad", device="gpu")
-    assert none == {} and losses == plain_losses and evaluated == plain_evaluated
-    for k in state:
-        assert state[k].tobytes() == plain_state[k].tobytes(), k
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_a_gpu_step_whose_adds_take_the_batch_norms_sums_gives_the_unfused_bits(
-        gpu, precision, layout):
-    """The same blocks: each add also takes the sums of the batch norm it hands its gradient
-    to (bn_sums: whole-batch statistics, inputs kept); two steps and an evaluation against
-    --no-fuse, deterministic algorithms: the same bits."""
+    writes one gradient, which the batch norm before it reads on (bn_grad), and takes that
+    batch norm's sums of it (bn_sums: whole-batch statistics, inputs kept; the projection
+    block's add in place into gy); two steps and an evaluation against --no-fuse,
+    deterministic algorithms: the same bits."""
     from test_fused_bn_grad import PAIRS, projected_blocks
     from test_fusion import _run
     settings = {"precision": precision, "layout": layout, "deterministic": True}
@@ -188,3 +170,4 @@ def test_a_gpu_step_whose_adds_take_the_batch_norms_sums_gives_the_unfused_bits(
     assert none == {} and losses == plain_losses and evaluated == plain_evaluated
     for k in state:
         assert state[k].tobytes() == plain_state[k].tobytes(), k
+

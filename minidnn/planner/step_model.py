@@ -89,7 +89,9 @@ POOLED_RELU_BIAS_SHARE = 1 / 3
 # model prices"); so the two maps come off the add's measured backward, a copy of gy into
 # input 1's gradient, two maps. Where the batch norm before the add reads the add's gradient
 # on (bn_grad), the add writes one map fewer still, which the model, pricing it at nothing
-# already, does not see.
+# already, does not see; nor that such an add may also take that batch norm's sums (bn_sums),
+# reading the batch norm's input besides, and the batch norm then reads its gradient once
+# (on the H200, ResNet-50 b256 float32: 1.09 ms less of those passes alone, 0.13 in bf16).
 SUMMING_ADD_SHARE = 0.0
 
 

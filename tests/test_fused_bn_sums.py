@@ -135,3 +135,21 @@ def test_recomputing_every_candidate_runs_unfused_with_the_same_bits(monkeypatch
     assert recomputing_everything(projected_blocks(), True, "bn_sums") == \
         recomputing_everything(projected_blocks(), False, "bn_sums")
     assert calls["handed_sums"] == 0
+
+
+def test_the_sums_an_add_takes_are_counted_in_its_backward():
+    """The stage-one sums an add takes for its batch norm (at most 2 MiB) live from the add's
+    call to the batch norm's: the step model counts them in the add's backward, fused, and
+    and not with --no-fuse. (Counted wherever the pair may fuse: a bound.)"""
+    from minidnn.planner.costs import handed_sums_bytes
+    from minidnn.planner.step_model import StepModel
+    from test_planner import flat_profile
+    net = projected_blocks()
+    fused = StepModel(net, 4, flat_profile(net, 4))
+    apart = StepModel(net, 4, flat_profile(net, 4), fuse=False)
+    for bn, add in PAIRS.items():
+        a = fused.index[add]
+        extra = handed_sums_bytes(net.node(bn).layer)
+        assert extra > 0
+        assert fused._transient[("backward", a)] - apart._transient[("backward", a)] == extra
+        assert fused._transient[("forward", a)] == apart._transient[("forward", a)]

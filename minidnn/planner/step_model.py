@@ -329,8 +329,9 @@ class StepModel:
         sums = self._bias_sums(biased if spec.fuse else {})
         # bn_sums (minidnn/fusion.py): an add may take its batch norm's sums, which live on
         # into that batch norm's call; counted wherever the pair may fuse, whatever the
-        # decision moves (a bound: a moved input leaves the pair unfused).
-        if spec.fuse and not (options.batch_slice and spec.split_batch_statistics):
+        # decision moves (a bound: a moved input, or statistics of each slice, leave the
+        # pair unfused; the sums are at most 2 MiB).
+        if spec.fuse:
             for bn, add in bn_grad_pairs(self.plan).items():
                 i = self.index[add]
                 sums[i] = sums.get(i, 0) + handed_sums_bytes(self.plan.net.node(bn).layer)

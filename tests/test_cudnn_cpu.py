@@ -9,8 +9,8 @@ import pytest
 from minidnn.errors import ConfigError
 from minidnn.kernels import ConvSpec
 from minidnn.kernels.cudnn_conv import (ConvPlanCache, ConvProblem, PlanTiming, PlanUnavailable,
-                                        check_math, choose_plan, contiguous_layout,
-                                        deselected_notes, split_by_group)
+                                        check_math, choose_plan, deselected_notes,
+                                        split_by_group)
 
 INF = math.inf
 
@@ -75,8 +75,9 @@ def test_problem_rejects_mixed_or_unsupported_dtypes():
         ConvProblem.of("bprop", x, w, y, spec, "tf32", False)
 
 
-def test_contiguous_layout():
-    assert contiguous_layout((2, 3, 4, 5)) == ((2, 3, 4, 5), (60, 20, 5, 1))
+def test_c_order_strides():
+    from minidnn.kernels.mapformat import layout_strides
+    assert layout_strides((2, 3, 4, 5)) == (60, 20, 5, 1)
 
 
 # ---- math modes ---------------------------------------------------------------------------------

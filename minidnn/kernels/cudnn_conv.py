@@ -33,7 +33,6 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from .mapformat import layout_strides
 from .math_mode import MATH_MODES
 
 OPS = ("fprop", "dgrad", "wgrad", "fprop_bias_relu")
@@ -91,11 +90,6 @@ def check_math(math_mode: str, deterministic) -> tuple:
 def _layout(a) -> tuple:
     """(shape, strides in elements) of a NumPy or CuPy array."""
     return tuple(int(d) for d in a.shape), tuple(int(s) // a.itemsize for s in a.strides)
-
-
-def contiguous_layout(shape) -> tuple:
-    """(shape, C-order strides in elements)."""
-    return tuple(int(d) for d in shape), layout_strides(shape)
 
 
 @dataclass(frozen=True)

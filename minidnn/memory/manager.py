@@ -388,11 +388,11 @@ class MemoryManager:
         """The tensor's view (as `view`), which must be on the device now: a map a call reads
         beside its own buffers, that the step keeps there (minidnn/fusion.py, bn_sums).
         RuntimeError when it is not: offloaded or dropped, its bytes are elsewhere or gone."""
-        if self.maps[self.plan.tensors[tensor].storage].device is None:
+        fm = self.maps[self.plan.tensors[tensor].storage]
+        if fm.device is None:
             raise RuntimeError(f"{tensor!r} is not on the device at {self.time}: a decision "
                                f"read it where the step does not keep it")
-        return None if self.dry else self._view(self.maps[self.plan.tensors[tensor].storage],
-                                                tensor)
+        return None if self.dry else self._view(fm, tensor)
 
     # ---- moving -----------------------------------------------------------------------------
     def _offload(self, sid: int) -> None:

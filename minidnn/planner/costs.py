@@ -259,19 +259,22 @@ def batchnorm_transient_bytes(shape) -> int:
     kernels size them with), and at most five per-channel arrays of (C,) and (6, C) values:
     a recomputation's mean and invstd, the variance, the affine or gradient coefficients
     (counted at 8 bytes a value, the widest channel dtype)."""
+    c = int(shape[1])
+    return _stage_one_bytes(shape) + 3 * aligned(8 * c) + aligned(6 * 8 * c)
+
+
+def _stage_one_bytes(shape) -> int:
+    """The aligned bytes of stage one's partial sums over a map of `shape` (N, C, H, W)
+    (kernels/batchnorm_sums.py)."""
     n, c = int(shape[0]), int(shape[1])
-    pixels = math.prod(int(d) for d in shape[2:])
-    channel = aligned(8 * c)
-    return aligned(partial_sums_bytes(n, c, pixels)) + 3 * channel + aligned(6 * 8 * c)
+    return aligned(partial_sums_bytes(n, c, math.prod(int(d) for d in shape[2:])))
 
 
 def handed_sums_bytes(batchnorm) -> int:
     """Bytes of the stage-one sums a residual add takes for the batch norm before it
     (minidnn/fusion.py, bn_sums), over that batch norm's input: made in the add's backward,
     they live until the batch norm's, so the add's call counts them too."""
-    n, c = (int(d) for d in batchnorm.in_shapes[0][:2])
-    return aligned(partial_sums_bytes(n, c, math.prod(int(d) for d in
-                                                      batchnorm.in_shapes[0][2:])))
+    return _stage_one_bytes(batchnorm.in_shapes[0])
 
 
 def bias_sums_bytes(layer, layout: str) -> int:

@@ -28,8 +28,8 @@ from .backend import Device, select_device, to_numpy
 from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
-                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_relu_forward_pairs,
-                     pool_relu_pairs)
+                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_bias_pairs,
+                     pool_relu_forward_pairs, pool_relu_pairs)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -54,6 +54,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "batch_slice", "statistics_slice", "_row_offsets", "_bias_deferred", "_relu_bias",
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
           "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool",
+          "_pool_bias", "_bias_in_pool",
           "_add_grad_to", "_grad_handed", "_sums_handed")
 
 
@@ -178,6 +179,7 @@ class Assembly:
         self._relu_in_pool, self._relu_mask_done = self._pool_relu()
         self._relu_before_pool = self._pool_relu_forward()
         self._relu_forward_done |= frozenset(self._relu_before_pool.values())
+        self._pool_bias, self._bias_in_pool = self._pool_bias_sums()
         deferred_sums = self._add_sum()
         self._add_grad_to, self._grad_handed = self._bn_grad()
         self._sums_handed = self._bn_sums()
@@ -493,6 +495,29 @@ class Assembly:
                                    pool_relu_forward_pairs(self.plan, self.batch_slice is not None),
                                    "moves ReLUs into max pools")
         return {pool: relu for relu, pool in pairs.items()}
+
+    def _pool_bias_sums(self) -> tuple:
+        """({max pool: the bias Parameter whose gradient it sums}, the ReLUs that added those
+        biases) from the decision's pool_bias. A pool whose backward widens bf16 maps (on
+        the CPU) leaves the sums to its ReLU, which sums the gradient as stored, rounded
+        once more where windows overlap."""
+        if not self.decision.pool_bias:
+            return {}, frozenset()
+        pairs = self._fusion_pairs("pool_bias",
+                                   pool_bias_pairs(self.plan, self.batch_slice is not None),
+                                   "has max pools sum bias gradients")
+        unbiased = sorted(relu for relu in pairs if relu not in self._relu_bias)
+        if unbiased:
+            raise ConfigError(f"the decision has max pools sum the bias gradients of ReLUs "
+                              f"that add no bias in it (its bias_relu): {unbiased}")
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        bf16_ops = self._bf16_ops()
+        pairs = {relu: pool for relu, pool in pairs.items()
+                 if not mixed.temporary_bytes(self.plan.nodes[index[pool]].layer, bf16_ops,
+                                              self.plan.call_maps(index[pool], "backward"),
+                                              "backward")}
+        return ({pool: self._relu_bias[relu] for relu, pool in pairs.items()},
+                frozenset(pairs))
 
     def _add_sum(self) -> dict:
         """{(reader node index, gradient name): add node index}: the gradient sums the adds'

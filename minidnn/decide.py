@@ -29,8 +29,8 @@ from .chunks import chunk_network
 from .executor import Executor
 from .kernels.mapformat import MapFormat, map_layout
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
-                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_relu_forward_pairs,
-                     pool_relu_pairs)
+                     bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_bias_pairs,
+                     pool_relu_forward_pairs, pool_relu_pairs)
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -106,7 +106,9 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    if spec.fuse else {},
                    pool_relu=pool_relu_pairs(plan) if spec.fuse else {},
                    pool_relu_forward=pool_relu_forward_pairs(plan, bool(spec.deterministic))
-                   if spec.fuse else {}, spec=spec)
+                   if spec.fuse else {},
+                   pool_bias=pool_bias_pairs(plan, bool(spec.deterministic)) if spec.fuse
+                   else {}, spec=spec)
 
 
 # The policies that decide once, from the liveness plan alone (memory/policy.py).

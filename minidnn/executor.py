@@ -229,7 +229,8 @@ class Executor:
                            relu_done=self._relu_done, add_in_bn=self._add_in_bn,
                            add_done=self._add_done, relu_in_pool=self._relu_in_pool,
                            relu_mask_done=self._relu_mask_done,
-                           relu_before_pool=self._relu_before_pool, step_keys=self._step_keys,
+                           relu_before_pool=self._relu_before_pool, pool_bias=self._pool_bias,
+                           bias_in_pool=self._bias_in_pool, step_keys=self._step_keys,
                            add_grad_to=self._add_grad_to,
                            batch_slice=self.batch_slice, statistics_slice=self.statistics_slice)
 
@@ -352,10 +353,13 @@ class Executor:
 
     def _gradients_written(self, node) -> list:
         """The Parameters whose gradient node's backward writes: its own, except a bias that
-        the ReLU after it adds, whose gradient that ReLU writes (minidnn/fusion.py)."""
+        the ReLU after it adds, whose gradient that ReLU writes, or the max pool after the
+        ReLU (minidnn/fusion.py)."""
         own = [p for key, p in node.layer.params.items()
                if not (key == "bias" and node.name in self._bias_deferred)]
-        fused = self._relu_bias.get(node.name)
+        fused = self._pool_bias.get(node.name)
+        if fused is None and node.name not in self._bias_in_pool:
+            fused = self._relu_bias.get(node.name)
         return own + ([fused] if fused is not None else [])
 
     def _start_step_peak(self) -> None:

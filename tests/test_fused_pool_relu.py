@@ -1,7 +1,8 @@
 """A max pool that applies the mask of the ReLU before it (minidnn/fusion.py, pool_relu), and
-the ReLU's forward too (pool_relu_forward): which pairs qualify, that such a ReLU keeps
-nothing for backward, the CPU kernels against the two layers' kernels bit for bit, and whole
-steps against the unfused ones."""
+the ReLU's forward too (pool_relu_forward), and sums the gradient of the bias the ReLU added
+(pool_bias): which pairs qualify, that such a ReLU keeps nothing for backward, the CPU
+kernels against the two layers' kernels bit for bit, and whole steps against the unfused
+ones."""
 from dataclasses import replace
 
 import numpy as np
@@ -12,8 +13,8 @@ from minidnn.builder import NetBuilder
 from minidnn.decide import decide
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
-from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_forward_pairs, \
-    pool_relu_pairs
+from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_bias_pairs, \
+    pool_relu_forward_pairs, pool_relu_pairs
 from minidnn.kernels import RELU_MASK_BIT, PoolSpec, cpu, out_size
 from minidnn.kernels.mapformat import MapFormat, bfloat16
 from minidnn.memory.plan import LivenessPlan
@@ -305,3 +306,112 @@ def test_a_decision_naming_other_pool_pairs_is_refused():
     with pytest.raises(ConfigError, match="moves ReLUs into max pools"):
         Executor(net, 4, device="cpu",
                  decision=replace(decision, pool_relu_forward={"relu1": "fc3"}))
+
+
+# ---- the pool sums the gradient of its ReLU's bias (pool_bias) --------------------------------
+def test_vgg16s_pools_sum_the_bias_gradients_of_their_relus_but_under_deterministic():
+    net = models.build("vgg16")
+    plan = LivenessPlan(net, 2)
+    pooled = pool_relu_pairs(plan)
+    assert pool_bias_pairs(plan, False) == pooled            # every ReLU adds its bias
+    assert pool_bias_pairs(plan, True) == {}
+    assert decide(net, 2).pool_bias == pooled
+    assert decide(net, 2, deterministic=True).pool_bias == {}
+    assert decide(net, 2, fuse=False).pool_bias == {}
+    # A ReLU that adds no bias leaves its pool nothing to sum.
+    assert pool_bias_pairs(LivenessPlan(_unbiased(), 2), False) == {}
+
+
+def _decided_run(net, kwargs, steps, size, pool_bias: bool, device="cpu"):
+    """test_fusion._run's steps and evaluation under the step's decision, with its pool_bias
+    pairs or without them (a decision made by hand): (losses, state_dict, the evaluation's
+    loss, the decision's pool_bias pairs)."""
+    from minidnn.backend import select_device
+    from minidnn.optim import SGD
+    from minidnn.spec import StepSpec
+    net.init_params(0)
+    dev = select_device(device)
+    spec = StepSpec(batch=4, **kwargs)
+    decision = decide(net, spec, device=dev)
+    pairs = dict(decision.pool_bias)
+    if not pool_bias:
+        decision = replace(decision, pool_bias={})
+    with Executor(net, spec, decision, device=dev, seed=1) as ex:
+        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
+        rng = np.random.default_rng(2)
+        losses = []
+        for _ in range(steps):
+            x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
+            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
+        evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
+    state = {k: np.array(v) for k, v in net.state_dict().items()}
+    return losses, state, evaluated, pairs
+
+
+def pools_summing_bias(monkeypatch, module) -> list:
+    """The calls of `module`'s maxpool2d_backward given a bias gradient to sum, recorded
+    (True per such call) as they run."""
+    calls = []
+    original = module.maxpool2d_backward
+
+    def recorded(*args, **kwargs):
+        if kwargs.get("gb") is not None:
+            calls.append(True)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(module, "maxpool2d_backward", recorded)
+    return calls
+
+
+def assert_same_runs(a, b):
+    assert a[0] == b[0] and a[2] == b[2]
+    assert all(_bits(a[1][k]).tobytes() == _bits(b[1][k]).tobytes() for k in a[1])
+
+
+@pytest.mark.parametrize("kwargs,sums", [({}, 3), ({"layout": "nhwc"}, 3),
+                                         ({"micro_batches": 2}, 6), ({"relu_bits": True}, 3),
+                                         ({"policy": "all", "memory_budget": "1MiB"}, 3),
+                                         ({"precision": "bf16"}, 0)], ids=str)
+def test_a_step_whose_pools_sum_bias_gradients_gives_the_bits_of_one_whose_relus_do(
+        monkeypatch, kwargs, sums):
+    """Three training steps and an evaluation of a decision with its pool_bias pairs against
+    the same decision without them: the same losses, weights and evaluation, bit for bit;
+    the pools sum the three biases' gradients in every pass (`sums` calls a step), but on
+    bf16 maps on the CPU, whose pools widen them (their ReLUs sum)."""
+    calls = pools_summing_bias(monkeypatch, cpu)
+    fused = _decided_run(_one_reader_pools(), kwargs, 3, 24, True)
+    assert fused[3] == {"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"}
+    assert len(calls) == 3 * sums
+    calls.clear()
+    apart = _decided_run(_one_reader_pools(), kwargs, 3, 24, False)
+    assert calls == []
+    assert_same_runs(fused, apart)
+
+
+def test_the_cpu_pool_sums_the_bias_gradient_of_its_output_in_bias_grads_bits():
+    rng = np.random.default_rng(5)
+    for kernel, stride, padding, ceil in GEOMETRIES:
+        spec = PoolSpec(kernel=(kernel, kernel), stride=(stride, stride),
+                        padding=(padding, padding), ceil_mode=ceil)
+        x = rng.standard_normal((3, 6, 9, 9)).astype(np.float32)
+        oh = out_size(9, kernel, stride, padding, ceil_mode=ceil)
+        y, arg = np.empty((3, 6, oh, oh), np.float32), np.empty((3, 6, oh, oh), np.uint8)
+        cpu.maxpool2d_forward(x, y, arg, spec, relu=True)
+        gy = rng.standard_normal(y.shape).astype(np.float32)
+        want, want_b = np.empty_like(x), np.empty(6, np.float32)
+        cpu.maxpool2d_backward(gy, arg, want, spec, relu=True)
+        cpu.bias_grad(want, want_b)
+        got, got_b = np.full_like(x, 7), np.full(6, 7, np.float32)
+        cpu.maxpool2d_backward(gy, arg, got, spec, relu=True, gb=got_b)
+        assert _bits(got).tobytes() == _bits(want).tobytes()
+        assert _bits(got_b).tobytes() == _bits(want_b).tobytes()
+
+
+def test_a_decision_naming_other_pool_bias_pairs_is_refused():
+    net = _one_reader_pools()
+    decision = decide(net, 4)
+    assert decision.pool_bias
+    with pytest.raises(ConfigError, match="sum bias gradients"):
+        Executor(net, 4, device="cpu", decision=replace(decision, pool_bias={"relu3": "pool3"}))
+    with pytest.raises(ConfigError, match="add no bias"):
+        Executor(net, 4, device="cpu", decision=replace(decision, bias_relu={},
+                                                        conv_relu={}))

@@ -14,7 +14,7 @@ from minidnn.memory.policy import get_policy
 from minidnn.planner import DynPolicy, LayerCost, Profile
 from minidnn.planner.gpus import H200, K40, analytic_profile, get_gpu
 from minidnn.planner.search import InfeasibleBudgetError, Planner, budget_to_give
-from minidnn.planner.step_model import StepModel
+from minidnn.planner.step_model import PlanOptions, StepModel
 from minidnn.decide import build_executor
 
 MiB = 2**20
@@ -100,14 +100,13 @@ def test_step_time_without_offload_is_the_sum_of_the_calls():
     ev = model.evaluate(frozenset())
     # less the forward of each ReLU its convolution applies (float32 maps on a GPU: the
     # fused graph takes the convolution's time; minidnn/fusion.py)
-    from minidnn.fusion import bias_relu_pairs, conv_relu_pairs, pool_relu_pairs
-    from minidnn.planner.step_model import POOLED_RELU_BIAS_SHARE
+    from minidnn.fusion import conv_relu_pairs, pool_bias_pairs, pool_relu_pairs
     assert model.forward_share == {r: 0.0 for r in conv_relu_pairs(model.plan, False)} != {}
-    # less the backward of each ReLU whose max pool applies its mask, but for the sums of
-    # the bias it added
+    # less the backward of each ReLU whose max pool applies its mask, and sums the gradient
+    # of the bias it added (pool_bias)
     pooled = pool_relu_pairs(model.plan)
-    assert model.backward_share == {r: POOLED_RELU_BIAS_SHARE if r in bias_relu_pairs(
-        model.plan) else 0.0 for r in pooled} != {}
+    assert set(pool_bias_pairs(model.plan, False)) == set(pooled)
+    assert model.backward_share == {r: 0.0 for r in pooled} != {}
     calls = 2 * len(net.nodes) - _calls_fused_away(model)
     assert ev.step_time_s == pytest.approx(calls * 1e-3 + 1e-4)
     unfused = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-3), input_batches=0,
@@ -239,19 +238,26 @@ def test_a_flatten_of_channels_last_maps_copies_them_in_a_planned_scratch_block(
 def test_a_bias_gradient_s_partial_sums_are_counted_in_the_backward_that_takes_them():
     """A convolution's bias gradient is summed in two stages on the GPU, (blocks, C) partial
     sums on channels-last maps, (N, C) on NCHW ones (kernels/column_sums.py): a temporary
-    of the backward that sums it, the convolution's, or the ReLU's that added the bias
-    (minidnn/fusion.py)."""
+    of the backward that sums it, the convolution's, or the ReLU's that added the bias, or
+    the max pool's after that ReLU, but under --deterministic (minidnn/fusion.py)."""
     from minidnn.kernels.column_sums import SUM_BLOCKS, column_blocks
     from minidnn.kernels.mapformat import MapFormat
     net = conv_chain()              # three 16-channel convolutions with a bias at 32x32
     rows = 8 * 32 * 32
     assert column_blocks(rows) == (4, SUM_BLOCKS)
-    for layout, sums in (("nhwc", SUM_BLOCKS * 16 * 4), ("nchw", 8 * 16 * 4)):
-        fused = StepModel(net, 8, flat_profile(net, 8), maps=MapFormat(layout, "fp32"))
-        apart = StepModel(net, 8, flat_profile(net, 8), maps=MapFormat(layout, "fp32"),
+    for layout, sums, slice_, pooled in (("nhwc", SUM_BLOCKS * 16 * 4, None, "pool"),
+                                         ("nchw", 8 * 16 * 4, None, "pool"),
+                                         ("nhwc", SUM_BLOCKS * 16 * 4, 4, "relu3")):
+        options = PlanOptions(batch_slice=slice_)
+        fused = StepModel(net, 8, flat_profile(net, 8), options, maps=MapFormat(layout, "fp32"))
+        apart = StepModel(net, 8, flat_profile(net, 8), options, maps=MapFormat(layout, "fp32"),
                           fuse=False)
         names = [n.name for n in fused.nodes]
-        for conv, relu in (("conv1", "relu1"), ("conv2", "relu2"), ("conv3", "relu3")):
+        # Under --deterministic relu3 sums its bias's gradient itself: that pass it still runs.
+        from minidnn.planner.step_model import POOLED_RELU_BIAS_SHARE
+        assert fused.backward_share["relu3"] == (0.0 if slice_ is None
+                                                 else POOLED_RELU_BIAS_SHARE)
+        for conv, relu in (("conv1", "relu1"), ("conv2", "relu2"), ("conv3", pooled)):
             c, r = names.index(conv), names.index(relu)
             assert fused._transient[("backward", r)] - apart._transient[("backward", r)] \
                 == apart._transient[("backward", c)] - fused._transient[("backward", c)] \
@@ -494,7 +500,8 @@ def test_a_fixed_decision_is_run_as_given():
     assert ex.decision == replace(decision, prefetch_lookahead=1, policy="fixed",
                                   bias_relu=bias_relu_pairs(ex.plan),
                                   conv_relu=conv_relu_pairs(ex.plan, False),
-                                  pool_relu=pool_relu_pairs(ex.plan), spec=ex.spec)
+                                  pool_relu=pool_relu_pairs(ex.plan),
+                                  pool_bias=pool_relu_pairs(ex.plan), spec=ex.spec)
     assert ex.decision.conv_relu
     assert ex.decision.conv_algo == {"conv2": "min_workspace"}
     assert net.node("conv2").layer.algo == net.node("conv1").layer.algo == "fastest"

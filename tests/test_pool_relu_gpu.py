@@ -166,3 +166,106 @@ def test_a_gpu_step_whose_pools_apply_relu_masks_gives_the_bits_of_the_unfused_o
     plain = _run(_one_reader_pools(), kwargs, 3, False, 24, "pool_relu_forward", device="gpu")
     assert plain[2] == {} and fused[0] == plain[0] and fused[3] == plain[3]
     assert all(_bits(fused[1][k]).tobytes() == _bits(plain[1][k]).tobytes() for k in fused[1])
+
+
+# ---- the pool's backward summing the bias gradient (pool_bias) --------------------------------
+# (geometry, shape): GEOMETRIES's with 64 channels (vectors) and 3 (a channel a thread), one
+# pixel a block; then maps of more than SUM_BLOCKS * 8 pixels, whose row lanes step over
+# rows and images: wide rows, rows narrower than the 8-pixel step, overlapping windows.
+SUMS_CASES = [*((g, (3, c, GEOMETRIES[g][4], GEOMETRIES[g][4])) for g in GEOMETRIES
+                for c in (64, 3)),
+              ("2x2/2", (4, 16, 64, 72)), ("2x2/2", (512, 8, 6, 6)),
+              ("3x3/2 p1", (512, 8, 7, 7)), ("3x3/2 ceil", (2, 64, 100, 100))]
+
+
+def _misaligned(a):
+    """A channels-last copy of device map `a` that starts one value past a 16-byte boundary."""
+    n, c, h, w = a.shape
+    flat = cp.empty(a.size + 1, dtype=a.dtype)
+    out = flat[1:].reshape(n, h, w, c).transpose(0, 3, 1, 2)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("case", SUMS_CASES, ids=lambda c: f"{c[0]} {c[1]}")
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64], ids=str)
+def test_a_pool_summing_the_bias_gradient_gives_the_bits_of_the_pool_then_bias_grad(
+        gpu, dtype, layout, case, relu):
+    """maxpool2d_backward(..., gb=gb): gx and gb bit for bit those of maxpool2d_backward
+    and then bias_grad of its gx, through the fused pass (channels-last float32 and bf16,
+    vectors or not) and the fallbacks (NCHW, float64); float32's sums within 1e-5 of
+    float64 ones of the same gradient."""
+    geometry, shape = case
+    k, s, p, ceil, _ = GEOMETRIES[geometry]
+    spec = PoolSpec(kernel=(k, k), stride=(s, s), padding=(p, p), ceil_mode=ceil)
+    x = _relu_output(shape, dtype, layout, seed=k + s + shape[1])
+    y_shape = out_shape(shape, spec)
+    empty = (lambda s_, d: to_device(np.zeros(s_, d), layout))
+    y, a = empty(y_shape, dtype), empty(y_shape, np.uint8)
+    cuda_pool.maxpool2d_forward(x, y, a, spec, relu=relu)
+    gy = _gradient(y_shape, dtype, layout, seed=shape[0] + shape[1])
+    acc = np.float64 if dtype == np.float64 else np.float32
+    want, want_b = empty(shape, dtype), cp.full(shape[1], 7, acc)
+    cuda_pool.maxpool2d_backward(gy, a, want, spec, relu=relu)
+    pw.bias_grad(want, want_b)
+    got, got_b = to_device(np.full(shape, 7, dtype), layout), cp.full(shape[1], 5, acc)
+    cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=relu, gb=got_b)
+    assert same_bits(got, want)
+    assert same_bits(got_b, want_b)
+    if dtype == np.float32:
+        gy[~cp.isfinite(gy)] = 0                        # finite sums to compare
+        cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=relu, gb=got_b)
+        exact = cp.asnumpy(got).astype(np.float64).sum(axis=(0, 2, 3))
+        np.testing.assert_allclose(cp.asnumpy(got_b), exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_a_pool_summing_the_bias_gradient_takes_maps_apart_from_vector_boundaries(gpu, dtype):
+    """Misaligned channels-last maps run the fused pass a channel a thread: the same bits."""
+    spec = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
+    shape = (512, 8, 6, 6)
+    x = _relu_output(shape, dtype, "nhwc", seed=3)
+    y_shape = out_shape(shape, spec)
+    y = to_device(np.zeros(y_shape, dtype), "nhwc")
+    a = to_device(np.zeros(y_shape, np.uint8), "nhwc")
+    cuda_pool.maxpool2d_forward(x, y, a, spec, relu=True)
+    gy = _misaligned(_gradient(y_shape, dtype, "nhwc", seed=4))
+    want, want_b = cp.empty_like(x), cp.zeros(8, np.float32)
+    cuda_pool.maxpool2d_backward(gy, a, want, spec, relu=True)
+    pw.bias_grad(want, want_b)
+    got, got_b = _misaligned(x), cp.zeros(8, np.float32)
+    cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=True, gb=got_b)
+    assert got.data.ptr % 16 and same_bits(got, want) and same_bits(got_b, want_b)
+    with pytest.raises(TypeError, match="bias gradient"):
+        cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=True, gb=cp.zeros(4, np.float32))
+
+
+@pytest.fixture
+def deterministic_plans():
+    """cuDNN's deterministic plans for the test's steps (so two runs may agree bit for bit)
+    without --deterministic's slices; the mode in force before comes back afterwards."""
+    from minidnn.kernels import cuda
+    before = cuda.math_mode()
+    cuda.configure("tf32", deterministic=True)
+    yield
+    cuda.configure(**before)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_gpu_step_whose_pools_sum_bias_gradients_gives_the_bits_of_one_whose_relus_do(
+        gpu, deterministic_plans, monkeypatch, precision, layout):
+    """tests/test_fused_pool_relu.py's network trained three steps and evaluated under its
+    decision, and under the same decision without pool_bias: the same bits; the pools are
+    handed the biases' gradients (the steps after the first are replayed graphs)."""
+    from minidnn.kernels import cuda
+    from test_fused_pool_relu import (_decided_run, _one_reader_pools, assert_same_runs,
+                                      pools_summing_bias)
+    calls = pools_summing_bias(monkeypatch, cuda)
+    kwargs = dict(precision=precision, layout=layout)
+    fused = _decided_run(_one_reader_pools(), kwargs, 3, 24, True, device="gpu")
+    assert fused[3] == {"relu1": "pool1", "relu2": "pool2", "relu4": "pool4"} and calls
+    apart = _decided_run(_one_reader_pools(), kwargs, 3, 24, False, device="gpu")
+    assert_same_runs(fused, apart)

@@ -34,11 +34,12 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
                                                      rectify (bias, stored): x is the input of
                                                      the ReLU before the pool, which the pool
                                                      applies (minidnn/fusion.py)
-    maxpool2d_backward(gy, argmax, gx, spec, relu=False)
+    maxpool2d_backward(gy, argmax, gx, spec, relu=False, gb=None)
                                                      gx overwritten (zeros where no winner);
                                                      relu: argmax marked so, and gx also
                                                      masked as the backward of a ReLU before
-                                                     the pool would (minidnn/fusion.py)
+                                                     the pool would (minidnn/fusion.py);
+                                                     gb (C,): also bias_grad(gx, gb)
     avgpool2d_forward(x, y, spec)
     avgpool2d_backward(gy, gx, spec)
     lrn_forward(x, y, scale, spec)                   scale = k + alpha/size * sum(x^2 over window)

@@ -278,14 +278,21 @@ def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> N
             xp.bitwise_or(ac, marked.view(np.uint8) * np.uint8(RELU_MASK_BIT), out=ac)
 
 
-def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
+def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False, gb=None) -> None:
     """gx (N, C, H, W) = gy (N, C, OH, OW) routed to each window's winner; overwrites gx.
 
     relu: argmax marked by maxpool2d_forward(relu=True), and gx is then what relu_backward
     makes of the routed gradient, bit for bit: the routed gradient times (y > 0), y the
     ReLU's output (the pool's input). Where a window's winner lies, its mark says y > 0, the
     same for every window it wins; where no window's winner lies, the routed gradient is +0
-    (or NaN), which the product leaves as it is."""
+    (or NaN), which the product leaves as it is.
+
+    gb (C,), when given: also bias_grad(gx, gb), the gradient of the bias that ReLU added
+    (minidnn/fusion.py, pool_bias)."""
+    if gb is not None:
+        maxpool2d_backward(gy, argmax, gx, spec, relu)
+        bias_grad(gx, gb)
+        return
     if not relu:
         _maxpool_route(gy, argmax, gx, spec)
         return

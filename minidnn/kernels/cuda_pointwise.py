@@ -117,7 +117,32 @@ __device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, 
 __device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
 """
 
-_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+#: CUDA source of a column pass's end (here and in cuda_pool.py): a block of (width, 8)
+#: threads, thread (x, y) holding VEC adjacent columns c0 ... of its row lane y's sums.
+COLUMN_SOURCE = r"""
+// partial[blockIdx.x, c0 + j] = the sum of acc[j] over the block's 8 row lanes, added in lane
+// order. Every thread of the block calls it (a barrier inside).
+template<typename A, int VEC>
+__device__ __forceinline__ void store_column_sums(const A (&acc)[VEC], A* __restrict__ partial,
+                                                  int C, int c0) {
+    __shared__ A lanes[8][32 * VEC];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) lanes[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
+    __syncthreads();
+    if (threadIdx.y == 0) {
+        #pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            if (c0 + j >= C) break;
+            A sum = 0;
+            #pragma unroll
+            for (int lane = 0; lane < 8; ++lane) sum += lanes[lane][threadIdx.x * VEC + j];
+            partial[blockIdx.x * (long long)C + c0 + j] = sum;
+        }
+    }
+}
+"""
+
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + COLUMN_SOURCE + r"""
 // Thread k of a launch owns values k * VEC ... k * VEC + VEC - 1; n is a multiple of VEC.
 // Maps are T, per-channel arrays and sums acc_t<T>; comparisons are on widened values (never
 // on a bf16's bits), and a selection copies the stored value (narrow<T>(0) is T's zero).
@@ -398,20 +423,7 @@ __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* 
             for (int j = 0; j < VEC; ++j) acc[j] += widen(g.v[j]);
         }
     }
-    __shared__ A lanes[8][32 * VEC];
-    #pragma unroll
-    for (int j = 0; j < VEC; ++j) lanes[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
-    __syncthreads();
-    if (threadIdx.y == 0) {
-        #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            if (c0 + j >= C) break;
-            A sum = 0;
-            #pragma unroll
-            for (int lane = 0; lane < 8; ++lane) sum += lanes[lane][threadIdx.x * VEC + j];
-            partial[blockIdx.x * (long long)C + c0 + j] = sum;
-        }
-    }
+    store_column_sums<A, VEC>(acc, partial, C, c0);
 }
 """
 
@@ -809,19 +821,29 @@ def _column_pass(mode: str, maps, out, mask=None) -> bool:
     vec = _VECTOR_BYTES // rows2[0].dtype.itemsize
     if channels % vec or any(r.data.ptr % _VECTOR_BYTES for r in rows2):
         vec = 1
-    groups = channels // vec
-    width = min(32, groups)
-    per_block, blocks = column_blocks(rows)      # the step's memory model counts `partial`
-    partial = cp.empty((blocks, channels), dtype=_sums_dtype(name, ctype, out))
+    _sums_dtype(name, ctype, out)
     # The pointers a mode does not read stand in as the map summed (never dereferenced).
     g = rows2[0]
     y, gy, gx = tuple(rows2) if mode == "RELU" else (g, g, rows2[-1])
     words = g if mask is None else _words(mask, g.size)
-    kernel = _module.get_function(f"column_pass<{ctype}, {vec}, {mode}>")
-    kernel((blocks, -(-groups // width)), (width, 8),
-           (y, gy, gx, words, partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
-    partial.sum(axis=0, out=out)
+    run_columns(_module.get_function(f"column_pass<{ctype}, {vec}, {mode}>"), rows, channels,
+                vec, (y, gy, gx, words), out)
     return True
+
+
+def run_columns(kernel, rows: int, channels: int, vec: int, args: tuple, out) -> None:
+    """Runs a column pass (COLUMN_SOURCE's layout: column_pass, or cuda_pool's
+    maxpool2d_backward_sums) over `rows` rows of `channels` columns, `vec` columns a thread:
+    `args`, then its (partial, rows, C, rows_per_block); then out (C,) = the sum of the
+    per-block partial sums (a temporary of out's dtype, which the step's memory model
+    counts: column_sums.py)."""
+    groups = channels // vec
+    width = min(32, groups)
+    per_block, blocks = column_blocks(rows)
+    partial = cp.empty((blocks, channels), dtype=out.dtype)
+    kernel((blocks, -(-groups // width)), (width, 8),
+           args + (partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
+    partial.sum(axis=0, out=out)
 
 
 def _sums_dtype(name: str, ctype: str, out) -> np.dtype:

@@ -58,12 +58,13 @@ import numpy as np
 from ..errors import ConfigError, ShapeError
 from . import RELU_MASK_BIT, relu_mask_fits
 from .cuda_divide import DIVIDE_SOURCE, INDEX_LIMIT, divider
-from .cuda_pointwise import ACC_DTYPES, STORAGE_SOURCE, VECTOR_SOURCE, map_ctype
+from .cuda_pointwise import ACC_DTYPES, COLUMN_SOURCE, STORAGE_SOURCE, VECTOR_SOURCE, \
+    bias_grad, map_ctype, run_columns
 from .mapformat import common_layout
 
 # Maps are T (float, double or bf16); every kernel computes in A = acc_t<T>, reading a map
 # through widen and writing it through narrow<T>.
-_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + r"""
+_SOURCE = DIVIDE_SOURCE + VECTOR_SOURCE + STORAGE_SOURCE + COLUMN_SOURCE + r"""
 __device__ __forceinline__ float minus_inf(float) { return __int_as_float((int)0xff800000u); }
 __device__ __forceinline__ double minus_inf(double) {
     return __longlong_as_double((long long)0xfff0000000000000ull);
@@ -667,6 +668,77 @@ __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
         store<T, VEC>(gx + ((p.n * H + p.h) * W + w) * C + p.c * VEC, 0, out);
     }
 }
+
+// ---- channels last, the backward of a max pool that also sums the bias gradient of the
+// convolution whose ReLU it masks (minidnn/fusion.py, pool_bias) ----
+// gx as maxpool2d_backward_vec makes it (a value gathers, oh then ow ascending, from +0, the
+// gradients of the windows it won), but laid over the threads as cuda_pointwise's
+// column_pass lays a map: block b takes pixels [b * rows_per_block, ...), its row lane y (of
+// 8) pixels r0 + y, r0 + y + 8, ..., a thread VEC adjacent channels; each thread adds up, per
+// channel, the values it writes, and store_column_sums adds the lanes in order. So gx has the
+// pool's bits and partial the sums column_pass SUMS takes of gx: bias_grad's, bit for bit.
+// A thread finds its first pixel's (n, h, w) with one division and steps 8 pixels on from
+// there. TILES2: 2x2 windows at stride 2 that tile the input (VGG's), found by shifts.
+template<typename T, int VEC, bool TILES2>
+__global__ void maxpool2d_backward_sums(const T* __restrict__ gy,
+                                        const unsigned char* __restrict__ argmax,
+                                        T* __restrict__ gx, GEOMETRY, int mark,
+                                        acc_t<T>* __restrict__ partial, long long rows, int C,
+                                        long long rows_per_block) {
+    typedef acc_t<T> A;
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    const long long r0 = blockIdx.x * rows_per_block + threadIdx.y;
+    const long long r1 = min(blockIdx.x * rows_per_block + rows_per_block, rows);
+    A acc[VEC];
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0;
+    if (c0 < C && r0 < r1) {
+        const long long plane = (long long)H * W;
+        long long n = r0 / plane;
+        int h = (int)((r0 - n * plane) / W);
+        int w = (int)(r0 - n * plane - (long long)h * W);
+        for (long long r = r0; r < r1; r += 8) {
+            int oh_lo, oh_hi, ow_lo, ow_hi;
+            if (TILES2) {
+                oh_lo = oh_hi = h >> 1;
+                ow_lo = ow_hi = w >> 1;
+            } else {
+                covering(h, KH, SH, PH, OH, oh_lo, oh_hi);
+                covering(w, KW, SW, PW, OW, ow_lo, ow_hi);
+            }
+            const long long base = n * OH * OW * C + c0;
+            A g[VEC];
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) g[j] = 0;
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const int kh = TILES2 ? (h & 1) : h - (oh * SH - PH);
+                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                    const int kw = TILES2 ? (w & 1) : w - (ow * SW - PW);
+                    const long long o = base + ((long long)oh * OW + ow) * C;
+                    const int at = (kh * KW + kw) | mark;
+                    const Pack<unsigned char, VEC> a = load<unsigned char, VEC>(argmax + o, 0);
+                    const Pack<T, VEC> v = load<T, VEC>(gy + o, 0);
+                    #pragma unroll
+                    for (int j = 0; j < VEC; ++j)
+                        if (a.v[j] == at) g[j] += widen(v.v[j]);
+                }
+            }
+            Pack<T, VEC> out;
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                out.v[j] = narrow<T>(g[j]);
+                acc[j] += widen(out.v[j]);
+            }
+            store<T, VEC>(gx + r * C + c0, 0, out);
+            w += 8;
+            while (w >= W) {
+                w -= W;
+                if (++h == H) { h = 0; ++n; }
+            }
+        }
+    }
+    store_column_sums<A, VEC>(acc, partial, C, c0);
+}
 """
 
 _KERNELS = ("maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
@@ -682,7 +754,9 @@ _VECTOR_BYTES = 16
 _VECTOR_WIDTH = {"float": 4, "bf16": 8}
 _module = cp.RawModule(code=_SOURCE, name_expressions=[
     *(f"{k}<{t}>" for k in _KERNELS for t in ("float", "double", "bf16")),
-    *(f"{k}<{t}, {vec}>" for k in _VECTOR_KERNELS for t, vec in _VECTOR_WIDTH.items())])
+    *(f"{k}<{t}, {vec}>" for k in _VECTOR_KERNELS for t, vec in _VECTOR_WIDTH.items()),
+    *(f"maxpool2d_backward_sums<{t}, {vec}, {tiles}>" for t, width in _VECTOR_WIDTH.items()
+      for vec in (1, width) for tiles in ("false", "true"))])
 
 _THREADS = 256
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
@@ -875,12 +949,16 @@ def maxpool2d_forward(x, y, argmax, spec, relu: bool = False, rectify=None) -> N
             (x, y, argmax) + geometry + (mark,) + rect + (np.int32(c),))
 
 
-def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
+def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False, gb=None) -> None:
     """gx = gy routed to each window's winner (summed where windows overlap); overwrites gx.
     relu: argmax marked by maxpool2d_forward(relu=True), and a window's gradient goes to its
     winner only where its maximum was > 0: where the winner, the ReLU's output y, is > 0, so
     gx is what relu_backward's selection makes of the routed gradient, bit for bit (a value
-    no window routes to is +0 both ways)."""
+    no window routes to is +0 both ways).
+
+    gb (C,), when given: also the gradient of the bias that ReLU added (minidnn/fusion.py,
+    pool_bias), bias_grad(gx, gb)'s bits; on channels-last float32 and bf16 maps in the same
+    pass (maxpool2d_backward_sums), elsewhere the two kernels."""
     mark = _mark("maxpool2d_backward", spec, relu)
     ctype, layout = _check("maxpool2d_backward", (gy, gx), argmax)
     if argmax.shape != gy.shape:
@@ -888,6 +966,22 @@ def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False) -> None:
                          f"{gy.shape}")
     geometry = _geometry(gx.shape, gy.shape, spec)
     n, c = gx.shape[:2]
+    if gb is not None:
+        if np.dtype(gb.dtype) != ACC_DTYPES[ctype] or gb.shape != (c,) or \
+                not gb.flags.c_contiguous:
+            raise TypeError(f"maxpool2d_backward: the bias gradient must be contiguous "
+                            f"{ACC_DTYPES[ctype]} of shape ({c},), got {gb.dtype} {gb.shape}")
+        if layout == "nhwc" and ctype in _VECTOR_WIDTH:
+            vec = _vector(ctype, c, (gy, gx), argmax)
+            tiles2 = tuple(spec.kernel) == (2, 2) and _tiles(gx.shape, gy.shape, spec)
+            kernel = _module.get_function(f"maxpool2d_backward_sums<{ctype}, {vec}, "
+                                          f"{'true' if tiles2 else 'false'}>")
+            run_columns(kernel, n * int(gx.shape[2]) * int(gx.shape[3]), c, vec,
+                        (gy, argmax, gx) + geometry + (mark,), gb)
+            return
+        maxpool2d_backward(gy, argmax, gx, spec, relu)
+        bias_grad(gx, gb)
+        return
     if layout == "nhwc":
         vec = _vector(ctype, c, (gy, gx), argmax)
         args = geometry + (np.int32(c // vec), mark)

@@ -122,7 +122,9 @@ class StepContext:
     which keep nothing for it (the decision's pool_relu). relu_before_pool: {max pool node
     name: the ReLU node before it}: the pools that apply that ReLU in their forward too,
     reading its input (the decision's pool_relu_forward); relu_forward_done names those
-    ReLUs too.
+    ReLUs too. pool_bias: {max pool node name: the bias Parameter (C,) whose gradient its
+    backward sums}: the bias the ReLU before it adds; bias_in_pool: those ReLUs, whose
+    backward has nothing left to do (the decision's pool_bias).
     gy_addend: in the backward of an add that takes over a gradient sum (the decision's
     add_sum), the part of its output gradient a second reader wrote, to add to gy (a map
     of gy's shape and layout); else None.
@@ -170,6 +172,8 @@ class StepContext:
     relu_in_pool: frozenset = frozenset()
     relu_mask_done: frozenset = frozenset()
     relu_before_pool: dict = field(default_factory=dict)
+    pool_bias: dict = field(default_factory=dict)
+    bias_in_pool: frozenset = frozenset()
     gy_addend: Any = None
     add_grad_to: dict = field(default_factory=dict)
     gradient_sums: Any = None

@@ -105,10 +105,17 @@ class MaxPool2d(_Pool2d):
 
     def backward(self, xs, y, gy, gxs, aux, ctx):
         """gx (N, C, H, W) = gy routed to each window's winner; only where the window's
-        maximum is > 0 when this pool applies the ReLU's mask: the ReLU's backward, done."""
-        if gxs[0] is not None:
-            ctx.kernels.maxpool2d_backward(gy, aux["argmax"], gxs[0], self.spec,
-                                           relu=self.name in ctx.relu_in_pool)
+        maximum is > 0 when this pool applies the ReLU's mask: the ReLU's backward, done.
+        When it sums the gradient of the bias that ReLU added (ctx.pool_bias), that too."""
+        bias = ctx.pool_bias.get(self.name)
+        if gxs[0] is None:
+            if bias is not None:
+                raise ValueError(f"MaxPool2d {self.name!r} sums a bias gradient but gets no "
+                                 f"input gradient")
+            return
+        ctx.kernels.maxpool2d_backward(gy, aux["argmax"], gxs[0], self.spec,
+                                       relu=self.name in ctx.relu_in_pool,
+                                       gb=None if bias is None else bias.grad)
 
 
 class AvgPool2d(_Pool2d):

@@ -10,7 +10,8 @@ gradients are bit-identical.
 
 A ReLU before a max pool may keep nothing at all: the pool applies its mask in its own
 backward (minidnn/fusion.py, the decision's pool_relu), and this ReLU's backward only passes
-the gradient on (and sums the bias it added, if it did). The pool may apply its forward too
+the gradient on (and sums the bias it added, if it did, unless the pool sums it as well:
+pool_bias). The pool may apply its forward too
 (pool_relu_forward): this ReLU's forward then leaves its input in place for the pool.
 
 `keep` is the layer's own setting. A step's memory decision may have more ReLUs keep bits
@@ -93,8 +94,8 @@ class ReLU(Layer):
         when the batch norm or the add before it applies the mask in its own backward
         (ctx.relu_done): gx is gy's buffer, which that layer reads. Only the bias's
         gradient when the max pool after it applied the mask (ctx.relu_mask_done): gy is
-        masked already, in gx's buffer."""
-        if self.name in ctx.relu_done:
+        masked already, in gx's buffer; not that when the pool summed it (ctx.bias_in_pool)."""
+        if self.name in ctx.relu_done or self.name in ctx.bias_in_pool:
             if gxs[0] is not None and not same_memory(gy, gxs[0]):   # widened copies
                 gxs[0][...] = gy
             return

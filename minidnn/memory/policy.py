@@ -113,6 +113,10 @@ class MemoryDecision:
     # pool applies that ReLU (and the bias it adds) in its forward too, reading the ReLU's
     # input, and the ReLU's forward does nothing (minidnn/fusion.py).
     pool_relu_forward: dict = field(default_factory=dict)
+    # pool_bias: {ReLU node name: max pool node name}, a part of pool_relu: the max pool's
+    # backward also sums the gradient of the convolution bias that ReLU adds, and the ReLU's
+    # backward does nothing (minidnn/fusion.py).
+    pool_bias: dict = field(default_factory=dict)
     # spec: the StepSpec (minidnn/spec.py) the decision was made for (decide.py fills it in;
     # None: a decision made by hand, which fits any spec). An executor refuses a decision
     # made for another spec.

@@ -51,8 +51,9 @@ from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
 from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
-    conv_relu_pairs, pool_relu_forward_pairs, pool_relu_pairs
-from ..kernels.mapformat import MapFormat
+    conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs
+from ..kernels.mapformat import BF16_OPS, MapFormat
+from ..layers import precision as mixed
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
 from ..memory.layout import StaticLayout, live_peak
@@ -78,7 +79,8 @@ DEFAULT_RESERVE = 0.01
 FUSED_ADD_SHARE = 1 / 3
 # What is left of the backward of a ReLU whose max pool applies its mask (minidnn/fusion.py,
 # pool_relu) and that added a convolution's bias: the bias gradient's read of the map, one of
-# the three maps of its pass (without a bias: nothing).
+# the three maps of its pass (without a bias, or where the pool sums the bias's gradient as it
+# writes the map, pool_bias: nothing).
 POOLED_RELU_BIAS_SHARE = 1 / 3
 # What is left of the measured backward of a residual add that takes over a gradient sum
 # (minidnn/fusion.py, add_sum): nothing. The step saves two passes over the map: the memory
@@ -326,7 +328,9 @@ class StepModel:
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
-        sums = self._bias_sums(biased if spec.fuse else {})
+        sliced = options.batch_slice is not None
+        pooled = self._pool_bias(sliced) if spec.fuse else {}   # {ReLU: its pool}
+        sums = self._bias_sums(biased if spec.fuse else {}, pooled)
         # bn_sums (minidnn/fusion.py): an add may take its batch norm's sums, which live on
         # into that batch norm's call; counted wherever the pair may fuse, whatever the
         # decision moves (a bound: a moved input, or statistics of each slice, leave the
@@ -351,17 +355,17 @@ class StepModel:
         # the ReLU's input as it would have read its output. An add its batch norm applies
         # (bn_add): the read of its other input in the batch norm's pass, FUSED_ADD_SHARE.
         # The CPU still runs every pass. Of a backward, backward_share: a ReLU whose max pool
-        # applies its mask (pool_relu), its bias's gradient if it added one,
-        # POOLED_RELU_BIAS_SHARE, else nothing; an add that takes over a gradient sum
+        # applies its mask (pool_relu), its bias's gradient if it added one and the pool
+        # does not sum it (pool_bias), POOLED_RELU_BIAS_SHARE, else nothing (the pool's pass
+        # moves the same bytes with the sums); an add that takes over a gradient sum
         # (add_sum), SUMMING_ADD_SHARE.
         fused = spec.fuse and not profile.synchronous
-        sliced = options.batch_slice is not None
         self.forward_share = {
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, sliced)},
             **{relu: 0.0 for relu in pool_relu_forward_pairs(self.plan, sliced)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
         self.backward_share = {
-            **{relu: POOLED_RELU_BIAS_SHARE if relu in biased else 0.0
+            **{relu: POOLED_RELU_BIAS_SHARE if relu in biased and relu not in pooled else 0.0
                for relu in pool_relu_pairs(self.plan)},
             **{add: SUMMING_ADD_SHARE
                for add in add_sum_pairs(self.plan)}} if fused else {}
@@ -627,11 +631,22 @@ class StepModel:
             copies=t["copies"], host_wait_s=t["host_wait"], over_budget=t["over_budget"])
 
     # ---- playing the log ---------------------------------------------------------------------
-    def _bias_sums(self, bias_relu: dict) -> dict:
+    def _pool_bias(self, sliced: bool) -> dict:
+        """The pool_bias pairs (minidnn/fusion.py) the step runs fused: {ReLU: max pool}, but
+        where the pool's backward widens bf16 maps on the planned device (the CPU's), whose
+        ReLU then sums (Assembly._pool_bias_sums)."""
+        ops = BF16_OPS["cpu" if self.profile.synchronous else "gpu"]
+        return {relu: pool for relu, pool in pool_bias_pairs(self.plan, sliced).items()
+                if not mixed.temporary_bytes(self.plan.nodes[self.index[pool]].layer, ops,
+                                             self.plan.call_maps(self.index[pool], "backward"),
+                                             "backward")}
+
+    def _bias_sums(self, bias_relu: dict, pool_bias: dict) -> dict:
         """{node index: bytes of the partial sums of a convolution's bias gradient its
         backward takes} (costs.bias_sums_bytes): the convolution's own, or the ReLU's where
-        `bias_relu` ({ReLU: convolution}, the step's fused pairs) has it add the bias."""
-        summed_by = {conv: relu for relu, conv in bias_relu.items()}
+        `bias_relu` ({ReLU: convolution}, the step's fused pairs) has it add the bias, or
+        the max pool's after that ReLU where `pool_bias` ({ReLU: max pool}) has it sum them."""
+        summed_by = {conv: pool_bias.get(relu, relu) for relu, conv in bias_relu.items()}
         sums = {}
         for node in self.nodes:
             nbytes = bias_sums_bytes(node.layer, self.maps.layout)

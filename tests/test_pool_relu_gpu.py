@@ -221,6 +221,29 @@ def test_a_pool_summing_the_bias_gradient_gives_the_bits_of_the_pool_then_bias_g
         np.testing.assert_allclose(cp.asnumpy(got_b), exact, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch", cuda_pool.SUMS_BATCHES)
+@pytest.mark.parametrize("shape", [(4, 16, 64, 72), (512, 8, 6, 6), (3, 3, 8, 8)], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
+def test_every_setting_of_the_tiles_loads_gives_the_same_bits(gpu, monkeypatch, dtype, shape,
+                                                             batch):
+    """2x2 tiles at each SUMS_BATCH (pixels loaded before the first is used): the bits of
+    the pool then bias_grad."""
+    monkeypatch.setattr(cuda_pool, "SUMS_BATCH", batch)
+    spec = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
+    x = _relu_output(shape, dtype, "nhwc", seed=batch)
+    y_shape = out_shape(shape, spec)
+    y = to_device(np.zeros(y_shape, dtype), "nhwc")
+    a = to_device(np.zeros(y_shape, np.uint8), "nhwc")
+    cuda_pool.maxpool2d_forward(x, y, a, spec, relu=True)
+    gy = _gradient(y_shape, dtype, "nhwc", seed=shape[0])
+    want, want_b = to_device(np.zeros(shape, dtype), "nhwc"), cp.zeros(shape[1], np.float32)
+    cuda_pool.maxpool2d_backward(gy, a, want, spec, relu=True)
+    pw.bias_grad(want, want_b)
+    got, got_b = to_device(np.zeros(shape, dtype), "nhwc"), cp.zeros(shape[1], np.float32)
+    cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=True, gb=got_b)
+    assert same_bits(got, want) and same_bits(got_b, want_b)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_a_pool_summing_the_bias_gradient_takes_maps_apart_from_vector_boundaries(gpu, dtype):
     """Misaligned channels-last maps run the fused pass a channel a thread: the same bits."""
@@ -232,7 +255,7 @@ def test_a_pool_summing_the_bias_gradient_takes_maps_apart_from_vector_boundarie
     a = to_device(np.zeros(y_shape, np.uint8), "nhwc")
     cuda_pool.maxpool2d_forward(x, y, a, spec, relu=True)
     gy = _misaligned(_gradient(y_shape, dtype, "nhwc", seed=4))
-    want, want_b = cp.empty_like(x), cp.zeros(8, np.float32)
+    want, want_b = to_device(np.zeros(shape, dtype), "nhwc"), cp.zeros(8, np.float32)
     cuda_pool.maxpool2d_backward(gy, a, want, spec, relu=True)
     pw.bias_grad(want, want_b)
     got, got_b = _misaligned(x), cp.zeros(8, np.float32)

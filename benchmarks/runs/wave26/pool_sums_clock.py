@@ -2,7 +2,8 @@
 convolution before that ReLU, on VGG-16's five pool inputs at batch 256 in channels last:
 cuda_pool.maxpool2d_backward then cuda_pointwise.bias_grad, against maxpool2d_backward with
 the bias gradient handed in (gb), which sums it in the pool's pass (minidnn/fusion.py,
-pool_bias). Each way timed with CUDA events over `--repeats` calls after a warm-up, the bits
+pool_bias), at each setting of cuda_pool.SUMS_BATCH (pixels a thread loads before it uses
+the first). Each way timed with CUDA events over `--repeats` calls after a warm-up, the bits
 of the two compared; the bytes each moves and the speed that gives.
 
     python3 benchmarks/runs/wave26/pool_sums_clock.py [--repeats 20]
@@ -45,10 +46,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
-    print("| dtype | map (N, C, H, W) | pool then sums ms | summed in the pool ms | saved ms "
-          "| GB/s then | GB/s fused | same bits |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    for name, dtype in (("fp32", np.dtype(np.float32)), ("bf16", bfloat16())):
+    print("| dtype | batch | map (N, C, H, W) | pool then sums ms | summed in the pool ms "
+          "| saved ms | GB/s then | GB/s fused | same bits |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for (name, dtype), batch in ((d, b) for d in (("fp32", np.dtype(np.float32)),
+                                                   ("bf16", bfloat16()))
+                                 for b in cuda_pool.SUMS_BATCHES):
+        cuda_pool.SUMS_BATCH = batch
         total = [0.0, 0.0]
         for c, hw in POOLED:
             shape, out = (args.batch, c, hw, hw), (args.batch, c, hw // 2, hw // 2)
@@ -83,12 +87,12 @@ def main():
             # then: the pool reads gy and argmax (a quarter of the map each, argmax 1 byte a
             # value) and writes gx; the sums read gx. Fused: the pool's bytes alone.
             pool_bytes = values * size * 1.25 + values / 4
-            print(f"| {name} | {shape} | {t_plain:.3f} | {t_fused:.3f} | "
+            print(f"| {name} | {batch} | {shape} | {t_plain:.3f} | {t_fused:.3f} | "
                   f"{t_plain - t_fused:.3f} | {(pool_bytes + values * size) / t_plain / 1e6:.0f}"
                   f" | {pool_bytes / t_fused / 1e6:.0f} | {same} |")
             total[0] += t_plain
             total[1] += t_fused
-        print(f"| {name} | VGG-16's five pools | {total[0]:.2f} | {total[1]:.2f} | "
+        print(f"| {name} | {batch} | VGG-16's five pools | {total[0]:.2f} | {total[1]:.2f} | "
               f"{total[0] - total[1]:.2f} | | | |")
 
 

@@ -221,27 +221,36 @@ def test_a_pool_summing_the_bias_gradient_gives_the_bits_of_the_pool_then_bias_g
         np.testing.assert_allclose(cp.asnumpy(got_b), exact, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("batch", cuda_pool.SUMS_BATCHES)
+@pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("shape", [(4, 16, 64, 72), (512, 8, 6, 6), (3, 3, 8, 8)], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
-def test_every_setting_of_the_tiles_loads_gives_the_same_bits(gpu, monkeypatch, dtype, shape,
-                                                             batch):
-    """2x2 tiles at each SUMS_BATCH (pixels loaded before the first is used): the bits of
-    the pool then bias_grad."""
-    monkeypatch.setattr(cuda_pool, "SUMS_BATCH", batch)
+def test_both_orders_of_the_rows_give_a_fused_pass_the_bits_of_its_parts(
+        gpu, monkeypatch, dtype, shape, strided):
+    """Blocks taking contiguous shares of the rows or rows strided over the map
+    (cuda_pointwise.STRIDED_COLUMNS): the fused pool, and the ReLU's fused backward, have the
+    bits of the pool or the ReLU then bias_grad in that order."""
+    monkeypatch.setattr(pw, "STRIDED_COLUMNS", strided)
     spec = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
-    x = _relu_output(shape, dtype, "nhwc", seed=batch)
+    x = _relu_output(shape, dtype, "nhwc", seed=int(strided))
     y_shape = out_shape(shape, spec)
     y = to_device(np.zeros(y_shape, dtype), "nhwc")
     a = to_device(np.zeros(y_shape, np.uint8), "nhwc")
     cuda_pool.maxpool2d_forward(x, y, a, spec, relu=True)
     gy = _gradient(y_shape, dtype, "nhwc", seed=shape[0])
-    want, want_b = to_device(np.zeros(shape, dtype), "nhwc"), cp.zeros(shape[1], np.float32)
+    zeros = (lambda: to_device(np.zeros(shape, dtype), "nhwc"))
+    want, want_b = zeros(), cp.zeros(shape[1], np.float32)
     cuda_pool.maxpool2d_backward(gy, a, want, spec, relu=True)
     pw.bias_grad(want, want_b)
-    got, got_b = to_device(np.zeros(shape, dtype), "nhwc"), cp.zeros(shape[1], np.float32)
+    got, got_b = zeros(), cp.zeros(shape[1], np.float32)
     cuda_pool.maxpool2d_backward(gy, a, got, spec, relu=True, gb=got_b)
     assert same_bits(got, want) and same_bits(got_b, want_b)
+    g = _gradient(shape, dtype, "nhwc", seed=7)
+    relu_b, masked = cp.zeros(shape[1], np.float32), zeros()
+    pw.relu_backward(x, g, masked, relu_b)
+    plain, plain_b = zeros(), cp.zeros(shape[1], np.float32)
+    pw.relu_backward(x, g, plain)
+    pw.bias_grad(plain, plain_b)
+    assert same_bits(masked, plain) and same_bits(relu_b, plain_b)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)

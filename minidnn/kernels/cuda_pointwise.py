@@ -117,9 +117,23 @@ __device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, 
 __device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
 """
 
-#: CUDA source of a column pass's end (here and in cuda_pool.py): a block of (width, 8)
-#: threads, thread (x, y) holding VEC adjacent columns c0 ... of its row lane y's sums.
+#: CUDA source of a column pass's rows and end (here and in cuda_pool.py): a block of
+#: (width, 8) threads, thread (x, y) holding VEC adjacent columns c0 ... of its row lane y's sums.
 COLUMN_SOURCE = r"""
+// The rows row lane y of block b adds, in turn: first, first + step, ... (< end). COLUMN_ROWS
+// arguments (run_columns): each block a contiguous share of span rows (block_stride = span,
+// row_step = 8), or rows strided over the map (block_stride = 8, span = rows, row_step =
+// 8 * blocks: block b takes rows 8b ... 8b + 7, then 8(b + blocks) ...).
+#define COLUMN_ROWS long long rows, int C, long long block_stride, long long span, \
+                    long long row_step
+struct RowRange { long long first, end, step; };
+
+__device__ __forceinline__ RowRange column_rows(long long rows, long long block_stride,
+                                                long long span, long long row_step) {
+    const long long base = blockIdx.x * block_stride;
+    return RowRange{base + threadIdx.y, min(base + span, rows), row_step};
+}
+
 // partial[blockIdx.x, c0 + j] = the sum of acc[j] over the block's 8 row lanes, added in lane
 // order. Every thread of the block calls it (a barrier inside).
 template<typename A, int VEC>
@@ -384,7 +398,7 @@ __global__ void relu_bias_bits_last(const T* x, T* y, unsigned int* mask, const 
 //   RELU_BITS  the same with relu_forward_bits' mask in place of y (value i: bit i % 32 of
 //              word i / 32)
 // The order of every sum is fixed and the same whatever VEC: row lane ly (of 8) of a block
-// adds rows r0 + ly, r0 + ly + 8, ... in turn, then the 8 lanes are added in order. So the
+// adds its rows (column_rows) in turn, then the 8 lanes are added in order. So the
 // fused passes give the bits of the two, and bf16 maps the float32 kernel's sums. A thread
 // holds VEC adjacent columns (one 16-byte vector when C is a multiple of it); a block is
 // min(32, C / VEC) column groups x 8 row lanes. gx may be gy (each value is read, then
@@ -393,18 +407,16 @@ enum ColumnMode { SUMS = 0, RELU = 1, RELU_BITS = 2 };
 
 template<typename T, int VEC, int MODE>
 __global__ void column_pass(const T* y, const T* gy, T* gx, const unsigned int* mask,
-                            acc_t<T>* __restrict__ partial, long long rows, int C,
-                            long long rows_per_block) {
+                            acc_t<T>* __restrict__ partial, COLUMN_ROWS) {
     typedef acc_t<T> A;
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
-    const long long r0 = blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, rows);
+    const RowRange rr = column_rows(rows, block_stride, span, row_step);
     A acc[VEC];
     #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0;
     if (c0 < C) {
         #pragma unroll 4
-        for (long long r = r0 + threadIdx.y; r < r1; r += 8) {
+        for (long long r = rr.first; r < rr.end; r += rr.step) {
             const long long i = r * C + c0;
             Pack<T, VEC> g = *reinterpret_cast<const Pack<T, VEC>*>(gy + i);
             if (MODE == RELU) {
@@ -831,18 +843,29 @@ def _column_pass(mode: str, maps, out, mask=None) -> bool:
     return True
 
 
+#: How the blocks of a column pass share the rows: True, strided over the map (block b takes
+#: rows 8b ... 8b + 7, then 8(b + blocks) ...), so that the blocks running at once read and
+#: write neighbouring memory; False, each block a contiguous share. The two add each
+#: channel's values in other orders, so a bias gradient's bits differ between them; every
+#: kernel of one setting (column_pass in each mode, cuda_pool.maxpool2d_backward_sums) adds
+#: in the same order, so a fused pass and its parts agree.
+STRIDED_COLUMNS = True
+
+
 def run_columns(kernel, rows: int, channels: int, vec: int, args: tuple, out) -> None:
     """Runs a column pass (COLUMN_SOURCE's layout: column_pass, or cuda_pool's
     maxpool2d_backward_sums) over `rows` rows of `channels` columns, `vec` columns a thread:
-    `args`, then its (partial, rows, C, rows_per_block); then out (C,) = the sum of the
-    per-block partial sums (a temporary of out's dtype, which the step's memory model
-    counts: column_sums.py)."""
+    `args`, then its (partial, COLUMN_ROWS); then out (C,) = the sum of the per-block partial
+    sums (a temporary of out's dtype, which the step's memory model counts:
+    column_sums.py)."""
     groups = channels // vec
     width = min(32, groups)
     per_block, blocks = column_blocks(rows)
+    stride, span, step = (8, rows, 8 * blocks) if STRIDED_COLUMNS else (per_block, per_block, 8)
     partial = cp.empty((blocks, channels), dtype=out.dtype)
     kernel((blocks, -(-groups // width)), (width, 8),
-           args + (partial, np.int64(rows), np.int32(channels), np.int64(per_block)))
+           args + (partial, np.int64(rows), np.int32(channels), np.int64(stride),
+                   np.int64(span), np.int64(step)))
     partial.sum(axis=0, out=out)
 
 

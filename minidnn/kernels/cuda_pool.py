@@ -673,109 +673,79 @@ __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
 // convolution whose ReLU it masks (minidnn/fusion.py, pool_bias) ----
 // gx as maxpool2d_backward_vec makes it (a value gathers, oh then ow ascending, from +0, the
 // gradients of the windows it won), but laid over the threads as cuda_pointwise's
-// column_pass lays a map: block b takes pixels [b * rows_per_block, ...), its row lane y (of
-// 8) pixels r0 + y, r0 + y + 8, ..., a thread VEC adjacent channels; each thread adds up, per
-// channel, the values it writes, and store_column_sums adds the lanes in order. So gx has the
-// pool's bits and partial the sums column_pass SUMS takes of gx: bias_grad's, bit for bit.
-// A thread finds its first pixel's (n, h, w) with one division and steps 8 pixels on from
-// there (next_pixel). BATCH > 0: 2x2 windows at stride 2 that tile the input (VGG's), where
-// a pixel lies in one window, found by shifts, and a thread issues the loads of BATCH pixels
-// before it uses the first (one pixel's loads at a time leave too few bytes in flight to
-// reach memory speed); the sums still add the pixels in order. BATCH = 0: any windows.
-__device__ __forceinline__ void next_pixel(long long& n, int& h, int& w, int H, int W) {
-    w += 8;
-    if (w >= W) {
-        const int rows = w / W;
-        w -= rows * W;
-        h += rows;
-        if (h >= H) {
-            const int images = h / H;
-            h -= images * H;
-            n += images;
-        }
+// column_pass lays a map: a block's row lane y takes the pixels column_rows gives it, a
+// thread VEC adjacent channels; each thread adds up, per channel, the values it writes, and
+// store_column_sums adds the lanes in order. So gx has the pool's bits and partial the sums
+// column_pass SUMS takes of gx: bias_grad's, bit for bit. A thread finds its first pixel's
+// (n, h, w) with divisions and its step's once, then steps with carries (Step). TILES2: 2x2
+// windows at stride 2 that tile the input (VGG's): a pixel lies in one window, by shifts.
+struct Step {
+    long long n;
+    int h, w;
+    __device__ Step(long long pixels, int H, int W) {
+        const long long plane = (long long)H * W;
+        n = pixels / plane;
+        h = (int)((pixels - n * plane) / W);
+        w = (int)(pixels - n * plane - (long long)h * W);
     }
+};
+
+__device__ __forceinline__ void advance(Step& at, const Step& by, int H, int W) {
+    at.w += by.w;
+    if (at.w >= W) { at.w -= W; ++at.h; }
+    at.h += by.h;
+    if (at.h >= H) { at.h -= H; ++at.n; }
+    at.n += by.n;
 }
 
-template<typename T, int VEC, int BATCH>
+template<typename T, int VEC, bool TILES2>
 __global__ void maxpool2d_backward_sums(const T* __restrict__ gy,
                                         const unsigned char* __restrict__ argmax,
                                         T* __restrict__ gx, GEOMETRY, int mark,
-                                        acc_t<T>* __restrict__ partial, long long rows, int C,
-                                        long long rows_per_block) {
+                                        acc_t<T>* __restrict__ partial, COLUMN_ROWS) {
     typedef acc_t<T> A;
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
-    const long long r0 = blockIdx.x * rows_per_block + threadIdx.y;
-    const long long r1 = min(blockIdx.x * rows_per_block + rows_per_block, rows);
+    const RowRange rr = column_rows(rows, block_stride, span, row_step);
     A acc[VEC];
     #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0;
-    if (c0 < C && r0 < r1) {
-        const long long plane = (long long)H * W;
-        long long n = r0 / plane;
-        int h = (int)((r0 - n * plane) / W);
-        int w = (int)(r0 - n * plane - (long long)h * W);
-        if (BATCH > 0) {
-            for (long long r = r0; r < r1; r += 8 * BATCH) {
-                constexpr int B = BATCH > 0 ? BATCH : 1;
-                long long o[B];
-                int at[B];
-                #pragma unroll
-                for (int k = 0; k < BATCH; ++k) {
-                    o[k] = ((n * OH + (h >> 1)) * OW + (w >> 1)) * C + c0;
-                    at[k] = (((h & 1) << 1) | (w & 1)) | mark;
-                    next_pixel(n, h, w, H, W);
-                }
-                Pack<unsigned char, VEC> a[B];
-                Pack<T, VEC> v[B];
-                #pragma unroll
-                for (int k = 0; k < BATCH; ++k)
-                    if (r + 8 * k < r1) {
-                        a[k] = load<unsigned char, VEC>(argmax + o[k], 0);
-                        v[k] = load<T, VEC>(gy + o[k], 0);
-                    }
-                #pragma unroll
-                for (int k = 0; k < BATCH; ++k) {
-                    if (r + 8 * k >= r1) break;
-                    Pack<T, VEC> out;
-                    #pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                        out.v[j] = narrow<T>(a[k].v[j] == at[k] ? A(0) + widen(v[k].v[j])
-                                                                : A(0));
-                        acc[j] += widen(out.v[j]);
-                    }
-                    store<T, VEC>(gx + (r + 8 * k) * C + c0, 0, out);
-                }
-            }
-        } else {
-            for (long long r = r0; r < r1; r += 8) {
-                int oh_lo, oh_hi, ow_lo, ow_hi;
+    if (c0 < C && rr.first < rr.end) {
+        Step at(rr.first, H, W);
+        const Step by(rr.step, H, W);
+        for (long long r = rr.first; r < rr.end; r += rr.step, advance(at, by, H, W)) {
+            const int h = at.h, w = at.w;
+            int oh_lo, oh_hi, ow_lo, ow_hi;
+            if (TILES2) {
+                oh_lo = oh_hi = h >> 1;
+                ow_lo = ow_hi = w >> 1;
+            } else {
                 covering(h, KH, SH, PH, OH, oh_lo, oh_hi);
                 covering(w, KW, SW, PW, OW, ow_lo, ow_hi);
-                const long long base = n * OH * OW * C + c0;
-                A g[VEC];
-                #pragma unroll
-                for (int j = 0; j < VEC; ++j) g[j] = 0;
-                for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-                    const int kh = h - (oh * SH - PH);
-                    for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-                        const long long o = base + ((long long)oh * OW + ow) * C;
-                        const int at = (kh * KW + w - (ow * SW - PW)) | mark;
-                        const Pack<unsigned char, VEC> a = load<unsigned char, VEC>(argmax + o, 0);
-                        const Pack<T, VEC> v = load<T, VEC>(gy + o, 0);
-                        #pragma unroll
-                        for (int j = 0; j < VEC; ++j)
-                            if (a.v[j] == at) g[j] += widen(v.v[j]);
-                    }
-                }
-                Pack<T, VEC> out;
-                #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    out.v[j] = narrow<T>(g[j]);
-                    acc[j] += widen(out.v[j]);
-                }
-                store<T, VEC>(gx + r * C + c0, 0, out);
-                next_pixel(n, h, w, H, W);
             }
+            const long long base = at.n * OH * OW * C + c0;
+            A g[VEC];
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) g[j] = 0;
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const int kh = TILES2 ? (h & 1) : h - (oh * SH - PH);
+                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                    const int kw = TILES2 ? (w & 1) : w - (ow * SW - PW);
+                    const long long o = base + ((long long)oh * OW + ow) * C;
+                    const int win = (kh * KW + kw) | mark;
+                    const Pack<unsigned char, VEC> a = load<unsigned char, VEC>(argmax + o, 0);
+                    const Pack<T, VEC> v = load<T, VEC>(gy + o, 0);
+                    #pragma unroll
+                    for (int j = 0; j < VEC; ++j)
+                        if (a.v[j] == win) g[j] += widen(v.v[j]);
+                }
+            }
+            Pack<T, VEC> out;
+            #pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                out.v[j] = narrow<T>(g[j]);
+                acc[j] += widen(out.v[j]);
+            }
+            store<T, VEC>(gx + r * C + c0, 0, out);
         }
     }
     store_column_sums<A, VEC>(acc, partial, C, c0);
@@ -793,15 +763,11 @@ _VECTOR_BYTES = 16
 # checks) keep the per-value kernels: NVRTC orders a double sum's operands differently in
 # the two, and the sign of a NaN made from inf + -inf follows that order.
 _VECTOR_WIDTH = {"float": 4, "bf16": 8}
-#: Pixels a thread of maxpool2d_backward_sums loads before it uses the first, where 2x2
-#: windows tile the input (SUMS_BATCHES: the settings compiled; the same bits at each).
-SUMS_BATCHES = (1, 2, 4)
-SUMS_BATCH = 4
 _module = cp.RawModule(code=_SOURCE, name_expressions=[
     *(f"{k}<{t}>" for k in _KERNELS for t in ("float", "double", "bf16")),
     *(f"{k}<{t}, {vec}>" for k in _VECTOR_KERNELS for t, vec in _VECTOR_WIDTH.items()),
-    *(f"maxpool2d_backward_sums<{t}, {vec}, {batch}>" for t, width in _VECTOR_WIDTH.items()
-      for vec in (1, width) for batch in (0, *SUMS_BATCHES))])
+    *(f"maxpool2d_backward_sums<{t}, {vec}, {tiles}>" for t, width in _VECTOR_WIDTH.items()
+      for vec in (1, width) for tiles in ("false", "true"))])
 
 _THREADS = 256
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
@@ -1020,7 +986,7 @@ def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False, gb=None) -> Non
             vec = _vector(ctype, c, (gy, gx), argmax)
             tiles2 = tuple(spec.kernel) == (2, 2) and _tiles(gx.shape, gy.shape, spec)
             kernel = _module.get_function(f"maxpool2d_backward_sums<{ctype}, {vec}, "
-                                          f"{SUMS_BATCH if tiles2 else 0}>")
+                                          f"{'true' if tiles2 else 'false'}>")
             run_columns(kernel, n * int(gx.shape[2]) * int(gx.shape[3]), c, vec,
                         (gy, argmax, gx) + geometry + (mark,), gb)
             return

@@ -2,9 +2,11 @@
 convolution before that ReLU, on VGG-16's five pool inputs at batch 256 in channels last:
 cuda_pool.maxpool2d_backward then cuda_pointwise.bias_grad, against maxpool2d_backward with
 the bias gradient handed in (gb), which sums it in the pool's pass (minidnn/fusion.py,
-pool_bias), at each setting of cuda_pool.SUMS_BATCH (pixels a thread loads before it uses
-the first). Each way timed with CUDA events over `--repeats` calls after a warm-up, the bits
-of the two compared; the bytes each moves and the speed that gives.
+pool_bias), with the column passes' rows in contiguous shares per block and strided over the
+map (cuda_pointwise.STRIDED_COLUMNS); then the ReLU's backward with the bias gradient in its
+pass (cuda_pointwise.relu_backward with gb) on VGG-16's other eight ReLU maps, both ways.
+Each way timed with CUDA events over `--repeats` calls after a warm-up, the bits of the two
+compared; the bytes each moves and the speed that gives.
 
     python3 benchmarks/runs/wave26/pool_sums_clock.py [--repeats 20]
 """
@@ -20,6 +22,9 @@ from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order
 
 # (C, H = W) of the maps VGG-16's pools read (conv1_2 ... conv5_3, after their ReLUs).
 POOLED = ((64, 224), (128, 112), (256, 56), (512, 28), (512, 14))
+# (C, H = W) of its ReLUs whose backward masks and sums the bias itself (no pool after them).
+RELUS = ((64, 224), (128, 112), (256, 56), (256, 56), (512, 28), (512, 28), (512, 14),
+         (512, 14))
 SPEC = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
 
 
@@ -46,13 +51,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
-    print("| dtype | batch | map (N, C, H, W) | pool then sums ms | summed in the pool ms "
+    print("| dtype | rows strided | map (N, C, H, W) | pool then sums ms | summed in the pool ms "
           "| saved ms | GB/s then | GB/s fused | same bits |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    for (name, dtype), batch in ((d, b) for d in (("fp32", np.dtype(np.float32)),
-                                                   ("bf16", bfloat16()))
-                                 for b in cuda_pool.SUMS_BATCHES):
-        cuda_pool.SUMS_BATCH = batch
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    dtypes = (("fp32", np.dtype(np.float32)), ("bf16", bfloat16()))
+    for (name, dtype), strided in ((d, s) for d in dtypes for s in (False, True)):
+        pw.STRIDED_COLUMNS = batch = strided
         total = [0.0, 0.0]
         for c, hw in POOLED:
             shape, out = (args.batch, c, hw, hw), (args.batch, c, hw // 2, hw // 2)
@@ -94,6 +98,32 @@ def main():
             total[1] += t_fused
         print(f"| {name} | {batch} | VGG-16's five pools | {total[0]:.2f} | {total[1]:.2f} | "
               f"{total[0] - total[1]:.2f} | | | |")
+    print()
+    print("| dtype | map (N, C, H, W) | ReLU backward and bias sums, contiguous ms | strided ms "
+          "| GB/s contiguous | GB/s strided |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for name, dtype in dtypes:
+        total = [0.0, 0.0]
+        for c, hw in RELUS:
+            shape = (args.batch, c, hw, hw)
+            rng = cp.random.default_rng(1)
+            values = rng.standard_normal((shape[0], hw, hw, c), dtype=cp.float32)
+            y, g = (empty(cp, shape, dtype, "nhwc") for _ in range(2))
+            for m in (y, g):
+                if dtype == np.float32:
+                    m[...] = values.transpose(0, 3, 1, 2)
+                else:
+                    pw.float_to_bf16(values.transpose(0, 3, 1, 2), m)
+            gx, gb = empty(cp, shape, dtype, "nhwc"), cp.zeros(c, cp.float32)
+            times = []
+            for strided in (False, True):
+                pw.STRIDED_COLUMNS = strided
+                times.append(clock(lambda: pw.relu_backward(y, g, gx, gb), args.repeats))
+            nbytes = 3 * int(np.prod(shape)) * dtype.itemsize      # reads y, gy; writes gx
+            print(f"| {name} | {shape} | {times[0]:.3f} | {times[1]:.3f} | "
+                  f"{nbytes / times[0] / 1e6:.0f} | {nbytes / times[1] / 1e6:.0f} |")
+            total = [total[0] + times[0], total[1] + times[1]]
+        print(f"| {name} | VGG-16's eight ReLUs | {total[0]:.2f} | {total[1]:.2f} | | |")
 
 
 if __name__ == "__main__":

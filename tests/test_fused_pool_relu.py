@@ -326,25 +326,9 @@ def _decided_run(net, kwargs, steps, size, pool_bias: bool, device="cpu"):
     """test_fusion._run's steps and evaluation under the step's decision, with its pool_bias
     pairs or without them (a decision made by hand): (losses, state_dict, the evaluation's
     loss, the decision's pool_bias pairs)."""
-    from minidnn.backend import select_device
-    from minidnn.optim import SGD
-    from minidnn.spec import StepSpec
-    net.init_params(0)
-    dev = select_device(device)
-    spec = StepSpec(batch=4, **kwargs)
-    decision = decide(net, spec, device=dev)
-    pairs = dict(decision.pool_bias)
-    if not pool_bias:
-        decision = replace(decision, pool_bias={})
-    with Executor(net, spec, decision, device=dev, seed=1) as ex:
-        opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
-        rng = np.random.default_rng(2)
-        losses = []
-        for _ in range(steps):
-            x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
-            losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-        evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
-    state = {k: np.array(v) for k, v in net.state_dict().items()}
+    losses, state, pairs, evaluated = _run(
+        net, kwargs, steps, True, size, "pool_bias", device,
+        edit=None if pool_bias else (lambda d: replace(d, pool_bias={})))
     return losses, state, evaluated, pairs
 
 

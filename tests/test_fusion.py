@@ -5,7 +5,7 @@ import pytest
 
 from minidnn import SGD, models
 from minidnn.builder import NetBuilder
-from minidnn.decide import build_executor, decide
+from minidnn.decide import decide
 from minidnn.errors import ConfigError
 from minidnn.executor import Executor
 from minidnn.fusion import bias_relu_pairs, conv_relu_pairs
@@ -39,18 +39,26 @@ def test_a_conv_output_with_a_second_reader_keeps_its_bias():
     assert "relu1" not in pairs and "relu2" not in pairs
 
 
-def _run(net, decision_kwargs, steps, fuse, size, field, device="cpu"):
+def _run(net, decision_kwargs, steps, fuse, size, field, device="cpu", edit=None):
     """`steps` training steps of batch 4 (size x size images) and one evaluation on `device`:
-    (losses, state_dict, the decision's `field` pairs, the evaluation's loss)."""
+    (losses, state_dict, the decision's `field` pairs, the evaluation's loss). edit: a
+    function of the step's decision that returns the decision the executor runs (one made
+    by hand from it); the pairs are then those of the decision before the edit."""
+    from minidnn.backend import select_device
+    from minidnn.spec import StepSpec
     net.init_params(0)
-    with build_executor(net, 4, device=device, seed=1, fuse=fuse, **decision_kwargs) as ex:
+    dev = select_device(device)
+    spec = StepSpec(batch=4, fuse=fuse, **decision_kwargs)
+    decision = decide(net, spec, device=dev)
+    fused = dict(getattr(decision, field))
+    with Executor(net, spec, decision if edit is None else edit(decision), device=dev,
+                  seed=1) as ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9)
         rng = np.random.default_rng(2)
         losses = []
         for _ in range(steps):
             x = rng.standard_normal((4, 3, size, size)).astype(np.float32)
             losses.append(float(ex.train_step(x, rng.integers(0, 10, 4), opt)))
-        fused = dict(getattr(ex.decision, field))
         evaluated = float(ex.forward(x, rng.integers(0, 10, 4), train=False))
     state = {k: np.array(v) for k, v in net.state_dict().items()}
     return losses, state, fused, evaluated

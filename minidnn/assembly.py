@@ -29,7 +29,7 @@ from .chunks import chunk_network
 from .errors import ConfigError, parse_bytes
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
                      bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_bias_pairs,
-                     pool_relu_forward_pairs, pool_relu_pairs)
+                     pool_relu_forward_pairs, pool_relu_pairs, widens_backward)
 from .kernels.mapformat import BF16_OPS, MapFormat, arrange, in_memory_order
 from .layers import precision as mixed
 from .layers.conv import parse_plan_setting
@@ -513,9 +513,7 @@ class Assembly:
         index = {node.name: i for i, node in enumerate(self.plan.nodes)}
         bf16_ops = self._bf16_ops()
         pairs = {relu: pool for relu, pool in pairs.items()
-                 if not mixed.temporary_bytes(self.plan.nodes[index[pool]].layer, bf16_ops,
-                                              self.plan.call_maps(index[pool], "backward"),
-                                              "backward")}
+                 if not widens_backward(self.plan, index[pool], bf16_ops)}
         return ({pool: self._relu_bias[relu] for relu, pool in pairs.items()},
                 frozenset(pairs))
 
@@ -532,9 +530,7 @@ class Assembly:
         bf16_ops = self._bf16_ops()
         return {(index[reader], grad_name(relu_of[add])): index[add]
                 for add, reader in pairs.items()
-                if not mixed.temporary_bytes(self.plan.nodes[index[add]].layer, bf16_ops,
-                                             self.plan.call_maps(index[add], "backward"),
-                                             "backward")}
+                if not widens_backward(self.plan, index[add], bf16_ops)}
 
     def _bn_grad(self) -> tuple:
         """({add node name: the input k whose gradient alone it writes}, {add node index: (k,
@@ -551,8 +547,7 @@ class Assembly:
         to, handed = {}, {}
         for bn, add in pairs.items():
             a = index[add]
-            if mixed.temporary_bytes(self.plan.nodes[a].layer, bf16_ops,
-                                     self.plan.call_maps(a, "backward"), "backward"):
+            if widens_backward(self.plan, a, bf16_ops):
                 continue
             to[add] = 1 - self.plan.nodes[a].inputs.index(bn)
             handed[a] = (to[add], index[bn])

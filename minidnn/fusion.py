@@ -225,7 +225,18 @@ the two plain passes' memory speed (benchmarks/RESULTS.md, twenty-fifth wave).
 """
 from __future__ import annotations
 
+from .layers import precision as mixed
 from .memory.plan import LivenessPlan
+
+
+def widens_backward(plan: LivenessPlan, i: int, bf16_ops) -> bool:
+    """Whether node i's backward, in a step planned as `plan`, widens bf16 maps to float32
+    copies on a device whose kernels take the ops `bf16_ops` on bf16 maps as they are
+    (layers/precision.py; the CPU's take none). A fused pass that writes, or sums, what
+    another call reads is left unfused in such a call: the widened copies are written back
+    whole, rounded, after it."""
+    return bool(mixed.temporary_bytes(plan.nodes[i].layer, bf16_ops,
+                                      plan.call_maps(i, "backward"), "backward"))
 
 
 def _relu_after(plan: LivenessPlan, kind: str):

@@ -51,9 +51,8 @@ from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..executor import Executor
 from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
-    conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs
+    conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs, widens_backward
 from ..kernels.mapformat import BF16_OPS, MapFormat
-from ..layers import precision as mixed
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
 from ..memory.layout import StaticLayout, live_peak
@@ -637,9 +636,7 @@ class StepModel:
         ReLU then sums (Assembly._pool_bias_sums)."""
         ops = BF16_OPS["cpu" if self.profile.synchronous else "gpu"]
         return {relu: pool for relu, pool in pool_bias_pairs(self.plan, sliced).items()
-                if not mixed.temporary_bytes(self.plan.nodes[self.index[pool]].layer, ops,
-                                             self.plan.call_maps(self.index[pool], "backward"),
-                                             "backward")}
+                if not widens_backward(self.plan, self.index[pool], ops)}
 
     def _bias_sums(self, bias_relu: dict, pool_bias: dict) -> dict:
         """{node index: bytes of the partial sums of a convolution's bias gradient its

@@ -128,9 +128,9 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                         "it), gradients accumulated, one update, at about the speed of the "
                         "whole batch: feature maps of batch/K, while weights, their gradients "
                         "and momentum do not shrink, and each pass after the first sums a "
-                        "layer's weight gradients through a temporary as large as its weights "
-                        "(AlexNet's main job: peak 245 MiB at K=1, 302 MiB at K=2, with fc7's "
-                        "64 MiB) (default: 1)")
+                        "convolution's weight gradients through a temporary as large as its "
+                        "weights (a fully connected layer's product adds them in place) "
+                        "(default: 1)")
     t.add_argument("--chunks", type=argtypes.layer_chunks, default=None,
                    metavar="FIRST:LAST:PIECES",
                    help="run the layers FIRST..LAST of each pass in PIECES pieces of its "

@@ -325,12 +325,16 @@ class Executor:
     def _layer_backward(self, node, buffers, ctx) -> None:
         """node's backward; in a micro-batch after the first, and in a piece of a layer chunk
         after the first to run backward (the last piece), the parameter gradients it writes
-        go to temporaries (a layer overwrites p.grad) that are then added into p.grad."""
+        are added into p.grad: by the layer itself where it adds in place (its
+        `adds_in_place`), else written to temporaries (a layer overwrites p.grad) that are
+        then added here."""
         adds = self._accumulate or (node.piece is not None and node.piece[0] < node.piece[1] - 1)
         if self.batch_slice is not None:    # the layer adds slice by slice (layers/slices.py)
             mixed.backward(node.layer, *buffers, replace(ctx, add_grads=adds) if adds else ctx)
             return
-        params = self._gradients_written(node) if adds else []
+        if adds and node.layer.adds_in_place:
+            ctx = replace(ctx, add_grads=True)
+        params = self._gradients_apart(node) if adds else []
         if not params:
             mixed.backward(node.layer, *buffers, ctx)
             return
@@ -351,12 +355,14 @@ class Executor:
                 p.grad = grad
                 self.allocator.free(buf)
 
-    def _gradients_written(self, node) -> list:
-        """The Parameters whose gradient node's backward writes: its own, except a bias that
-        the ReLU after it adds, whose gradient that ReLU writes, or the max pool after the
-        ReLU (minidnn/fusion.py)."""
+    def _gradients_apart(self, node) -> list:
+        """The Parameters whose gradient node's backward writes, and, to add it, writes apart
+        from p.grad: its own, but those it adds in place (the layer's `adds_in_place`) and a
+        bias that the ReLU after it adds, whose gradient that ReLU writes, or the max pool
+        after the ReLU (minidnn/fusion.py)."""
         own = [p for key, p in node.layer.params.items()
-               if not (key == "bias" and node.name in self._bias_deferred)]
+               if key not in node.layer.adds_in_place
+               and not (key == "bias" and node.name in self._bias_deferred)]
         fused = self._pool_bias.get(node.name)
         if fused is None and node.name not in self._bias_in_pool:
             fused = self._relu_bias.get(node.name)

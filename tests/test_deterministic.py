@@ -227,8 +227,8 @@ def test_the_step_model_counts_the_slices_gradient_temporaries():
     fc = Linear(7)
     fc.setup([(8, 5)])
     grads = aligned(7 * 5 * 4) + aligned(7 * 4)
-    assert accumulation_bytes(fc, "backward", 1, None, 2, rows=8, in_arena=1) == grads
-    assert accumulation_bytes(fc, "backward", 1, None, 2, rows=8, in_arena=0) == 0
-    assert accumulation_bytes(fc, "backward", 1, None, 8, rows=8, in_arena=1) == 0
-    assert accumulation_bytes(fc, "backward", 1, None, None, rows=8, in_arena=1) == 0
-    assert accumulation_bytes(fc, "forward", 1, None, 2, rows=8, in_arena=1) == 0
+    assert accumulation_bytes(fc, None, "backward", 1, None, 2, rows=8, in_arena=1) == grads
+    assert accumulation_bytes(fc, None, "backward", 1, None, 2, rows=8, in_arena=0) == 0
+    assert accumulation_bytes(fc, None, "backward", 1, None, 8, rows=8, in_arena=1) == 0
+    assert accumulation_bytes(fc, None, "backward", 1, None, None, rows=8, in_arena=1) == 0
+    assert accumulation_bytes(fc, None, "forward", 1, None, 2, rows=8, in_arena=1) == 0

@@ -219,3 +219,46 @@ def test_dyn_does_not_split_a_batch_norm_network_unless_allowed():
                              "--micro-batches", "2"], capture_output=True, text=True,
                             timeout=240)
     assert forced.returncode == 2 and "--split-batch-statistics" in forced.stderr
+
+
+def test_a_fully_connected_weight_gradient_is_added_in_place_with_the_bits_of_a_temporary(
+        monkeypatch):
+    """A pass after the first adds a fully connected layer's weight gradient to the one held
+    (Linear.adds_in_place: the product adds, kernels/cpu.linear_backward), with no
+    gradient-sized temporary; every other gradient still goes through one. On the CPU the
+    product is added as the temporary was: the same bits."""
+    (x, y), = batches(1, np.float32)
+    runs = {}
+    for adds in ((), ("weight",)):
+        monkeypatch.setattr(Linear, "adds_in_place", adds)
+        with build_executor(small_net(np.float32), BATCH, device="cpu", micro_batches=2) as ex:
+            taken, empty = [], ex.allocator.empty
+
+            def watched(shape, dtype, what=""):
+                taken.append(what)
+                return empty(shape, dtype, what)
+            monkeypatch.setattr(ex.allocator, "empty", watched)
+            ex.accumulate_gradients(x, y)
+            runs[adds] = ({name: p.grad.copy() for name, p in ex.parameters()},
+                          sorted(w for w in taken if w.endswith("(summed)")))
+    (apart, apart_taken), (in_place, in_place_taken) = runs[()], runs[("weight",)]
+    for name, grad in apart.items():
+        assert np.array_equal(in_place[name], grad), name
+    assert apart_taken.count("gradient of fc1 (summed)") == 2       # weight and bias
+    assert in_place_taken.count("gradient of fc1 (summed)") == 1    # the bias alone
+    assert in_place_taken.count("gradient of conv1 (summed)") == 1    # its bias: pool1
+
+
+def test_the_step_model_counts_no_temporary_for_a_gradient_added_in_place():
+    """costs.accumulation_bytes: a later pass's temporaries are the gradients the layer does
+    not add in place; under --deterministic (slices) every gradient still takes one."""
+    from minidnn.memory.allocator import aligned
+    from minidnn.planner.costs import accumulation_bytes
+    fc = Linear(7)
+    fc.setup([(8, 5)])
+    weight, bias = aligned(7 * 5 * 4), aligned(7 * 4)
+    assert accumulation_bytes(fc, None, "backward", 2) == bias
+    assert accumulation_bytes(fc, ("bias",), "backward", 2) == bias
+    assert accumulation_bytes(fc, ("weight",), "backward", 2) == 0
+    assert accumulation_bytes(fc, None, "backward", 2, None, 2, rows=4) == weight + bias
+    assert accumulation_bytes(fc, None, "backward", 1) == 0

@@ -26,7 +26,7 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     (workspace: a flat uint8 device block for cuDNN, planned by the memory manager; the
     convolution allocates its own when it is None or too small)
     linear_forward(x, w, b, y)                       y (N, out) = x (N, in) @ w^T + b
-    linear_backward(x, gy, w, gw, gb, gx)            gw, gb, gx (gb, gx may be None)
+    linear_backward(x, gy, w, gw, gb, gx, add=False) gw (added to under add), gb, gx
     maxpool2d_forward(x, y, argmax, spec, relu=False, rectify=None)
                                                      argmax: uint8 (N, C, OH, OW), the winning
                                                      offset kh * KW + kw inside the window;

@@ -95,9 +95,12 @@ def _status(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with cuBLAS status {code}")
 
 
-def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c) -> None:
+def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c,
+          add: bool = False) -> None:
     """Column-major C (m, n) = op(A) (m, k) @ op(B) (k, n), float32 sums; A, B bf16 (C bf16 or
-    float32) or all float32 (summed as set_math says); on CuPy's current stream.
+    float32) or all float32 (summed as set_math says); on CuPy's current stream. add: C +=
+    the product instead (cuBLAS's beta = 1: C is read in the product's epilogue, and the
+    float32 product is added to it there).
 
     a, b, c: C-contiguous 2-D arrays, which cuBLAS reads as column-major matrices of their
     transposed shape: each one's leading dimension is its last axis."""
@@ -106,8 +109,8 @@ def _gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a, b, c) -> None
     _status(_cublas().cublasGemmEx(
         cp.cuda.device.get_cublas_handle(), int(trans_a), int(trans_b), m, n, k,
         _ONE.ctypes.data, a.data.ptr, _cuda_type(a), a.shape[-1], b.data.ptr, _cuda_type(b),
-        b.shape[-1], _ZERO.ctypes.data, c.data.ptr, _cuda_type(c), c.shape[-1], compute,
-        _GEMM_DEFAULT), "cublasGemmEx")
+        b.shape[-1], (_ONE if add else _ZERO).ctypes.data, c.data.ptr, _cuda_type(c),
+        c.shape[-1], compute, _GEMM_DEFAULT), "cublasGemmEx")
 
 
 def _check(*arrays) -> None:
@@ -147,17 +150,22 @@ def linear_forward(x, w, b, y, y32=None) -> None:
     float_to_bf16(y32, y)
 
 
-def linear_backward(x, gy, w, gw, gb, gx) -> None:
+def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
     """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
-    may be None. All three are overwritten."""
+    may be None. All three are overwritten, but gw under `add`: gw += gy^T @ x in the
+    product's epilogue (a micro-batch after a step's first: no temporary, and one pass over
+    gw where a product into a temporary and an add took three). cuBLAS may then run
+    another kernel than for the plain product, so the sum agrees with the product added
+    afterwards within float32 rounding, not necessarily bit for bit. Maps GemmEx does not
+    take go to the reference (kernels/cpu.py), whose add takes a temporary."""
     wide = gy.dtype == np.float32
     if not (is_bfloat16(gy.dtype) or wide and _dense(x, gy, w, gw, gx)):
-        _cpu.linear_backward(x, gy, w, gw, gb, gx)
+        _cpu.linear_backward(x, gy, w, gw, gb, gx, add)
         return
     _check(x, gy, w, gw, gx)
     (n, k), out = x.shape, w.shape[0]
     # gw^T (in, out) = x^T (in, N) @ gy (N, out), straight into float32 gw
-    _gemm(False, True, k, out, n, x, gy, gw)
+    _gemm(False, True, k, out, n, x, gy, gw, add)
     if wide:
         if gb is not None:
             gy.sum(axis=0, out=gb)

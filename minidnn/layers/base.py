@@ -21,6 +21,8 @@ layer says, before any compute, what it needs:
   splitting the batch would change the result;
 * `masks_relu_before` says backward may apply the mask of the ReLU whose output is its input
   (a max pool), so that ReLU keeps nothing for backward (minidnn/fusion.py);
+* `adds_in_place` names the parameters whose gradient backward can add to what p.grad holds
+  (a micro-batch after a step's first) in the product that makes it, with no temporary;
 * `buffers` (declared in setup) hold state that is not learned but belongs in the state
   dict (BatchNorm's running statistics); the executor moves them with the parameters.
 
@@ -145,7 +147,8 @@ class StepContext:
     slice of that many (deterministic mode with split statistics); None: all the call's.
     add_grads: under batch_slice, the call adds its parameter gradients to p.grad, which
     holds the sum of the slices before it (a micro-batch or chunk piece after the first);
-    without batch_slice the executor adds them itself.
+    without batch_slice, it adds those its layer's `adds_in_place` names, and the executor
+    adds the others itself (each written to a temporary in p.grad's place).
     """
     xp: Any
     kernels: Any = cpu_kernels
@@ -235,6 +238,11 @@ class Layer:
     # Backward may also apply the mask of a ReLU whose output is its input, so that the
     # ReLU's backward has nothing to mask (a max pool: minidnn/fusion.py, memory/plan.py).
     masks_relu_before = False
+    # The parameters (keys of `params`) whose gradient backward adds to p.grad, in the product
+    # that computes it, when ctx.add_grads says so without a batch_slice (a fully connected
+    # layer's weight: cuBLAS adds to the output it writes). The executor hands every other
+    # parameter a temporary then and adds it itself (executor.py, planner/costs.py).
+    adds_in_place: tuple = ()
     # The ops of ctx.kernels that forward and backward compute with, when they compute only
     # with those: where the kernels take bf16 maps in all of them (kernels BF16_OPS), the layer
     # runs on bf16 maps as they are; otherwise (None: it computes with array code of its own)
@@ -320,7 +328,8 @@ class Layer:
     def backward(self, xs: list, y, gy, gxs: list, aux: dict, ctx: StepContext) -> None:
         """Write input gradients into `gxs` (None where none is wanted) and parameter
         gradients into `p.grad` (overwritten, not accumulated; added to under
-        ctx.add_grads, in slices of ctx.batch_slice: layers/slices.py).
+        ctx.add_grads: all of them in slices of ctx.batch_slice, layers/slices.py; without
+        it, those `adds_in_place` names).
 
         xs[i] is None unless i is in retain_inputs; y is None unless retain_output.
         gxs[0] may be gy itself when `inplace`.

@@ -13,6 +13,7 @@ class Linear(Layer):
     recomputable = True
     retain_inputs = (0,)
     kernel_ops = ("linear_forward", "linear_backward")
+    adds_in_place = ("weight",)    # the weight gradient's product adds (kernels: add)
 
     def __init__(self, out_features: int, bias: bool = True, init: str = "uniform_fan_in",
                  name: str | None = None):
@@ -54,8 +55,8 @@ class Linear(Layer):
         w = self.params["weight"]
         gb = self.params["bias"].grad if self.bias else None
         x, gx = xs[0], gxs[0]
-        if ctx.batch_slice is None:
-            ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx)
+        if ctx.batch_slice is None:   # add_grads: the weight's gradient is added to
+            ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx, ctx.add_grads)
             return
         # Deterministic (layers/slices.py): each slice's gx with its share of the gradients.
         def slice_gradients(part, out):

@@ -109,8 +109,9 @@ class Profile:
     once, together. optimizer_s / optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
-    64 passes of 4 images adds 146M float32 gradients 63 times); 0 in profiles measured
-    before it was.
+    64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds
+    to in place (Layer.adds_in_place), a third of that (the product reads it once more; the
+    add read it twice and wrote it once); 0 in profiles measured before it was.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
@@ -299,25 +300,35 @@ def gradient_copy_bytes(layer, phase: str) -> int:
     return aligned(2 * numel(layer.params["weight"].shape))
 
 
-def accumulation_bytes(layer, phase: str, micro_batches: int, piece=None,
+def accumulation_bytes(layer, params, phase: str, micro_batches: int, piece=None,
                        batch_slice: int | None = None, rows: int = 0, in_arena: int = 1) -> int:
     """In a step of several micro-batches, a backward after the first writes its parameter
     gradients into temporaries, all of them at once, and adds them to the accumulated ones
     (executor.py); so does the backward of every piece of a layer chunk but the last (the
     first to run backward: piece (j, p) of a chunk node, minidnn/chunks.py). Those come out
-    of the device allocator on every device, one aligned block per gradient.
+    of the device allocator on every device, one aligned block per gradient; but for the
+    parameters the layer adds to in place (Layer.adds_in_place: a fully connected layer's
+    weight, whose product adds to it on the GPU and whose temporary on the CPU is NumPy's,
+    outside the budget).
 
     Under --deterministic (batch_slice: the images of a slice) a backward over more rows
     than one slice sums its slices' gradients through one such set of temporaries too
     (layers/slices.sum_in_slices; rows: the call's images), made by the array module: in the
     device allocator where temporaries are (in_arena 1: the GPU's arena), not on the CPU
-    (0)."""
+    (0).
+
+    params: the keys of layer.params whose gradients the call writes (None: all; a
+    convolution whose bias a ReLU after it adds leaves that one to the ReLU's call, or its
+    max pool's: minidnn/fusion.py)."""
     if phase != "backward":
         return 0
-    grads = sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
-                for p in layer.params.values())
+    sizes = {key: aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
+             for key, p in layer.params.items() if params is None or key in params}
+    grads = sum(sizes.values())
     if micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1):
-        return grads
+        if batch_slice is not None:     # slice by slice: every gradient through a temporary
+            return grads
+        return grads - sum(sizes.get(key, 0) for key in layer.adds_in_place)
     return in_arena * grads if batch_slice is not None and rows > batch_slice else 0
 
 

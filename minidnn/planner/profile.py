@@ -449,10 +449,12 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
     """(device seconds, host seconds) of one SGD step (momentum, weight decay) over arrays
     shaped like the network's parameters, and the device seconds of adding each gradient into
     another once, as a micro-batch after a step's first does (executor.py: the kernels' add,
-    out in place)."""
+    out in place); a third of that for a gradient its layer adds to in place (its product
+    reads it once more: Profile.accumulate_s)."""
     from ..optim import SGD
     kernels = kernel_modules.for_device(device)
     xp = device.xp
+    in_place = {f"{layer.name}.{key}" for layer in net.layers() for key in layer.adds_in_place}
     params = []
     with device.compute:
         for name, p in net.parameters():
@@ -463,10 +465,14 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
         opt = SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
         device_s, host_s = _Clock(device)(opt.step, repeats)
 
-        def adds():
-            for _, q in params:
+        def adds(group):
+            for q in group:
                 kernels.add(q.data, q.grad, q.data)
-        adds_s, _ = _Clock(device)(adds, repeats)
+        adds_s = 0.0
+        for share, added in ((1.0, False), (1 / 3, True)):
+            group = [q for name, q in params if (name in in_place) == added]
+            if group:
+                adds_s += share * _Clock(device)(lambda: adds(group), repeats)[0]
     del opt, params
     _release_pool(device)
     return device_s, host_s, adds_s

@@ -330,6 +330,13 @@ class StepModel:
         sliced = options.batch_slice is not None
         pooled = self._pool_bias(sliced) if spec.fuse else {}   # {ReLU: its pool}
         sums = self._bias_sums(biased if spec.fuse else {}, pooled)
+        # A bias a ReLU adds has its gradient written, and added, in the ReLU's call, or
+        # its max pool's (the executor's temporaries): {node index: (conv layer, keys)}.
+        written = {}
+        for relu, conv in (biased if spec.fuse else {}).items():
+            layer = self.plan.net.node(conv).layer
+            written[self.index[conv]] = (layer, ("weight",))
+            written[self.index[pooled.get(relu, relu)]] = (layer, ("bias",))
         # bn_sums (minidnn/fusion.py): an add may take its batch norm's sums, which live on
         # into that batch norm's call; counted wherever the pair may fuse, whatever the
         # decision moves (a bound: a moved input, or statistics of each slice, leave the
@@ -341,8 +348,8 @@ class StepModel:
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + (counted * sums.get(i, 0) if phase == "backward" else 0)
-                           + accumulation_bytes(node.layer, phase, k, node.piece,
-                                                options.batch_slice,
+                           + accumulation_bytes(*written.get(i, (node.layer, None)), phase,
+                                                k, node.piece, options.batch_slice,
                                                 batch // node.piece[1] if node.piece else batch,
                                                 counted)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}

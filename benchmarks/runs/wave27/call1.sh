@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Call 1: where VGG-16's steps spend their kernels: bf16 with and without ReLU bit masks
-# beside PyTorch's compiled step; TF32 in 4 GiB and unconstrained, one replayed step each;
-# ResNet-50 TF32 in 6 GiB (split statistics) beside PyTorch's accumulation of 4 x 64.
+# Call 1: the fully connected products that add their weight gradients (GPU tests, with the
+# tests whose run helper changed after the last wave's calls); where VGG-16's steps spend
+# their kernels: bf16 with and without ReLU bit masks beside PyTorch's compiled step, TF32 in
+# 4 GiB and unconstrained, one replayed step each.
 set -u
 . benchmarks/stages.sh call1 570
+stage gpu_tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_linear_add_gpu.py \
+    tests/test_micro_batches_gpu.py tests/test_conv_relu_gpu.py tests/test_gpu_add_relu.py \
+    tests/test_pool_relu_gpu.py tests/test_profile_gpu.py
 stage bench_vgg16_bf16 150 python3 scripts/bench_vs_pytorch.py --runs vgg16:256:bf16 \
     --frameworks minidnn minidnn-relubits pytorch-cl-bf16-compiled --steps 10 --warmup 3 \
     --timeout 120
@@ -11,10 +15,6 @@ stage kernels_vgg16_bf16 45 python3 scripts/step_kernels.py --model vgg16 --prec
     --no-relu-bits --top 40
 stage kernels_vgg16_bf16_bits 45 python3 scripts/step_kernels.py --model vgg16 \
     --precision bf16 --top 40
-stage budget_resnet50_tf32 200 python3 scripts/bench_budget.py --model resnet50 --batch 256 \
-    --math tf32 --caps 6GiB --accumulate 4 --layouts channels_last --segments "" \
-    --no-whole-batch --split-batch-statistics --timeout 100 --time-limit 190 \
-    --out $OUT/budget_resnet50_tf32
-stage kernels_vgg16_tf32_4gib 100 python3 scripts/step_kernels.py --model vgg16 \
+stage kernels_vgg16_tf32_4gib 110 python3 scripts/step_kernels.py --model vgg16 \
     --memory-budget 4GiB --top 40
 stage kernels_vgg16_tf32 45 python3 scripts/step_kernels.py --model vgg16 --top 40

@@ -251,14 +251,16 @@ def test_a_fully_connected_weight_gradient_is_added_in_place_with_the_bits_of_a_
 
 def test_the_step_model_counts_no_temporary_for_a_gradient_added_in_place():
     """costs.accumulation_bytes: a later pass's temporaries are the gradients the layer does
-    not add in place; under --deterministic (slices) every gradient still takes one."""
+    not add in place, under --deterministic (slices) too."""
     from minidnn.memory.allocator import aligned
     from minidnn.planner.costs import accumulation_bytes
-    fc = Linear(7)
-    fc.setup([(8, 5)])
-    weight, bias = aligned(7 * 5 * 4), aligned(7 * 4)
+    fc = Linear(70)
+    fc.setup([(8, 50)])
+    weight, bias = aligned(70 * 50 * 4), aligned(70 * 4)
+    assert weight > bias
     assert accumulation_bytes(fc, None, "backward", 2) == bias
     assert accumulation_bytes(fc, ("bias",), "backward", 2) == bias
     assert accumulation_bytes(fc, ("weight",), "backward", 2) == 0
-    assert accumulation_bytes(fc, None, "backward", 2, None, 2, rows=4) == weight + bias
+    assert accumulation_bytes(fc, None, "backward", 2, None, 2, rows=4) == bias
+    assert accumulation_bytes(fc, None, "backward", 1, None, 2, rows=4) == bias
     assert accumulation_bytes(fc, None, "backward", 1) == 0

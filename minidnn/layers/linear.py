@@ -58,12 +58,13 @@ class Linear(Layer):
         if ctx.batch_slice is None:   # add_grads: the weight's gradient is added to
             ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx, ctx.add_grads)
             return
-        # Deterministic (layers/slices.py): each slice's gx with its share of the gradients.
-        def slice_gradients(part, out):
+        # Deterministic (layers/slices.py): each slice's gx with its share of the gradients,
+        # the weight's added in place after the first.
+        def slice_gradients(part, out, adding):
             ctx.kernels.linear_backward(x[part], gy[part], w.data, out[0], out[1],
-                                        None if gx is None else gx[part])
+                                        None if gx is None else gx[part], adding)
 
-        sum_in_slices(ctx, x.shape[0], [w.grad, gb], slice_gradients)
+        sum_in_slices(ctx, x.shape[0], [w.grad, gb], slice_gradients, in_place=(0,))
 
     def flops(self):
         return 2 * self.out_shape[0] * self.in_features * self.out_features

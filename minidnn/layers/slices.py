@@ -37,7 +37,7 @@ What it costs: products of S rows instead of the pass's rows, which read their w
 per slice (on a CPU a VGG-11 step at batch 32 took about twice as long at 32x32, whose late
 maps are tiny, and 1.3 times as long at 64x64), and, in a layer with parameters, the
 gradients of the slices after the first written into gradient-sized temporaries, as a later
-micro-batch writes them.
+micro-batch writes them (but those the layer's product adds in place: Layer.adds_in_place).
 
 Layers learn S from the StepContext (batch_slice, statistics_slice, add_grads): without
 deterministic mode those are None and False, and every layer runs its one call as before.
@@ -108,7 +108,8 @@ def in_order(rows: int, size: int) -> list:
     return row_slices(rows, size)[::-1]
 
 
-def sum_in_slices(ctx, rows: int, grads: list, compute, size: int | None = None) -> None:
+def sum_in_slices(ctx, rows: int, grads: list, compute, size: int | None = None,
+                  in_place: tuple = ()) -> None:
     """Parameter gradients summed slice by slice, in slice order.
 
     Args:
@@ -118,23 +119,31 @@ def sum_in_slices(ctx, rows: int, grads: list, compute, size: int | None = None)
         rows: the rows of the call (a whole number of slices).
         grads: the Parameter gradients to write (arrays; None where none is wanted).
         compute: compute(part, outs) writes the gradients of the rows `part` (a slice) into
-            outs (arrays like `grads`, None where grads has None), overwriting them.
+            outs (arrays like `grads`, None where grads has None), overwriting them; with
+            `in_place`, compute(part, outs, adding).
         size: rows per slice (default ctx.batch_slice).
+        in_place: the indices of `grads` that compute adds to itself where a slice adds
+            (`adding` True; a fully connected layer's weight: Layer.adds_in_place): outs
+            holds those gradients themselves, never a temporary.
 
     The slices go last to first (`in_order`). The first of a call that does not add writes
     `grads` themselves; every other slice writes temporaries of their size and layout, then
-    added: so the sum is grouped as ((g7 + g6) + g5) + ... over the slices of the whole
-    batch, whatever calls they come in.
+    added (or adds in place): so the sum is grouped as ((g7 + g6) + g5) + ... over the
+    slices of the whole batch, whatever calls they come in, each slice added as in every
+    other plan.
     """
     size = ctx.batch_slice if size is None else size
+    call = (lambda part, outs, adding: compute(part, outs, adding)) if in_place else \
+        (lambda part, outs, adding: compute(part, outs))
     temps = None
     for n, part in enumerate(in_order(rows, size)):
         if n == 0 and not ctx.add_grads:
-            compute(part, grads)
+            call(part, grads, False)
             continue
         if temps is None:    # empty_like keeps the layout (channels-last weights on the GPU)
-            temps = [None if g is None else ctx.xp.empty_like(g) for g in grads]
-        compute(part, temps)
-        for g, t in zip(grads, temps):
-            if g is not None:
+            temps = [g if i in in_place or g is None else ctx.xp.empty_like(g)
+                     for i, g in enumerate(grads)]
+        call(part, temps, True)
+        for i, (g, t) in enumerate(zip(grads, temps)):
+            if g is not None and i not in in_place:
                 ctx.kernels.add(g, t, g)

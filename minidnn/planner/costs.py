@@ -306,10 +306,10 @@ def accumulation_bytes(layer, params, phase: str, micro_batches: int, piece=None
     gradients into temporaries, all of them at once, and adds them to the accumulated ones
     (executor.py); so does the backward of every piece of a layer chunk but the last (the
     first to run backward: piece (j, p) of a chunk node, minidnn/chunks.py). Those come out
-    of the device allocator on every device, one aligned block per gradient; but for the
-    parameters the layer adds to in place (Layer.adds_in_place: a fully connected layer's
-    weight, whose product adds to it on the GPU and whose temporary on the CPU is NumPy's,
-    outside the budget).
+    of the device allocator on every device, one aligned block per gradient; but none for
+    the parameters the layer adds to in place (Layer.adds_in_place: a fully connected
+    layer's weight, whose product adds to it on the GPU and whose temporary on the CPU is
+    NumPy's, outside the budget), in slices too.
 
     Under --deterministic (batch_slice: the images of a slice) a backward over more rows
     than one slice sums its slices' gradients through one such set of temporaries too
@@ -322,13 +322,11 @@ def accumulation_bytes(layer, params, phase: str, micro_batches: int, piece=None
     max pool's: minidnn/fusion.py)."""
     if phase != "backward":
         return 0
-    sizes = {key: aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
-             for key, p in layer.params.items() if params is None or key in params}
-    grads = sum(sizes.values())
+    grads = sum(aligned(max(numel(p.shape) * layer.dtype.itemsize, 1))
+                for key, p in layer.params.items()
+                if (params is None or key in params) and key not in layer.adds_in_place)
     if micro_batches > 1 or (piece is not None and piece[0] < piece[1] - 1):
-        if batch_slice is not None:     # slice by slice: every gradient through a temporary
-            return grads
-        return grads - sum(sizes.get(key, 0) for key in layer.adds_in_place)
+        return grads
     return in_arena * grads if batch_slice is not None and rows > batch_slice else 0
 
 

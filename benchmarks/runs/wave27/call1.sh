@@ -7,7 +7,7 @@ set -u
 . benchmarks/stages.sh call1 570
 stage gpu_tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_linear_add_gpu.py \
     tests/test_micro_batches_gpu.py tests/test_conv_relu_gpu.py tests/test_gpu_add_relu.py \
-    tests/test_pool_relu_gpu.py tests/test_profile_gpu.py
+    tests/test_pool_relu_gpu.py tests/test_profile_gpu.py tests/test_deterministic_gpu.py
 stage bench_vgg16_bf16 150 python3 scripts/bench_vs_pytorch.py --runs vgg16:256:bf16 \
     --frameworks minidnn minidnn-relubits pytorch-cl-bf16-compiled --steps 10 --warmup 3 \
     --timeout 120

@@ -55,3 +55,15 @@ def test_the_product_adds_the_weight_gradient_as_a_temporary_added_would(mode, s
     scale = np.abs(product).max()
     np.testing.assert_allclose(runs[0], cp.asnumpy(apart), rtol=0, atol=RTOL[mode] * scale)
     assert not np.array_equal(runs[0], cp.asnumpy(held)), "the product was added"
+
+
+def test_a_fresh_process_runs_its_float32_products_in_the_convolutions_math_mode():
+    """Without configure() (a `minidnn train` without --math), the fully connected products
+    sum as the convolutions do: TF32, the kernels' default (they ran strict FP32, several
+    times slower, while the convolutions ran TF32)."""
+    import subprocess
+    import sys
+    code = ("import minidnn.kernels.cuda as c, minidnn.kernels.cuda_linear as l; "
+            "assert c.math_mode()['math'] == 'tf32'; "
+            "assert l._float32_compute['type'] == l._COMPUTE_32F_FAST_TF32")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -78,6 +78,7 @@ SLOW_FACTOR = 3.0
 SLOW_MS = 5.0
 
 _state = {"math": "tf32", "deterministic": False}
+_linear_math(_state["math"])   # the fully connected products in the same mode from the start
 _handles: dict = {}        # device id -> cudnn.Handle
 _caches: dict = {}         # device id -> ConvPlanCache
 _side_streams: dict = {}   # device id -> stream used when the caller is on the legacy stream

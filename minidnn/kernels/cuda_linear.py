@@ -43,8 +43,8 @@ _ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
 _CUDA_TYPE = {np.dtype(np.float32): _R_32F}
 
 
-# The compute type of float32 products: strict FP32 (PyTorch's default for matrix products)
-# until kernels/cuda.configure sets the math mode.
+# The compute type of float32 products, as kernels/cuda sets it: from its import on, in the
+# math mode in force there (TF32 until configure says otherwise, as for the convolutions).
 _float32_compute = {"type": _COMPUTE_32F}
 
 

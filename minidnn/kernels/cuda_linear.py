@@ -6,8 +6,9 @@ With float32 maps each product is one GemmEx in the math mode kernels/cuda.confi
 ctypes, on the cuBLAS library and handle CuPy loaded, rather than through CuPy: CuPy's cuBLAS
 functions rebind the handle's stream on every call and refuse to while a stream is captured
 into a CUDA graph (minidnn/step_graph.py). Here the handle is rebound only when the stream
-changes, which never happens inside a captured step. float64 maps take the reference's ops
-(kernels/cpu.py, on CuPy).
+changes, which never happens inside a captured step. The bias's gradient is summed over the
+rows by cuda_pointwise.column_totals. float64 maps take the reference's ops (kernels/cpu.py,
+on CuPy).
 
 With bf16 maps (x, y, gy, gx) the weights stay float32. Each product reads a bf16 copy of the
 weights (cuda_weights.py) and runs on bf16 tensor cores with float32 sums, as PyTorch's
@@ -31,7 +32,7 @@ import cupy as cp
 import numpy as np
 
 from . import cpu as _cpu
-from .cuda_pointwise import float_to_bf16
+from .cuda_pointwise import column_totals, float_to_bf16
 from .cuda_weights import weights_in
 from .mapformat import is_bfloat16
 
@@ -168,7 +169,7 @@ def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
     _gemm(False, True, k, out, n, x, gy, gw, add)
     if wide:
         if gb is not None:
-            gy.sum(axis=0, out=gb)
+            column_totals(gy, gb)
         if gx is not None:
             _gemm(False, False, k, n, out, w, gy, gx)
         return

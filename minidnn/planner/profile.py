@@ -55,8 +55,11 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # replayed from a CUDA graph, _Clock; 4: a convolution's plan tables, which give its
 # workspace ladder, of the maps' layout and dtype, where they were NCHW float32's; 5: the
 # parameters laid out as the run lays them out, so a channels-last convolution is timed with
-# its weights channels last, where they were C order: another cuDNN problem).
-TIMING_METHOD = 5
+# its weights channels last, where they were C order: another cuDNN problem; 6: a later
+# pass's gradient adds without those a layer adds in place, and on the GPU fully connected
+# products in the kernels' math mode, which a process that never called configure ran in
+# strict FP32).
+TIMING_METHOD = 6
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 

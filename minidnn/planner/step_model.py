@@ -251,7 +251,8 @@ class StepModel:
     pass (with chunks: the chunked step's, planner/chunking.chunk_profile).
 
     With k micro-batches the input batches are the whole step's, a layer with parameters
-    takes a gradient-sized temporary in backward (to add into the accumulated gradient), a
+    takes a gradient-sized temporary in backward (to add into the accumulated gradient; none
+    for a gradient its product adds in place: costs.accumulation_bytes), a
     dropout draws its pass's rows of the step's random numbers (in its scratch block, sized
     as the layer declares: layers/draws.py); an Evaluation's
     step time, compute time and bytes moved are the whole step's (k passes, one optimizer

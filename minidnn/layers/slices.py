@@ -133,8 +133,7 @@ def sum_in_slices(ctx, rows: int, grads: list, compute, size: int | None = None,
     other plan.
     """
     size = ctx.batch_slice if size is None else size
-    call = (lambda part, outs, adding: compute(part, outs, adding)) if in_place else \
-        (lambda part, outs, adding: compute(part, outs))
+    call = compute if in_place else (lambda part, outs, adding: compute(part, outs))
     temps = None
     for n, part in enumerate(in_order(rows, size)):
         if n == 0 and not ctx.add_grads:

@@ -499,48 +499,6 @@ def _instances():
 
 
 _module = cp.RawModule(code=_SOURCE, name_expressions=list(_instances()))
-
-# out (C,) = the sum over the rows of a dense (rows, C) array, in a fixed order: thread (x, y)
-# of a block of (32, TOTAL_LANES) adds rows y, y + TOTAL_LANES, ... of channel 32 b + x, then
-# lane 0 adds the lanes' sums in lane order. A column pass's partial sums are (blocks, C), a
-# few thousand rows of up to 512 channels: CuPy's reduction over axis 0 took about 40 us a
-# call there (VGG-16: 16 calls a step).
-TOTAL_LANES = 32
-_TOTALS_SOURCE = r"""
-template<typename A>
-__global__ void column_totals(const A* g, A* out, long long rows, int channels) {
-    __shared__ A lanes[TOTAL_LANES][33];
-    const int c = blockIdx.x * 32 + threadIdx.x;
-    A s = 0;
-    if (c < channels)
-        for (long long r = threadIdx.y; r < rows; r += TOTAL_LANES) s += g[r * channels + c];
-    lanes[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < channels) {
-        A t = lanes[0][threadIdx.x];
-        for (int j = 1; j < TOTAL_LANES; ++j) t += lanes[j][threadIdx.x];
-        out[c] = t;
-    }
-}
-""".replace("TOTAL_LANES", str(TOTAL_LANES))
-_totals_module = cp.RawModule(code=_TOTALS_SOURCE, name_expressions=[
-    "column_totals<float>", "column_totals<double>"])
-
-
-def column_totals(g, out) -> None:
-    """out (C,) = g (rows, C), dense, summed over its rows (see _TOTALS_SOURCE's order);
-    float32 or float64, out of g's dtype."""
-    ctype = _CTYPES.get(np.dtype(g.dtype))
-    if ctype is None or g.ndim != 2 or not g.flags.c_contiguous or out.dtype != g.dtype or \
-            out.shape != (g.shape[1],) or not out.flags.c_contiguous:
-        raise ValueError(f"column_totals: a dense float32 or float64 (rows, C) array and a "
-                         f"(C,) one of its dtype; got {g.dtype} {g.shape}, {out.dtype} "
-                         f"{out.shape}")
-    rows, channels = g.shape
-    if channels:
-        _totals_module.get_function(f"column_totals<{ctype}>")(
-            (-(-channels // 32),), (32, TOTAL_LANES), (g, out, np.int64(rows),
-                                                       np.int32(channels)))
 _bf16_module = cp.RawModule(code=_BF16_SOURCE, name_expressions=[
     f"{name}<{vec}>" for name in ("float_to_bf16", "bf16_to_float") for vec in (1, _CONVERT_VEC)])
 
@@ -909,6 +867,49 @@ def run_columns(kernel, rows: int, channels: int, vec: int, args: tuple, out) ->
            args + (partial, np.int64(rows), np.int32(channels), np.int64(stride),
                    np.int64(span), np.int64(step)))
     column_totals(partial, out)
+
+
+# out (C,) = the sum over the rows of a dense (rows, C) array, in a fixed order: thread (x, y)
+# of a block of (32, TOTAL_LANES) adds rows y, y + TOTAL_LANES, ... of channel 32 b + x, then
+# lane 0 adds the lanes' sums in lane order. A column pass's partial sums are (blocks, C), a
+# few thousand rows of up to 512 channels: CuPy's reduction over axis 0 took about 40 us a
+# call there (VGG-16: 16 calls a step).
+TOTAL_LANES = 32
+_TOTALS_SOURCE = r"""
+template<typename A>
+__global__ void column_totals(const A* g, A* out, long long rows, int channels) {
+    __shared__ A lanes[TOTAL_LANES][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    A s = 0;
+    if (c < channels)
+        for (long long r = threadIdx.y; r < rows; r += TOTAL_LANES) s += g[r * channels + c];
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < channels) {
+        A t = lanes[0][threadIdx.x];
+        for (int j = 1; j < TOTAL_LANES; ++j) t += lanes[j][threadIdx.x];
+        out[c] = t;
+    }
+}
+""".replace("TOTAL_LANES", str(TOTAL_LANES))
+_totals_module = cp.RawModule(code=_TOTALS_SOURCE, name_expressions=[
+    "column_totals<float>", "column_totals<double>"])
+
+
+def column_totals(g, out) -> None:
+    """out (C,) = g (rows, C), dense, summed over its rows (see _TOTALS_SOURCE's order);
+    float32 or float64, out of g's dtype."""
+    ctype = _CTYPES.get(np.dtype(g.dtype))
+    if ctype is None or g.ndim != 2 or not g.flags.c_contiguous or out.dtype != g.dtype or \
+            out.shape != (g.shape[1],) or not out.flags.c_contiguous:
+        raise ValueError(f"column_totals: a dense float32 or float64 (rows, C) array and a "
+                         f"(C,) one of its dtype; got {g.dtype} {g.shape}, {out.dtype} "
+                         f"{out.shape}")
+    rows, channels = g.shape
+    if channels:
+        _totals_module.get_function(f"column_totals<{ctype}>")(
+            (-(-channels // 32),), (32, TOTAL_LANES), (g, out, np.int64(rows),
+                                                       np.int32(channels)))
 
 
 def _sums_dtype(name: str, ctype: str, out) -> np.dtype:

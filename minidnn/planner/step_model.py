@@ -330,14 +330,23 @@ class StepModel:
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
         sliced = options.batch_slice is not None
         pooled = self._pool_bias(sliced) if spec.fuse else {}   # {ReLU: its pool}
-        sums = self._bias_sums(biased if spec.fuse else {}, pooled)
-        # A bias a ReLU adds has its gradient written, and added, in the ReLU's call, or
-        # its max pool's (the executor's temporaries): {node index: (conv layer, keys)}.
+        # {convolution: the node whose backward sums its bias's gradient}: the ReLU that adds
+        # the bias, or the max pool after that ReLU.
+        summed_by = {conv: pooled.get(relu, relu) for relu, conv in biased.items()} \
+            if spec.fuse else {}
+        sums = self._bias_sums(summed_by)
+        # That node's call also writes, and adds, the bias's gradient (the executor's
+        # temporaries): {node index: (the layer of the parameters it writes, their keys)}.
         written = {}
-        for relu, conv in (biased if spec.fuse else {}).items():
+        for conv, summer in summed_by.items():
             layer = self.plan.net.node(conv).layer
             written[self.index[conv]] = (layer, ("weight",))
-            written[self.index[pooled.get(relu, relu)]] = (layer, ("bias",))
+            written[self.index[summer]] = (layer, ("bias",))
+
+        def accumulated(i, node, phase) -> int:
+            layer, keys = written.get(i, (node.layer, None))
+            return accumulation_bytes(layer, keys, phase, k, node.piece, options.batch_slice,
+                                      batch // node.piece[1] if node.piece else batch, counted)
         # bn_sums (minidnn/fusion.py): an add may take its batch norm's sums, which live on
         # into that batch norm's call; counted wherever the pair may fuse, whatever the
         # decision moves (a bound: a moved input, or statistics of each slice, leave the
@@ -349,10 +358,7 @@ class StepModel:
         self._transient = {(phase, i): counted * transient_bytes(node.layer, phase)
                            + copies * gradient_copy_bytes(node.layer, phase)
                            + (counted * sums.get(i, 0) if phase == "backward" else 0)
-                           + accumulation_bytes(*written.get(i, (node.layer, None)), phase,
-                                                k, node.piece, options.batch_slice,
-                                                batch // node.piece[1] if node.piece else batch,
-                                                counted)
+                           + accumulated(i, node, phase)
                            for i, node in enumerate(self.nodes) for phase in CALL_PHASES}
         # What of a layer's measured forward a fused step still spends (minidnn/fusion.py;
         # the profile times the layers apart), by node name; 1 where it is absent. A ReLU
@@ -646,12 +652,11 @@ class StepModel:
         return {relu: pool for relu, pool in pool_bias_pairs(self.plan, sliced).items()
                 if not widens_backward(self.plan, self.index[pool], ops)}
 
-    def _bias_sums(self, bias_relu: dict, pool_bias: dict) -> dict:
+    def _bias_sums(self, summed_by: dict) -> dict:
         """{node index: bytes of the partial sums of a convolution's bias gradient its
-        backward takes} (costs.bias_sums_bytes): the convolution's own, or the ReLU's where
-        `bias_relu` ({ReLU: convolution}, the step's fused pairs) has it add the bias, or
-        the max pool's after that ReLU where `pool_bias` ({ReLU: max pool}) has it sum them."""
-        summed_by = {conv: pool_bias.get(relu, relu) for relu, conv in bias_relu.items()}
+        backward takes} (costs.bias_sums_bytes): the convolution's own, or, where
+        `summed_by` ({convolution: node}, the step's fused pairs) names one, that node's (the
+        ReLU that adds the bias, or the max pool after it)."""
         sums = {}
         for node in self.nodes:
             nbytes = bias_sums_bytes(node.layer, self.maps.layout)

@@ -162,20 +162,23 @@ def test_a_held_trace_holds_each_call_by_its_own_issue_time_within_bounds(monkey
     hold learnt from the longest call of all fed back into the waits and grew without end)."""
     import contextlib
     import sys
-    import time
     import types
     from minidnn import trace
     holds = []
     fake = types.SimpleNamespace(hold=holds.append)
     monkeypatch.setitem(sys.modules, "minidnn.kernels.cuda_hold", fake)
     monkeypatch.setattr("minidnn.kernels.cuda_hold", fake, raising=False)
+    # The host's issue times from a clock the test moves, not the wall clock: on a loaded
+    # machine a call without a wait took longer than the shortest hold allows.
+    now = [0.0]
+    monkeypatch.setattr(trace, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     tracer = Tracer(_GpuLike(), hold=True)
     tracer.begin_step(0)
     stream = contextlib.nullcontext()
     for _ in range(2):                       # two passes of three calls
         for name, wait in (("conv1", 0.0), ("bn1", 0.03), ("relu1", 0.0)):
             start = tracer.begin_layer(stream, "forward", name, 0)
-            time.sleep(wait)
+            now[0] += wait
             tracer.layer("forward", name, 0, start, tracer.mark(stream))
     assert holds[:3] == [trace.MAX_HOLD_S] * 3
     assert holds[3] == holds[5] == trace.MIN_HOLD_S and holds[4] == trace.MAX_HOLD_S

@@ -31,6 +31,7 @@ from .errors import ConfigError, MinidnnError, fmt_bytes
 from .kernels.mapformat import LAYOUTS, PRECISIONS
 from .kernels.math_mode import MATH_MODES
 from .outputs import check_outputs, plot_formats
+from .planner.planning import RELU_BITS_GAIN
 from .recipe import AUTO, EVAL_BATCHES_OF_STEPS, EVAL_EVERY_OF_STEPS
 from .train import Interrupted, TrainConfig
 
@@ -122,7 +123,10 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
     t.add_argument("--relu-bits", action="store_true",
                    help="ReLUs whose output no other layer keeps (before a max-pool or a "
                         "dropout) keep one bit per value for backward instead: lossless, and "
-                        "those maps are free after forward")
+                        "those maps are free after forward. Under --policy dyn with a budget "
+                        "the plan leaves them off where the step fits without them and is "
+                        f"predicted at least {RELU_BITS_GAIN * 100:.0f}%% faster (a convolution then "
+                        "applies its ReLU in its epilogue), and says so")
     t.add_argument("--micro-batches", type=argtypes.positive_int, default=None, metavar="K",
                    help="run each step as K passes over equal parts of the batch (K divides "
                         "it), gradients accumulated, one update, at about the speed of the "

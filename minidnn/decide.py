@@ -54,9 +54,10 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
 
     device: where a planning policy measures its profile (a Device or 'auto'/'gpu'/'cpu');
     the device also sets the feature maps' default layout. The policy plans with the
-    spec's ReLU bit masks (memory/policy.relus_worth_bits), precision and layout, its
-    prefetch lookahead (unless it chooses one: dyn does), static layout, micro-batches and
-    layer chunks (None: what a planning policy chooses; dyn weighs them with a budget).
+    spec's ReLU bit masks (memory/policy.relus_worth_bits; under a budget dyn leaves them
+    off where its plan without them is faster: planning.plan_step), precision and layout,
+    its prefetch lookahead (unless it chooses one: dyn does), static layout, micro-batches
+    and layer chunks (None: what a planning policy chooses; dyn weighs them with a budget).
     Forcing chunks needs a planning policy: the maps it offloads or recomputes are the
     chunked network's. settings: the spec's fields, when `spec` is a batch size (the
     keyword form: decide(net, 32, policy="all", memory_budget="4GiB")).
@@ -86,6 +87,9 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
     if not planning and spec.memory_budget is not None and chosen.name in VDNN_POLICIES:
         decision = weighed(net, spec, chosen.name, device, maps, decision, relus)
     lookahead = decision.prefetch_lookahead
+    if planning and decision.relu_bits != relus:   # dyn left the bit masks off (planning.py)
+        relus = decision.relu_bits
+        plan = LivenessPlan(net, plan.batch, relu_bits=relus, maps=maps, fuse=spec.fuse)
     if decision.chunks:     # the pairs fused are the chunked network's (pieces are not fused)
         plan = LivenessPlan(chunk_network(net, decision.chunks), plan.batch, relu_bits=relus,
                             maps=maps, fuse=spec.fuse)

@@ -232,6 +232,7 @@ def minidnn_worker(spec: dict) -> dict:
             result.update(_planned(policy))
         result.update(micro_batches=ex.micro_batches, prefetch_lookahead=ex.prefetch_lookahead,
                       chunks=[list(c) for c in ex.decision.chunks],
+                      relu_bits_kept=len(ex.decision.relu_bits),   # dyn may leave them off
                       planned_precision=ex.decision.precision)   # the maps dyn planned for
         opt = SGD(ex.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4,
                   allocator=ex.allocator)
@@ -319,6 +320,8 @@ def markdown(results: dict) -> str:
                         f", recompute {r.get('recomputed_storages', 0)}")
                 if r.get("chunks"):
                     note += f"; layers {describe_chunks(r['chunks'])}"
+                if r.get("relu_bits") and r.get("relu_bits_kept") == 0:
+                    note += "; ReLU bit masks left off by the plan"
                 if r.get("predicted_step_time_s"):
                     note += f"; predicted {r['predicted_step_time_s'] * 1e3:.1f} ms"
                 graphs = r.get("step_graphs")

@@ -38,7 +38,7 @@ from ..memory.policy import get_policy, relu_bits_for
 from ..spec import StepSpec
 from .dyn import RUN_INPUT_BATCHES
 from .planning import (PolicyBudgetError, ProfileSource, plan_policy, plan_step,
-                       statistics_note)
+                       relu_bits_note, statistics_note)
 from .search import LOOKAHEADS, budget_to_give
 from .split import PRUNE_WITHIN, micro_batch_counts
 from .timeline import bytes_by_layer, timeline_data
@@ -98,7 +98,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "--split-batch-statistics; otherwise such a network runs one pass; "
                         "default: the --report's)")
     p.add_argument("--relu-bits", action="store_true",
-                   help="plan with ReLU bit masks where they free a map (as train --relu-bits)")
+                   help="plan with ReLU bit masks where they free a map (as train "
+                        "--relu-bits; dyn leaves them off where its plan without them is "
+                        "faster)")
     p.add_argument("--no-fuse", action="store_true",
                    help="plan every layer in its own passes, as train --no-fuse runs them "
                         "(fused, a residual add that applies the ReLU after it keeps its "
@@ -421,18 +423,21 @@ def make_plan(args) -> dict:
     spec = _plan_spec(args, s, net, batch, budget)
     options = dict(relu_bits=relu_bits, input_batches=RUN_INPUT_BATCHES)
     lookaheads = _lookaheads(args, s, spec)
-    planned = plan_step(net, spec, source, maps, lookaheads, options)
-    if planned.chosen is None and s["policy"] == "dyn":
+    dyn = s["policy"] == "dyn"
+    planned = plan_step(net, spec, source, maps, lookaheads, options, weigh_relu_bits=dyn)
+    if planned.chosen is None and dyn:
         raise planned.infeasible_error()
+    notes += [n for n in (relu_bits_note(planned),) if n]
+    options["relu_bits"] = planned.relu_bits
     # BatchNorm keeping one pass: what --split-batch-statistics would give, where that is much
     note = statistics_note(net, spec, planned.chosen.best.step_time_s, source, maps,
-                           lookaheads, options) if s["policy"] == "dyn" else None
+                           lookaheads, options) if dyn else None
     if note is None and spec.whole_batch(net) and len(micro_batch_counts(batch)) > 1:
         note = (f"not split into micro-batches: {len(net.batch_statistics_layers())} "
                 f"BatchNorm layers normalize with the whole batch's statistics "
                 f"(--split-batch-statistics allows a split)")
     notes += [note] if note else []
-    static = None if s["policy"] == "dyn" else \
+    static = None if dyn else \
         _policy_plan(net, spec, s["policy"], args.conv_algo, source, maps, options)
     out = _plan_dict(args, s, net, spec, planned, prof, line, maps, notes, static)
     if report is not None:
@@ -572,6 +577,7 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
         "usable_bytes": planner.usable, "prefetch_lookahead": lookahead,
         "micro_batches": option.micro_batches, "micro_batch": option.batch,
         "chunks": [list(c) for c in option.chunks],
+        "relu_bits": sorted(planned.relu_bits),     # the ReLUs that keep bit masks
         "minimum_budget_bytes": minimum_budget,
         "micro_batch_options": [_option_json(o, chosen) for o in split.options],
         "plan": _evaluation_json(model, ev),

@@ -102,13 +102,13 @@ class DynPolicy(Policy):
     def decide(self, plan, budget=None):
         from .search import LOOKAHEADS
         from .step_model import DEFAULT_RESERVE
-        from .planning import plan_step, statistics_note
+        from .planning import plan_step, relu_bits_note, statistics_note
         spec = self._spec_for(plan, budget)
         convs = {n.name: "fastest" for n in plan.nodes if n.layer.kind == "conv"}
         if budget is None:
             self.result = self.split = None
             return MemoryDecision(conv_algo=convs, micro_batches=spec.micro_batches or 1,
-                                  chunks=spec.chunks or ())
+                                  chunks=spec.chunks or (), relu_bits=plan.relu_bits)
         o = self.options
         # plan.maps: the feature maps' format (bf16 maps plan at half the bytes).
         options = dict(momentum=o.momentum, input_batches=o.input_batches,
@@ -117,17 +117,21 @@ class DynPolicy(Policy):
                        reserve=DEFAULT_RESERVE if o.reserve is None else o.reserve,
                        relu_bits=plan.relu_bits)
         lookaheads = LOOKAHEADS if o.choose_lookahead else (spec.prefetch_lookahead,)
-        planned = plan_step(plan.net, spec, self.source, plan.maps, lookaheads, options)
+        planned = plan_step(plan.net, spec, self.source, plan.maps, lookaheads, options,
+                            weigh_relu_bits=True)
         self.split, self.remeasured = planned.split, planned.remeasured
         chosen = planned.chosen
         if chosen is None:
             raise planned.infeasible_error()
         self.result = chosen.result
-        note = statistics_note(plan.net, spec, chosen.best.step_time_s, self.source, plan.maps,
-                               lookaheads, options)
-        self.notes = (note,) if note else ()
+        options["relu_bits"] = planned.relu_bits
+        notes = (relu_bits_note(planned),
+                 statistics_note(plan.net, spec, chosen.best.step_time_s, self.source,
+                                 plan.maps, lookaheads, options))
+        self.notes = tuple(n for n in notes if n)
         return replace(self.result.decision, micro_batches=chosen.micro_batches,
-                       prefetch_lookahead=chosen.lookahead if o.choose_lookahead else None)
+                       prefetch_lookahead=chosen.lookahead if o.choose_lookahead else None,
+                       relu_bits=planned.relu_bits)
 
     def __repr__(self) -> str:
         source = f"gpu={self.source.gpu!r}" if self.source.gpu else \

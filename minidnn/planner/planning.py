@@ -139,6 +139,10 @@ class StepPlan:
     first: SplitOption | None
     remeasured: SplitPlan | None = None
     measure_least: object = field(default=None, repr=False)
+    # The ReLUs whose bit masks the chosen plan keeps, and the plan of the other choice where
+    # both were weighed (weigh_relu_bits).
+    relu_bits: frozenset = frozenset()
+    other_bits: "StepPlan | None" = field(default=None, repr=False)
     _least: int | None = field(default=None, init=False, repr=False)
 
     def least_budget(self) -> int:
@@ -164,8 +168,15 @@ def step_counts(net, spec) -> list | None:
     return [1] if spec.whole_batch(net) else None
 
 
+#: A plan that keeps ReLU bit masks gives them up only for a step predicted this much faster
+#: without them: where the two are close, the masks' smaller maps stay (VGG-16 TF32 in 4 GiB
+#: on the H200: 125.2 ms predicted with the masks, 122.3 without, which lets the convolutions
+#: add their bias and apply their ReLU in cuDNN's epilogue; measured 117.0 and 114.5 ms).
+RELU_BITS_GAIN = 0.01
+
+
 def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
-              remeasure: bool = True) -> StepPlan:
+              remeasure: bool = True, weigh_relu_bits: bool = False) -> StepPlan:
     """Plan the step `spec` names (its batch, budget, micro-batches and layer chunks: None
     weighs them) of `net`, its feature maps stored as `maps` (a MapFormat), at each prefetch
     lookahead of `lookaheads`, from the profiles of `source`. options: as search.Planner
@@ -176,7 +187,32 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
     which is what its steps will run, and so are the split options predicted close to the
     chosen one (_worth_measuring); the fastest of those plans and the one-pass option runs,
     where one fits (remeasure False: the scaled profiles' plan, for a step that will not
-    run)."""
+    run).
+
+    weigh_relu_bits (dyn): where options' relu_bits name ReLUs, the step is planned without
+    their bit masks too, from profiles of its own (a given profile is of one choice: not
+    weighed), and the plan without them runs when it fits and is predicted RELU_BITS_GAIN
+    faster. The least budget stays the masks' (they only free memory).
+
+    Returns the StepPlan (its relu_bits: the ReLUs the chosen plan keeps bit masks for)."""
+    bits = frozenset(options.get("relu_bits", frozenset()))
+    planned = _plan_step(net, spec, source, maps, lookaheads, options, remeasure)
+    planned.relu_bits = bits
+    if not (weigh_relu_bits and bits and source.profile is None and planned.chosen):
+        return planned
+    without = _plan_step(net, spec, source, maps, lookaheads,
+                         dict(options, relu_bits=frozenset()), remeasure)
+    if without.chosen is None or without.chosen.best.step_time_s * (1 + RELU_BITS_GAIN) > \
+            planned.chosen.best.step_time_s:
+        planned.other_bits = without
+        return planned
+    without.measure_least, without.other_bits = planned.measure_least, planned
+    return without
+
+
+def _plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
+               remeasure: bool) -> StepPlan:
+    """plan_step with the ReLU bit masks of `options` as they are."""
     batch, budget = spec.batch, int(spec.memory_budget)
     relu_bits = options.get("relu_bits", frozenset())
     counts = step_counts(net, spec)
@@ -205,6 +241,18 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
         return unchanged
     return StepPlan(split=split, chosen=best, first=chosen, remeasured=best_plan,
                     measure_least=least)
+
+
+def relu_bits_note(planned: StepPlan) -> str | None:
+    """A line saying that the chosen plan leaves off the ReLU bit masks asked for, and why
+    (None when it keeps them, or nothing else was weighed)."""
+    other = planned.other_bits
+    if other is None or planned.relu_bits or planned.chosen is None:
+        return None
+    return (f"ReLU bit masks left off ({len(other.relu_bits)} ReLUs could keep them): the plan "
+            f"without them predicts {planned.chosen.best.step_time_s * 1e3:.1f} ms a step, "
+            f"with them {other.chosen.best.step_time_s * 1e3:.1f} ms (a ReLU that keeps its "
+            f"output can be applied in its convolution's epilogue)")
 
 
 #: Options whose step, from the scaled profile, is within this fraction of the chosen one's

@@ -92,12 +92,24 @@ def float32_math(config: dict) -> str:
 
 
 def forced_chunks(spec: dict) -> dict:
-    """build_executor's options for a minidnn row with --minidnn-chunks: one pass, the layer
-    chunks given (dyn plans the rest); none for the other rows."""
+    """build_executor's options for a minidnn row with --minidnn-chunks (one pass, the layer
+    chunks given) or --minidnn-split (K passes, and the layer chunks after a '/'): dyn plans
+    the rest; none for the other rows."""
+    from minidnn.argtypes import layer_chunks
+    if spec.get("forced_split"):
+        count, _, chunks = spec["forced_split"].partition("/")
+        return {"micro_batches": int(count), "chunks": layer_chunks(chunks) if chunks else ()}
     if not spec.get("forced_chunks"):
         return {}
-    from minidnn.argtypes import layer_chunks
     return {"micro_batches": 1, "chunks": layer_chunks(spec["forced_chunks"])}
+
+
+def _describe_split(forced: str | None) -> str:
+    """' --micro-batches 4 --chunks none' and the like, for a --minidnn-split row."""
+    if not forced:
+        return ""
+    count, _, chunks = forced.partition("/")
+    return f" --micro-batches {count} --chunks {chunks or 'none'}"
 
 
 def describe(config: dict) -> str:
@@ -110,7 +122,8 @@ def describe(config: dict) -> str:
         return "minidnn dyn" + (" --relu-bits" if config.get("relu_bits") else "") + \
             (" --split-batch-statistics" if config.get("split_statistics") else "") + \
             (" --precision bf16" if bf16 else "") + \
-            (f" --micro-batches 1 --chunks {forced}" if forced else "")
+            (f" --micro-batches 1 --chunks {forced}" if forced else "") + \
+            _describe_split(config.get("forced_split"))
     parts = ["NCHW" if config["layout"] == "nchw" else "channels_last"]
     if config["accumulate"] > 1:
         parts.append(f"accumulation {config['accumulate']}")
@@ -364,6 +377,9 @@ def parse_args(argv):
     p.add_argument("--minidnn-chunks", default="", metavar="FIRST:LAST:PIECES;...",
                    help="also run minidnn in one pass with these layer chunks (as train "
                         "--micro-batches 1 --chunks; ';' between runs of minidnn)")
+    p.add_argument("--minidnn-split", default="", metavar="K[/FIRST:LAST:PIECES];...",
+                   help="also run minidnn in K passes, with these layer chunks or none (as "
+                        "train --micro-batches K --chunks; ';' between runs of minidnn)")
     p.add_argument("--only", choices=("minidnn", "torch"), default=None)
     p.add_argument("--warmup", type=int, default=4,
                    help="untimed steps; minidnn captures a CUDA graph per input batch (two "
@@ -405,6 +421,7 @@ def specs_for(args, cap: int, image: int) -> list[dict]:
         if args.split_batch_statistics:   # as PyTorch's accumulation splits them
             specs.append(dict(mini, split_statistics=True))
         specs += [dict(mini, forced_chunks=c) for c in args.minidnn_chunks.split(";") if c]
+        specs += [dict(mini, forced_split=c) for c in args.minidnn_split.split(";") if c]
     if args.only != "minidnn":
         specs += [dict(base, **c)
                   for c in torch_configs(ints(args.accumulate), ints(args.segments),

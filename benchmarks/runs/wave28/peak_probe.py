@@ -79,7 +79,7 @@ def dump(title, arena, blocks, request=None):
 net = models.build(args.model, num_classes=1000, image_size=args.image_size)
 policy = DynPolicy()
 ex = build_executor(net, args.batch, device=args.device, seed=0, policy=policy, memory_budget=args.budget,
-                    math="bf16", precision="bf16", relu_bits=args.masks != "off",
+                    math="tf32", precision="bf16", relu_bits=args.masks != "off",
                     split_batch_statistics=args.split_batch_statistics)
 best = policy.result.best
 names = [n.name for n in policy.result.model.plan.nodes]

@@ -28,6 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import idx
+
+# What every batch is, whatever the maps a step stores: images x and labels y (an executor
+# with bf16 maps converts x into its own data buffer). A plan that counts the batches a caller
+# holds on the device counts them at these (planner/step_model.py).
+IMAGE_DTYPE, LABEL_DTYPE = np.dtype(np.float32), np.dtype(np.int64)
 from .augment import AUGMENT_STREAM, Augment
 from .errors import ConfigError, DataError
 
@@ -97,8 +102,8 @@ class Shapes(Dataset):
 
     def get_batch(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
-        x = np.empty((len(indices),) + self.image_shape, dtype=np.float32)
-        y = np.empty(len(indices), dtype=np.int64)
+        x = np.empty((len(indices),) + self.image_shape, dtype=IMAGE_DTYPE)
+        y = np.empty(len(indices), dtype=LABEL_DTYPE)
         for j, i in enumerate(indices):
             if not 0 <= i < self.n:
                 raise IndexError(f"Shapes({self.split}) has {self.n} examples, asked for {i}")
@@ -176,8 +181,8 @@ class SyntheticImages(Dataset):
 
     def get_batch(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
-        x = np.empty((len(indices),) + self.image_shape, dtype=np.float32)
-        y = np.empty(len(indices), dtype=np.int64)
+        x = np.empty((len(indices),) + self.image_shape, dtype=IMAGE_DTYPE)
+        y = np.empty(len(indices), dtype=LABEL_DTYPE)
         for j, i in enumerate(indices):
             rng = np.random.default_rng([self.seed, int(i)])
             y[j] = rng.integers(self.num_classes)
@@ -195,8 +200,8 @@ class SyntheticImages(Dataset):
         with device.compute:
             for k in range(count):
                 rs = xp.random.RandomState(self.seed * 1000003 + k)
-                x = rs.standard_normal((batch,) + self.image_shape, dtype=np.float32)
-                y = rs.randint(0, self.num_classes, size=(batch,)).astype(np.int64)
+                x = rs.standard_normal((batch,) + self.image_shape, dtype=IMAGE_DTYPE)
+                y = rs.randint(0, self.num_classes, size=(batch,)).astype(LABEL_DTYPE)
                 out.append((x, y))
         return out
 
@@ -280,8 +285,8 @@ class ImageFolder(Dataset):
 
     def get_batch(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
-        x = np.empty((len(indices),) + self.image_shape, dtype=np.float32)
-        y = np.empty(len(indices), dtype=np.int64)
+        x = np.empty((len(indices),) + self.image_shape, dtype=IMAGE_DTYPE)
+        y = np.empty(len(indices), dtype=LABEL_DTYPE)
         for j, i in enumerate(indices):
             path, y[j] = self.samples[int(i)]
             x[j] = self.load(path)

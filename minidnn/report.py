@@ -120,6 +120,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "device_name": ex.device.name,
         "policy": cfg.policy,
         "relu_bits": cfg.relu_bits,
+        # the ReLUs that kept bit masks (under a budget dyn may leave those asked for off)
+        "relu_bits_kept": sorted(ex.decision.relu_bits),
         "fuse": cfg.fuse,
         "precision": ex.maps.precision,
         "layout": ex.maps.layout,

@@ -90,3 +90,25 @@ def test_plan_says_which_masks_the_step_keeps(policy, kept):
     assert out["relu_bits"] == (sorted(relu_bits_for(vgg16())) if kept else [])
     left_off = [n for n in out["notes"] if n.startswith("ReLU bit masks left off")]
     assert bool(left_off) != kept
+
+
+def test_a_run_says_it_left_the_masks_off_and_trains_in_its_budget(tmp_path, monkeypatch):
+    """`minidnn train --policy dyn --relu-bits` on the CPU, dyn planning from the H200's model
+    (as `plan --gpu h200`): a small VGG in 8 MiB runs without the masks, says so in a note
+    and in its report, and stays inside the budget."""
+    import os
+
+    from minidnn.train import TrainConfig, train
+    monkeypatch.setattr(dyn, "DynPolicy", functools.partial(dyn.DynPolicy, gpu="h200"))
+    model = os.path.join(os.path.dirname(__file__), "matrix_models", "tiny_vgg.py")
+    budget = 8 * 2**20
+    cfg = TrainConfig(model=model, batch=64, image_size=32, num_classes=10, steps=2,
+                      device="cpu", data="synthetic", policy="dyn", relu_bits=True,
+                      memory_budget=budget, eval_every=0, progress=False,
+                      report=str(tmp_path / "run.json"))
+    lines = []
+    train(cfg, log=lines.append)
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["relu_bits"] is True and report["relu_bits_kept"] == []
+    assert any(line.startswith("note: ReLU bit masks left off") for line in lines)
+    assert report["peak_device_bytes"] <= budget

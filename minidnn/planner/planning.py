@@ -252,7 +252,8 @@ def relu_bits_note(planned: StepPlan) -> str | None:
     return (f"ReLU bit masks left off ({len(other.relu_bits)} ReLUs could keep them): the plan "
             f"without them predicts {planned.chosen.best.step_time_s * 1e3:.1f} ms a step, "
             f"with them {other.chosen.best.step_time_s * 1e3:.1f} ms (a ReLU that keeps its "
-            f"output can be applied in its convolution's epilogue)")
+            f"output can be applied in its convolution's epilogue); the options weighed are "
+            f"those without them, the least budget is the one with them")
 
 
 #: Options whose step, from the scaled profile, is within this fraction of the chosen one's

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import idx
+from .augment import AUGMENT_STREAM, Augment
+from .errors import ConfigError, DataError
 
 # What every batch is, whatever the maps a step stores: images x and labels y (an executor
 # with bf16 maps converts x into its own data buffer). A plan that counts the batches a caller
 # holds on the device counts them at these (planner/step_model.py).
 IMAGE_DTYPE, LABEL_DTYPE = np.dtype(np.float32), np.dtype(np.int64)
-from .augment import AUGMENT_STREAM, Augment
-from .errors import ConfigError, DataError
 
 
 class Dataset:

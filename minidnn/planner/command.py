@@ -427,7 +427,8 @@ def make_plan(args) -> dict:
     planned = plan_step(net, spec, source, maps, lookaheads, options, weigh_relu_bits=dyn)
     if planned.chosen is None and dyn:
         raise planned.infeasible_error()
-    notes += [n for n in (relu_bits_note(planned),) if n]
+    bits_note = relu_bits_note(planned)
+    notes += [bits_note] if bits_note else []
     options["relu_bits"] = planned.relu_bits
     # BatchNorm keeping one pass: what --split-batch-statistics would give, where that is much
     note = statistics_note(net, spec, planned.chosen.best.step_time_s, source, maps,

@@ -110,8 +110,8 @@ class Profile:
     accumulate_s: device time of adding every parameter's gradient into another once (what a
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
     64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds
-    to in place (Layer.adds_in_place), a third of that (the product reads it once more; the
-    add read it twice and wrote it once); 0 in profiles measured before it was.
+    to in place (Layer.adds_in_place), IN_PLACE_ADD_SHARE of that; 0 in profiles measured
+    before it was.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
@@ -335,6 +335,19 @@ def optimizer_transient_bytes(net) -> int:
     then `lr * v`), so the largest parameter's bytes."""
     sizes = [numel(p.shape) * net.dtype.itemsize for _, p in net.parameters()]
     return max(sizes) if sizes else 0
+
+
+#: What adding a gradient its layer adds to in place costs (Layer.adds_in_place), as a share
+#: of adding it apart: its product reads it once more, where an add reads two arrays and
+#: writes one.
+IN_PLACE_ADD_SHARE = 1 / 3
+
+
+def in_place_gradients(net) -> frozenset:
+    """The qualified names (net.parameters()'s) of the parameters whose layer adds their
+    gradient in place (Layer.adds_in_place: a fully connected layer's weight)."""
+    return frozenset(f"{layer.name}.{key}" for layer in net.layers()
+                     for key in layer.adds_in_place)
 
 
 def param_bytes(net) -> int:

@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..memory.plan import LivenessPlan
 from ..network import Network
 from ..kernels.math_mode import MATH_MODES
-from .costs import ALGOS, LayerCost, Profile, numel, structure_hash
+from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
+                    numel, structure_hash)
 
 GB = 1e9
 GiB = 1024 ** 3
@@ -265,9 +266,9 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
     layers = {node.name: layer_cost(node, gpu, math) for node in net.nodes}
     params = [p for _, p in net.parameters()]
     pbytes = sum(numel(p.shape) for p in params) * net.dtype.itemsize
-    # Gradients their layer adds to in place cost one read where an add reads 2, writes 1.
-    in_place = sum(numel(layer.params[key].shape) for layer in net.layers()
-                   for key in layer.adds_in_place) * net.dtype.itemsize
+    added = in_place_gradients(net)
+    in_place = sum(numel(p.shape) for name, p in net.parameters() if name in added) * \
+        net.dtype.itemsize
     notes = []
     if used_math != math:
         notes.append(f"{gpu.name} has no TF32: convolutions and matrix products modelled in "
@@ -279,7 +280,8 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
         duplex_bw=gpu.duplex_bw, layers=layers, optimizer_s=opt_s,
-        accumulate_s=_memory_bound(gpu, 3 * (pbytes - in_place) + in_place, len(params)),
+        accumulate_s=_memory_bound(   # an add reads 2 arrays and writes 1
+            gpu, 3 * (pbytes - in_place + IN_PLACE_ADD_SHARE * in_place), len(params)),
         optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,
         key_fields={"structure": structure_hash(net, batch, relu_bits), "gpu": gpu.name,
                     "math": used_math},

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from ..backend import Device, select_device
@@ -195,26 +195,23 @@ def plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
     faster. The least budget stays the masks' (they only free memory).
 
     Returns the StepPlan (its relu_bits: the ReLUs the chosen plan keeps bit masks for)."""
-    bits = frozenset(options.get("relu_bits", frozenset()))
     planned = _plan_step(net, spec, source, maps, lookaheads, options, remeasure)
-    planned.relu_bits = bits
-    if not (weigh_relu_bits and bits and source.profile is None and planned.chosen):
+    if not (weigh_relu_bits and planned.relu_bits and source.profile is None and
+            planned.chosen):
         return planned
     without = _plan_step(net, spec, source, maps, lookaheads,
                          dict(options, relu_bits=frozenset()), remeasure)
     if without.chosen is None or without.chosen.best.step_time_s * (1 + RELU_BITS_GAIN) > \
             planned.chosen.best.step_time_s:
-        planned.other_bits = without
-        return planned
-    without.measure_least, without.other_bits = planned.measure_least, planned
-    return without
+        return replace(planned, other_bits=without)
+    return replace(without, measure_least=planned.measure_least, other_bits=planned)
 
 
 def _plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict,
                remeasure: bool) -> StepPlan:
     """plan_step with the ReLU bit masks of `options` as they are."""
     batch, budget = spec.batch, int(spec.memory_budget)
-    relu_bits = options.get("relu_bits", frozenset())
+    relu_bits = frozenset(options.get("relu_bits", frozenset()))
     counts = step_counts(net, spec)
     # What every split below is planned with, besides its profiles, counts and chunks (under
     # deterministic mode every pass and chunk piece is whole slices: layers/slices.py).
@@ -225,7 +222,8 @@ def _plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict
     least = partial(least_budget, net, batch, scaled, budget, lookaheads, counts=counts,
                     chunks=spec.chunks, **common)
     chosen = split.chosen
-    unchanged = StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least)
+    unchanged = StepPlan(split=split, chosen=chosen, first=chosen, measure_least=least,
+                         relu_bits=relu_bits)
     if chosen is None or not source.measures or not remeasure:
         return unchanged
     # The one-pass option is planned from the step's own profile; it stands as it is.
@@ -240,7 +238,7 @@ def _plan_step(net, spec, source: ProfileSource, maps, lookaheads, options: dict
     if best_plan is None:
         return unchanged
     return StepPlan(split=split, chosen=best, first=chosen, remeasured=best_plan,
-                    measure_least=least)
+                    measure_least=least, relu_bits=relu_bits)
 
 
 def relu_bits_note(planned: StepPlan) -> str | None:

@@ -47,7 +47,8 @@ from ..memory.plan import LivenessPlan
 from ..network import LABEL
 from ..kernels.math_mode import kernel_settings
 from ..version import __version__
-from .costs import ALGOS, LayerCost, Profile, structure_hash
+from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
+                    structure_hash)
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
@@ -452,12 +453,12 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
     """(device seconds, host seconds) of one SGD step (momentum, weight decay) over arrays
     shaped like the network's parameters, and the device seconds of adding each gradient into
     another once, as a micro-batch after a step's first does (executor.py: the kernels' add,
-    out in place); a third of that for a gradient its layer adds to in place (its product
-    reads it once more: Profile.accumulate_s)."""
+    out in place); costs.IN_PLACE_ADD_SHARE of that for a gradient its layer adds to in
+    place (Profile.accumulate_s)."""
     from ..optim import SGD
     kernels = kernel_modules.for_device(device)
     xp = device.xp
-    in_place = {f"{layer.name}.{key}" for layer in net.layers() for key in layer.adds_in_place}
+    in_place = in_place_gradients(net)
     params = []
     with device.compute:
         for name, p in net.parameters():
@@ -472,7 +473,7 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
             for q in group:
                 kernels.add(q.data, q.grad, q.data)
         adds_s = 0.0
-        for share, added in ((1.0, False), (1 / 3, True)):
+        for share, added in ((1.0, False), (IN_PLACE_ADD_SHARE, True)):
             group = [q for name, q in params if (name in in_place) == added]
             if group:
                 adds_s += share * _Clock(device)(lambda: adds(group), repeats)[0]

@@ -17,8 +17,9 @@ walked in one order.
 The update itself is a kernel op, `sgd_update` (kernels/cpu.py: the NumPy reference, one
 array operation at a time; kernels/cuda_sgd.py: all parameters of a dtype in one fused launch,
 the same bits). The optimizer takes the kernel module of its device (`kernels=ex.kernels`;
-by default the one of the parameters' array module). The first step
-with momentum, which has no buffer yet (v = g), runs here, one operation at a time.
+by default the one of the parameters' array module). The first step with momentum, which
+has no buffer yet (v = g), builds each buffer in place and then updates through the same
+kernel op: on the GPU no step, the first included, takes a temporary the size of a parameter.
 
 The learning rate on the GPU. The fused kernel reads the rate from device memory (the
 kernels' DeviceRate, kept in the optimizer's launch cache), so a step replayed from a CUDA
@@ -127,21 +128,27 @@ class SGD:
         if ready:
             update = self._sgd_update(ready[0][0])
             update(ready, self.lr, self.momentum, self.weight_decay, cache=self._launches)
-        for name, p in first:
-            self._first_step(name, p)
+        if first:
+            self._first_step(first)
 
-    def _first_step(self, name: str, p) -> None:
-        """A parameter's step with momentum before it has a buffer: v = grad + wd * w (a
-        copy), then w -= lr * v, the reference's update without momentum or weight decay (the
-        same operations as a later step's). One temporary the size of the parameter at a time
-        (the largest counts against the memory budget: planner/costs.py)."""
-        w, g = p.data, p.grad
-        if self.weight_decay:
-            g = w * w.dtype.type(self.weight_decay)
-            g += p.grad
-        v = self.velocity[name] = self._new_velocity(name, w, g)
-        del g                                    # the temporary goes before the next one
-        _cpu_kernels.sgd_update([(w, v, None)], self.lr, 0.0, 0.0)
+    def _first_step(self, first) -> None:
+        """The step of the parameters [(name, Parameter)] that have no momentum buffer yet:
+        v = grad + wd * w, computed in the buffer itself (w * wd, then + grad: the operations
+        of a later step), then w -= lr * v by `sgd_update` without momentum or weight decay.
+        No temporary on the GPU, whose update is one fused launch: the first step takes the
+        memory of every later one (the step model counts no optimizer temporary)."""
+        steps = []
+        for name, p in first:
+            w, g = p.data, p.grad
+            if self.weight_decay:
+                v = self._new_velocity(name, w, w)
+                v *= w.dtype.type(self.weight_decay)
+                v += g
+            else:
+                v = self._new_velocity(name, w, g)
+            self.velocity[name] = v
+            steps.append((w, v, None))
+        self._sgd_update(steps[0][0])(steps, self.lr, 0.0, 0.0)
 
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,

@@ -15,12 +15,14 @@ NET = dict(model="tiny_cnn", batch=256, image_size=32, num_classes=10)
 
 
 def plan_json(*argv) -> dict:
+    """`minidnn plan --gpu h200 --relu-bits --json` of NET, with feature maps laid out as a
+    run on the CPU lays them out (NCHW)."""
     parser = argparse.ArgumentParser(prog="minidnn")
     command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["plan", "--model", NET["model"], "--batch", str(NET["batch"]),
                               "--image-size", str(NET["image_size"]), "--num-classes",
                               str(NET["num_classes"]), "--gpu", "h200", "--relu-bits",
-                              "--json", *argv])
+                              "--layout", "nchw", "--json", *argv])
     lines = []
     assert command.run(args, out=lines.append) == 0
     return json.loads("\n".join(lines))

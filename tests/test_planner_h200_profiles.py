@@ -39,17 +39,21 @@ def test_vgg16_b256_in_12_gib_plans_at_least_as_fast_as_the_measured_plan():
     assert floor is not None and best.step_time_s < floor.step_time_s
 
 
-def test_vgg16_b256_in_12_gib_recomputes_conv1_1_instead_of_copying_it():
+def test_vgg16_b256_in_11_6_gib_recomputes_conv1_1_instead_of_copying_it():
     """conv1_1 reads the 3-channel image: running it again in backward costs a few ms, its
     3.06 GiB output's copies cost about 56 ms each way, and the prefetch could not hide. At
-    d9cfe81 this plan predicted 239.8 ms and the run measured 236.3 ms, peak 9.69 GiB."""
+    d9cfe81 this plan, then made for 12 GiB, predicted 239.8 ms and the run measured 236.3
+    ms, peak 9.69 GiB. The step model then counted a temporary of fc6's weight (392 MiB) for
+    the optimizer's first update, which takes none now (optim.py): 12 GiB less that is the
+    same plan's budget today, and 12 GiB keeps conv1_1."""
+    budget = int(11.6 * GiB)
     net, prof, bits = network("vgg16", 256)
-    offload_only, _ = plan_lookaheads(net, 256, prof, 12 * GiB, recompute=False,
+    offload_only, _ = plan_lookaheads(net, 256, prof, budget, recompute=False,
                                       relu_bits=bits)
-    result, lookahead = plan_lookaheads(net, 256, prof, 12 * GiB, relu_bits=bits)
+    result, lookahead = plan_lookaheads(net, 256, prof, budget, relu_bits=bits)
     best = result.best
     plan = result.model.plan
-    assert best.fits and best.peak_bytes <= 12 * GiB
+    assert best.fits and best.peak_bytes <= budget
     assert plan.storage_of("conv1_1").id in best.recompute
     assert best.step_time_s <= 0.2398 * 1.005
     assert best.step_time_s < 0.9 * offload_only.best.step_time_s

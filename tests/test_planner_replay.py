@@ -118,7 +118,7 @@ def test_replayed_evaluations_equal_walked_ones(name, budget, options):
         _same_evaluation(fast.evaluate(*decision), walked.evaluate(*decision))
 
 
-@pytest.mark.parametrize("name,budget", [("vgg16", 580 * 2**20), ("resnet18", 158 * 2**20)])
+@pytest.mark.parametrize("name,budget", [("vgg16", 516 * 2**20), ("resnet18", 150 * 2**20)])
 def test_plans_are_the_same_with_and_without_replay(name, budget, monkeypatch):
     from minidnn.planner.search import Planner
     net = models.build(name, num_classes=10, image_size=64)

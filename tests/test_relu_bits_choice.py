@@ -26,10 +26,12 @@ def vgg16():
     return models.build("vgg16", num_classes=1000)
 
 
-def planned(budget: int, weigh: bool = True):
-    """plan_step of VGG-16 b256 TF32 (channels last), asked for bit masks, from the model."""
+def planned(budget: int, weigh: bool = True, micro_batches: int | None = None):
+    """plan_step of VGG-16 b256 TF32 (channels last), asked for bit masks, from the model;
+    micro_batches: that many passes (None: dyn's choice)."""
     net = vgg16()
-    spec = StepSpec(batch=256, policy="dyn", memory_budget=budget, relu_bits=True)
+    spec = StepSpec(batch=256, policy="dyn", memory_budget=budget, relu_bits=True,
+                    micro_batches=micro_batches)
     options = dict(relu_bits=relu_bits_for(net), input_batches=dyn.RUN_INPUT_BATCHES)
     return plan_step(net, spec, ProfileSource(gpu="h200"), MapFormat("nhwc", "fp32"),
                      LOOKAHEADS, options, weigh_relu_bits=weigh)
@@ -50,8 +52,10 @@ def test_a_budget_both_fit_runs_the_faster_plan_without_the_masks():
 
 
 def test_a_budget_only_the_masks_fit_keeps_them():
-    least = planned(4 * GiB).least_budget()
-    step = planned(least)
+    # In 8 passes of 32 the maps hold much of the step (dyn's least budget, 64 passes of 4,
+    # is mostly parameters: there the plan without the masks fits as well, and is faster).
+    least = planned(4 * GiB, micro_batches=8).least_budget()
+    step = planned(least, micro_batches=8)
     assert step.relu_bits == relu_bits_for(vgg16())
     assert step.chosen.best.fits and step.chosen.best.peak_bytes <= least
     assert step.other_bits.chosen is None       # without the masks nothing fits

@@ -163,9 +163,11 @@ def test_kernels_given_make_one_call_per_step_with_a_kept_cache():
     for _ in range(3):
         draw_grads(params, rng)
         opt.step()
-    # The first step has no momentum buffers yet (v = g, the optimizer's own path).
-    assert [n for n, _ in calls] == [len(params)] * 2
-    assert calls[0][1] is calls[1][1] is opt._launches
+    # The first step has no momentum buffers yet: v = g is built in each buffer, then one
+    # call without momentum and without the cache (its launch table is of other arrays).
+    assert [n for n, _ in calls] == [len(params)] * 3
+    assert calls[0][1] is None
+    assert calls[1][1] is calls[2][1] is opt._launches
 
 
 def test_default_kernels_are_the_reference_for_numpy_parameters():

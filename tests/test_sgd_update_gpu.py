@@ -150,3 +150,39 @@ def test_sgd_on_gpu_matches_sgd_on_cpu(dtype, momentum, weight_decay):
         assert bits(pd.data) == bits(ph.data)
     for name, v in opt_h.velocity.items():
         assert bits(opt_d.velocity[name]) == bits(v)
+
+
+def test_the_first_step_takes_no_temporary_from_the_arena(monkeypatch):
+    """The first step with momentum and weight decay builds each momentum buffer in place and
+    updates through the fused kernel: no block of a parameter's size is taken from the
+    executor's arena (the step model counts no optimizer temporary: planner/step_model.py).
+    A temporary of `w * wd` or `lr * v` would be fc's 4 MiB weight; the kernel's launch table
+    and learning rate take a few hundred bytes."""
+    from minidnn.decide import build_executor
+    from minidnn.layers import Conv2d, Flatten, Linear, ReLU
+    from minidnn.memory import arena as arena_module
+    from minidnn.network import Network
+
+    net = Network.sequential((3, 32, 32), [
+        Conv2d(8, 3, padding=1, name="conv"), ReLU(name="relu"), Flatten(name="flat"),
+        Linear(128, name="fc")], num_classes=128)
+    taken = []
+    take = arena_module.Arena._take
+
+    def noting(self, nbytes, where):
+        taken.append(nbytes)
+        return take(self, nbytes, where)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
+    with build_executor(net, 4, device="gpu", seed=0, graphs=False) as ex:
+        opt = SGD(ex.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4,
+                  allocator=ex.allocator, kernels=ex.kernels)
+        ex.forward(x, rng.integers(0, 128, 4))
+        ex.backward()
+        monkeypatch.setattr(arena_module.Arena, "_take", noting)
+        opt.step()
+        monkeypatch.undo()
+        assert set(opt.velocity) == {name for name, _ in ex.parameters()}
+        del opt
+    assert taken and max(taken) < 64 * 1024, taken

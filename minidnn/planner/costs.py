@@ -330,13 +330,6 @@ def accumulation_bytes(layer, params, phase: str, micro_batches: int, piece=None
     return in_arena * grads if batch_slice is not None and rows > batch_slice else 0
 
 
-def optimizer_transient_bytes(net) -> int:
-    """SGD (optim.py) updates each parameter through one temporary of its size (`wd * w`,
-    then `lr * v`), so the largest parameter's bytes."""
-    sizes = [numel(p.shape) * net.dtype.itemsize for _, p in net.parameters()]
-    return max(sizes) if sizes else 0
-
-
 #: What adding a gradient its layer adds to in place costs (Layer.adds_in_place), as a share
 #: of adding it apart: its product reads it once more, where an add reads two arrays and
 #: writes one.

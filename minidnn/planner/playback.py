@@ -8,7 +8,7 @@ of the duplex bandwidth). The device arena is replayed as the GPU sees it (Arena
 block freed behind a copy stays in use until the copy has finished by the host's clock, and
 an allocation over the budget makes the host wait for the oldest such copy.
 
-    timeline = Timeline(profile, budget, start_bytes, optimizer_bytes, issued=True)
+    timeline = Timeline(profile, budget, start_bytes, issued=True)
     result = timeline.play(log, costs)       # {'step', 'peak', 'calls', 'copies', ...}
 
 The log holds tens of thousands of entries per decision: `play` keeps its hottest state (the
@@ -135,17 +135,15 @@ class CopyLinks:
 
 class Timeline:
     """One playback of a log (see the module docstring). budget: the arena's bytes (None: no
-    limit); start_bytes: held before the step; optimizer_bytes: the optimizer's
-    temporaries; issued=False: a step replayed from a CUDA graph, whose calls and update
+    limit); start_bytes: held before the step (the optimizer's update takes no temporary:
+    optim.py); issued=False: a step replayed from a CUDA graph, whose calls and update
     cost the host nothing."""
 
-    def __init__(self, profile, budget, start_bytes: int, optimizer_bytes: int,
-                 issued: bool = True):
+    def __init__(self, profile, budget, start_bytes: int, issued: bool = True):
         self.profile = profile
         self.arena = ArenaReplay(float("inf") if budget is None else float(budget),
                                  start_bytes)
         self.links = CopyLinks(profile)
-        self.optimizer_bytes = optimizer_bytes
         self.issued = issued
         self.tail = {"compute": 0.0, "offload": 0.0, "prefetch": 0.0}   # each stream's end
         self.calls: dict = {}        # call -> (start, end, idle before it on compute)
@@ -212,7 +210,6 @@ class Timeline:
             prof = self.profile
             if self.issued:
                 host += prof.optimizer_host_s
-            host = self.arena.transient(self.optimizer_bytes, host)
             start = max(host, tail[s])
             tail[s] = self.last_work = start + prof.optimizer_s
             self.busy += prof.optimizer_s

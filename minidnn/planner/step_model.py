@@ -27,8 +27,9 @@ and are replayed from its log (planner/replay.py); the log is then played agains
 
 Two peaks come out. `required_bytes` is what must fit for the step not to fail: every level
 of the dry run (parameters, gradients, the feature-map region or the live blocks, copies
-reclaimed at once) plus the call's workspace and temporaries, plus the optimizer's momentum,
-the input batches the data source keeps on the device, and the optimizer's temporaries.
+reclaimed at once) plus the call's workspace and temporaries, plus the optimizer's momentum
+and the input batches the data source keeps on the device (the update itself takes no
+temporary: optim.py).
 `peak_bytes` is what the arena will report. With the static layout the two agree; with
 blocks allocated at run time the host runs ahead of the GPU, so blocks behind unfinished
 copies pile up until the budget makes the host wait.
@@ -63,7 +64,7 @@ from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
 from .costs import (ALGOS, Profile, accumulation_bytes, bias_sums_bytes, gradient_copy_bytes,
-                    handed_sums_bytes, numel, optimizer_transient_bytes, param_bytes,
+                    handed_sums_bytes, numel, param_bytes,
                     transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
@@ -327,7 +328,6 @@ class StepModel:
             (loss_ring_bytes(loss_dtype) if self.graphs else 0)
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes + \
             self.loss_bytes
-        self.optimizer_transient = counted * optimizer_transient_bytes(net)
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
@@ -509,8 +509,7 @@ class StepModel:
                               (offload, recompute, algos), workspace)
         if region is None:
             return None
-        return self.param_grad_bytes + aligned(max(region, 1)) + \
-            self.optimizer_transient + self.extra_bytes
+        return self.param_grad_bytes + aligned(max(region, 1)) + self.extra_bytes
 
     def least_required(self, offload: frozenset, conv_algo: dict,
                        recompute: frozenset) -> int | None:
@@ -518,16 +517,15 @@ class StepModel:
         alone (one dry walk of the step, no packing, no timing; the walk is kept for the
         evaluation that follows when the bound fits): the step
         holds the parameters, their gradients and the feature-map region, and the region is
-        at least the most bytes its blocks have alive at once; the optimizer's update adds
-        its temporaries, the momentum and the input batches. None without a static layout."""
+        at least the most bytes its blocks have alive at once; the momentum and the input
+        batches add theirs. None without a static layout."""
         if not self.static_layout:
             return None
         with collector_paused():
             walk = self._walk(offload, conv_algo, recompute)
         self._walked = (self.key(offload, conv_algo, recompute), walk)
         region = live_peak(walk.recording.intervals)
-        return self.param_grad_bytes + aligned(max(region, 1)) + \
-            self.optimizer_transient + self.extra_bytes
+        return self.param_grad_bytes + aligned(max(region, 1)) + self.extra_bytes
 
     def workspace_blocks(self, conv_algo: dict, recompute=frozenset()) -> dict:
         """{(conv name, phase): bytes} the static layout plans for these plan settings (none
@@ -619,7 +617,7 @@ class StepModel:
             fm_levels[(phase, i)] = fm_bytes
         resident = rec.residency()
         candidates = dict(levels)
-        candidates["optimizer"] = held + self.optimizer_transient + self.extra_bytes
+        candidates["optimizer"] = held + self.extra_bytes
         candidates["allocation"] = dry_peak + self.extra_bytes
         peak_point = max(candidates, key=lambda k: candidates[k])
         required = int(candidates[peak_point])
@@ -627,7 +625,7 @@ class StepModel:
 
         replayed = self.graphs and capturable(bool(offload), self.static_layout)
         t = Timeline(self.profile, self.budget, held + self.extra_bytes,
-                     self.optimizer_transient, issued=not replayed).play(log, costs)
+                     issued=not replayed).play(log, costs)
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes,

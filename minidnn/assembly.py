@@ -55,7 +55,7 @@ SET_UP = ("net", "spec", "decision", "batch", "batch_offset", "global_batch", "d
           "_relu_in_bn", "_relu_done", "_relu_in_add", "_relu_in_conv", "_relu_forward_done",
           "_add_in_bn", "_add_done", "_relu_in_pool", "_relu_mask_done", "_relu_before_pool",
           "_pool_bias", "_bias_in_pool",
-          "_add_grad_to", "_grad_handed", "_sums_handed")
+          "_add_grad_to", "_grad_handed", "_sums_handed", "_gathered")
 
 
 @dataclass
@@ -183,6 +183,7 @@ class Assembly:
         deferred_sums = self._add_sum()
         self._add_grad_to, self._grad_handed = self._bn_grad()
         self._sums_handed = self._bn_sums()
+        self._gathered = self._gathered_layers()
         self.allocator = dry.allocator if dry.allocator is not None else \
             self._make_allocator(self.memory_budget)
         self._place_parameters()
@@ -435,6 +436,21 @@ class Assembly:
                               f"step's plan has {dict(sorted(planned.items()))} "
                               f"(minidnn/fusion.py)")
         return planned
+
+    def _gathered_layers(self) -> dict:
+        """{node index: node} of the fully connected layers whose parameter gradients a
+        split step computes once (the decision's gathered, minidnn/gathered.py); none in a
+        step of one pass."""
+        if not self.decision.gathered or self.micro_batches == 1:
+            return {}
+        index = {node.name: i for i, node in enumerate(self.plan.nodes)}
+        wrong = sorted(name for name in self.decision.gathered
+                       if name not in index or self.plan.nodes[index[name]].layer.kind !=
+                       "linear" or self.plan.nodes[index[name]].piece is not None)
+        if wrong:
+            raise ConfigError(f"the decision gathers the gradients of {wrong}, which are not "
+                              f"fully connected layers of this step (minidnn/gathered.py)")
+        return {index[name]: self.plan.nodes[index[name]] for name in self.decision.gathered}
 
     def _bias_relu(self) -> tuple:
         """(convolutions whose bias the ReLU after them adds, {ReLU name: that bias

@@ -133,8 +133,9 @@ def _add_memory_arguments(t, d: TrainConfig) -> None:
                         "whole batch: feature maps of batch/K, while weights, their gradients "
                         "and momentum do not shrink, and each pass after the first sums a "
                         "convolution's weight gradients through a temporary as large as its "
-                        "weights (a fully connected layer's product adds them in place) "
-                        "(default: 1)")
+                        "weights (a fully connected layer's are computed once a step from "
+                        "the rows of its input and output gradient every pass keeps, where "
+                        "those are smaller than its weight) (default: 1)")
     t.add_argument("--chunks", type=argtypes.layer_chunks, default=None,
                    metavar="FIRST:LAST:PIECES",
                    help="run the layers FIRST..LAST of each pass in PIECES pieces of its "

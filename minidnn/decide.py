@@ -31,6 +31,7 @@ from .kernels.mapformat import MapFormat, map_layout
 from .fusion import (add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs,
                      bn_relu_pairs, bn_sums_pairs, conv_relu_pairs, pool_bias_pairs,
                      pool_relu_forward_pairs, pool_relu_pairs)
+from .gathered import gathered_layers
 from .memory.plan import LivenessPlan
 from .memory.policy import MemoryDecision, Policy, get_policy as _registered_policy, \
     policy_names as _registered_names, relu_bits_for
@@ -112,7 +113,8 @@ def decide(net, spec: StepSpec | int, device=None, **settings) -> MemoryDecision
                    pool_relu_forward=pool_relu_forward_pairs(plan, bool(spec.deterministic))
                    if spec.fuse else {},
                    pool_bias=pool_bias_pairs(plan, bool(spec.deterministic)) if spec.fuse
-                   else {}, spec=spec)
+                   else {}, gathered=gathered_layers(plan, decision.micro_batches, spec),
+                   spec=spec)
 
 
 # The policies that decide once, from the liveness plan alone (memory/policy.py).

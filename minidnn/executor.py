@@ -57,6 +57,7 @@ temporaries inside layers and optimizer state are not).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -64,6 +65,7 @@ import numpy as np
 from .assembly import SET_UP, Assembly, resolve_spec
 from .backend import Device, to_numpy
 from .errors import ConfigError, DataError, ShapeError
+from .kernels.mapformat import copy_values
 from .layers import precision as mixed
 from .layers.base import StepContext
 from .layers.slices import pairwise_sum, row_slices
@@ -160,6 +162,7 @@ class Executor:
         # bn_grad: (batch norm node index, its add's gradient, the GradientSums the add took
         # of it (bn_sums) or None)
         self._handed = None
+        self._gathered_rows = {}       # while a split step runs: gathered.py's rows
         self._graphs = step_graphs(self, setup) if self.spec.graphs else None
 
     def close(self) -> None:
@@ -259,14 +262,28 @@ class Executor:
             self._call(call, node, ctx, mm.buffers(call))
         self._set_where("")
 
+    def _begin_call(self, phase: str, name: str, i: int):
+        """The observer (if any) is told a layer call starts: its start mark (None
+        unobserved), after a memory sample."""
+        if not self.observer:
+            return None
+        t0 = self.observer.begin_layer(self.device.compute, phase, name, i)
+        self._sample(t0, phase, name, "start")
+        return t0
+
+    def _end_call(self, phase: str, name: str, i: int, t0) -> None:
+        """... and that it ended (timed from t0), with a memory sample."""
+        if self.observer:
+            t1 = self.observer.mark(self.device.compute)
+            self.observer.layer(phase, name, i, t0, t1)
+            self._sample(t1, phase, name, "end")
+
     def _call(self, call, node, ctx, buffers) -> None:
         """One layer call with its buffers and its planned workspace block in ctx.workspace,
-        then the manager's `after(call)`; timed and sampled when tracing (the end sample sees
-        the memory the manager released)."""
-        observer, phase, i = self.observer, call.phase, call.index
-        if observer:
-            t0 = observer.begin_layer(self.device.compute, phase, node.name, i)
-            self._sample(t0, phase, node.name, "start")
+        then the manager's `after(call)`; observed (the end sample sees the memory the
+        manager released)."""
+        phase, i = call.phase, call.index
+        t0 = self._begin_call(phase, node.name, i)
         workspace = self.manager.acquire_workspace(i, phase)
         scratch = self.manager.acquire_scratch(i, phase)
         if ctx is not None and i in self._row_offsets:   # a chunk's piece: its rows
@@ -290,10 +307,7 @@ class Executor:
                 ctx.workspace = ctx.scratch = None
         self.manager.release_call_blocks()
         self.manager.after(call)
-        if observer:
-            t1 = observer.mark(self.device.compute)
-            observer.layer(phase, node.name, i, t0, t1)
-            self._sample(t1, phase, node.name, "end")
+        self._end_call(phase, node.name, i, t0)
 
     def _handed_gradient(self, i: int, buffers, ctx):
         """The backward buffers (xs, y, gy, gxs, aux) and StepContext of node i, where the
@@ -328,6 +342,9 @@ class Executor:
         are added into p.grad: by the layer itself where it adds in place (its
         `adds_in_place`), else written to temporaries (a layer overwrites p.grad) that are
         then added here."""
+        if node.name in self._gathered_rows:
+            self._gather_rows(node, buffers, ctx)
+            return
         adds = self._accumulate or (node.piece is not None and node.piece[0] < node.piece[1] - 1)
         if self.batch_slice is not None:    # the layer adds slice by slice (layers/slices.py)
             mixed.backward(node.layer, *buffers, replace(ctx, add_grads=adds) if adds else ctx)
@@ -354,6 +371,60 @@ class Executor:
             for p, grad, _, buf in held:
                 p.grad = grad
                 self.allocator.free(buf)
+
+    def _gather_rows(self, node, buffers, ctx) -> None:
+        """A gathered layer's backward in one pass (minidnn/gathered.py): its input and its
+        output gradient copied into their rows of the step's, its input gradient written."""
+        xs, _, gy, _, _ = buffers
+        x_all, gy_all = self._gathered_rows[node.name]
+        start = ctx.batch_offset - self.batch_offset
+        rows = slice(start, start + gy.shape[0])
+        copy_values(x_all[rows], xs[0])
+        copy_values(gy_all[rows], gy)
+        mixed.backward(node.layer, *buffers, replace(ctx, params_gathered=True))
+
+    @contextlib.contextmanager
+    def _gathering(self):
+        """Inside, in a step of several passes: {gathered node name: (its input (batch, in),
+        its output gradient (batch, out))}, the step's rows of each (minidnn/gathered.py),
+        held to the body's end (in the maps' dtype, kept apart); `_gathered_gradients` then
+        writes the parameter gradients from them."""
+        if self.micro_batches == 1 or not self._gathered:
+            yield
+            return
+        dtype = self.maps.map_dtype(self.net.dtype)
+        taken = []
+        try:
+            with self.allocator.lasting():
+                for node in self._gathered.values():
+                    pair = []
+                    for what, tensor in (("input", node.inputs[0]),
+                                         ("output gradient", node.name)):
+                        shape = (self.batch,) + tuple(self.plan.tensors[tensor].shape[1:])
+                        rows, buf = self.allocator.empty(shape, dtype,
+                                                         f"{what} of {node.name} (gathered)")
+                        taken.append(buf)
+                        pair.append(rows)
+                    self._gathered_rows[node.name] = tuple(pair)
+            yield
+        finally:
+            self._gathered_rows = {}
+            for buf in taken:
+                self.allocator.free(buf)
+
+    def _gathered_gradients(self) -> None:
+        """After a step's last pass: each gathered layer's parameter gradients from its
+        rows of every pass, in one backward call over the step's batch (no input gradient),
+        as an unsplit step writes them; the observer is told of it as one more backward
+        call of the layer (data parallelism's buckets wait for it: distributed/buckets.py)."""
+        ctx = self._ctx(True)
+        for i, node in self._gathered.items():
+            x_all, gy_all = self._gathered_rows[node.name]
+            self._set_where(f"gathered gradients of {node.name}")
+            t0 = self._begin_call("backward", node.name, i)
+            mixed.backward(node.layer, [x_all], None, gy_all, [None], None, ctx)
+            self._end_call("backward", node.name, i, t0)
+        self._set_where("")
 
     def _gradients_apart(self, node) -> list:
         """The Parameters whose gradient node's backward writes, and, to add it, writes apart
@@ -489,11 +560,13 @@ class Executor:
         x, labels = self._step_inputs(x, labels)
         losses, input_grads = [], []
         # The weights hold still until the update; their copies last the batch (kept apart).
-        with self.kernels.shared_weight_copies(self.allocator.lasting):
+        with self.kernels.shared_weight_copies(self.allocator.lasting), self._gathering():
             for n, (offset, rows) in enumerate(self._training_passes()):
                 losses.append(self._forward_pass(x[rows], labels[rows], True, False, dropout,
                                                  offset))
                 input_grads.append((offset, self._backward_pass(offset, accumulate=n > 0)))
+            with self.device.compute:
+                self._gathered_gradients()
         if self.plan.input_grad:
             input_grads = [grad for _, grad in sorted(input_grads, key=lambda p: p[0])]
             self._input_grad = input_grads[0] if len(input_grads) == 1 else \
@@ -522,6 +595,11 @@ class Executor:
         budget the plan had filled. The next step that can be is captured again."""
         if self._graphs is not None and self._graphs.count and self.memory_budget is not None:
             self._graphs.release()
+
+    def gathered_nodes(self) -> frozenset:
+        """The node indices of the layers whose parameter gradients a training step computes
+        once after its passes (minidnn/gathered.py; none in a step of one pass)."""
+        return frozenset(self._gathered)
 
     def graph_stats(self) -> dict | None:
         """{'captured': graphs captured, 'captured_at': the steps that were captured (a

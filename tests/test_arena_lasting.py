@@ -104,7 +104,8 @@ def test_the_h200_traces_fit_with_lasting_blocks_at_the_top(name):
 
 
 def test_a_split_steps_summed_gradients_are_the_only_lasting_blocks_on_the_cpu(monkeypatch):
-    """On the CPU (no bf16 weight copies) a micro-batched step takes its summed gradients,
+    """On the CPU (no bf16 weight copies) a micro-batched step takes its summed gradients and
+    the rows its fully connected layer's gradients are gathered from (minidnn/gathered.py),
     and nothing else, inside lasting()."""
     from minidnn import SGD
     from minidnn.decide import build_executor
@@ -123,9 +124,11 @@ def test_a_split_steps_summed_gradients_are_the_only_lasting_blocks_on_the_cpu(m
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, allocator=ex.allocator)
         for x, y in batches(2, np.float32):
             ex.train_step(x, y, opt)
-    summed = {w for w, top in seen if w.endswith("(summed)")}
-    assert summed and all(top for w, top in seen if w.endswith("(summed)"))
-    assert not [w for w, top in seen if top and not w.endswith("(summed)")]
+    kept = ("(summed)", "(gathered)")
+    for kind in kept:
+        assert any(w.endswith(kind) for w, _ in seen), kind
+    assert all(top for w, top in seen if w.endswith(kept))
+    assert not [w for w, top in seen if top and not w.endswith(kept)]
 
 
 def test_cupys_allocations_inside_lasting_come_from_the_top(monkeypatch):

@@ -72,8 +72,9 @@ def test_the_micro_batches_help_says_what_does_not_shrink(capsys):
 def test_a_second_pass_sums_convolution_weight_gradients_through_a_temporary():
     """Why --micro-batches 2 can raise the peak (the help says so): every pass after the first
     writes a convolution's weight gradient into a temporary as large as the weight; a fully
-    connected layer's product adds its weight's gradient in place (Linear.adds_in_place), so
-    an MLP's passes take no weight-sized temporary."""
+    connected layer's gradients are computed once a step from the rows every pass keeps
+    (minidnn/gathered.py: less than its weight), so an MLP's passes take no weight-sized
+    temporary: they hold the rows."""
     def peaks(model):
         return {k: train(TrainConfig(model=model, image_size=16, batch=8, steps=1,
                                      device="cpu", eval_every=0, eval_batches=1,
@@ -84,10 +85,14 @@ def test_a_second_pass_sums_convolution_weight_gradients_through_a_temporary():
                             .node("conv2").layer.params["weight"].shape))
     assert cnn[2]["peak_device_bytes"] - cnn[1]["device_in_use_bytes"] >= conv2
     mlp = peaks("mlp")
-    smallest_weight = min(4 * int(np.prod(p.shape)) for name, p in
-                          models.build("mlp", num_classes=10, image_size=16).parameters()
-                          if name.endswith(".weight"))
-    assert mlp[2]["peak_device_bytes"] < mlp[1]["peak_device_bytes"] + smallest_weight
+    from minidnn.gathered import held_bytes, weight_bytes
+    net = models.build("mlp", num_classes=10, image_size=16)
+    net.infer_shapes(8)
+    linears = [node.layer for node in net.nodes if node.layer.kind == "linear"]
+    rows = [held_bytes(fc, 8, np.dtype(np.float32)) for fc in linears]
+    rows = [r for r, fc in zip(rows, linears) if r < weight_bytes(fc)]   # those gathered
+    assert rows and mlp[2]["peak_device_bytes"] <= mlp[1]["peak_device_bytes"] + sum(rows)
+    assert sum(rows) < max(weight_bytes(fc) for fc in linears)
 
 
 # ---- a laptop is safe ----------------------------------------------------------------------------

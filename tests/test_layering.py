@@ -13,7 +13,7 @@ FLOORS = (
     ("kernels",),
     ("layers", "network", "optim", "builder", "gradcheck", "models"),
     ("memory",),
-    ("step_graph", "distributed", "fusion", "chunks", "trace"),
+    ("step_graph", "distributed", "fusion", "gathered", "chunks", "trace"),
     ("spec", "assembly", "executor"),
     ("planner",),
     ("decide",),

@@ -226,12 +226,20 @@ def test_a_fully_connected_weight_gradient_is_added_in_place_with_the_bits_of_a_
     """A pass after the first adds a fully connected layer's weight gradient to the one held
     (Linear.adds_in_place: the product adds, kernels/cpu.linear_backward), with no
     gradient-sized temporary; every other gradient still goes through one. On the CPU the
-    product is added as the temporary was: the same bits."""
+    product is added as the temporary was: the same bits. (The decision gathers none of the
+    layers' rows here, minidnn/gathered.py, which would leave the passes nothing to add.)"""
+    from dataclasses import replace
+
+    from minidnn.decide import decide
+    from minidnn.executor import Executor
     (x, y), = batches(1, np.float32)
     runs = {}
     for adds in ((), ("weight",)):
         monkeypatch.setattr(Linear, "adds_in_place", adds)
-        with build_executor(small_net(np.float32), BATCH, device="cpu", micro_batches=2) as ex:
+        net = small_net(np.float32)
+        decision = replace(decide(net, BATCH, device="cpu", micro_batches=2),
+                           gathered=frozenset())
+        with Executor(net, BATCH, decision, device="cpu") as ex:
             taken, empty = [], ex.allocator.empty
 
             def watched(shape, dtype, what=""):

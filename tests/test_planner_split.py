@@ -86,19 +86,29 @@ def test_in_12_gib_a_split_step_is_predicted_faster_than_offload_and_recompute()
     assert halves.pruned
     again = halves.planner.prune(halves.best)
     assert again.step_time_s == halves.best.step_time_s
-    # Two passes: twice a pass's compute, the second's gradient adds, one optimizer update.
-    # Of a fused ReLU, the share of its passes left (minidnn/fusion.py): the ReLUs before
-    # max pools keep nothing, bits neither, so their convolutions apply them, and their
-    # pools apply their masks.
+    # Two passes: twice a pass's compute, the second's gradient adds, the fully connected
+    # layers' gradients once (minidnn/gathered.py), one optimizer update. Of a fused ReLU,
+    # the share of its passes left (minidnn/fusion.py): the ReLUs before max pools keep
+    # nothing, bits neither, so their convolutions apply them, and their pools apply their
+    # masks. Of a gathered layer's backward, its input gradient's: its forward's time.
     model = halves.result.model
-    assert set(model.forward_share) == set(model.backward_share) == {
-        "relu1_2", "relu2_2", "relu3_3", "relu4_3", "relu5_3"}
+    relus = {"relu1_2", "relu2_2", "relu3_3", "relu4_3", "relu5_3"}
+    assert model.gathered == {"fc6", "fc7", "fc8"}
+    assert set(model.forward_share) == relus
+    assert set(model.backward_share) == relus | model.gathered
+    layers = model.profile.layers
+    for fc in model.gathered:
+        assert layers[fc].time("backward") * model.backward_share[fc] == \
+            pytest.approx(layers[fc].time("forward"))
+    assert model.gathered_s == pytest.approx(sum(
+        layers[fc].time("backward") - layers[fc].time("forward") for fc in model.gathered))
     pass_s = sum(c.time("forward") * model.forward_share.get(n, 1.0) +
                  c.time("backward") * model.backward_share.get(n, 1.0)
                  for n, c in model.profile.layers.items())
     plain = model.evaluate(frozenset(), model.algos("fastest"))
     adds = model.profile.accumulate_s    # 0: this profile was measured before the adds were
-    assert plain.compute_s == pytest.approx(2 * pass_s + adds + prof.optimizer_s, rel=1e-9)
+    assert plain.compute_s == pytest.approx(2 * pass_s + adds + model.gathered_s +
+                                            prof.optimizer_s, rel=1e-9)
 
 
 def test_dyn_chooses_micro_batches_and_the_executor_runs_them():

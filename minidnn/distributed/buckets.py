@@ -29,7 +29,9 @@ class GradientBuckets(StepObserver):
     start(arrays, trace) and finish() (cpu_collective.CpuReducer, nccl.NcclReducer).
     tracer: a callable returning the trace.Tracer that records each bucket's all-reduce on
     the 'allreduce' track, or None (the executor's `lambda: ex.tracer`). passes: backward
-    passes in a step (the executor's micro-batches).
+    passes in a step (the executor's micro-batches). gathered: the node indices whose
+    parameter gradients the step computes once more after its passes (the executor's
+    gathered layers, minidnn/gathered.py): one more backward call each.
 
     After construction: `buckets`, a list of [(parameter name, Parameter)] in the order they
     are reduced. Watch a computing executor with it (`ex.add_observer(buckets)`), not a dry
@@ -37,13 +39,16 @@ class GradientBuckets(StepObserver):
     """
 
     def __init__(self, net, reducer, bucket_bytes: int = BUCKET_BYTES,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, tracer=None, passes: int = 1):
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, tracer=None, passes: int = 1,
+                 gathered=frozenset()):
         self.reducer = reducer
         # A step of k micro-batches runs every backward k times; a gradient is final only
-        # after the last pass, so a bucket waits for k reports of each of its gradients.
+        # after the last pass, so a bucket waits for k reports of each of its gradients (k + 1
+        # for a gathered layer's, whose gradients its call after the passes writes).
         self.passes = int(passes)
         self.tracer = tracer or (lambda: None)
         self.buckets: list[list] = []
+        self._expected: list[int] = []              # reports each bucket waits for
         self._of_node: dict[int, list[int]] = {}   # node index -> its buckets, once per param
         cap, size = first_bucket_bytes, 0
         for i in reversed(range(len(net.nodes))):
@@ -54,8 +59,10 @@ class GradientBuckets(StepObserver):
                     if self.buckets:
                         cap = bucket_bytes
                     self.buckets.append([])
+                    self._expected.append(0)
                     size = 0
                 self.buckets[-1].append((f"{node.name}.{key}", p))
+                self._expected[-1] += self.passes + (1 if i in gathered else 0)
                 size += nbytes
                 self._of_node.setdefault(i, []).append(len(self.buckets) - 1)
         self._waiting: list[int] = []
@@ -63,7 +70,7 @@ class GradientBuckets(StepObserver):
 
     def reset(self) -> None:
         """Every bucket waits for all its gradients again."""
-        self._waiting = [len(b) * self.passes for b in self.buckets]
+        self._waiting = list(self._expected)
 
     def layer(self, phase: str, name: str, index: int, start, end) -> None:
         """The executor ran a layer call; a backward one may complete buckets."""

@@ -139,7 +139,8 @@ class DataParallel:
                 raise ConfigError(f"--sync-batchnorm: network {ex.net.name!r} has no "
                                   f"BatchNorm layer to synchronize")
         self.buckets = GradientBuckets(ex.net, self.reducer, self.bucket_bytes,
-                                       tracer=lambda: ex.tracer, passes=ex.micro_batches)
+                                       tracer=lambda: ex.tracer, passes=ex.micro_batches,
+                                       gathered=ex.gathered_nodes())
         ex.add_observer(self.buckets)   # after each backward call: buckets complete
         self.check_parameters("at the start")
         if ex.device.is_gpu:

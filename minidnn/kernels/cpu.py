@@ -534,12 +534,15 @@ def linear_forward(x, w, b, y, y32=None) -> None:
 
 
 def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
-    """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
-    may be None (no bias, no input gradient). All three are overwritten, but gw under `add`:
-    gw += gy^T @ x (the product, then one add: the bits of the product written to a
-    temporary and added by `add`, as the executor adds a micro-batch's gradients)."""
+    """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gw, gb and
+    gx may be None (a gradient computed elsewhere, no bias, no input gradient). All three are
+    overwritten, but gw under `add`: gw += gy^T @ x (the product, then one add: the bits of
+    the product written to a temporary and added by `add`, as the executor adds a
+    micro-batch's gradients)."""
     xp = get_array_module(x)
-    if add:
+    if gw is None:
+        pass
+    elif add:
         xp.add(gw, xp.matmul(gy.T, x), out=gw)
     else:
         xp.matmul(gy.T, x, out=gw)

@@ -152,8 +152,8 @@ def linear_forward(x, w, b, y, y32=None) -> None:
 
 
 def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
-    """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gb and gx
-    may be None. All three are overwritten, but gw under `add`: gw += gy^T @ x in the
+    """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gw, gb and
+    gx may be None (minidnn/gathered.py computes a weight's gradient apart). All three are overwritten, but gw under `add`: gw += gy^T @ x in the
     product's epilogue (a micro-batch after a step's first: no temporary, and one pass over
     gw where a product into a temporary and an add took three). cuBLAS may then run
     another kernel than for the plain product, so the sum agrees with the product added
@@ -166,7 +166,8 @@ def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
     _check(x, gy, w, gw, gx)
     (n, k), out = x.shape, w.shape[0]
     # gw^T (in, out) = x^T (in, N) @ gy (N, out), straight into float32 gw
-    _gemm(False, True, k, out, n, x, gy, gw, add)
+    if gw is not None:
+        _gemm(False, True, k, out, n, x, gy, gw, add)
     if wide:
         if gb is not None:
             column_totals(gy, gb)

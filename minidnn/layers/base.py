@@ -149,6 +149,9 @@ class StepContext:
     holds the sum of the slices before it (a micro-batch or chunk piece after the first);
     without batch_slice, it adds those its layer's `adds_in_place` names, and the executor
     adds the others itself (each written to a temporary in p.grad's place).
+    params_gathered: the call writes its input gradient only; its layer's parameter
+    gradients are computed once a step, over the rows every pass copies aside
+    (minidnn/gathered.py: a fully connected layer of a split step).
     """
     xp: Any
     kernels: Any = cpu_kernels
@@ -185,6 +188,7 @@ class StepContext:
     batch_slice: int | None = None
     statistics_slice: int | None = None
     add_grads: bool = False
+    params_gathered: bool = False
     extras: dict = field(default_factory=dict)
 
     def stored_dtype(self, dtype):

@@ -55,6 +55,12 @@ class Linear(Layer):
         w = self.params["weight"]
         gb = self.params["bias"].grad if self.bias else None
         x, gx = xs[0], gxs[0]
+        if ctx.params_gathered:       # the input gradient only (minidnn/gathered.py)
+            if gx is not None:
+                for part in row_slices(x.shape[0], ctx.batch_slice or x.shape[0]):
+                    ctx.kernels.linear_backward(x[part], gy[part], w.data, None, None,
+                                                gx[part])
+            return
         if ctx.batch_slice is None:   # add_grads: the weight's gradient is added to
             ctx.kernels.linear_backward(x, gy, w.data, w.grad, gb, gx, ctx.add_grads)
             return

@@ -117,6 +117,10 @@ class MemoryDecision:
     # backward also sums the gradient of the convolution bias that ReLU adds, and the ReLU's
     # backward does nothing (minidnn/fusion.py).
     pool_bias: dict = field(default_factory=dict)
+    # gathered: names of fully connected nodes whose parameter gradients a split step
+    # computes once, after its last pass, over the rows every pass copied aside
+    # (minidnn/gathered.py).
+    gathered: frozenset = frozenset()
     # spec: the StepSpec (minidnn/spec.py) the decision was made for (decide.py fills it in;
     # None: a decision made by hand, which fits any spec). An executor refuses a decision
     # made for another spec.

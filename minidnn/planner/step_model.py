@@ -54,6 +54,7 @@ from ..data import IMAGE_DTYPE, LABEL_DTYPE
 from ..executor import Executor
 from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
     conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs, widens_backward
+from ..gathered import gathered_layers, held_bytes
 from ..kernels.mapformat import BF16_OPS, MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -326,8 +327,14 @@ class StepModel:
         # copies its loss into a ring made at the first capture (step_graph.py).
         self.loss_bytes = counted * (k - 1) * aligned(loss_dtype.itemsize) + \
             (loss_ring_bytes(loss_dtype) if self.graphs else 0)
+        # A split step holds the rows its fully connected layers' gradients are computed from
+        # once, after the last pass (minidnn/gathered.py), in blocks of the allocator.
+        self.gathered = gathered_layers(self.plan, k, spec)
+        map_dtype = self.maps.map_dtype(net.dtype)
+        self.gathered_bytes = sum(held_bytes(self.plan.net.node(name).layer, self.step_batch,
+                                             map_dtype) for name in self.gathered)
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes + \
-            self.loss_bytes
+            self.loss_bytes + self.gathered_bytes
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first
         copies = counted if self.maps.precision == "bf16" else 0
         biased = bias_relu_pairs(self.plan)          # {ReLU: the convolution whose bias it adds}
@@ -385,6 +392,17 @@ class StepModel:
                for relu in pool_relu_pairs(self.plan)},
             **{add: SUMMING_ADD_SHARE
                for add in add_sum_pairs(self.plan)}} if fused else {}
+        # A gathered layer's backward in a pass writes its input gradient only, a product like
+        # its forward's; its parameter gradients take one call a step (gathered_s), priced as
+        # one pass's weight-gradient product (its backward less its forward): at a pass's
+        # few rows that product is bound by the gradient's bytes, which it writes once.
+        self.gathered_s = 0.0
+        for name in self.gathered:
+            cost = profile.layer(name)
+            fwd, bwd = cost.time("forward", "fastest"), cost.time("backward", "fastest")
+            if bwd > 0:
+                self.backward_share[name] = min(1.0, fwd / bwd)
+                self.gathered_s += max(bwd - fwd, 0.0)
         self.cache: dict = {}
         self._workspace_cache: dict = {}    # see workspace_blocks
         self._cost_cache: dict = {}         # see _call_costs
@@ -629,8 +647,9 @@ class StepModel:
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes,
-        # the gradient adds of the k - 1 after the first, and one update.
-        between = (k - 1) * (self.profile.accumulate_s - opt)
+        # the gradient adds of the k - 1 after the first, the gathered layers' gradients and
+        # one update.
+        between = (k - 1) * (self.profile.accumulate_s - opt) + self.gathered_s
         step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,

@@ -52,21 +52,52 @@ def train(micro_batches: int, gather: bool = True, steps: int = 6, **settings):
     return net.state_dict(), losses, decision.gathered, replayed
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_gathered_split_step_matches_the_whole_batch_and_repeats(precision):
-    whole, whole_losses, _, _ = train(1, precision=precision, math="fp32")
-    split, losses, gathered, replayed = train(4, precision=precision, math="fp32")
-    apart, apart_losses, _, _ = train(4, gather=False, precision=precision, math="fp32")
+def test_a_gathered_split_step_matches_the_whole_batch_with_replayed_steps():
+    """float32 maps, steps replayed from CUDA graphs: a split step gathering fc1 trains as
+    the whole batch does, and as the split step whose passes add their own products, within
+    float32 rounding (outside --deterministic cuDNN's weight gradients may sum in any order,
+    so runs are not compared bit for bit here)."""
+    whole, whole_losses, _, _ = train(1, math="fp32")
+    split, losses, gathered, replayed = train(4, math="fp32")
+    apart, apart_losses, _, _ = train(4, gather=False, math="fp32")
     assert gathered == {"fc1"} and replayed > 0
-    tol = dict(rtol=1e-4, atol=1e-5) if precision == "fp32" else dict(rtol=2e-2, atol=1e-3)
     for name, value in whole.items():
-        np.testing.assert_allclose(split[name], value, **tol, err_msg=name)
-        np.testing.assert_allclose(split[name], apart[name], **tol, err_msg=name)
-    np.testing.assert_allclose(losses, whole_losses, rtol=1e-3 if precision == "bf16" else 1e-5)
-    again, again_losses, _, _ = train(4, precision=precision, math="fp32")
-    assert again_losses == losses
-    for name, value in split.items():
-        assert np.array_equal(again[name], value), name
+        np.testing.assert_allclose(split[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(split[name], apart[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    np.testing.assert_allclose(losses, whole_losses, rtol=1e-5)
+    np.testing.assert_allclose(apart_losses, whole_losses, rtol=1e-5)
+
+
+def gradients(micro_batches: int, gather: bool = True, **settings) -> dict:
+    """One step's parameter gradients of head_net on the GPU (no update)."""
+    net = head_net()
+    spec = StepSpec(batch=BATCH, micro_batches=micro_batches, **settings)
+    decision = decide(net, spec, device="gpu")
+    if not gather:
+        decision = replace(decision, gathered=frozenset())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, 3, 8, 8)).astype(np.float32)
+    with Executor(net, spec, decision, device="gpu", seed=0) as ex:
+        ex.accumulate_gradients(x, rng.integers(0, 10, BATCH))
+        return ex.gradients()
+
+
+def test_bf16_gathered_gradients_match_the_whole_batchs():
+    """bf16 maps: one step's gradients, gathered or each pass adding its own, against the
+    whole batch's, within a few roundings of bf16 maps (2**-6 of each gradient's largest
+    value; a pass missing or counted twice is a quarter of it); and a gathered split run
+    replays its steps."""
+    whole = gradients(1, precision="bf16", math="fp32")
+    for gather in (True, False):
+        split = gradients(4, gather, precision="bf16", math="fp32")
+        for name, value in whole.items():
+            scale = float(np.abs(value).max())
+            assert float(np.abs(split[name] - value).max()) <= 2**-6 * scale, (gather, name)
+    _, losses, gathered, replayed = train(4, precision="bf16", math="fp32")
+    _, apart_losses, _, _ = train(4, gather=False, precision="bf16", math="fp32")
+    assert gathered == {"fc1"} and replayed > 0
+    np.testing.assert_allclose(losses, apart_losses, rtol=1e-2)
 
 
 def test_under_deterministic_a_gathered_split_step_has_the_whole_batchs_bits():

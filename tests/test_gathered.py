@@ -30,20 +30,26 @@ def head_net() -> Network:
         Linear(10, name="fc2")], num_classes=10)
 
 
-def step_gradients(micro_batches: int, gather: bool = True, **settings):
-    """(the decision, every parameter's gradient) of one step of head_net at BATCH on the
-    CPU; gather=False: the decision without gathered layers (each pass adds its own)."""
+def head_executor(micro_batches: int, gather: bool = True, device: str = "cpu",
+                  **settings) -> Executor:
+    """An executor of head_net at BATCH in `micro_batches` passes; gather=False: its decision
+    without gathered layers (each pass adds its own products)."""
     net = head_net()
     spec = StepSpec(batch=BATCH, micro_batches=micro_batches, **settings)
-    decision = decide(net, spec, device="cpu")
+    decision = decide(net, spec, device=device)
     if not gather:
         decision = replace(decision, gathered=frozenset())
+    return Executor(net, spec, decision, device=device, seed=0)
+
+
+def step_gradients(micro_batches: int, gather: bool = True, device: str = "cpu", **settings):
+    """(the decision, every parameter's gradient) of one step of a head_executor."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, 3, 8, 8)).astype(np.float32)
     labels = rng.integers(0, 10, BATCH)
-    with Executor(net, spec, decision, device="cpu", seed=0) as ex:
+    with head_executor(micro_batches, gather, device, **settings) as ex:
         ex.accumulate_gradients(x, labels)
-        return decision, ex.gradients()
+        return ex.decision, ex.gradients()
 
 
 def test_a_split_step_gathers_the_layers_whose_rows_are_smaller_than_their_weight():

@@ -1,8 +1,6 @@
 """Gathered fully connected gradients (minidnn/gathered.py) on a CUDA GPU: steps replayed from
 CUDA graphs, float32 and bf16 maps, against the unsplit step and the split step whose passes
 each add their own products; bit for bit under --deterministic."""
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -10,35 +8,17 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
 from minidnn import SGD  # noqa: E402
-from minidnn.backend import Device, gpu_available  # noqa: E402
-from minidnn.decide import decide  # noqa: E402
-from minidnn.executor import Executor  # noqa: E402
-from minidnn.spec import StepSpec  # noqa: E402
-from test_gathered import BATCH, head_net  # noqa: E402
-
-if not gpu_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-
-@pytest.fixture(autouse=True)
-def default_kernels_after():
-    yield
-    from minidnn import kernels
-    mod = kernels.for_device(Device("gpu"))
-    if hasattr(mod, "configure"):
-        mod.configure()
+from test_gathered import BATCH, head_executor, step_gradients  # noqa: E402
+# The GPU's module checks (skipped without one) and its fixture restoring the kernels' math.
+from test_micro_batches_gpu import default_kernels_after  # noqa: E402,F401
 
 
 def train(micro_batches: int, gather: bool = True, steps: int = 6, **settings):
     """(parameters after `steps` SGD steps on the GPU, the losses, the decision's gathered
     layers, the steps replayed from CUDA graphs)."""
-    net = head_net()
-    spec = StepSpec(batch=BATCH, micro_batches=micro_batches, **settings)
-    decision = decide(net, spec, device="gpu")
-    if not gather:
-        decision = replace(decision, gathered=frozenset())
     rng = np.random.default_rng(0)
-    with Executor(net, spec, decision, device="gpu", seed=0) as ex:
+    ex = head_executor(micro_batches, gather, "gpu", **settings)
+    with ex:
         opt = SGD(ex.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4,
                   allocator=ex.allocator, kernels=ex.kernels)
         # Two batches on the device in turn: a step replays the graph captured for its batch.
@@ -49,7 +29,7 @@ def train(micro_batches: int, gather: bool = True, steps: int = 6, **settings):
             losses.append(float(ex.train_step(*batches[s % 2], opt)))
         replayed = (ex.graph_stats() or {}).get("replayed_steps", 0)
         del opt
-    return net.state_dict(), losses, decision.gathered, replayed
+    return ex.net.state_dict(), losses, ex.decision.gathered, replayed   # on the host
 
 
 def test_a_gathered_split_step_matches_the_whole_batch_with_replayed_steps():
@@ -69,28 +49,14 @@ def test_a_gathered_split_step_matches_the_whole_batch_with_replayed_steps():
     np.testing.assert_allclose(apart_losses, whole_losses, rtol=1e-5)
 
 
-def gradients(micro_batches: int, gather: bool = True, **settings) -> dict:
-    """One step's parameter gradients of head_net on the GPU (no update)."""
-    net = head_net()
-    spec = StepSpec(batch=BATCH, micro_batches=micro_batches, **settings)
-    decision = decide(net, spec, device="gpu")
-    if not gather:
-        decision = replace(decision, gathered=frozenset())
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, 3, 8, 8)).astype(np.float32)
-    with Executor(net, spec, decision, device="gpu", seed=0) as ex:
-        ex.accumulate_gradients(x, rng.integers(0, 10, BATCH))
-        return ex.gradients()
-
-
 def test_bf16_gathered_gradients_match_the_whole_batchs():
     """bf16 maps: one step's gradients, gathered or each pass adding its own, against the
     whole batch's, within a few roundings of bf16 maps (2**-6 of each gradient's largest
     value; a pass missing or counted twice is a quarter of it); and a gathered split run
     replays its steps."""
-    whole = gradients(1, precision="bf16", math="fp32")
+    _, whole = step_gradients(1, device="gpu", precision="bf16", math="fp32")
     for gather in (True, False):
-        split = gradients(4, gather, precision="bf16", math="fp32")
+        _, split = step_gradients(4, gather, "gpu", precision="bf16", math="fp32")
         for name, value in whole.items():
             scale = float(np.abs(value).max())
             assert float(np.abs(split[name] - value).max()) <= 2**-6 * scale, (gather, name)

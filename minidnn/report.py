@@ -122,6 +122,8 @@ def build_report(cfg, *, ex, net, image_size: int, num_classes: int, data: str,
         "relu_bits": cfg.relu_bits,
         # the ReLUs that kept bit masks (under a budget dyn may leave those asked for off)
         "relu_bits_kept": sorted(ex.decision.relu_bits),
+        # the fully connected layers whose gradients a split step computed once (gathered.py)
+        "gathered": sorted(ex.decision.gathered),
         "fuse": cfg.fuse,
         "precision": ex.maps.precision,
         "layout": ex.maps.layout,

@@ -181,3 +181,27 @@ def test_buckets_wait_for_the_gathered_call():
     assert len(reducer.started) == first
     buckets.layer("backward", "fc1", fc1, None, None)      # the gathered call
     assert len(reducer.started) > first
+
+
+def test_plan_and_the_run_report_the_gathered_layers(tmp_path):
+    """`minidnn plan` names them in its decision line and its JSON; a run's report lists
+    them (none in a step of one pass)."""
+    import argparse
+    import json
+
+    from minidnn.planner import command
+    from minidnn.train import TrainConfig, train
+    parser = argparse.ArgumentParser(prog="minidnn")
+    command.add_parser(parser.add_subparsers(dest="command"))
+    lines = []
+    args = parser.parse_args(["plan", "--model", "vgg16", "--batch", "256", "--gpu", "h200",
+                              "--memory-budget", "4GiB", "--relu-bits", "--json"])
+    assert command.run(args, out=lines.append) == 0
+    planned = json.loads("\n".join(lines))
+    assert planned["micro_batches"] > 1 and planned["gathered"] == ["fc6", "fc7", "fc8"]
+    assert "the gradients of fc6, fc7, fc8 once a step" in planned["decision"]
+    for k, expected in ((1, []), (2, ["fc1", "fc2"])):
+        report = train(TrainConfig(model="mlp", image_size=16, batch=8, steps=1, device="cpu",
+                                   eval_every=0, eval_batches=1, progress=False,
+                                   micro_batches=k), log=lambda *_: None)
+        assert report["gathered"] == expected

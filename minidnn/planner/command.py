@@ -340,6 +340,10 @@ def _decision_line(model, ev) -> str:
                          f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
     if ev.conv_algo and not mem_opt and not limited:
         parts.append("every convolution on its fastest plan")
+    if model.gathered:
+        names = sorted(model.gathered)
+        parts.append(f"the gradients of {', '.join(names)} once a step, from the rows of "
+                     f"every pass ({fmt_bytes(model.gathered_bytes)} held: minidnn/gathered.py)")
     return "; ".join(parts)
 
 
@@ -579,6 +583,7 @@ def _plan_dict(args, s: dict, net, spec, planned, prof, source: str, maps, notes
         "micro_batches": option.micro_batches, "micro_batch": option.batch,
         "chunks": [list(c) for c in option.chunks],
         "relu_bits": sorted(planned.relu_bits),     # the ReLUs that keep bit masks
+        "gathered": sorted(model.gathered),         # gradients once a step (gathered.py)
         "minimum_budget_bytes": minimum_budget,
         "micro_batch_options": [_option_json(o, chosen) for o in split.options],
         "plan": _evaluation_json(model, ev),

@@ -397,7 +397,8 @@ class Planner:
         nxt = self._apply(ev, bundle)
         return nxt if nxt.required_bytes < ev.required_bytes else None
 
-    def greedy(self, bound: float | None = None, prune: bool = True) -> Evaluation | None:
+    def greedy(self, bound: float | None = None, prune: bool = True,
+               start: Evaluation | None = None) -> Evaluation | None:
         """Greedy by step time per byte saved at the peak, then pruning unless prune=False
         (see module doc).
 
@@ -406,10 +407,11 @@ class Planner:
         saves there, and, while the step is still far over the budget, the next best ones
         with it. None if the budget cannot be met or `max_evaluations` runs out first, or
         once the step, still over the budget, is slower than `bound` (seconds): each move
-        only adds time.
+        only adds time. start: the evaluation to move from (default: nothing moved, every
+        convolution on its fastest plan).
         """
         m = self.model
-        ev = m.evaluate(frozenset(), m.algos("fastest"))
+        ev = start if start is not None else m.evaluate(frozenset(), m.algos("fastest"))
         while not ev.fits:
             if self._out_of_evaluations() or (bound is not None and ev.step_time_s > bound):
                 return None

@@ -33,9 +33,10 @@ gradients of passes after the first added into `p.grad`, and one optimizer updat
 that of the whole batch (each pass starts backward from 1/4, so every gradient is the whole
 batch's mean), dropout masks are the whole batch's rows. What changes bits against the
 unsplit step: the order of the sums over the batch (a weight or bias gradient is the sum of 4
-partial sums, each over 64 images; the reported loss is the mean of 4 means), and whatever a
-kernel computes differently at another batch size (a BLAS or cuDNN algorithm chosen by
-shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
+partial sums, each over 64 images, but a fully connected layer's that the decision gathers,
+one sum over the batch: minidnn/gathered.py; the reported loss is the mean of 4 means), and
+whatever a kernel computes differently at another batch size (a BLAS or cuDNN algorithm
+chosen by shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
 Under `deterministic=True` nothing does: the layers compute in fixed slices of the batch and
 sum them in one order, and the passes run last to first (layers/slices.py), so every count
 and layer chunk gives the same bits; a split into parts smaller than a slice is refused.
@@ -385,10 +386,10 @@ class Executor:
 
     @contextlib.contextmanager
     def _gathering(self):
-        """Inside, in a step of several passes: {gathered node name: (its input (batch, in),
-        its output gradient (batch, out))}, the step's rows of each (minidnn/gathered.py),
-        held to the body's end (in the maps' dtype, kept apart); `_gathered_gradients` then
-        writes the parameter gradients from them."""
+        """Inside, in a step of several passes, `_gathered_rows` holds {gathered node name:
+        (its input (batch, in), its output gradient (batch, out))}, the step's rows of each
+        (minidnn/gathered.py), in the maps' dtype, kept apart, to the body's end;
+        `_gathered_gradients` writes the parameter gradients from them."""
         if self.micro_batches == 1 or not self._gathered:
             yield
             return

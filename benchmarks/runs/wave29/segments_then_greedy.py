@@ -32,7 +32,7 @@ def main() -> None:
         offload, recompute = segments.decision(planner, runs, largest * multiple, False)
         start = m.evaluate(offload, m.algos("fastest"), recompute)
         t0 = time.perf_counter()
-        found = planner.greedy(start=start, prune=False)
+        found = planner.greedy(start=start)
         took = time.perf_counter() - t0
         print(f"segments of {multiple} x {largest / 2**20:.0f} MiB: {len(recompute)} maps "
               f"recomputed, needs {start.required_bytes / GiB:.2f} GiB (feature maps "
@@ -41,9 +41,13 @@ def main() -> None:
             print(f"  greedy from it: nothing fits ({took:.1f} s)")
             continue
         moved = plan.tensor_names(found.offload - start.offload)
-        print(f"  greedy from it: {found.step_time_s * 1e3:.1f} ms, needs "
+        rebuilt = plan.tensor_names(found.recompute - start.recompute)
+        dropped = plan.tensor_names(start.recompute - found.recompute)
+        print(f"  greedy from it, pruned: {found.step_time_s * 1e3:.1f} ms, needs "
               f"{found.required_bytes / GiB:.2f} GiB (feature maps "
-              f"{max(found.fm_levels.values()) / GiB:.2f}), {len(moved)} more offloaded "
+              f"{max(found.fm_levels.values()) / GiB:.2f}); {len(rebuilt)} more recomputed "
+              f"({', '.join(rebuilt[:4])}{', ...' if len(rebuilt) > 4 else ''}), "
+              f"{len(dropped)} recomputed no more, {len(moved)} offloaded "
               f"({', '.join(moved[:4])}{', ...' if len(moved) > 4 else ''}: "
               f"{found.offloaded_bytes / 2**20:.2f} MiB each way) ({took:.1f} s)")
 

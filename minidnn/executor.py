@@ -264,27 +264,25 @@ class Executor:
         self._set_where("")
 
     def _begin_call(self, phase: str, name: str, i: int):
-        """The observer (if any) is told a layer call starts: its start mark (None
-        unobserved), after a memory sample."""
-        if not self.observer:
-            return None
+        """The observer is told a layer call starts (callers ask only when there is one):
+        its start mark, after a memory sample."""
         t0 = self.observer.begin_layer(self.device.compute, phase, name, i)
         self._sample(t0, phase, name, "start")
         return t0
 
     def _end_call(self, phase: str, name: str, i: int, t0) -> None:
         """... and that it ended (timed from t0), with a memory sample."""
-        if self.observer:
-            t1 = self.observer.mark(self.device.compute)
-            self.observer.layer(phase, name, i, t0, t1)
-            self._sample(t1, phase, name, "end")
+        t1 = self.observer.mark(self.device.compute)
+        self.observer.layer(phase, name, i, t0, t1)
+        self._sample(t1, phase, name, "end")
 
     def _call(self, call, node, ctx, buffers) -> None:
         """One layer call with its buffers and its planned workspace block in ctx.workspace,
         then the manager's `after(call)`; observed (the end sample sees the memory the
         manager released)."""
-        phase, i = call.phase, call.index
-        t0 = self._begin_call(phase, node.name, i)
+        observer, phase, i = self.observer, call.phase, call.index
+        if observer:
+            t0 = self._begin_call(phase, node.name, i)
         workspace = self.manager.acquire_workspace(i, phase)
         scratch = self.manager.acquire_scratch(i, phase)
         if ctx is not None and i in self._row_offsets:   # a chunk's piece: its rows
@@ -308,7 +306,8 @@ class Executor:
                 ctx.workspace = ctx.scratch = None
         self.manager.release_call_blocks()
         self.manager.after(call)
-        self._end_call(phase, node.name, i, t0)
+        if observer:
+            self._end_call(phase, node.name, i, t0)
 
     def _handed_gradient(self, i: int, buffers, ctx):
         """The backward buffers (xs, y, gy, gxs, aux) and StepContext of node i, where the
@@ -422,9 +421,12 @@ class Executor:
         for i, node in self._gathered.items():
             x_all, gy_all = self._gathered_rows[node.name]
             self._set_where(f"gathered gradients of {node.name}")
-            t0 = self._begin_call("backward", node.name, i)
+            observer = self.observer
+            if observer:
+                t0 = self._begin_call("backward", node.name, i)
             mixed.backward(node.layer, [x_all], None, gy_all, [None], None, ctx)
-            self._end_call("backward", node.name, i, t0)
+            if observer:
+                self._end_call("backward", node.name, i, t0)
         self._set_where("")
 
     def _gradients_apart(self, node) -> list:

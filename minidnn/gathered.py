@@ -37,11 +37,18 @@ def gathered_layers(plan, micro_batches: int, spec) -> frozenset:
     computes once, for a step of `spec` (its batch: a rank's): see the module doc."""
     if micro_batches <= 1:
         return frozenset()
-    rows = spec.batch
     return frozenset(node.name for node in plan.nodes
                      if node.layer.kind == "linear" and node.piece is None
-                     and held_bytes(node.layer, rows, plan.maps.map_dtype(node.layer.dtype))
-                     < weight_bytes(node.layer))
+                     and _held(plan, node, spec.batch) < weight_bytes(node.layer))
+
+
+def gathered_bytes(plan, names, rows: int) -> int:
+    """Bytes the gathered nodes `names` of `plan` hold through a step of `rows` images."""
+    return sum(_held(plan, plan.net.node(name), rows) for name in names)
+
+
+def _held(plan, node, rows: int) -> int:
+    return held_bytes(node.layer, rows, plan.maps.map_dtype(node.layer.dtype))
 
 
 def weight_bytes(layer) -> int:

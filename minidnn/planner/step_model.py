@@ -54,7 +54,7 @@ from ..data import IMAGE_DTYPE, LABEL_DTYPE
 from ..executor import Executor
 from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
     conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs, widens_backward
-from ..gathered import gathered_layers, held_bytes
+from ..gathered import gathered_bytes, gathered_layers
 from ..kernels.mapformat import BF16_OPS, MapFormat
 from ..layers.conv import plan_setting
 from ..memory.allocator import aligned
@@ -330,9 +330,7 @@ class StepModel:
         # A split step holds the rows its fully connected layers' gradients are computed from
         # once, after the last pass (minidnn/gathered.py), in blocks of the allocator.
         self.gathered = gathered_layers(self.plan, k, spec)
-        map_dtype = self.maps.map_dtype(net.dtype)
-        self.gathered_bytes = sum(held_bytes(self.plan.net.node(name).layer, self.step_batch,
-                                             map_dtype) for name in self.gathered)
+        self.gathered_bytes = gathered_bytes(self.plan, self.gathered, self.step_batch)
         self.extra_bytes = self.momentum_bytes + self.input_bytes + self.weight_copy_bytes + \
             self.loss_bytes + self.gathered_bytes
         # bf16 maps on the GPU: a convolution's weight gradient is written in bf16 first

@@ -151,6 +151,31 @@ def test_each_pass_after_the_first_adds_its_gradients():
     assert h200.accumulate_s > 3 * params / H200.mem_bw
 
 
+def test_a_bf16_step_on_a_gpu_makes_its_weight_copies_once_whatever_its_passes():
+    """A bf16 step on the GPU makes a bf16 copy of each weight once, which its passes share
+    (kernels/cuda_weights.py): the profile's weight_copy_s is added once a step, in 1 pass
+    or 4; a float32 step, or a bf16 one on the CPU (whose products read the float32
+    weights), adds nothing. The analytic H200 prices the copy at its memory bandwidth."""
+    from minidnn.kernels.mapformat import MapFormat
+    net = conv_chain()
+    prof = dataclasses.replace(flat_profile(net, 4), weight_copy_s=7e-3)
+
+    def compute_s(precision, k, profile=prof):
+        return StepModel(net, 4, profile, input_batches=0, micro_batches=k,
+                         maps=MapFormat(precision=precision)).evaluate(frozenset()).compute_s
+
+    bare = dataclasses.replace(prof, weight_copy_s=0.0)
+    for k in (1, 4):
+        assert compute_s("bf16", k) == pytest.approx(compute_s("bf16", k, bare) + 7e-3)
+        assert compute_s("fp32", k) == pytest.approx(compute_s("fp32", k, bare))
+    cpu = dataclasses.replace(prof, temporaries_in_arena=False, synchronous=True)
+    assert compute_s("bf16", 1, cpu) == pytest.approx(
+        compute_s("bf16", 1, dataclasses.replace(cpu, weight_copy_s=0.0)))
+    weights = sum(int(np.prod(n.layer.params["weight"].shape)) for n in net.nodes
+                  if n.layer.kind in ("conv", "linear"))
+    assert analytic_profile(net, 4, "h200").weight_copy_s > 6 * weights / H200.mem_bw
+
+
 def test_a_host_slower_than_the_device_sets_the_step_time_issued_layer_by_layer():
     net = conv_chain()
     model = StepModel(net, 4, flat_profile(net, 4, layer_s=1e-6, host_s=1e-3), input_batches=0,

@@ -145,3 +145,47 @@ def test_segments_finds_what_evaluating_every_size_in_full_finds():
             assert entry.fits == full.model.cache[key].fits
         unfit += sum(isinstance(e, Unfit) for e in p.model.cache.values())
     assert unfit > 0      # some sizes were only walked
+
+
+def test_greedy_from_the_closest_segments_fits_resnet50_where_no_size_does():
+    """ResNet-50 b256 TF32 with whole-batch statistics in 8 GiB (the H200's model): no size of
+    segments with kept checkpoints fits, and greedy from nothing offloads 3 GiB each way.
+    Greedy started from the segments that come closest fits by recomputing maps that start no
+    chain (conv1's) as well: the step runs at about the segments' speed."""
+    net = models.build("resnet50", num_classes=1000)
+    p = Planner(net, 256, analytic_profile(net, 256, "h200"), budget=8 * 2**30)
+    result = p.run()
+    found = result.searches["segments+greedy"]
+    assert result.searches["segments"] is None
+    assert found is not None and found.fits
+    best = result.best                                  # found, pruned once more (finish)
+    assert best.step_time_s <= found.step_time_s < 0.6 * result.searches["greedy"].step_time_s
+    assert "conv1" in p.plan.tensor_names(best.recompute)
+    chains = [s for s in best.recompute if set(recompute_inputs(p.plan, s)) & best.recompute]
+    assert len(chains) > 40                                  # segments, rebuilt one from another
+    # At 12 GiB greedy alone finds a faster step than any segments: no second start.
+    roomy = Planner(net, 256, analytic_profile(net, 256, "h200"), budget=12 * 2**30).run()
+    assert "segments+greedy" not in roomy.searches
+    assert roomy.best.step_time_s <= roomy.searches["greedy"].step_time_s \
+        < roomy.searches["segments"].step_time_s
+
+
+def test_greedy_from_segments_trains_to_the_same_bits():
+    """A decision greedy finds from segments (chains, single maps and offloads together)
+    trains to the bits of the step that moves nothing, on the CPU."""
+    roomy = planner("resnet18", 2, 32, budget=2**30)
+    largest = max(roomy._bytes[s] for run in roomy.runs() for s in run)
+    ladder = [roomy.model.evaluate(offload, roomy.model.algos("fastest"), recompute)
+              for offload, recompute in (roomy.segment_decision(roomy.runs(), largest * k, False)
+                                         for k in SEGMENT_MULTIPLES)]
+    closest = min(ev.required_bytes for ev in ladder)
+    # A budget whose usable part is just under the closest size's need.
+    p = planner("resnet18", 2, 32, budget=int((closest - 1024) * 2**30 / roomy.usable))
+    ev = p.segments_then_greedy()
+    assert ev is not None and ev.fits and ev.offload and ev.recompute
+    assert any(set(recompute_inputs(p.plan, s)) & ev.recompute for s in ev.recompute)
+    kept, _ = train("resnet18", 32, MemoryDecision())
+    got, stats = train("resnet18", 32, MemoryDecision(offload=ev.offload, recompute=ev.recompute))
+    assert stats["recompute_storages"] == len(ev.recompute)
+    for key in kept:
+        assert np.array_equal(got[key], kept[key]), key

@@ -122,3 +122,24 @@ def test_the_plan_tables_a_profile_reads_are_those_of_the_problems_a_step_runs(l
         assert tables and all(any(t.time_ms == t.time_ms for t in table)
                               for table in tables.values())
     assert cuda.conv_cache_stats()["entries"] == entries
+
+
+def test_a_bf16_product_is_timed_reading_a_shared_weight_copy_and_the_copies_once_apart():
+    """A bf16 step makes each weight's bf16 copy once and its calls share it
+    (kernels/cuda_weights.py): the profile times a product reading a copy made before, and
+    the copies once, apart (Profile.weight_copy_s). A fully connected layer of 4 rows reads
+    its bf16 weight once (128 MiB); making the copy reads 256 MiB and writes 128."""
+    from minidnn import Network
+    from minidnn.kernels.mapformat import MapFormat
+    from minidnn.layers import Flatten, Linear
+    from minidnn.planner.profile import measure_layers, measure_weight_copies
+    net = Network((1024, 4, 4), num_classes=4096, name="wide_fc")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(4096), name="fc")
+    net.add_loss()
+    device = select_device("gpu")
+    costs = measure_layers(net, 4, device, progress=False, maps=MapFormat(precision="bf16"))
+    copies_s = measure_weight_copies(net, device)
+    assert copies_s > 384 * 2**20 / 5e12                    # no faster than HBM allows
+    forward = costs["fc"].time("forward", "fastest")
+    assert forward < 0.7 * copies_s, (forward, copies_s)   # no copy in the product's time

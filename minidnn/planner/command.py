@@ -498,7 +498,8 @@ def _alternatives(planner, result) -> list:
                                  **_evaluation_json(model, floor)))
     if result is not None:
         for key, label in (("greedy", "dyn's greedy search, one map at a time"),
-                           ("segments", "dyn's checkpointed segments")):
+                           ("segments", "dyn's checkpointed segments"),
+                           ("segments+greedy", "dyn's greedy from checkpointed segments")):
             found = result.searches.get(key)
             if found is not None:
                 alternatives.append(dict(label=label, **_evaluation_json(model, found)))

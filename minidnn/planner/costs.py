@@ -111,7 +111,10 @@ class Profile:
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
     64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds
     to in place (Layer.adds_in_place), IN_PLACE_ADD_SHARE of that; 0 in profiles measured
-    before it was.
+    before it was. weight_copy_s: device time of making every bf16 copy of a weight that a
+    bf16 step on the GPU makes (WEIGHT_COPY_KINDS), once each: a step makes them once, its
+    passes share them, and the layer times hold none (profile.py times a product reading a
+    copy made before); 0 on the CPU.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the
@@ -134,6 +137,7 @@ class Profile:
     optimizer_s: float = 0.0
     optimizer_host_s: float = 0.0
     accumulate_s: float = 0.0
+    weight_copy_s: float = 0.0
     synchronous: bool = False
     temporaries_in_arena: bool = True
     generator_bytes: int = 0
@@ -355,7 +359,12 @@ def param_bytes(net) -> int:
 WEIGHT_COPY_KINDS = ("conv", "linear")
 
 
+def weight_copy_shapes(net) -> list:
+    """Shapes of the weights a bf16 step on the GPU reads through bf16 copies."""
+    return [node.layer.params["weight"].shape for node in net.nodes
+            if node.layer.kind in WEIGHT_COPY_KINDS]
+
+
 def weight_copy_bytes(net) -> int:
     """Bytes of the bf16 copies of the weights a bf16 step on the GPU holds (2 per value)."""
-    return sum(2 * numel(node.layer.params["weight"].shape) for node in net.nodes
-               if node.layer.kind in WEIGHT_COPY_KINDS)
+    return sum(2 * numel(shape) for shape in weight_copy_shapes(net))

@@ -32,7 +32,7 @@ from ..memory.plan import LivenessPlan
 from ..network import Network
 from ..kernels.math_mode import MATH_MODES
 from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
-                    numel, structure_hash)
+                    numel, structure_hash, weight_copy_shapes)
 
 GB = 1e9
 GiB = 1024 ** 3
@@ -276,6 +276,7 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
     # SGD with momentum and weight decay streams ~13 parameter-sized passes (see optim.py:
     # wd * w, grad + that, v *= m, v += g, lr * v, w -= that) and launches ~6 kernels each.
     opt_s = _memory_bound(gpu, 13 * pbytes, 6 * len(params))
+    copied = weight_copy_shapes(net)
     return Profile(
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
@@ -283,6 +284,8 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         accumulate_s=_memory_bound(   # an add reads 2 arrays and writes 1
             gpu, 3 * (pbytes - in_place + IN_PLACE_ADD_SHARE * in_place), len(params)),
         optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,
+        weight_copy_s=_memory_bound(   # a bf16 copy reads 4 bytes a value and writes 2
+            gpu, 6 * sum(numel(shape) for shape in copied), len(copied)),
         key_fields={"structure": structure_hash(net, batch, relu_bits), "gpu": gpu.name,
                     "math": used_math},
         notes=notes)

@@ -48,7 +48,7 @@ from ..network import LABEL
 from ..kernels.math_mode import kernel_settings
 from ..version import __version__
 from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
-                    structure_hash)
+                    structure_hash, weight_copy_shapes)
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
@@ -59,8 +59,9 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # its weights channels last, where they were C order: another cuDNN problem; 6: a later
 # pass's gradient adds without those a layer adds in place, and on the GPU fully connected
 # products in the kernels' math mode, which a process that never called configure ran in
-# strict FP32).
-TIMING_METHOD = 6
+# strict FP32; 7: a bf16 product timed reading its weight's bf16 copy as a step's calls share
+# it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s).
+TIMING_METHOD = 7
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 
 
@@ -424,8 +425,12 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
                     p.grad = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
                 for b in node.layer.buffers.values():
                     b.data = xp.asarray(b.initial_value(net.dtype))
-                fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
-                    i, node, plan, shapes, ctx, clock, repeats, rng, num_classes, deterministic)
+                # A step's calls share one bf16 copy of each weight (made once a step:
+                # measure_weight_copies): the warm-up call makes it, the timed calls read it.
+                with kernels.shared_weight_copies():
+                    fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
+                        i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
+                        deterministic)
                 costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
                     "forward": hf + manager_s, "backward": hb + manager_s})
                 for p in node.layer.params.values():
@@ -480,6 +485,28 @@ def measure_optimizer(net, device: Device, repeats: int = 3) -> tuple[float, flo
     del opt, params
     _release_pool(device)
     return device_s, host_s, adds_s
+
+
+def measure_weight_copies(net, device: Device, repeats: int = 3) -> float:
+    """Device seconds of making the bf16 copy of every weight a bf16 product reads
+    (costs.WEIGHT_COPY_KINDS), each once: what a bf16 step on the GPU makes once, the
+    passes of its batch sharing them (kernels/cuda_weights.py; Profile.weight_copy_s). 0 on
+    the CPU, whose products read the float32 weights."""
+    if not device.is_gpu:
+        return 0.0
+    kernels = kernel_modules.for_device(device)
+    xp = device.xp
+    with device.compute:
+        pairs = [(xp.zeros(shape, dtype=np.float32), xp.empty(shape, dtype=np.uint16))
+                 for shape in weight_copy_shapes(net)]
+
+        def copy_all():
+            for w, w16 in pairs:
+                kernels.float_to_bf16(w, w16)
+        seconds = _Clock(device)(copy_all, repeats)[0] if pairs else 0.0
+    del pairs
+    _release_pool(device)
+    return seconds
 
 
 def measure_bandwidth(device: Device, nbytes: int | None = None,
@@ -579,6 +606,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     t0 = time.perf_counter()
     layers = measure_layers(net, batch, device, repeats, relu_bits=relu_bits, maps=maps)
     opt_s, opt_host_s, adds_s = measure_optimizer(net, device)
+    copies_s = measure_weight_copies(net, device)
     d2h, h2d, both = measure_bandwidth(device)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]
@@ -588,7 +616,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s, accumulate_s=adds_s,
-                   synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
+                   weight_copy_s=copies_s, synchronous=not device.is_gpu, temporaries_in_arena=device.is_gpu,
                    generator_bytes=device.generator_bytes,
                    key_fields={"structure": structure_hash(net, batch, relu_bits)},
                    notes=notes)

@@ -30,7 +30,9 @@ Three searches run, and the fastest feasible answer wins:
   size whose maps are all recomputed, rebuilt together from the checkpoint before them (kept
   or offloaded) when backward first needs one (memory/schedule.py: a chain); a ladder of
   sizes is tried. A very deep network, where one-level recomputation frees at most every
-  other map, fits this way at the cost of about one forward pass run again.
+  other map, fits this way at the cost of about one forward pass run again. Where no size
+  with kept checkpoints fits, greedy starts again from the one that comes closest
+  (segments.then_greedy): a few more moves often fit what a size alone does not.
 
 The fastest answer is then pruned (see `prune`).
 
@@ -114,8 +116,8 @@ class PlanResult:
     vDNN_dyn's greedy order picks (None if it finds nothing); floor_trail: [(label,
     Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
     memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
-    + '/' + algo: Evaluation}; searches: {'greedy' | 'segments': the fastest feasible decision
-    that search found, or None}; evaluations: decisions the model evaluated; seconds: time
+    + '/' + algo: Evaluation}; searches: {'greedy' | 'segments' | 'segments+greedy': the
+    fastest feasible decision that search found, or None}; evaluations: decisions the model evaluated; seconds: time
     spent.
     A planner in bulk (a very deep network) works out the floor and the baselines only when
     they are read.
@@ -130,7 +132,7 @@ class PlanResult:
     evaluations: int = 0
     seconds: float = 0.0
     notes: list = field(default_factory=list)
-    searches: dict = field(default_factory=dict)   # {'greedy'|'segments': fastest found or None}
+    searches: dict = field(default_factory=dict)   # {search name: fastest found or None}
     planner: object = field(default=None, repr=False)
     vdnn_order: tuple | None = field(default=None, repr=False)   # (floor, floor_trail)
 
@@ -467,6 +469,11 @@ class Planner:
         """The fastest checkpointed segments that fit, or None (segments.search)."""
         return segments.search(self, bound)
 
+    def segments_then_greedy(self, bound: float | None = None, prune: bool = True
+                             ) -> Evaluation | None:
+        """Greedy from the closest segments that do not fit, or None (segments.then_greedy)."""
+        return segments.then_greedy(self, bound, prune)
+
     def prune(self, ev: Evaluation) -> Evaluation:
         """Undo what the budget does not need, while the step gets faster: each offload (the
         most exposed copies first), or its copies traded for a recomputation; each
@@ -600,6 +607,10 @@ class Planner:
             unmoved = greedy is not None and not greedy.offload and not greedy.recompute
             searches = {"greedy": greedy,
                         "segments": None if unmoved else self.segments(bound)}
+            if not unmoved and searches["segments"] is None:
+                # Only a faster answer is wanted: greedy's, if it found one, bounds this.
+                faster = bound if greedy is None else min(bound or math.inf, greedy.step_time_s)
+                searches["segments+greedy"] = self.segments_then_greedy(faster, prune)
             if bound is not None and not any(ev.fits and ev.step_time_s <= bound
                                              for ev in self.model.cache.values()):
                 raise NothingFaster(f"no decision of {what} that fits is faster than "

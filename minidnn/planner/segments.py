@@ -4,10 +4,15 @@ A run is a chain of recompute candidates each rebuilt from the one before alone 
 stage's convolution maps, a ResNet block's conv and batch-norm maps). `search` cuts every
 run into segments of a target size (a ladder of sizes, in multiples of the largest map),
 every map of a segment recomputed from the checkpoint before it, kept or offloaded, as
-checkpoint_sequential does; it returns the fastest that fits. The functions take the
-search.Planner whose candidates, step model and limits they use.
+checkpoint_sequential does; it returns the fastest that fits. Where no size with kept
+checkpoints fits, `then_greedy` starts the greedy search from the size that comes closest:
+a few more moves (a map that starts no chain recomputed, a small one offloaded) often fit
+what a size alone does not. The functions take the search.Planner whose candidates, step
+model and limits they use.
 """
 from __future__ import annotations
+
+from .step_model import Unfit
 
 # Segment sizes the checkpointed-segments search tries, in multiples of the largest map of
 # the runs it cuts.
@@ -57,6 +62,13 @@ def decision(planner, runs, segment_bytes: int, offload_checkpoints: bool) -> tu
     return frozenset(offload), frozenset(recompute)
 
 
+def _kept_ladder(planner, runs) -> list:
+    """[(multiple, offload, recompute)] of the ladder's sizes with their checkpoints kept."""
+    largest = max(planner._bytes[sid] for run in runs for sid in run)
+    return [(multiple, *decision(planner, runs, largest * multiple, False))
+            for multiple in SEGMENT_MULTIPLES]
+
+
 def search(planner, bound: float | None = None):
     """Checkpointed segments: each run of candidates cut into segments of a target size
     (a ladder of sizes, in multiples of the largest map), their checkpoints kept or
@@ -90,3 +102,40 @@ def search(planner, bound: float | None = None):
                 found.append(ev)
                 break
     return min(found, key=lambda ev: ev.step_time_s, default=None)
+
+
+def then_greedy(planner, bound: float | None = None, prune: bool = True):
+    """The greedy search (search.Planner.greedy) started from the checkpointed segments with
+    kept checkpoints that need the least, when none of those sizes fits; its answer, pruned,
+    or None (a size fits, or greedy finds nothing that fits faster than `bound`);
+    unpruned with prune=False.
+
+    Segments free most maps of a deep residual network at the price of one forward run
+    again, but a map that starts no chain (ResNet-50's conv1, a block's downsampling
+    convolution) stays, and one size may be just over the budget: ResNet-50 b256 TF32 with
+    whole-batch statistics in 8 GiB on the H200's model, segments of 2 x 784 MiB need 9.38
+    GiB at 93.1 ms, and greedy from them fits 7.85 GiB at 93.7 ms by recomputing two such
+    maps and offloading 42 small statistics, where greedy from nothing fits at 201 ms.
+    Sizes are compared by what they need at least (StepModel.least_required, which the
+    ladder has computed) or, walked in full, by what they need."""
+    found_runs = runs(planner)
+    if not found_runs:
+        return None
+    m = planner.model
+    algos = m.algos("fastest")
+    closest = None
+    for _, offload, recompute in _kept_ladder(planner, found_runs):
+        if planner._out_of_evaluations():
+            return None
+        if bound is not None and planner.least_step_s(recompute) > bound:
+            continue                          # as search() skips it
+        if m.evaluate_if_fits(offload, algos, recompute) is not None:
+            return None                       # a size fits: search() has it
+        entry = m.cache[m.key(offload, algos, recompute)]
+        need = entry.least if isinstance(entry, Unfit) else entry.required_bytes
+        if closest is None or need < closest[0]:
+            closest = (need, offload, recompute)
+    if closest is None:
+        return None
+    start = m.evaluate(closest[1], algos, closest[2])
+    return planner.greedy(bound, prune, start=start)

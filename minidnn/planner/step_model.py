@@ -320,6 +320,8 @@ class StepModel:
         # bf16 maps on the GPU: the products read bf16 copies of the weights, kept all step
         self.weight_copy_bytes = counted * weight_copy_bytes(net) \
             if self.maps.precision == "bf16" else 0
+        # ... made once a step, which the passes share (the layer times hold none)
+        self.weight_copy_s = profile.weight_copy_s if self.weight_copy_bytes else 0.0
         k = self.micro_batches
         loss_dtype = self.plan.tensors[net.loss_node.name].dtype
         # Each pass's loss is copied out and held to the step's end (executor.mean_of_passes):
@@ -645,9 +647,10 @@ class StepModel:
         fits = self.usable is None or required <= self.usable
         k, opt = self.micro_batches, self.profile.optimizer_s
         # The timeline steps are passes, each with its optimizer update; a step has k passes,
-        # the gradient adds of the k - 1 after the first, the gathered layers' gradients and
-        # one update.
-        between = (k - 1) * (self.profile.accumulate_s - opt) + self.gathered_s
+        # the gradient adds of the k - 1 after the first, the gathered layers' gradients, the
+        # bf16 weight copies and one update.
+        between = (k - 1) * (self.profile.accumulate_s - opt) + self.gathered_s + \
+            self.weight_copy_s
         step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,
             offload=offload, conv_algo=dict(conv_algo), required_bytes=required,

@@ -117,8 +117,8 @@ class PlanResult:
     Evaluation)] of the configurations it tried, in order; minimum: everything offloaded and
     memory-optimal; minimum_budget: the least budget that fits; baselines: {'none'|'conv'|'all'
     + '/' + algo: Evaluation}; searches: {'greedy' | 'segments' | 'segments+greedy': the
-    fastest feasible decision that search found, or None}; evaluations: decisions the model evaluated; seconds: time
-    spent.
+    fastest feasible decision that search found, or None}; evaluations: decisions the model
+    evaluated; seconds: time spent.
     A planner in bulk (a very deep network) works out the floor and the baselines only when
     they are read.
     """

@@ -63,9 +63,9 @@ def decision(planner, runs, segment_bytes: int, offload_checkpoints: bool) -> tu
 
 
 def _kept_ladder(planner, runs) -> list:
-    """[(multiple, offload, recompute)] of the ladder's sizes with their checkpoints kept."""
+    """[(offload, recompute)] of the ladder's sizes with their checkpoints kept."""
     largest = max(planner._bytes[sid] for run in runs for sid in run)
-    return [(multiple, *decision(planner, runs, largest * multiple, False))
+    return [decision(planner, runs, largest * multiple, False)
             for multiple in SEGMENT_MULTIPLES]
 
 
@@ -115,7 +115,7 @@ def then_greedy(planner, bound: float | None = None, prune: bool = True):
     convolution) stays, and one size may be just over the budget: ResNet-50 b256 TF32 with
     whole-batch statistics in 8 GiB on the H200's model, segments of 2 x 784 MiB need 9.38
     GiB at 93.1 ms, and greedy from them fits 7.85 GiB at 93.7 ms by recomputing two such
-    maps and offloading 42 small statistics, where greedy from nothing fits at 201 ms.
+    maps and offloading about 40 small statistics, where greedy from nothing fits at 204 ms.
     Sizes are compared by what they need at least (StepModel.least_required, which the
     ladder has computed) or, walked in full, by what they need."""
     found_runs = runs(planner)
@@ -124,7 +124,7 @@ def then_greedy(planner, bound: float | None = None, prune: bool = True):
     m = planner.model
     algos = m.algos("fastest")
     closest = None
-    for _, offload, recompute in _kept_ladder(planner, found_runs):
+    for offload, recompute in _kept_ladder(planner, found_runs):
         if planner._out_of_evaluations():
             return None
         if bound is not None and planner.least_step_s(recompute) > bound:

@@ -397,6 +397,9 @@ def parse_args(argv):
     args.precision = "bf16" if args.math == "bf16" else "fp32"   # of the feature maps
     if args.device == "cpu" and args.only != "minidnn":
         p.error("--device cpu runs minidnn alone: add --only minidnn (PyTorch runs on the GPU)")
+    if args.time_limit <= MIN_RUN_S:
+        p.error(f"--time-limit {args.time_limit:g} leaves no configuration its {MIN_RUN_S} s to "
+                f"start: give more than {MIN_RUN_S}")
     return args
 
 

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,6 +102,18 @@ def test_bench_budget_bf16_reaches_minidnn_and_every_pytorch_configuration():
     plain = bb.specs_for(bb.parse_args(argv), 6 << 30, 224)
     assert {(s["precision"], bb.float32_math(s)) for s in plain} == {("fp32", "tf32")}
     assert not any("bf16" in bb.describe(s) for s in plain)
+
+
+def test_bench_budget_refuses_a_time_limit_no_configuration_could_start_in(capsys):
+    """A configuration is not started with less than MIN_RUN_S left: a --time-limit of that or
+    less would skip every one, so it is refused before anything runs."""
+    import runpy
+    from types import SimpleNamespace
+    bb = SimpleNamespace(**runpy.run_path(os.path.join(ROOT, "scripts", "bench_budget.py")))
+    with pytest.raises(SystemExit):
+        bb.parse_args(["--time-limit", str(bb.MIN_RUN_S)])
+    assert "--time-limit" in capsys.readouterr().err
+    assert bb.parse_args(["--time-limit", str(bb.MIN_RUN_S + 1)]).time_limit == bb.MIN_RUN_S + 1
 
 
 def test_bench_budget_on_the_cpu_plans_and_runs_bf16_maps(tmp_path):

@@ -36,10 +36,10 @@ unsplit step: the order of the sums over the batch (a weight or bias gradient is
 partial sums, each over 64 images, but a fully connected layer's that the decision gathers,
 one sum over the batch: minidnn/gathered.py; the reported loss is the mean of 4 means), and
 whatever a kernel computes differently at another batch size (a BLAS or cuDNN algorithm
-chosen by shape); so split and unsplit steps agree to rounding, and a split step repeats bit for bit.
-Under `deterministic=True` nothing does: the layers compute in fixed slices of the batch and
-sum them in one order, and the passes run last to first (layers/slices.py), so every count
-and layer chunk gives the same bits; a split into parts smaller than a slice is refused.
+chosen by shape); so split and unsplit steps agree to rounding, and a split step repeats bit
+for bit. Under `deterministic=True` nothing does: the layers compute in fixed slices of the
+batch and sum them in one order, and the passes run last to first (layers/slices.py), so
+every count and layer chunk gives the same bits; a split into parts smaller than a slice is refused.
 
 Layer chunks: a decision with `chunks=(("conv1", "relu2", 4),)` runs those layers in 4
 pieces of a pass's batch, forward and backward (minidnn/chunks.py rewrites the network; the
@@ -417,11 +417,10 @@ class Executor:
         rows of every pass, in one backward call over the step's batch (no input gradient),
         as an unsplit step writes them; the observer is told of it as one more backward
         call of the layer (data parallelism's buckets wait for it: distributed/buckets.py)."""
-        ctx = self._ctx(True)
+        ctx, observer = self._ctx(True), self.observer
         for i, node in self._gathered.items():
             x_all, gy_all = self._gathered_rows[node.name]
             self._set_where(f"gathered gradients of {node.name}")
-            observer = self.observer
             if observer:
                 t0 = self._begin_call("backward", node.name, i)
             mixed.backward(node.layer, [x_all], None, gy_all, [None], None, ctx)

@@ -540,11 +540,9 @@ def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
     the product written to a temporary and added by `add`, as the executor adds a
     micro-batch's gradients)."""
     xp = get_array_module(x)
-    if gw is None:
-        pass
-    elif add:
+    if gw is not None and add:
         xp.add(gw, xp.matmul(gy.T, x), out=gw)
-    else:
+    elif gw is not None:
         xp.matmul(gy.T, x, out=gw)
     if gb is not None:
         gy.sum(axis=0, out=gb)

@@ -153,11 +153,12 @@ def linear_forward(x, w, b, y, y32=None) -> None:
 
 def linear_backward(x, gy, w, gw, gb, gx, add: bool = False) -> None:
     """gw (out, in) = gy^T @ x, gb (out,) = gy summed over N, gx (N, in) = gy @ w; gw, gb and
-    gx may be None (minidnn/gathered.py computes a weight's gradient apart). All three are overwritten, but gw under `add`: gw += gy^T @ x in the
-    product's epilogue (a micro-batch after a step's first: no temporary, and one pass over
-    gw where a product into a temporary and an add took three). cuBLAS may then run
-    another kernel than for the plain product, so the sum agrees with the product added
-    afterwards within float32 rounding, not necessarily bit for bit. Maps GemmEx does not
+    gx may be None (minidnn/gathered.py computes a weight's gradient apart). All three are
+    overwritten, but gw under `add`: gw += gy^T @ x in the product's epilogue (a
+    micro-batch after a step's first: no temporary, and one pass over gw where a product
+    into a temporary and an add took three). cuBLAS may then run another kernel than for the
+    plain product, so the sum agrees with the product added afterwards within float32
+    rounding, not necessarily bit for bit. Maps GemmEx does not
     take go to the reference (kernels/cpu.py), whose add takes a temporary."""
     wide = gy.dtype == np.float32
     if not (is_bfloat16(gy.dtype) or wide and _dense(x, gy, w, gw, gx)):

@@ -62,11 +62,12 @@ def decision(planner, runs, segment_bytes: int, offload_checkpoints: bool) -> tu
     return frozenset(offload), frozenset(recompute)
 
 
-def _kept_ladder(planner, runs) -> list:
-    """[(offload, recompute)] of the ladder's sizes with their checkpoints kept."""
+def _ladder(planner, runs, offload_checkpoints: bool, multiples=SEGMENT_MULTIPLES):
+    """(offload, recompute) of each size of `multiples` (of the runs' largest map) in turn,
+    made as it is asked for."""
     largest = max(planner._bytes[sid] for run in runs for sid in run)
-    return [decision(planner, runs, largest * multiple, False)
-            for multiple in SEGMENT_MULTIPLES]
+    for multiple in multiples:
+        yield decision(planner, runs, largest * multiple, offload_checkpoints)
 
 
 def search(planner, bound: float | None = None):
@@ -84,15 +85,13 @@ def search(planner, bound: float | None = None):
     if not found_runs:
         return None
     m = planner.model
-    largest = max(planner._bytes[sid] for run in found_runs for sid in run)
     found = []
-    for offload_checkpoints, ladder in ((False, SEGMENT_MULTIPLES),
-                                        (True, SEGMENT_MULTIPLES[::-1])):
-        for multiple in ladder:
+    for offload_checkpoints, multiples in ((False, SEGMENT_MULTIPLES),
+                                           (True, SEGMENT_MULTIPLES[::-1])):
+        for offload, recompute in _ladder(planner, found_runs, offload_checkpoints,
+                                          multiples):
             if planner._out_of_evaluations():
                 break
-            offload, recompute = decision(planner, found_runs, largest * multiple,
-                                                       offload_checkpoints)
             if bound is not None and planner.least_step_s(recompute) > bound:
                 continue
             # Only the first size that fits is kept: one that a bound shows cannot fit
@@ -124,7 +123,7 @@ def then_greedy(planner, bound: float | None = None, prune: bool = True):
     m = planner.model
     algos = m.algos("fastest")
     closest = None
-    for offload, recompute in _kept_ladder(planner, found_runs):
+    for offload, recompute in _ladder(planner, found_runs, False):
         if planner._out_of_evaluations():
             return None
         if bound is not None and planner.least_step_s(recompute) > bound:

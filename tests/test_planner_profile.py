@@ -48,6 +48,16 @@ def test_measuring_covers_every_layer_and_leaves_the_network_as_it_was(net):
     assert net.node("conv1").layer.algo == "fastest"
 
 
+def test_a_copys_latency_is_what_it_takes_beyond_its_bytes():
+    """measure_copy_latency: the time of a small copy less its bytes at the bandwidth given
+    (at infinite bandwidth, the whole copy's time, which is more than nothing)."""
+    cpu = Device("cpu")
+    whole = profiling.measure_copy_latency(cpu, float("inf"), float("inf"))
+    assert all(0 < t < 1e-3 for t in whole)
+    less = profiling.measure_copy_latency(cpu, 4096 / 1e-3, 4096 / 1e-3)   # 1 ms of bytes
+    assert less == (0.0, 0.0)        # never below nothing
+
+
 def test_profiles_round_trip_through_json(net, tmp_path):
     prof = analytic_profile(net, 4, "h200")
     path = tmp_path / "p.json"

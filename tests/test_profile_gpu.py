@@ -143,3 +143,20 @@ def test_a_bf16_product_is_timed_reading_a_shared_weight_copy_and_the_copies_onc
     assert copies_s > 384 * 2**20 / 5e12                    # no faster than HBM allows
     forward = costs["fc"].time("forward", "fastest")
     assert forward < 0.7 * copies_s, (forward, copies_s)   # no copy in the product's time
+
+
+def test_a_small_copys_time_is_mostly_its_latency_and_a_large_ones_its_bytes():
+    """Each pinned copy takes a fixed time on its stream beyond its bytes
+    (profile.measure_copy_latency; the timeline adds it to every copy). A step of 64 passes
+    of 4 images copies thousands of maps of a few KB, whose bytes take a tenth of that."""
+    from minidnn.planner.profile import measure_bandwidth, measure_copy_latency
+    device = select_device("gpu")
+    d2h_bw, h2d_bw, _ = measure_bandwidth(device)
+    d2h, h2d = measure_copy_latency(device, d2h_bw, h2d_bw)
+    for latency, bw in ((d2h, d2h_bw), (h2d, h2d_bw)):
+        assert 0.2e-6 < latency < 50e-6, (d2h, h2d)
+        assert latency > 2 * 4096 / bw            # the bytes of 4 KB: far less
+    # A copy of 1 MiB: its latency and its bytes, within a third of the sum.
+    whole = measure_copy_latency(device, float("inf"), float("inf"), nbytes=2**20, repeats=32)
+    for took, latency, bw in zip(whole, (d2h, h2d), (d2h_bw, h2d_bw)):
+        assert took == pytest.approx(latency + 2**20 / bw, rel=0.33), (whole, d2h, h2d)

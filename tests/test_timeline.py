@@ -95,3 +95,25 @@ def test_a_traced_step_gives_the_same_timeline(tmp_path):
     assert t["compute_s"] <= t["step_time_s"]
     draw_timeline([{"title": "tiny_cnn, measured", "timeline": t}], tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_each_copy_takes_its_directions_latency_before_its_bytes():
+    """A copy of a few KB takes microseconds on its stream where its bytes take a tenth of
+    one (Profile.d2h_latency_s / h2d_latency_s): the timeline adds each direction's latency
+    to every copy of that direction, and a step of many copies is predicted slower."""
+    import dataclasses
+    model, ev = model_and_all()
+    prof = model.profile    # both directions at full speed at once: a copy's bytes take as long
+    prof = dataclasses.replace(prof, duplex_bw=prof.d2h_bw + prof.h2d_bw)
+    timelines = []
+    for latency in ((0.0, 0.0), (3e-3, 5e-3)):
+        m = StepModel(model.net, 8, dataclasses.replace(
+            prof, d2h_latency_s=latency[0], h2d_latency_s=latency[1]))
+        timelines.append(timeline_data(m, m.evaluate(ev.offload)))
+    base, t = timelines
+    for before, after in zip(base["copies"], t["copies"]):
+        assert before["name"] == after["name"] and before["stream"] == after["stream"]
+        latency = 3e-3 if after["stream"] == "offload" else 5e-3
+        took = after["end"] - after["start"]
+        assert took == pytest.approx(latency + before["end"] - before["start"], rel=1e-6)
+    assert t["step_time_s"] > base["step_time_s"] + 5e-3

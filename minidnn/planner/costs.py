@@ -106,7 +106,9 @@ class Profile:
     source: 'measured' or 'analytic:<gpu>'. device_name: the GPU's name as the driver gives it
     (or the preset's). memory_bytes: the device's memory. d2h_bw / h2d_bw: pinned copy
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
-    once, together. optimizer_s / optimizer_host_s: one SGD step, device and host time.
+    once, together. d2h_latency_s / h2d_latency_s: the time each copy takes on its stream
+    beyond its bytes over the link (a copy of a few KB takes microseconds where its bytes
+    take a tenth of one; 0 in profiles measured before it was). optimizer_s / optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
     64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds
@@ -134,6 +136,8 @@ class Profile:
     h2d_bw: float
     duplex_bw: float
     layers: dict
+    d2h_latency_s: float = 0.0
+    h2d_latency_s: float = 0.0
     optimizer_s: float = 0.0
     optimizer_host_s: float = 0.0
     accumulate_s: float = 0.0

@@ -39,6 +39,12 @@ GiB = 1024 ** 3
 TFLOPS = 1e12
 
 
+# Each pinned copy's fixed time on its stream on the H200 (beyond its bytes over PCIe),
+# measured by profile.measure_copy_latency; the older GPUs are assumed to take as long.
+H200_D2H_LATENCY_S = 4.2e-6
+H200_H2D_LATENCY_S = 5.9e-6
+
+
 @dataclass(frozen=True)
 class GpuModel:
     """A named GPU for the analytic cost model (see the module docstring).
@@ -47,7 +53,8 @@ class GpuModel:
     'tf32'. workspace_ratio: {math: workspace of the fastest plan / max(input, output) bytes}.
     gemm_flops: {math: FLOP/s} of large matrix products (Linear). mem_bw: bytes/s that
     memory-bound layers achieve (read + written). d2h_bw / h2d_bw: pinned copies alone;
-    duplex_bw: both directions at once, in total. kernel_s: the least time any kernel takes.
+    duplex_bw: both directions at once, in total. d2h_latency_s / h2d_latency_s: each
+    copy's time on its stream beyond its bytes over the link. kernel_s: the least time any kernel takes.
     host_s_per_call: the host's time to issue one layer call (Python, memory manager,
     launches). multiprocessors: the GPU's SMs, which size a random generator's state
     (generator_bytes). sources: {field: where the number comes from}.
@@ -62,6 +69,8 @@ class GpuModel:
     d2h_bw: float
     h2d_bw: float
     duplex_bw: float
+    d2h_latency_s: float = H200_D2H_LATENCY_S
+    h2d_latency_s: float = H200_H2D_LATENCY_S
     kernel_s: float = 5e-6
     host_s_per_call: float = 60e-6
     multiprocessors: int = 0
@@ -105,6 +114,7 @@ K40 = GpuModel(
         "gemm_flops": "assumed 75% of the 4.29 TFLOP/s peak for cuBLAS SGEMM",
         "mem_bw": "datasheet 288 GB/s; assumed 70% achieved by elementwise kernels",
         "d2h_bw": "PCIe gen3 x16 pinned copies, ~12 GB/s each way (vDNN paper's setting)",
+        "d2h_latency_s": "assumed: the H200's measured latency (a copy's setup, not its bytes)",
         "duplex_bw": "assumed: PCIe is full duplex, ~20 GB/s both ways at once on that era's "
                      "host bridges",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate; a profile "
@@ -132,6 +142,7 @@ TITANX = GpuModel(
         "gemm_flops": "assumed 75% of peak",
         "mem_bw": "datasheet 336 GB/s; assumed 75% achieved",
         "d2h_bw": "PCIe gen3 x16, as for the K40",
+        "d2h_latency_s": "assumed: the H200's measured latency (a copy's setup, not its bytes)",
         "duplex_bw": "assumed, as for the K40",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate)",
     })
@@ -165,6 +176,8 @@ H200 = GpuModel(
                       "TFLOP/s FP32 peak for cuBLAS",
         "mem_bw": "datasheet 4.8 TB/s; assumed 75% achieved by elementwise kernels",
         "d2h_bw": "measured: pinned copies 55 GB/s each way",
+        "d2h_latency_s": "measured: a pinned copy of a few KB takes 4.2 us device to host "
+                         "and 5.9 us host to device on its stream, beyond its bytes",
         "duplex_bw": "measured: 100 GB/s with both directions at once",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate; a profile "
                            "measures it)",
@@ -280,7 +293,8 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
     return Profile(
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
-        duplex_bw=gpu.duplex_bw, layers=layers, optimizer_s=opt_s,
+        duplex_bw=gpu.duplex_bw, d2h_latency_s=gpu.d2h_latency_s,
+        h2d_latency_s=gpu.h2d_latency_s, layers=layers, optimizer_s=opt_s,
         accumulate_s=_memory_bound(   # an add reads 2 arrays and writes 1
             gpu, 3 * (pbytes - in_place + IN_PLACE_ADD_SHARE * in_place), len(params)),
         optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,

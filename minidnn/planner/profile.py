@@ -60,9 +60,11 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # pass's gradient adds without those a layer adds in place, and on the GPU fully connected
 # products in the kernels' math mode, which a process that never called configure ran in
 # strict FP32; 7: a bf16 product timed reading its weight's bf16 copy as a step's calls share
-# it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s).
-TIMING_METHOD = 7
+# it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s;
+# 8: each copy's fixed latency, Profile.d2h_latency_s / h2d_latency_s).
+TIMING_METHOD = 8
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
+LATENCY_BYTES = 4096     # a copy whose bytes take a small part of its time
 
 
 # ---- the cache -----------------------------------------------------------------------------------
@@ -557,6 +559,37 @@ def _gpu_copy_rates(device: Device, nbytes: int, repeats: int) -> tuple[float, f
     return rate([d2h]), rate([h2d]), rate([d2h, h2d])
 
 
+def measure_copy_latency(device: Device, d2h_bw: float, h2d_bw: float,
+                         nbytes: int = LATENCY_BYTES, repeats: int = 256) -> tuple[float, float]:
+    """(device -> host, host -> device) seconds each copy takes beyond its bytes at the
+    bandwidths given: `repeats` back-to-back pinned copies of `nbytes`, timed as the step's
+    copies run (on a GPU captured as a CUDA graph and replayed, _Clock), less nbytes / bw.
+    A step of many passes copies thousands of maps of a few KB, whose bytes take a tenth of
+    the time each copy takes (Profile.d2h_latency_s)."""
+    if not device.is_gpu:
+        a, b = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        each = _Clock(device)(lambda: np.copyto(b, a), repeats)[0]
+        return max(0.0, each - nbytes / d2h_bw), max(0.0, each - nbytes / h2d_bw)
+    import cupy
+    from cupy.cuda import runtime
+    with device.compute:
+        on_device = cupy.empty(nbytes, dtype=np.uint8)
+    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
+    host = np.frombuffer(pinned, np.uint8, nbytes).ctypes.data
+    clock = _Clock(device)
+
+    def each(dst, src, kind) -> float:
+        def copy():
+            runtime.memcpyAsync(dst, src, nbytes, kind, cupy.cuda.get_current_stream().ptr)
+        with device.compute:
+            return clock(copy, repeats)[0]
+    d2h = each(host, on_device.data.ptr, 2)     # cudaMemcpyDeviceToHost
+    h2d = each(on_device.data.ptr, host, 1)     # cudaMemcpyHostToDevice
+    del on_device
+    _release_pool(device)
+    return max(0.0, d2h - nbytes / d2h_bw), max(0.0, h2d - nbytes / h2d_bw)
+
+
 def device_memory_bytes(device: Device) -> int:
     if device.is_gpu:
         import cupy
@@ -608,13 +641,15 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     opt_s, opt_host_s, adds_s = measure_optimizer(net, device)
     copies_s = measure_weight_copies(net, device)
     d2h, h2d, both = measure_bandwidth(device)
+    d2h_latency, h2d_latency = measure_copy_latency(device, d2h, h2d)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]
     if not device.is_gpu:
         notes.append("CPU: layer times are wall-clock; copies are memcpy")
     return Profile(source="measured", device_name=device.name, math=settings["math"],
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
-                   d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)), layers=layers,
+                   d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)),
+                   d2h_latency_s=d2h_latency, h2d_latency_s=h2d_latency, layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s, accumulate_s=adds_s,
                    weight_copy_s=copies_s, synchronous=not device.is_gpu,
                    temporaries_in_arena=device.is_gpu,

@@ -108,7 +108,8 @@ class Profile:
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
     once, together. d2h_latency_s / h2d_latency_s: the time each copy takes on its stream
     beyond its bytes over the link (a copy of a few KB takes microseconds where its bytes
-    take a tenth of one; 0 in profiles measured before it was). optimizer_s / optimizer_host_s: one SGD step, device and host time.
+    take a tenth of one; 0 in profiles measured before it was). optimizer_s /
+    optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
     64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds

@@ -54,7 +54,8 @@ class GpuModel:
     gemm_flops: {math: FLOP/s} of large matrix products (Linear). mem_bw: bytes/s that
     memory-bound layers achieve (read + written). d2h_bw / h2d_bw: pinned copies alone;
     duplex_bw: both directions at once, in total. d2h_latency_s / h2d_latency_s: each
-    copy's time on its stream beyond its bytes over the link. kernel_s: the least time any kernel takes.
+    copy's time on its stream beyond its bytes over the link. kernel_s: the least time any
+    kernel takes.
     host_s_per_call: the host's time to issue one layer call (Python, memory manager,
     launches). multiprocessors: the GPU's SMs, which size a random generator's state
     (generator_bytes). sources: {field: where the number comes from}.

@@ -4,9 +4,10 @@ The host issues the log in order; each stream (compute, offload, prefetch) runs 
 operations in order, an operation starting when the host has issued it, the stream is free
 and every event it waits on has happened. Layer calls take the profile's device time, copies
 their direction's fixed latency and then bytes / bandwidth (CopyLinks: a copy that overlaps
-one in the other direction gets its share of the duplex bandwidth). The device arena is replayed as the GPU sees it (ArenaReplay): a
-block freed behind a copy stays in use until the copy has finished by the host's clock, and
-an allocation over the budget makes the host wait for the oldest such copy.
+one in the other direction gets its share of the duplex bandwidth). The device arena is
+replayed as the GPU sees it (ArenaReplay): a block freed behind a copy stays in use until the
+copy has finished by the host's clock, and an allocation over the budget makes the host wait
+for the oldest such copy.
 
     timeline = Timeline(profile, budget, start_bytes, issued=True)
     result = timeline.play(log, costs)       # {'step', 'peak', 'calls', 'copies', ...}

@@ -18,8 +18,9 @@ and are replayed from its log (planner/replay.py); the log is then played agains
 * each stream (compute, offload, prefetch) runs its operations in order, an operation starting
   when the host has issued it, the stream is free and every event it waits on has happened
   (with the static layout, a block's next occupant waits for the copy still reading it);
-  layer calls take the profile's device time, copies bytes / bandwidth (a copy that overlaps
-  a copy in the other direction gets its share of the duplex bandwidth for the overlap);
+  layer calls take the profile's device time, copies their direction's fixed latency and
+  then bytes / bandwidth (a copy that overlaps a copy in the other direction gets its share
+  of the duplex bandwidth for the overlap);
 * the device arena is replayed as the GPU sees it: a block freed behind a copy stays in use
   until the copy has finished *by the host's clock*, and an allocation that does not fit the
   budget makes the host wait for the oldest such copy (memory/arena.py does exactly that).
@@ -725,8 +726,12 @@ class StepModel:
 
     # ---- helpers for reports -----------------------------------------------------------------
     def copy_seconds(self, nbytes: int, direction: str) -> float:
-        bw = self.profile.d2h_bw if direction == "offload" else self.profile.h2d_bw
-        return nbytes / bw
+        """One copy of nbytes alone in `direction` ('offload' or 'prefetch'): its latency
+        and its bytes over the link (playback.CopyLinks)."""
+        p = self.profile
+        if direction == "offload":
+            return p.d2h_latency_s + nbytes / p.d2h_bw
+        return p.h2d_latency_s + nbytes / p.h2d_bw
 
     def lower_bound_s(self, ev: Evaluation) -> float:
         """max(compute, bytes that cross PCIe / bandwidth): no schedule of these copies and

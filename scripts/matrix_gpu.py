@@ -450,6 +450,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--no-graphs", dest="graphs", action="store_false",
                    help="train with --no-graphs (every step issued layer by layer)")
+    p.add_argument("--statistics", default="both", choices=("both", "whole", "split"),
+                   help="rows of a network with BatchNorm: with whole-batch statistics, with "
+                        "--split-batch-statistics, or both (default)")
     p.add_argument("--trace", action="store_true",
                    help="trace each budget cell's last step (held on a GPU) and list the "
                         "layer kinds furthest from the step model's prediction")
@@ -483,7 +486,8 @@ def main(argv=None) -> int:
     for model in opts.models:
         # A network that normalizes with the whole batch's statistics (BatchNorm) also runs
         # with --split-batch-statistics, which lets dyn split its batch.
-        splits = (False, True) if batch_statistics(model) else (False,)
+        splits = {"both": (False, True), "whole": (False,), "split": (True,)}[
+            opts.statistics] if batch_statistics(model) else (False,)
         for precision in opts.precisions:
             for split in splits:
                 if matrix.left_s() <= 0:

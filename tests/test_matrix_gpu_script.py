@@ -66,3 +66,16 @@ def test_a_traced_cell_lists_the_layer_kinds_furthest_from_the_model(tmp_path):
     table = (tmp_path / "matrix.md").read_text()
     assert "Traced cells: the layer kinds furthest" in table
     assert "- vgg11 fp32 least (not held): " in table
+
+
+@pytest.mark.parametrize("statistics, rows", [
+    ("both", ["resnet18-fp32-all budgets", "resnet18-fp32-split-all budgets"]),
+    ("split", ["resnet18-fp32-split-all budgets"]),
+    ("whole", ["resnet18-fp32-all budgets"])])
+def test_statistics_chooses_the_rows_of_a_network_with_batchnorm(tmp_path, statistics, rows):
+    r = subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path), "--device", "cpu",
+                        "--models", "resnet18", "--precisions", "fp32", "--time-limit", "0",
+                        "--statistics", statistics], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "matrix.json").read_text())["skipped"] == rows

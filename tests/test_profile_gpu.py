@@ -160,3 +160,17 @@ def test_a_small_copys_time_is_mostly_its_latency_and_a_large_ones_its_bytes():
     whole = measure_copy_latency(device, float("inf"), float("inf"), nbytes=2**20, repeats=32)
     for took, latency, bw in zip(whole, (d2h, h2d), (d2h_bw, h2d_bw)):
         assert took == pytest.approx(latency + 2**20 / bw, rel=0.33), (whole, d2h, h2d)
+
+
+def test_an_events_crossing_between_engines_is_measured_in_microseconds():
+    """profile.measure_sync_latency: a copy between two compute calls, each stream waiting
+    for the other's event, takes the kernel, the copy and two crossings; a crossing is a few
+    microseconds at most (Profile.sync_latency_s)."""
+    from minidnn.planner.profile import (measure_bandwidth, measure_copy_latency,
+                                         measure_sync_latency)
+    device = select_device("gpu")
+    d2h_bw, h2d_bw, _ = measure_bandwidth(device)
+    d2h, h2d = measure_copy_latency(device, d2h_bw, h2d_bw)
+    sync = measure_sync_latency(device, d2h_bw, h2d_bw, d2h, h2d)
+    assert 0.0 <= sync < 30e-6, sync
+    print(f"copy latency {d2h * 1e6:.2f} / {h2d * 1e6:.2f} us, sync {sync * 1e6:.2f} us")

@@ -117,3 +117,24 @@ def test_each_copy_takes_its_directions_latency_before_its_bytes():
         took = after["end"] - after["start"]
         assert took == pytest.approx(latency + before["end"] - before["start"], rel=1e-6)
     assert t["step_time_s"] > base["step_time_s"] + 5e-3
+
+
+def test_a_stream_sees_another_streams_event_its_sync_latency_after_it():
+    """An offload waits for the call that wrote its map, on another engine: it starts no
+    sooner than sync_latency_s after that call ends (Profile.sync_latency_s), and the
+    crossings make the step slower."""
+    import dataclasses
+    model, ev = model_and_all()
+    steps = []
+    for sync in (0.0, 2e-3):
+        m = StepModel(model.net, 8, dataclasses.replace(model.profile, sync_latency_s=sync))
+        t = timeline_data(m, m.evaluate(ev.offload))
+        steps.append(t["step_time_s"])
+    forward_end = {c["layer"]: c["end"] for c in t["calls"] if c["phase"] == "forward"}
+    storages = [m.plan.storages[sid] for sid in ev.offload]
+    writer = {s.tensors[0]: m.nodes[s.producer].name for s in storages if s.producer >= 0}
+    offloads = [c for c in t["copies"] if c["stream"] == "offload" and c["name"] in writer]
+    assert len(offloads) >= 4      # the input's copy (written by no call) left out
+    for c in offloads:
+        assert c["start"] >= forward_end[writer[c["name"]]] + 2e-3 - 1e-12
+    assert steps[1] > steps[0] + 2e-3

@@ -108,7 +108,10 @@ class Profile:
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
     once, together. d2h_latency_s / h2d_latency_s: the time each copy takes on its stream
     beyond its bytes over the link (a copy of a few KB takes microseconds where its bytes
-    take a tenth of one; 0 in profiles measured before it was). optimizer_s /
+    take a tenth of one; 0 in profiles measured before it was). sync_latency_s: how long
+    after an event happens a stream waiting for it on another engine starts (a copy engine's
+    end seen by the compute engine, say): a map offloaded after its layer and waited for
+    before its memory is reused crosses engines twice. optimizer_s /
     optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
     micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
@@ -139,6 +142,7 @@ class Profile:
     layers: dict
     d2h_latency_s: float = 0.0
     h2d_latency_s: float = 0.0
+    sync_latency_s: float = 0.0
     optimizer_s: float = 0.0
     optimizer_host_s: float = 0.0
     accumulate_s: float = 0.0

@@ -39,10 +39,12 @@ GiB = 1024 ** 3
 TFLOPS = 1e12
 
 
-# Each pinned copy's fixed time on its stream on the H200 (beyond its bytes over PCIe),
-# measured by profile.measure_copy_latency; the older GPUs are assumed to take as long.
-H200_D2H_LATENCY_S = 4.2e-6
-H200_H2D_LATENCY_S = 5.9e-6
+# Each pinned copy's fixed time on its stream on the H200 (beyond its bytes over PCIe), and
+# how long after an event on one engine a stream on another sees it, measured by
+# profile.measure_copy_latency and measure_sync_latency; the older GPUs are assumed alike.
+H200_D2H_LATENCY_S = 1.9e-6
+H200_H2D_LATENCY_S = 2.4e-6
+H200_SYNC_LATENCY_S = 0.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ class GpuModel:
     gemm_flops: {math: FLOP/s} of large matrix products (Linear). mem_bw: bytes/s that
     memory-bound layers achieve (read + written). d2h_bw / h2d_bw: pinned copies alone;
     duplex_bw: both directions at once, in total. d2h_latency_s / h2d_latency_s: each
-    copy's time on its stream beyond its bytes over the link. kernel_s: the least time any
-    kernel takes.
+    copy's time on its stream beyond its bytes over the link; sync_latency_s: how long after
+    an event a stream on another engine sees it. kernel_s: the least time any kernel takes.
     host_s_per_call: the host's time to issue one layer call (Python, memory manager,
     launches). multiprocessors: the GPU's SMs, which size a random generator's state
     (generator_bytes). sources: {field: where the number comes from}.
@@ -72,6 +74,7 @@ class GpuModel:
     duplex_bw: float
     d2h_latency_s: float = H200_D2H_LATENCY_S
     h2d_latency_s: float = H200_H2D_LATENCY_S
+    sync_latency_s: float = H200_SYNC_LATENCY_S
     kernel_s: float = 5e-6
     host_s_per_call: float = 60e-6
     multiprocessors: int = 0
@@ -115,7 +118,7 @@ K40 = GpuModel(
         "gemm_flops": "assumed 75% of the 4.29 TFLOP/s peak for cuBLAS SGEMM",
         "mem_bw": "datasheet 288 GB/s; assumed 70% achieved by elementwise kernels",
         "d2h_bw": "PCIe gen3 x16 pinned copies, ~12 GB/s each way (vDNN paper's setting)",
-        "d2h_latency_s": "assumed: the H200's measured latency (a copy's setup, not its bytes)",
+        "d2h_latency_s": "assumed: the H200's measured copy and sync latencies",
         "duplex_bw": "assumed: PCIe is full duplex, ~20 GB/s both ways at once on that era's "
                      "host bridges",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate; a profile "
@@ -143,7 +146,7 @@ TITANX = GpuModel(
         "gemm_flops": "assumed 75% of peak",
         "mem_bw": "datasheet 336 GB/s; assumed 75% achieved",
         "d2h_bw": "PCIe gen3 x16, as for the K40",
-        "d2h_latency_s": "assumed: the H200's measured latency (a copy's setup, not its bytes)",
+        "d2h_latency_s": "assumed: the H200's measured copy and sync latencies",
         "duplex_bw": "assumed, as for the K40",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate)",
     })
@@ -177,8 +180,10 @@ H200 = GpuModel(
                       "TFLOP/s FP32 peak for cuBLAS",
         "mem_bw": "datasheet 4.8 TB/s; assumed 75% achieved by elementwise kernels",
         "d2h_bw": "measured: pinned copies 55 GB/s each way",
-        "d2h_latency_s": "measured: a pinned copy of a few KB takes 4.2 us device to host "
-                         "and 5.9 us host to device on its stream, beyond its bytes",
+        "d2h_latency_s": "measured: back to back, a pinned copy of a few KB takes 1.9 us "
+                         "device to host and 2.4 us host to device, beyond its bytes",
+        "sync_latency_s": "measured: a copy between two compute calls, each waiting for "
+                          "the other's event, adds this twice beyond the copy",
         "duplex_bw": "measured: 100 GB/s with both directions at once",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate; a profile "
                            "measures it)",
@@ -295,7 +300,8 @@ def analytic_profile(net: Network, batch: int, gpu: str | GpuModel, math: str = 
         source=f"analytic:{gpu.name}", device_name=gpu.name, math=used_math, network=net.name,
         batch=int(batch), memory_bytes=gpu.memory_bytes, d2h_bw=gpu.d2h_bw, h2d_bw=gpu.h2d_bw,
         duplex_bw=gpu.duplex_bw, d2h_latency_s=gpu.d2h_latency_s,
-        h2d_latency_s=gpu.h2d_latency_s, layers=layers, optimizer_s=opt_s,
+        h2d_latency_s=gpu.h2d_latency_s, sync_latency_s=gpu.sync_latency_s, layers=layers,
+        optimizer_s=opt_s,
         accumulate_s=_memory_bound(   # an add reads 2 arrays and writes 1
             gpu, 3 * (pbytes - in_place + IN_PLACE_ADD_SHARE * in_place), len(params)),
         optimizer_host_s=6 * len(params) * 10e-6, generator_bytes=gpu.generator_bytes,

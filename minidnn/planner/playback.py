@@ -4,7 +4,8 @@ The host issues the log in order; each stream (compute, offload, prefetch) runs 
 operations in order, an operation starting when the host has issued it, the stream is free
 and every event it waits on has happened. Layer calls take the profile's device time, copies
 their direction's fixed latency and then bytes / bandwidth (CopyLinks: a copy that overlaps
-one in the other direction gets its share of the duplex bandwidth). The device arena is
+one in the other direction gets its share of the duplex bandwidth); a stream that waits for
+another stream's event sees it the profile's sync_latency_s after it happened. The device arena is
 replayed as the GPU sees it (ArenaReplay): a block freed behind a copy stays in use until the
 copy has finished by the host's clock, and an allocation over the budget makes the host wait
 for the oldest such copy.
@@ -163,6 +164,7 @@ class Timeline:
         tail, arena = self.tail, self.arena
         host = 0.0
         sync = self.profile.synchronous
+        signal = self.profile.sync_latency_s     # an event seen from another stream
         # The log holds tens of thousands of entries per decision: classes as local names.
         mark_cls, record_cls, wait_cls, alloc_cls = Mark, Record, Wait, Alloc
         for op in log:
@@ -182,8 +184,10 @@ class Timeline:
             elif cls is record_cls:
                 t = tail[op.stream]
                 op.event.time = host if host >= t else t
+                op.event.stream = op.stream
             elif cls is wait_cls:
-                t = op.event.time
+                ev = op.event
+                t = ev.time if ev.stream == op.stream else ev.time + signal
                 if t > tail[op.stream]:
                     tail[op.stream] = t
             elif cls is alloc_cls:

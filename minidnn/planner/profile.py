@@ -61,7 +61,8 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # products in the kernels' math mode, which a process that never called configure ran in
 # strict FP32; 7: a bf16 product timed reading its weight's bf16 copy as a step's calls share
 # it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s;
-# 8: each copy's fixed latency, Profile.d2h_latency_s / h2d_latency_s).
+# 8: each copy's fixed latency and an event's crossing between engines,
+# Profile.d2h_latency_s / h2d_latency_s / sync_latency_s).
 TIMING_METHOD = 8
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 LATENCY_BYTES = 4096     # a copy whose bytes take a small part of its time
@@ -590,6 +591,53 @@ def measure_copy_latency(device: Device, d2h_bw: float, h2d_bw: float,
     return max(0.0, d2h - nbytes / d2h_bw), max(0.0, h2d - nbytes / h2d_bw)
 
 
+def measure_sync_latency(device: Device, d2h_bw: float, h2d_bw: float, d2h_latency: float,
+                         h2d_latency: float, nbytes: int = LATENCY_BYTES,
+                         repeats: int = 128) -> float:
+    """Seconds after an event on one engine that a stream on another sees it
+    (Profile.sync_latency_s): `repeats` round trips, each a one-value kernel on the compute
+    stream, a copy of `nbytes` on a copy stream that waits for it and the compute stream
+    waiting for the copy (as a map offloaded after its layer and waited for before its memory
+    is reused), timed as a replayed step runs them (_Clock), less the kernel alone and the
+    copy (its latency and bytes, as measured back to back), halved: two crossings a trip.
+    The mean of both directions; 0 on the CPU, where one thread does everything."""
+    if not device.is_gpu:
+        return 0.0
+    import cupy
+    from cupy.cuda import runtime
+    with device.compute:
+        counter = cupy.zeros(1, dtype=np.float32)
+        on_device = cupy.empty(nbytes, dtype=np.uint8)
+    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
+    host = np.frombuffer(pinned, np.uint8, nbytes).ctypes.data
+    clock = _Clock(device)
+
+    def tick():
+        cupy.add(counter, 1, out=counter)      # one value: the least a kernel takes
+
+    def round_trip(stream, dst, src, kind):
+        there, back = device.event(), device.event()
+
+        def trip():
+            here = cupy.cuda.get_current_stream()
+            tick()
+            there.record(here)
+            stream.wait_event(there)
+            runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
+            back.record(stream)
+            here.wait_event(back)
+        return clock(trip, repeats)[0]
+
+    with device.compute:
+        alone = clock(tick, repeats)[0]
+        out = round_trip(device.offload, host, on_device.data.ptr, 2)     # device to host
+        back = round_trip(device.prefetch, on_device.data.ptr, host, 1)   # host to device
+    crossings = [out - d2h_latency - nbytes / d2h_bw, back - h2d_latency - nbytes / h2d_bw]
+    del counter, on_device
+    _release_pool(device)
+    return max(0.0, (sum(crossings) / 2 - alone) / 2)
+
+
 def device_memory_bytes(device: Device) -> int:
     if device.is_gpu:
         import cupy
@@ -642,6 +690,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     copies_s = measure_weight_copies(net, device)
     d2h, h2d, both = measure_bandwidth(device)
     d2h_latency, h2d_latency = measure_copy_latency(device, d2h, h2d)
+    sync_latency = measure_sync_latency(device, d2h, h2d, d2h_latency, h2d_latency)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]
     if not device.is_gpu:
@@ -649,7 +698,8 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     return Profile(source="measured", device_name=device.name, math=settings["math"],
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)),
-                   d2h_latency_s=d2h_latency, h2d_latency_s=h2d_latency, layers=layers,
+                   d2h_latency_s=d2h_latency, h2d_latency_s=h2d_latency,
+                   sync_latency_s=sync_latency, layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s, accumulate_s=adds_s,
                    weight_copy_s=copies_s, synchronous=not device.is_gpu,
                    temporaries_in_arena=device.is_gpu,

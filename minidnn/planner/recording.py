@@ -88,11 +88,13 @@ class Free:
 class SymbolicEvent:
     """A CUDA event stand-in that logs where it is recorded, in the log of the stream that
     records it (it holds no log itself: the log holds it). Always `done` for the dry run's
-    own bookkeeping (its frees happen at once); the timeline gives it a real time."""
-    __slots__ = ("time",)
+    own bookkeeping (its frees happen at once); the timeline gives it a real time and the
+    stream that last recorded it."""
+    __slots__ = ("time", "stream")
 
     def __init__(self):
         self.time = 0.0
+        self.stream = None
 
     def record(self, stream) -> None:
         stream.log.append(Record(stream.name, self))

@@ -42,9 +42,9 @@ TFLOPS = 1e12
 # Each pinned copy's fixed time on its stream on the H200 (beyond its bytes over PCIe), and
 # how long after an event on one engine a stream on another sees it, measured by
 # profile.measure_copy_latency and measure_sync_latency; the older GPUs are assumed alike.
-H200_D2H_LATENCY_S = 1.9e-6
-H200_H2D_LATENCY_S = 2.4e-6
-H200_SYNC_LATENCY_S = 0.0
+H200_D2H_LATENCY_S = 1.7e-6
+H200_H2D_LATENCY_S = 2.3e-6
+H200_SYNC_LATENCY_S = 4.1e-6
 
 
 @dataclass(frozen=True)
@@ -180,10 +180,10 @@ H200 = GpuModel(
                       "TFLOP/s FP32 peak for cuBLAS",
         "mem_bw": "datasheet 4.8 TB/s; assumed 75% achieved by elementwise kernels",
         "d2h_bw": "measured: pinned copies 55 GB/s each way",
-        "d2h_latency_s": "measured: back to back, a pinned copy of a few KB takes 1.9 us "
-                         "device to host and 2.4 us host to device, beyond its bytes",
-        "sync_latency_s": "measured: a copy between two compute calls, each waiting for "
-                          "the other's event, adds this twice beyond the copy",
+        "d2h_latency_s": "measured: back to back, a pinned copy of a few KB takes 1.7 us "
+                         "device to host and 2.3 us host to device, beyond its bytes",
+        "sync_latency_s": "measured: 4.1 us; a copy between two compute calls, each "
+                          "waiting for the other's event, adds it twice beyond the copy",
         "duplex_bw": "measured: 100 GB/s with both directions at once",
         "host_s_per_call": "minidnn's host overhead per layer call (an estimate; a profile "
                            "measures it)",

@@ -565,8 +565,8 @@ def measure_copy_latency(device: Device, d2h_bw: float, h2d_bw: float,
     """(device -> host, host -> device) seconds each copy takes beyond its bytes at the
     bandwidths given: `repeats` back-to-back pinned copies of `nbytes`, timed as the step's
     copies run (on a GPU captured as a CUDA graph and replayed, _Clock), less nbytes / bw.
-    A step of many passes copies thousands of maps of a few KB, whose bytes take a tenth of
-    the time each copy takes (Profile.d2h_latency_s)."""
+    A step of many passes copies thousands of small maps, whose bytes take no longer than
+    each copy's latency (Profile.d2h_latency_s)."""
     if not device.is_gpu:
         a, b = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
         each = _Clock(device)(lambda: np.copyto(b, a), repeats)[0]

@@ -98,7 +98,7 @@ def test_a_traced_step_gives_the_same_timeline(tmp_path):
 
 
 def test_each_copy_takes_its_directions_latency_before_its_bytes():
-    """A copy of a few KB takes microseconds on its stream where its bytes take a tenth of
+    """A copy of a few KB takes microseconds on its stream where its bytes take a part of
     one (Profile.d2h_latency_s / h2d_latency_s): the timeline adds each direction's latency
     to every copy of that direction, and a step of many copies is predicted slower."""
     import dataclasses

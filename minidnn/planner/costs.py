@@ -108,7 +108,7 @@ class Profile:
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
     once, together. d2h_latency_s / h2d_latency_s: the time each copy takes on its stream
     beyond its bytes over the link (a copy of a few KB takes microseconds where its bytes
-    take a tenth of one; 0 in profiles measured before it was). sync_latency_s: how long
+    take a small part of one; 0 in profiles measured before it was). sync_latency_s: how long
     after an event happens a stream waiting for it on another engine starts (a copy engine's
     end seen by the compute engine, say): a map offloaded after its layer and waited for
     before its memory is reused crosses engines twice. optimizer_s /

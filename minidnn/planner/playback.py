@@ -5,10 +5,10 @@ operations in order, an operation starting when the host has issued it, the stre
 and every event it waits on has happened. Layer calls take the profile's device time, copies
 their direction's fixed latency and then bytes / bandwidth (CopyLinks: a copy that overlaps
 one in the other direction gets its share of the duplex bandwidth); a stream that waits for
-another stream's event sees it the profile's sync_latency_s after it happened. The device arena is
-replayed as the GPU sees it (ArenaReplay): a block freed behind a copy stays in use until the
-copy has finished by the host's clock, and an allocation over the budget makes the host wait
-for the oldest such copy.
+another stream's event sees it the profile's sync_latency_s after it happened. The device
+arena is replayed as the GPU sees it (ArenaReplay): a block freed behind a copy stays in use
+until the copy has finished by the host's clock, and an allocation over the budget makes the
+host wait for the oldest such copy.
 
     timeline = Timeline(profile, budget, start_bytes, issued=True)
     result = timeline.play(log, costs)       # {'step', 'peak', 'calls', 'copies', ...}

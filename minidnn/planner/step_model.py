@@ -53,8 +53,9 @@ from ..assembly import layout_keep
 from ..chunks import as_chunks
 from ..data import IMAGE_DTYPE, LABEL_DTYPE
 from ..executor import Executor
-from ..fusion import add_sum_pairs, bias_relu_pairs, bn_add_pairs, bn_grad_pairs, \
-    conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, pool_relu_pairs, widens_backward
+from ..fusion import add_relu_pairs, add_sum_pairs, bias_relu_pairs, bn_add_pairs, \
+    bn_grad_pairs, bn_relu_pairs, conv_relu_pairs, pool_bias_pairs, pool_relu_forward_pairs, \
+    pool_relu_pairs, widens_backward
 from ..gathered import gathered_bytes, gathered_layers
 from ..kernels.mapformat import BF16_OPS, MapFormat
 from ..layers.conv import plan_setting
@@ -89,9 +90,9 @@ POOLED_RELU_BIAS_SHARE = 1 / 3
 # (minidnn/fusion.py, add_sum): nothing. The step saves two passes over the map: the memory
 # manager's sum (three maps) is gone and the add's pass moves one map more. The manager's
 # sums are in no layer's measured time (the profile times layers alone), and the model still
-# prices a ReLU its add or batch norm applies as a pass of its own, which offsets what layers
-# cost more inside the step than alone (benchmarks/RESULTS.md, sixteenth wave, "What the step
-# model prices"); so the two maps come off the add's measured backward, a copy of gy into
+# prices the backward of a ReLU its add applies as a pass of its own, which the add's pass
+# does instead (ResNet-50 fp32, held-traced: the ReLUs' and adds' backward priced 6.3 ms, 5.8
+# taken); so the two maps come off the add's measured backward, a copy of gy into
 # input 1's gradient, two maps. Where the batch norm before the add reads the add's gradient
 # on (bn_grad), the add writes one map fewer still, which the model, pricing it at nothing
 # already, does not see; nor that such an add may also take that batch norm's sums (bn_sums),
@@ -376,8 +377,12 @@ class StepModel:
         # its convolution applies (conv_relu): nothing, the fused graph takes the
         # convolution's own time (the H200's TF32 plans: benchmarks/runs/wave15/call2/
         # probe.txt). A ReLU its max pool applies (pool_relu_forward): nothing, the pool reads
-        # the ReLU's input as it would have read its output. An add its batch norm applies
-        # (bn_add): the read of its other input in the batch norm's pass, FUSED_ADD_SHARE.
+        # the ReLU's input as it would have read its output. A ReLU its batch norm or its add
+        # applies (bn_relu, add_relu): nothing, that layer's pass writes max(v, 0) where it
+        # wrote v (ResNet-50 fp32 at 50% of its peak: its 49 ReLUs' forwards and 36 recomputed
+        # ones, 6.7 ms of a predicted 82.0 against 74.2 measured, took 0.1 ms held-traced).
+        # An add its batch norm applies (bn_add): the read of its other input in the batch
+        # norm's pass, FUSED_ADD_SHARE.
         # The CPU still runs every pass. Of a backward, backward_share: a ReLU whose max pool
         # applies its mask (pool_relu), its bias's gradient if it added one and the pool
         # does not sum it (pool_bias), POOLED_RELU_BIAS_SHARE, else nothing (the pool's pass
@@ -387,6 +392,8 @@ class StepModel:
         self.forward_share = {
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, sliced)},
             **{relu: 0.0 for relu in pool_relu_forward_pairs(self.plan, sliced)},
+            **{relu: 0.0 for relu in bn_relu_pairs(self.plan)},
+            **{relu: 0.0 for relu in add_relu_pairs(self.plan)},
             **{add: FUSED_ADD_SHARE for add in bn_add_pairs(self.plan)}} if fused else {}
         self.backward_share = {
             **{relu: POOLED_RELU_BIAS_SHARE if relu in biased and relu not in pooled else 0.0

@@ -148,6 +148,29 @@ def test_the_step_model_counts_the_rows_a_step_holds(monkeypatch, precision):
     assert unsplit.gathered_bytes == 0
 
 
+def test_the_step_model_adds_no_gathered_gradient_pass_by_pass():
+    """A gathered layer's gradients are computed once a step, so the passes after the first
+    add every gradient but its: the step model prices each at the share of the profile's
+    accumulate_s that the other gradients' values take (a weight its layer adds in place
+    weighs a third of its values, as the profile measured it)."""
+    from minidnn.planner.costs import IN_PLACE_ADD_SHARE, accumulated_share
+    from minidnn.planner.gpus import analytic_profile
+    from minidnn.planner.step_model import StepModel
+    net = head_net()
+    sizes = {name: int(np.prod(p.shape)) for name, p in net.parameters()}
+    weighed = {name: n * (IN_PLACE_ADD_SHARE if name.endswith("fc1.weight") or
+                          name.endswith("fc2.weight") else 1.0) for name, n in sizes.items()}
+    kept = sum(w for name, w in weighed.items() if not name.startswith("fc1."))
+    assert accumulated_share(net, {"fc1"}) == pytest.approx(kept / sum(weighed.values()))
+    assert accumulated_share(net) == 1.0
+    profile = analytic_profile(net, BATCH // 4, "h200")
+    model = StepModel(net, StepSpec(batch=BATCH, micro_batches=4, static_layout=True), profile)
+    assert model.gathered == {"fc1"}
+    assert model.accumulate_s == pytest.approx(profile.accumulate_s * kept /
+                                               sum(weighed.values()))
+    assert 0 < model.accumulate_s < profile.accumulate_s
+
+
 def decision_map_dtype(precision: str):
     from minidnn.kernels.mapformat import MapFormat
     return MapFormat("nchw", precision).map_dtype(np.float32)

@@ -216,17 +216,18 @@ class Profile:
 
 
 def least_step_s(profile: Profile, micro_batches: int, names=None,
-                 forward_share=None, backward_share=None) -> float:
+                 forward_share=None, backward_share=None, accumulate_s=None) -> float:
     """No decision at this count is faster: k passes of every layer's fastest device time
     (of the layers `names`, default every layer of the profile; of a fused layer's forward
     and backward the shares `forward_share` and `backward_share` give: StepModel's), the
-    gradient adds of the passes after the first, one optimizer update."""
+    gradient adds of the passes after the first (`accumulate_s` each, StepModel's: default
+    the profile's, every gradient), one optimizer update."""
     names = list(profile.layers) if names is None else names
     shares = {"forward": forward_share or {}, "backward": backward_share or {}}
     pass_s = sum(profile.layer(n).least_time(phase) * shares[phase].get(n, 1.0)
                  for n in names for phase in PHASES)
-    return micro_batches * pass_s + (micro_batches - 1) * profile.accumulate_s + \
-        profile.optimizer_s
+    adds = profile.accumulate_s if accumulate_s is None else accumulate_s
+    return micro_batches * pass_s + (micro_batches - 1) * adds + profile.optimizer_s
 
 
 def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:
@@ -354,6 +355,20 @@ def in_place_gradients(net) -> frozenset:
     gradient in place (Layer.adds_in_place: a fully connected layer's weight)."""
     return frozenset(f"{layer.name}.{key}" for layer in net.layers()
                      for key in layer.adds_in_place)
+
+
+def accumulated_share(net, left_out=frozenset()) -> float:
+    """The share of Profile.accumulate_s that a pass's gradient adds take where the layers
+    named in `left_out` add none (a gathered layer's gradients are computed once a step:
+    minidnn/gathered.py). The adds are bound by their bytes: each gradient weighs its
+    values, a third of them where its layer adds it in place (IN_PLACE_ADD_SHARE), as the
+    profile measured them."""
+    in_place = in_place_gradients(net)
+    weights = [(name.rsplit(".", 1)[0], numel(p.shape)
+                * (IN_PLACE_ADD_SHARE if name in in_place else 1.0))
+               for name, p in net.parameters()]
+    total = sum(w for _, w in weights)
+    return sum(w for layer, w in weights if layer not in left_out) / total if total else 1.0
 
 
 def param_bytes(net) -> int:

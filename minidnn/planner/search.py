@@ -551,7 +551,8 @@ class Planner:
             self._least_step = least_step_s(self.profile, self.model.micro_batches,
                                             [node.name for node in nodes],
                                             self.model.forward_share,
-                                            self.model.backward_share)
+                                            self.model.backward_share,
+                                            self.model.accumulate_s)
         again = sum(self.profile.layer(nodes[j].name).least_time("forward") for j in
                     {j for sid in recompute for j in self.plan.writers(sid)})
         return self._least_step + self.model.micro_batches * again

@@ -323,7 +323,7 @@ def _least_compute(option: SplitOption, prof, names) -> float:
     fused layers' shares (the step model of its planner says which)."""
     model = option.planner.model
     return least_step_s(prof, option.micro_batches, names, model.forward_share,
-                        model.backward_share)
+                        model.backward_share, model.accumulate_s)
 
 
 def _bound(chosen: SplitOption | None) -> float | None:

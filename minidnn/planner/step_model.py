@@ -66,8 +66,8 @@ from ..network import DATA, LABEL
 from ..spec import StepSpec
 from ..step_graph import capturable, loss_ring_bytes
 from .collector import collector_paused
-from .costs import (ALGOS, Profile, accumulation_bytes, bias_sums_bytes, gradient_copy_bytes,
-                    handed_sums_bytes, numel, param_bytes,
+from .costs import (ALGOS, Profile, accumulated_share, accumulation_bytes, bias_sums_bytes,
+                    gradient_copy_bytes, handed_sums_bytes, numel, param_bytes,
                     transient_bytes, weight_copy_bytes)
 from .nearby import StepBlocks, region_bound
 from .playback import Timeline
@@ -405,6 +405,9 @@ class StepModel:
         # one pass's weight-gradient product (its backward less its forward): at a pass's
         # few rows that product is bound by the gradient's bytes, which it writes once.
         self.gathered_s = 0.0
+        # A pass after the first adds the gradients of every layer but the gathered ones.
+        self.accumulate_s = profile.accumulate_s * accumulated_share(self.plan.net,
+                                                                     self.gathered)
         for name in self.gathered:
             cost = profile.layer(name)
             fwd, bwd = cost.time("forward", "fastest"), cost.time("backward", "fastest")
@@ -657,7 +660,7 @@ class StepModel:
         # The timeline steps are passes, each with its optimizer update; a step has k passes,
         # the gradient adds of the k - 1 after the first, the gathered layers' gradients, the
         # bf16 weight copies and one update.
-        between = (k - 1) * (self.profile.accumulate_s - opt) + self.gathered_s + \
+        between = (k - 1) * (self.accumulate_s - opt) + self.gathered_s + \
             self.weight_copy_s
         step, compute = k * t["step"] + between, k * t["compute"] + between
         return Evaluation(workspace=planned, recompute=recompute, chunks=self.chunks,

@@ -114,10 +114,11 @@ class Profile:
     before its memory is reused crosses engines twice. optimizer_s /
     optimizer_host_s: one SGD step, device and host time.
     accumulate_s: device time of adding every parameter's gradient into another once (what a
-    micro-batch after a step's first adds, which the per-layer times do not hold: OverFeat in
-    64 passes of 4 images adds 146M float32 gradients 63 times); of a gradient its layer adds
-    to in place (Layer.adds_in_place), IN_PLACE_ADD_SHARE of that; 0 in profiles measured
-    before it was. weight_copy_s: device time of making every bf16 copy of a weight that a
+    micro-batch after a step's first adds, which the per-layer times do not hold); of a
+    gradient its layer adds to in place (Layer.adds_in_place), IN_PLACE_ADD_SHARE of that; 0
+    in profiles measured before it was. A split step's gathered layers add none
+    (accumulated_share: OverFeat in 64 passes of 4 images adds its 16M convolution gradients
+    63 times, its 130M fully connected ones never). weight_copy_s: device time of making every bf16 copy of a weight that a
     bf16 step on the GPU makes (WEIGHT_COPY_KINDS), once each: a step makes them once, its
     passes share them, and the layer times hold none (profile.py times a product reading a
     copy made before); 0 on the CPU.

@@ -118,10 +118,10 @@ class Profile:
     gradient its layer adds to in place (Layer.adds_in_place), IN_PLACE_ADD_SHARE of that; 0
     in profiles measured before it was. A split step's gathered layers add none
     (accumulated_share: OverFeat in 64 passes of 4 images adds its 16M convolution gradients
-    63 times, its 130M fully connected ones never). weight_copy_s: device time of making every bf16 copy of a weight that a
-    bf16 step on the GPU makes (WEIGHT_COPY_KINDS), once each: a step makes them once, its
-    passes share them, and the layer times hold none (profile.py times a product reading a
-    copy made before); 0 on the CPU.
+    63 times, its 130M fully connected ones never). weight_copy_s: device time of making
+    every bf16 copy of a weight that a bf16 step on the GPU makes (WEIGHT_COPY_KINDS), once
+    each: a step makes them once, its passes share them, and the layer times hold none
+    (profile.py times a product reading a copy made before); 0 on the CPU.
     synchronous: the host does the device's work itself (the CPU): every operation ends
     before the host issues the next. temporaries_in_arena: the layers' and the optimizer's
     temporaries come out of the budget (on a GPU every CuPy allocation is routed into the

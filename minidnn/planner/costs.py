@@ -216,19 +216,18 @@ class Profile:
         return cls(**d)
 
 
-def least_step_s(profile: Profile, micro_batches: int, names=None,
-                 forward_share=None, backward_share=None, accumulate_s=None) -> float:
-    """No decision at this count is faster: k passes of every layer's fastest device time
-    (of the layers `names`, default every layer of the profile; of a fused layer's forward
-    and backward the shares `forward_share` and `backward_share` give: StepModel's), the
-    gradient adds of the passes after the first (`accumulate_s` each, StepModel's: default
-    the profile's, every gradient), one optimizer update."""
+def least_step_s(profile: Profile, micro_batches: int, names, forward_share: dict,
+                 backward_share: dict, accumulate_s: float) -> float:
+    """No decision at this count is faster: k passes of the fastest device time of every
+    layer in `names` (None: every layer of the profile; of a fused layer's forward and
+    backward the shares `forward_share` and `backward_share` give), the gradient adds of the
+    passes after the first (`accumulate_s` each), one optimizer update; the shares and the
+    adds are StepModel's."""
     names = list(profile.layers) if names is None else names
-    shares = {"forward": forward_share or {}, "backward": backward_share or {}}
+    shares = {"forward": forward_share, "backward": backward_share}
     pass_s = sum(profile.layer(n).least_time(phase) * shares[phase].get(n, 1.0)
                  for n in names for phase in PHASES)
-    adds = profile.accumulate_s if accumulate_s is None else accumulate_s
-    return micro_batches * pass_s + (micro_batches - 1) * adds + profile.optimizer_s
+    return micro_batches * pass_s + (micro_batches - 1) * accumulate_s + profile.optimizer_s
 
 
 def structure_hash(net, batch: int, relu_bits=frozenset()) -> str:

@@ -282,8 +282,8 @@ class Planner:
             fwd_window = sum(fwd[w + 1:max(u, w + 1) + 1])
             reader = 2 * n - 1 - st.first_backward_use
             bwd_window = bwd[reader + 1] if reader + 1 < n else 0.0
-            out = prof.d2h_latency_s + st.nbytes / prof.d2h_bw
-            back = prof.h2d_latency_s + st.nbytes / prof.h2d_bw
+            out = self.model.copy_seconds(st.nbytes, "offload")
+            back = self.model.copy_seconds(st.nbytes, "prefetch")
             exposed = max(0.0, out - fwd_window) + max(0.0, back - bwd_window)
             est[("offload", sid)] = (exposed, st.nbytes)
         for sid in self.rebuildable:

@@ -530,20 +530,26 @@ def measure_bandwidth(device: Device, nbytes: int | None = None,
     return rates
 
 
+def _copy_ends(device: Device, nbytes: int) -> tuple:
+    """The two ends of the copies a measurement times: (a device block of `nbytes` bytes,
+    made on the compute stream; a pinned host block of as many, which must be kept alive
+    while its address is used; that address)."""
+    import cupy
+    with device.compute:
+        on_device = cupy.ones(nbytes, dtype=np.uint8)
+    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
+    return on_device, pinned, np.frombuffer(pinned, np.uint8, nbytes).ctypes.data
+
+
 def _gpu_copy_rates(device: Device, nbytes: int, repeats: int) -> tuple[float, float, float]:
     import cupy
     from cupy.cuda import runtime
     d2h_kind, h2d_kind = 2, 1   # cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice
-    with device.compute:
-        dev_a = cupy.ones(nbytes, dtype=np.uint8)
-        dev_b = cupy.empty(nbytes, dtype=np.uint8)
+    dev_a, pinned_a, host_a = _copy_ends(device, nbytes)
+    dev_b, pinned_b, host_b = _copy_ends(device, nbytes)
     device.compute.synchronize()
-    pinned_a = cupy.cuda.alloc_pinned_memory(nbytes)
-    pinned_b = cupy.cuda.alloc_pinned_memory(nbytes)
-    host_a = np.frombuffer(pinned_a, np.uint8, nbytes)
-    host_b = np.frombuffer(pinned_b, np.uint8, nbytes)
-    d2h = (device.offload, host_a.ctypes.data, dev_a.data.ptr, d2h_kind)
-    h2d = (device.prefetch, dev_b.data.ptr, host_b.ctypes.data, h2d_kind)
+    d2h = (device.offload, host_a, dev_a.data.ptr, d2h_kind)
+    h2d = (device.prefetch, dev_b.data.ptr, host_b, h2d_kind)
 
     def rate(copies) -> float:
         for stream, dst, src, kind in copies:  # once untimed: first-touch costs
@@ -573,10 +579,7 @@ def measure_copy_latency(device: Device, d2h_bw: float, h2d_bw: float,
         return max(0.0, each - nbytes / d2h_bw), max(0.0, each - nbytes / h2d_bw)
     import cupy
     from cupy.cuda import runtime
-    with device.compute:
-        on_device = cupy.empty(nbytes, dtype=np.uint8)
-    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-    host = np.frombuffer(pinned, np.uint8, nbytes).ctypes.data
+    on_device, pinned, host = _copy_ends(device, nbytes)
     clock = _Clock(device)
 
     def each(dst, src, kind) -> float:
@@ -607,9 +610,7 @@ def measure_sync_latency(device: Device, d2h_bw: float, h2d_bw: float, d2h_laten
     from cupy.cuda import runtime
     with device.compute:
         counter = cupy.zeros(1, dtype=np.float32)
-        on_device = cupy.empty(nbytes, dtype=np.uint8)
-    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-    host = np.frombuffer(pinned, np.uint8, nbytes).ctypes.data
+    on_device, pinned, host = _copy_ends(device, nbytes)
     clock = _Clock(device)
 
     def tick():

@@ -221,15 +221,20 @@ def test_a_pool_summing_the_bias_gradient_gives_the_bits_of_the_pool_then_bias_g
         np.testing.assert_allclose(cp.asnumpy(got_b), exact, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("run", cuda_pool.POOL_SUMS_RUNS)
 @pytest.mark.parametrize("strided", [False, True])
-@pytest.mark.parametrize("shape", [(4, 16, 64, 72), (512, 8, 6, 6), (3, 3, 8, 8)], ids=str)
+@pytest.mark.parametrize("shape", [(4, 16, 64, 72), (512, 8, 6, 6), (3, 3, 8, 8),
+                                   (5, 64, 14, 14)], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, BF16], ids=str)
 def test_both_orders_of_the_rows_give_a_fused_pass_the_bits_of_its_parts(
-        gpu, monkeypatch, dtype, shape, strided):
+        gpu, monkeypatch, dtype, shape, strided, run):
     """Blocks taking contiguous shares of the rows or rows strided over the map
-    (cuda_pointwise.STRIDED_COLUMNS): the fused pool, and the ReLU's fused backward, have the
-    bits of the pool or the ReLU then bias_grad in that order."""
+    (cuda_pointwise.STRIDED_COLUMNS), the fused pool's threads loading `run` pixels before
+    adding them (cuda_pool.POOL_SUMS_RUN; a thread's pixels, rows, not a multiple of it in
+    some shapes): the fused pool, and the ReLU's fused backward, have the bits of the pool or
+    the ReLU then bias_grad in that order."""
     monkeypatch.setattr(pw, "STRIDED_COLUMNS", strided)
+    monkeypatch.setattr(cuda_pool, "POOL_SUMS_RUN", run)
     spec = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
     x = _relu_output(shape, dtype, "nhwc", seed=int(strided))
     y_shape = out_shape(shape, spec)

@@ -678,7 +678,10 @@ __global__ void maxpool2d_backward_run3_vec(const T* __restrict__ gy,
 // store_column_sums adds the lanes in order. So gx has the pool's bits and partial the sums
 // column_pass SUMS takes of gx: bias_grad's, bit for bit. A thread finds its first pixel's
 // (n, h, w) with divisions and its step's once, then steps with carries (Step). TILES2: 2x2
-// windows at stride 2 that tile the input (VGG's): a pixel lies in one window, by shifts.
+// windows at stride 2 that tile the input (VGG's): a pixel lies in one window, by shifts;
+// then RUN of a thread's pixels at a time load their window's gradient and winner before any
+// is added, so that their loads are in flight together (one pixel at a time, bf16 maps ran
+// at 1.9 TB/s), and are added in the order of one at a time: the same bits.
 struct Step {
     long long n;
     int h, w;
@@ -698,7 +701,23 @@ __device__ __forceinline__ void advance(Step& at, const Step& by, int H, int W) 
     at.n += by.n;
 }
 
-template<typename T, int VEC, bool TILES2>
+template<typename T, int VEC>
+__device__ __forceinline__ void route_and_add(const Pack<unsigned char, VEC>& a,
+                                              const Pack<T, VEC>& v, int win, T* gx,
+                                              acc_t<T> (&acc)[VEC]) {
+    typedef acc_t<T> A;
+    Pack<T, VEC> out;
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        A g = 0;
+        if (a.v[j] == win) g += widen(v.v[j]);
+        out.v[j] = narrow<T>(g);
+        acc[j] += widen(out.v[j]);
+    }
+    store<T, VEC>(gx, 0, out);
+}
+
+template<typename T, int VEC, bool TILES2, int RUN>
 __global__ void maxpool2d_backward_sums(const T* __restrict__ gy,
                                         const unsigned char* __restrict__ argmax,
                                         T* __restrict__ gx, GEOMETRY, int mark,
@@ -712,7 +731,28 @@ __global__ void maxpool2d_backward_sums(const T* __restrict__ gy,
     if (c0 < C && rr.first < rr.end) {
         Step at(rr.first, H, W);
         const Step by(rr.step, H, W);
-        for (long long r = rr.first; r < rr.end; r += rr.step, advance(at, by, H, W)) {
+        long long r = rr.first;
+        if (TILES2 && RUN > 1) {
+            for (; r + (RUN - 1) * rr.step < rr.end; r += RUN * rr.step) {
+                Pack<unsigned char, VEC> a[RUN];
+                Pack<T, VEC> v[RUN];
+                int win[RUN];
+                #pragma unroll
+                for (int q = 0; q < RUN; ++q) {
+                    const long long o = (at.n * OH * OW + (long long)(at.h >> 1) * OW
+                                         + (at.w >> 1)) * C + c0;
+                    win[q] = ((at.h & 1) * KW + (at.w & 1)) | mark;
+                    a[q] = load<unsigned char, VEC>(argmax + o, 0);
+                    v[q] = load<T, VEC>(gy + o, 0);
+                    advance(at, by, H, W);
+                }
+                #pragma unroll
+                for (int q = 0; q < RUN; ++q)
+                    route_and_add<T, VEC>(a[q], v[q], win[q], gx + (r + q * rr.step) * C + c0,
+                                          acc);
+            }
+        }
+        for (; r < rr.end; r += rr.step, advance(at, by, H, W)) {
             const int h = at.h, w = at.w;
             int oh_lo, oh_hi, ow_lo, ow_hi;
             if (TILES2) {
@@ -759,6 +799,10 @@ _VECTOR_KERNELS = ("maxpool2d_forward_vec", "maxpool2d_forward_tiles2_vec",
                    "maxpool2d_backward_vec", "maxpool2d_backward_tiles_vec",
                    "maxpool2d_forward_run3_vec", "maxpool2d_backward_run3_vec")
 _VECTOR_BYTES = 16
+# Pixels a thread of the fused pool's backward (maxpool2d_backward_sums, 2x2 tiles) loads
+# before it adds them, one of POOL_SUMS_RUNS (the kernel is built for each; 1: one at a time).
+POOL_SUMS_RUNS = (1, 2, 4, 8)
+POOL_SUMS_RUN = 4
 # Maps the vector kernels take, and their values per vector. float64 maps (tests, gradient
 # checks) keep the per-value kernels: NVRTC orders a double sum's operands differently in
 # the two, and the sign of a NaN made from inf + -inf follows that order.
@@ -766,8 +810,9 @@ _VECTOR_WIDTH = {"float": 4, "bf16": 8}
 _module = cp.RawModule(code=_SOURCE, name_expressions=[
     *(f"{k}<{t}>" for k in _KERNELS for t in ("float", "double", "bf16")),
     *(f"{k}<{t}, {vec}>" for k in _VECTOR_KERNELS for t, vec in _VECTOR_WIDTH.items()),
-    *(f"maxpool2d_backward_sums<{t}, {vec}, {tiles}>" for t, width in _VECTOR_WIDTH.items()
-      for vec in (1, width) for tiles in ("false", "true"))])
+    *(f"maxpool2d_backward_sums<{t}, {vec}, {tiles}, {run}>"
+      for t, width in _VECTOR_WIDTH.items() for vec in (1, width)
+      for tiles, runs in (("false", (1,)), ("true", POOL_SUMS_RUNS)) for run in runs)])
 
 _THREADS = 256
 _MAX_THREADS = 2**31 - 1    # threads per launch; larger work runs as several launches of planes
@@ -986,7 +1031,8 @@ def maxpool2d_backward(gy, argmax, gx, spec, relu: bool = False, gb=None) -> Non
             vec = _vector(ctype, c, (gy, gx), argmax)
             tiles2 = tuple(spec.kernel) == (2, 2) and _tiles(gx.shape, gy.shape, spec)
             kernel = _module.get_function(f"maxpool2d_backward_sums<{ctype}, {vec}, "
-                                          f"{'true' if tiles2 else 'false'}>")
+                                          f"{'true' if tiles2 else 'false'}, "
+                                          f"{POOL_SUMS_RUN if tiles2 else 1}>")
             run_columns(kernel, n * int(gx.shape[2]) * int(gx.shape[3]), c, vec,
                         (gy, argmax, gx) + geometry + (mark,), gb)
             return

@@ -36,10 +36,13 @@ left out of the measured step.
 
 Writes OUT/matrix.json (settings, every cell) and OUT/matrix.md (the table). --time-limit
 bounds the whole wall clock: no run outlives it, and the cells left when it runs out are
-listed as skipped. The GPU matrix in about 4 minutes:
+listed as skipped. The whole GPU matrix takes more than half an hour on an H200 that has no
+profiles cached yet (AlexNet's two rows about 2 minutes, VGG-16's 3, GoogLeNet's and
+ResNet-50's longer: each profile is measured first, and a cell of 64 passes of 4 images runs
+for a minute or more), so it is run a network at a time, within the time a call allows:
 
-    python3 scripts/matrix_gpu.py --out /tmp/m --models vgg16,resnet50,googlenet,alexnet,\
-        overfeat --precisions fp32,bf16 --fractions 0.75,0.5,0.35,0.25,least --time-limit 230
+    python3 scripts/matrix_gpu.py --out /tmp/m --models vgg16 --precisions fp32,bf16 \
+        --fractions 0.75,0.5,0.35,0.25,least --time-limit 230
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the benchmark scripts share, written once: the worker protocol, the H200's memory
-bandwidth, two device timers and the classes of GPU kernels by name.
+bandwidth, three device timers and the classes of GPU kernels by name.
 
 Each configuration runs in a child process of its own, so that two frameworks' allocators
 never share the card and a crash or a hang costs one row. The child prints one line
@@ -9,6 +9,7 @@ none, the last lines of the child's output as the reason.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 
@@ -91,6 +92,22 @@ def event_seconds(cp, call, repeats: int) -> float:
     stop.record()
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeats
+
+
+def median_event_seconds(cp, call, repeats: int) -> float:
+    """Seconds of one call of `call` on the GPU: one warm-up call, then the median of
+    `repeats` calls, each between two CUDA events of its own on the current stream and waited
+    for (cp: the CuPy module): a figure the launches between calls do not blur."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    return statistics.median(times)
 
 
 def emit(result: dict) -> None:

@@ -8,6 +8,8 @@ compared; the bytes each moves and the speed that gives.
     python3 benchmarks/runs/wave25/handed_sums_clock.py [--repeats 20]
 """
 import argparse
+import os
+import sys
 
 import cupy as cp
 import numpy as np
@@ -16,22 +18,16 @@ from minidnn.kernels import cuda_batchnorm as bn
 from minidnn.kernels import cuda_pointwise as pw
 from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+from benchlib import median_event_seconds  # noqa: E402
+
 # (C, H = W, blocks): ResNet-50's four stages; every block's add hands its batch norm a map.
 STAGES = ((256, 56, 3), (512, 28, 4), (1024, 14, 6), (2048, 7, 3))
 
 
 def clock(fn, repeats: int) -> float:
     """Milliseconds a call of fn takes on the device, the median of `repeats`."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return median_event_seconds(cp, fn, repeats) * 1e3
 
 
 def main():

@@ -11,6 +11,8 @@ compared; the bytes each moves and the speed that gives.
     python3 benchmarks/runs/wave26/pool_sums_clock.py [--repeats 20]
 """
 import argparse
+import os
+import sys
 
 import cupy as cp
 import numpy as np
@@ -19,6 +21,9 @@ from minidnn.kernels import PoolSpec
 from minidnn.kernels import cuda_pointwise as pw
 from minidnn.kernels import cuda_pool
 from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+from benchlib import median_event_seconds  # noqa: E402
 
 # (C, H = W) of the maps VGG-16's pools read (conv1_2 ... conv5_3, after their ReLUs).
 POOLED = ((64, 224), (128, 112), (256, 56), (512, 28), (512, 14))
@@ -30,16 +35,7 @@ SPEC = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
 
 def clock(fn, repeats: int) -> float:
     """Milliseconds a call of fn takes on the device, the median of `repeats`."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return median_event_seconds(cp, fn, repeats) * 1e3
 
 
 def host_bytes(a) -> bytes:

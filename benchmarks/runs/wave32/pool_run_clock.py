@@ -12,6 +12,8 @@ gives.
 (Call 3 ran it with the kernel built for runs of 1, 2, 4 and 8; it is now built for 1 and 4.)
 """
 import argparse
+import os
+import sys
 
 import cupy as cp
 import numpy as np
@@ -21,26 +23,56 @@ from minidnn.kernels import cuda_pointwise as pw
 from minidnn.kernels import cuda_pool
 from minidnn.kernels.mapformat import bfloat16, empty, in_memory_order
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+from benchlib import median_event_seconds  # noqa: E402
+
 POOLED = ((64, 224), (128, 112), (256, 56), (512, 28), (512, 14))   # (C, H = W)
 SPEC = PoolSpec(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
 
 
 def clock(fn, repeats: int) -> float:
     """Milliseconds a call of fn takes on the device, the median of `repeats`."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return median_event_seconds(cp, fn, repeats) * 1e3
 
 
 def host_bytes(a) -> bytes:
     return cp.asnumpy(in_memory_order(a).view(np.uint8)).tobytes()
+
+
+def random_map(rng, shape, dtype):
+    """Normal values (N, C, H, W) laid out channels last, rounded once to bf16 for bf16."""
+    n, c, h, w = shape
+    values = rng.standard_normal((n, h, w, c), dtype=cp.float32).transpose(0, 3, 1, 2)
+    if dtype == np.float32:
+        return values
+    rounded = empty(cp, shape, dtype, "nhwc")
+    pw.float_to_bf16(values, rounded)
+    return rounded
+
+
+def pooled(batch: int, c: int, hw: int, dtype) -> tuple:
+    """(gy, argmax): a max pool's output gradient and winners over a random ReLU input of
+    (batch, c, hw, hw), the pool applying the ReLU (pool_relu_forward)."""
+    rng = cp.random.default_rng(0)
+    shape, out = (batch, c, hw, hw), (batch, c, hw // 2, hw // 2)
+    x, gy = random_map(rng, shape, dtype), random_map(rng, out, dtype)
+    y, argmax = empty(cp, out, dtype, "nhwc"), empty(cp, out, np.uint8, "nhwc")
+    cuda_pool.maxpool2d_forward(x, y, argmax, SPEC, relu=True)
+    return gy, argmax
+
+
+def backward(gy, argmax, shape, dtype, fused: bool):
+    """(a call of the pool's backward writing gx and the bias gradient gb, gx, gb): in one
+    pass (fused) or the pool then bias_grad."""
+    gx, gb = empty(cp, shape, dtype, "nhwc"), cp.zeros(shape[1], cp.float32)
+    if fused:
+        return (lambda: cuda_pool.maxpool2d_backward(gy, argmax, gx, SPEC, relu=True, gb=gb),
+                gx, gb)
+
+    def pool_then_sums():
+        cuda_pool.maxpool2d_backward(gy, argmax, gx, SPEC, relu=True)
+        pw.bias_grad(gx, gb)
+    return pool_then_sums, gx, gb
 
 
 def main():
@@ -49,35 +81,16 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     args = ap.parse_args()
     runs = cuda_pool.POOL_SUMS_RUNS
-    print(f"| dtype | map (N, C, H, W) | pool then sums ms | "
+    print("| dtype | map (N, C, H, W) | pool then sums ms | "
           + " | ".join(f"fused, run {r} ms (GB/s)" for r in runs) + " | same bits |")
     print("| --- | --- | ---: | " + " | ".join("---:" for _ in runs) + " | --- |")
     for name, dtype in (("fp32", np.dtype(np.float32)), ("bf16", bfloat16())):
         total = np.zeros(len(runs) + 1)
         for c, hw in POOLED:
-            shape, out = (args.batch, c, hw, hw), (args.batch, c, hw // 2, hw // 2)
-            rng = cp.random.default_rng(0)
-
-            def fill(s):      # random values, channels last, rounded once for bf16
-                values = rng.standard_normal((s[0], s[2], s[3], s[1]), dtype=cp.float32)
-                values = values.transpose(0, 3, 1, 2)
-                if dtype == np.float32:
-                    return values
-                narrow = empty(cp, s, dtype, "nhwc")
-                pw.float_to_bf16(values, narrow)
-                return narrow
-            x, gy = fill(shape), fill(out)
-            y, argmax = empty(cp, out, dtype, "nhwc"), empty(cp, out, np.uint8, "nhwc")
-            cuda_pool.maxpool2d_forward(x, y, argmax, SPEC, relu=True)
-            g_plain, g_fused = empty(cp, shape, dtype, "nhwc"), empty(cp, shape, dtype, "nhwc")
-            b_plain, b_fused = cp.zeros(c, cp.float32), cp.zeros(c, cp.float32)
-
-            def plain():
-                cuda_pool.maxpool2d_backward(gy, argmax, g_plain, SPEC, relu=True)
-                pw.bias_grad(g_plain, b_plain)
-
-            def fused():
-                cuda_pool.maxpool2d_backward(gy, argmax, g_fused, SPEC, relu=True, gb=b_fused)
+            shape = (args.batch, c, hw, hw)
+            gy, argmax = pooled(args.batch, c, hw, dtype)
+            plain, g_plain, b_plain = backward(gy, argmax, shape, dtype, fused=False)
+            fused, g_fused, b_fused = backward(gy, argmax, shape, dtype, fused=True)
             plain()
             expected = host_bytes(g_plain), b_plain.get().tobytes()
             times, same = [clock(plain, args.repeats)], True

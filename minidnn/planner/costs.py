@@ -163,6 +163,16 @@ class Profile:
                               f"{name!r}; it was made for another network (layers: "
                               f"{', '.join(list(self.layers)[:8])}...)") from None
 
+    def link(self, direction: str) -> tuple[float, float]:
+        """(latency in seconds, bytes/s) of one copy alone in `direction`: 'offload' (device
+        to host) or 'prefetch' (host to device). A copy of n bytes takes latency + n / rate
+        (playback.CopyLinks adds the share of the duplex bandwidth while both move bytes)."""
+        if direction == "offload":
+            return self.d2h_latency_s, self.d2h_bw
+        if direction == "prefetch":
+            return self.h2d_latency_s, self.h2d_bw
+        raise ValueError(f"copy direction must be 'offload' or 'prefetch', got {direction!r}")
+
     def with_host_link(self, gbps: float | None) -> "Profile":
         """This profile with pinned copies limited to `gbps` GB/s each way (None: as it is).
 

@@ -101,9 +101,10 @@ class CopyLinks:
     the median 100 KB, whose bytes take about as long as its latency.)"""
 
     def __init__(self, profile):
-        self.rate = {"offload": profile.d2h_bw, "prefetch": profile.h2d_bw}
-        self.latency = {"offload": profile.d2h_latency_s, "prefetch": profile.h2d_latency_s}
-        total = profile.d2h_bw + profile.h2d_bw
+        self.latency, self.rate = {}, {}
+        for stream in ("offload", "prefetch"):
+            self.latency[stream], self.rate[stream] = profile.link(stream)
+        total = sum(self.rate.values())
         self.shared = {k: min(v, profile.duplex_bw * v / total) for k, v in self.rate.items()}
         self.copies = {"offload": ([], []), "prefetch": ([], [])}   # bytes moving: (starts, ends)
         self.spans: list = []        # (stream, storage name, start, end) of every copy

@@ -737,11 +737,9 @@ class StepModel:
     # ---- helpers for reports -----------------------------------------------------------------
     def copy_seconds(self, nbytes: int, direction: str) -> float:
         """One copy of nbytes alone in `direction` ('offload' or 'prefetch'): its latency
-        and its bytes over the link (playback.CopyLinks)."""
-        p = self.profile
-        if direction == "offload":
-            return p.d2h_latency_s + nbytes / p.d2h_bw
-        return p.h2d_latency_s + nbytes / p.h2d_bw
+        and its bytes over the link (Profile.link)."""
+        latency, rate = self.profile.link(direction)
+        return latency + nbytes / rate
 
     def lower_bound_s(self, ev: Evaluation) -> float:
         """max(compute, bytes that cross PCIe / bandwidth): no schedule of these copies and

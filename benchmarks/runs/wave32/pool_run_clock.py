@@ -7,7 +7,7 @@ after one; the bits of every way compared with the pool then the sums; the bytes
 pass moves (reads gy and argmax, a quarter of the map each, writes gx) and the speed that
 gives.
 
-    python3 benchmarks/runs/wave32/pool_run_clock.py [--repeats 20]
+    python3 benchmarks/runs/wave32/pool_run_clock.py [--repeats 20] [--dtypes bf16]
 
 (Call 3 ran it with the kernel built for runs of 1, 2, 4 and 8; it is now built for 1 and 4.)
 """
@@ -79,12 +79,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--dtypes", default="fp32,bf16", help="the rows: fp32, bf16 or both")
     args = ap.parse_args()
     runs = cuda_pool.POOL_SUMS_RUNS
     print("| dtype | map (N, C, H, W) | pool then sums ms | "
           + " | ".join(f"fused, run {r} ms (GB/s)" for r in runs) + " | same bits |")
     print("| --- | --- | ---: | " + " | ".join("---:" for _ in runs) + " | --- |")
     for name, dtype in (("fp32", np.dtype(np.float32)), ("bf16", bfloat16())):
+        if name not in args.dtypes.split(","):
+            continue
         total = np.zeros(len(runs) + 1)
         for c, hw in POOLED:
             shape = (args.batch, c, hw, hw)

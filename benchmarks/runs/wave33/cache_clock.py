@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """The combination matrix's cells predicted from layers timed two ways: from the L2 cache a
 step leaves (the profile's timing method 9, planner/cache_state.py) and back to back with the
-cache as the call before left it (method 8). Each clock runs scripts/matrix_gpu.py's cells in
-this process with its own profile cache, so each cell's step is measured in both runs and
-predicted from each clock's profile.
+cache as the call before left it (method 8). scripts/matrix_gpu.py's cells run once, in this
+process, predicted from method 9's profiles; then `minidnn plan --report` predicts each cell
+that ran again from method 8's, measured into a profile cache of their own. So both
+predictions stand beside the same measured step.
 
     python3 benchmarks/runs/wave33/cache_clock.py OUT -- --models alexnet --precisions fp32 \\
         --fractions 0.25,least --time-limit 100
 
-writes OUT/step/ and OUT/back_to_back/ (matrix.json, matrix.md) and OUT/cache_clock.md: the
-cells side by side.
+writes OUT/matrix.json, OUT/matrix.md (method 9) and OUT/cache_clock.md: both side by side.
 """
 import json
 import os
@@ -30,31 +30,32 @@ def back_to_back(self, fn, repeats, warmup=1, warm=None):
     return STEP_CLOCK(self, fn, repeats, warmup)
 
 
-def cells(path: str) -> dict:
-    with open(path) as f:
-        return {(c["model"], c["precision"], c["split_batch_statistics"], c["budget"]): c
-                for c in json.load(f)["cells"]}
+def shown(predicted, measured) -> str:
+    if predicted is None or not measured:
+        return "-"
+    return f"{predicted / measured:.3f} ({predicted * 1e3:.1f} / {measured * 1e3:.1f} ms)"
 
 
 def main() -> int:
     out, rest = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
-    base = os.environ.get("MINIDNN_CACHE", "/tmp/cache")
-    for clock, call in (("step", STEP_CLOCK), ("back_to_back", back_to_back)):
-        os.environ["MINIDNN_CACHE"] = f"{base}_{clock}"
-        profile._Clock.__call__ = call
-        matrix_gpu.main(rest + ["--in-process", "--out", os.path.join(out, clock)])
-    step, b2b = (cells(os.path.join(out, c, "matrix.json")) for c in ("step", "back_to_back"))
-    lines = ["| cell | from the step's cache: predicted / measured step | back to back |",
-             "| --- | ---: | ---: |"]
-
-    def ratio(c) -> str:
-        if not c or c.get("predicted_step_s") is None or not c.get("measured_step_s"):
-            return (c or {}).get("outcome", "not run")
-        p, m = c["predicted_step_s"], c["measured_step_s"]
-        return f"{p / m:.3f} ({p * 1e3:.1f} / {m * 1e3:.1f} ms)"
-    for key in sorted(set(step) | set(b2b), key=str):
-        lines.append(f"| {' '.join(str(k) for k in key if k not in (None, False))} | "
-                     f"{ratio(step.get(key))} | {ratio(b2b.get(key))} |")
+    argv = rest + ["--in-process", "--out", out]
+    matrix_gpu.main(argv)
+    with open(os.path.join(out, "matrix.json")) as f:
+        cells = [c for c in json.load(f)["cells"] if c.get("predicted_step_s") is not None]
+    os.environ["MINIDNN_CACHE"] = os.environ.get("MINIDNN_CACHE", "/tmp/cache") + "_8"
+    profile._Clock.__call__ = back_to_back
+    matrix = matrix_gpu.Matrix(matrix_gpu.parse_args(argv))
+    matrix.opts.time_limit = 1e9
+    lines = ["| cell | method 9: predicted / measured step | method 8 |", "| --- | ---: | ---: |"]
+    for c in cells:
+        model, precision, split = c["model"], c["precision"], c["split_batch_statistics"]
+        path = os.path.join(out, matrix.name(model, precision, split, c["budget"]) + ".json")
+        with open(path) as f:
+            again = matrix.compare(model, precision, split, path, json.load(f))
+        lines.append(f"| {matrix.name(model, precision, split, c['budget'])} | "
+                     f"{shown(c['predicted_step_s'], c['measured_step_s'])} | "
+                     f"{shown(again.get('predicted_step_s'), c['measured_step_s'])} |")
+        print(lines[-1], flush=True)
     with open(os.path.join(out, "cache_clock.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -96,27 +96,6 @@ def test_a_call_that_cannot_be_captured_is_timed_launched_and_the_stream_stays_u
     assert y.get().tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
 
 
-def test_a_call_is_timed_from_the_l2_cache_a_step_leaves_it_in():
-    """A read of 24 MB (under the H200's 50 MB of L2): back to back it finds its array in the
-    cache; with the cache evicted first (warm=[]) it reads it from memory, slower; with the
-    array named warm it finds it in the cache again. The set-up's time is taken off."""
-    device = select_device("gpu")
-    x = cp.ones(6 * 2**20, cp.float32)
-    out = cp.empty((), cp.float32)
-
-    def read():
-        cp.sum(x, out=out)
-
-    clock = _Clock(device)
-    with device.compute:
-        back_to_back = clock(read, 20)[0]
-        cold = clock(read, 20, warm=[])[0]
-        warm = clock(read, 20, warm=[x])[0]
-    assert cold > 1.3 * back_to_back
-    assert warm < 0.8 * cold
-    assert 0 < warm
-
-
 @pytest.mark.parametrize("layout, precision", [("nhwc", "bf16"), ("nhwc", "fp32"),
                                                ("nchw", "fp32")])
 def test_the_plan_tables_a_profile_reads_are_those_of_the_problems_a_step_runs(layout,

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import statistics
 import time
 from pathlib import Path
 
@@ -48,7 +47,6 @@ from ..memory.plan import LivenessPlan
 from ..network import LABEL
 from ..kernels.math_mode import kernel_settings
 from ..version import __version__
-from .cache_state import CacheState
 from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
                     structure_hash, weight_copy_shapes)
 
@@ -64,9 +62,8 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # strict FP32; 7: a bf16 product timed reading its weight's bf16 copy as a step's calls share
 # it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s;
 # 8: each copy's fixed latency and an event's crossing between engines,
-# Profile.d2h_latency_s / h2d_latency_s / sync_latency_s; 9: a layer's call timed from the
-# L2 cache a step leaves it, cache_state.py, where the calls back to back found it warm).
-TIMING_METHOD = 9
+# Profile.d2h_latency_s / h2d_latency_s / sync_latency_s).
+TIMING_METHOD = 8
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 LATENCY_BYTES = 4096     # a copy whose bytes take a small part of its time
 
@@ -175,60 +172,25 @@ class _Clock:
     held (kernels/cuda_hold.py) while the host issues them, so that a call the host issues
     more slowly than the device runs it is still timed at the device's rate: the hold lasts
     HOLD_MARGIN times the host's issue time of the previous timing (at least MIN_HOLD_S),
-    and a timing whose issue outlasted its hold is taken again with a hold long enough.
-
-    A layer's call (`warm` given) starts each time with the L2 cache as a step leaves it
-    (cache_state.py): the set-up runs before each call, is timed alone the same way, and its
-    time is taken off; each of the two timings is the median of SETUP_TIMINGS."""
+    and a timing whose issue outlasted its hold is taken again with a hold long enough."""
 
     MIN_HOLD_S = 0.5e-3
     HOLD_MARGIN = 2.0
-    SETUP_TIMINGS = 3
 
     def __init__(self, device: Device):
         self.device = device
         self._issue_s = 0.0      # the host's time to issue the last timing's calls
-        self._cache = None       # a CacheState, made on the first call that wants one
 
-    def __call__(self, fn, repeats: int, warmup: int = 1,
-                 warm=None) -> tuple[float, float]:
-        """(device seconds, host seconds) per call of fn().
-
-        Args:
-            fn: one call, issued on the device's compute stream.
-            repeats: calls per timing.
-            warm: on a GPU, the arrays the call finds in the L2 cache inside a step (the
-                rest evicted before each call), or None: the calls back to back as they are.
-        """
+    def __call__(self, fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
+        """(device seconds, host seconds) per call of fn()."""
+        for _ in range(warmup):
+            fn()
         if not self.device.is_gpu:
-            for _ in range(warmup):
-                fn()
             t0 = time.perf_counter()
             for _ in range(repeats):
                 fn()
             return (time.perf_counter() - t0) / repeats, 0.0
-        if warm is None:
-            return self._time(fn, repeats, warmup)
-        if self._cache is None:
-            self._cache = CacheState.of(self.device)
-        cache = self._cache
-
-        def set_up():
-            cache.enter(warm)
-
-        def call():
-            set_up()
-            fn()
-        both = self._time(call, repeats, warmup, self.SETUP_TIMINGS)
-        alone = self._time(set_up, repeats, warmup, self.SETUP_TIMINGS)
-        return max(both[0] - alone[0], 0.0), max(both[1] - alone[1], 0.0)
-
-    def _time(self, fn, repeats: int, warmup: int, launches: int = 1) -> tuple[float, float]:
-        """(device seconds, host seconds) per call of fn(), replayed (the median of
-        `launches` replays) or held (above)."""
-        for _ in range(warmup):
-            fn()
-        replayed = self._time_replayed(fn, repeats, launches)
+        replayed = self._time_replayed(fn, repeats)
         if replayed is not None:
             return replayed
         held = max(self.MIN_HOLD_S, self.HOLD_MARGIN * self._issue_s)
@@ -238,12 +200,10 @@ class _Clock:
                 fn, repeats, self.HOLD_MARGIN * self._issue_s)
         return device_s / repeats, self._issue_s / repeats
 
-    def _time_replayed(self, fn, repeats: int,
-                       launches: int = 1) -> tuple[float, float] | None:
+    def _time_replayed(self, fn, repeats: int) -> tuple[float, float] | None:
         """(device seconds, host seconds) per call of `repeats` calls captured as one CUDA
-        graph and replayed (the median of `launches` replays), or None where they cannot be
-        captured. The warm-up call before left the blocks the calls take in CuPy's pool, so
-        the capture allocates nothing new."""
+        graph and replayed, or None where they cannot be captured. The warm-up call before
+        left the blocks the calls take in CuPy's pool, so the capture allocates nothing new."""
         import cupy
         dev = self.device
         stream = dev.compute
@@ -260,18 +220,15 @@ class _Clock:
                     graph = stream.end_capture()
             graph.upload(stream)
             graph.launch(stream)             # the first replay sets the graph up
-            times = []
-            for _ in range(launches):
-                start, end = dev.timing_event(), dev.timing_event()
-                start.record(stream)
-                graph.launch(stream)
-                end.record(stream)
-                end.synchronize()
-                times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+            start, end = dev.timing_event(), dev.timing_event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
         except Exception:   # noqa: BLE001 -- not capturable: timed as launched (the caller)
             dev.synchronize()
             return None
-        return statistics.median(times) / repeats, host / repeats
+        return cupy.cuda.get_elapsed_time(start, end) / 1e3 / repeats, host / repeats
 
     def _time_held(self, fn, repeats: int, held: float) -> tuple[float, float]:
         """(device seconds, host seconds) of `repeats` calls issued behind a hold of `held`."""
@@ -420,11 +377,8 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
     by = y if plan.retains_output(i) else None
 
     def run() -> tuple:   # through the mixed-precision boundary, as the executor calls layers
-        # Inside a step a forward finds its inputs in the L2 cache (the layers before it just
-        # wrote them), a backward its incoming gradient; the rest was evicted (cache_state.py).
-        f, hf = clock(lambda: mixed.forward(layer, xs, y, aux, ctx), repeats, warm=xs)
-        b, hb = clock(lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx), repeats,
-                      warm=[gy])
+        f, hf = clock(lambda: mixed.forward(layer, xs, y, aux, ctx), repeats)
+        b, hb = clock(lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx), repeats)
         return f, b, (hf, hb)
 
     if layer.kind == "conv":

@@ -81,13 +81,16 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtypes", default="fp32,bf16", help="the rows: fp32, bf16 or both")
     args = ap.parse_args()
+    rows = {"fp32": np.dtype(np.float32), "bf16": bfloat16()}
+    wanted = args.dtypes.split(",")
+    if not set(wanted) <= set(rows):
+        ap.error(f"--dtypes: {args.dtypes!r} names none but fp32 and bf16")
     runs = cuda_pool.POOL_SUMS_RUNS
     print("| dtype | map (N, C, H, W) | pool then sums ms | "
           + " | ".join(f"fused, run {r} ms (GB/s)" for r in runs) + " | same bits |")
     print("| --- | --- | ---: | " + " | ".join("---:" for _ in runs) + " | --- |")
-    for name, dtype in (("fp32", np.dtype(np.float32)), ("bf16", bfloat16())):
-        if name not in args.dtypes.split(","):
-            continue
+    for name in wanted:
+        dtype = rows[name]
         total = np.zeros(len(runs) + 1)
         for c, hw in POOLED:
             shape = (args.batch, c, hw, hw)

@@ -701,20 +701,31 @@ __device__ __forceinline__ void advance(Step& at, const Step& by, int H, int W) 
     at.n += by.n;
 }
 
+// Stores a pixel's gradient g, rounded to T, at gx, and adds the stored values to the
+// column sums acc: the bias gradient sums what the map holds, as bias_grad would.
+template<typename T, int VEC>
+__device__ __forceinline__ void store_and_add(const acc_t<T> (&g)[VEC], T* gx,
+                                              acc_t<T> (&acc)[VEC]) {
+    Pack<T, VEC> out;
+    #pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        out.v[j] = narrow<T>(g[j]);
+        acc[j] += widen(out.v[j]);
+    }
+    store<T, VEC>(gx, 0, out);
+}
+
 template<typename T, int VEC>
 __device__ __forceinline__ void route_and_add(const Pack<unsigned char, VEC>& a,
                                               const Pack<T, VEC>& v, int win, T* gx,
                                               acc_t<T> (&acc)[VEC]) {
-    typedef acc_t<T> A;
-    Pack<T, VEC> out;
+    acc_t<T> g[VEC];
     #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        A g = 0;
-        if (a.v[j] == win) g += widen(v.v[j]);
-        out.v[j] = narrow<T>(g);
-        acc[j] += widen(out.v[j]);
+        g[j] = 0;
+        if (a.v[j] == win) g[j] += widen(v.v[j]);
     }
-    store<T, VEC>(gx, 0, out);
+    store_and_add<T, VEC>(g, gx, acc);
 }
 
 template<typename T, int VEC, bool TILES2, int RUN>
@@ -779,13 +790,7 @@ __global__ void maxpool2d_backward_sums(const T* __restrict__ gy,
                         if (a.v[j] == win) g[j] += widen(v.v[j]);
                 }
             }
-            Pack<T, VEC> out;
-            #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                out.v[j] = narrow<T>(g[j]);
-                acc[j] += widen(out.v[j]);
-            }
-            store<T, VEC>(gx + r * C + c0, 0, out);
+            store_and_add<T, VEC>(g, gx + r * C + c0, acc);
         }
     }
     store_column_sums<A, VEC>(acc, partial, C, c0);

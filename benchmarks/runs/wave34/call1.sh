@@ -15,7 +15,7 @@ stage alexnet_least_calls 40 python3 scripts/model_vs_trace.py \
     --json $OUT/matrix_alexnet/alexnet-fp32-least.calls.json
 mkdir -p $OUT/alexnet_64
 stage alexnet_64_free 70 python3 -m minidnn train --model alexnet --data synthetic \
-    --batch 256 --steps 12 --precision fp32 --policy dyn --memory-budget 100GiB \
+    --batch 256 --steps 12 --precision fp32 --policy dyn --memory-budget 8GiB \
     --micro-batches 64 --relu-bits --eval-every 0 --eval-batches 1 --no-progress \
     --log-every 12 --report $OUT/alexnet_64/run.json --trace $OUT/alexnet_64/trace.json \
     --trace-held

@@ -807,7 +807,9 @@ _VECTOR_BYTES = 16
 # Pixels a thread of the fused pool's backward (maxpool2d_backward_sums, 2x2 tiles) loads
 # before it adds them, one of POOL_SUMS_RUNS (the kernel is built for each; 1: one at a time).
 # On the H200, VGG-16's five float32 pools: 2.82 ms one at a time, 2.74-2.75 ms in runs of 2
-# or 4, 2.81 in runs of 8 (benchmarks/RESULTS.md, the thirty-second wave).
+# or 4, 2.81 in runs of 8 (benchmarks/RESULTS.md, the thirty-second wave); a later call, 2.80
+# and 2.82 ms in runs of 1 and 4, bf16 2.18 and 2.10 (the thirty-fourth): within a call's spread
+# in float32, a little faster in bf16.
 POOL_SUMS_RUNS = (1, 4)
 POOL_SUMS_RUN = 4
 # Maps the vector kernels take, and their values per vector. float64 maps (tests, gradient

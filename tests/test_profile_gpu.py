@@ -175,3 +175,24 @@ def test_an_events_crossing_between_engines_is_measured_in_microseconds():
     sync = measure_sync_latency(device, d2h_bw, h2d_bw, d2h, h2d)
     assert 0.0 <= sync < 30e-6, sync
     print(f"copy latency {d2h * 1e6:.2f} / {h2d * 1e6:.2f} us, sync {sync * 1e6:.2f} us")
+
+
+def test_a_pass_of_many_different_calls_takes_a_gap_a_call_beyond_them_alone():
+    """AlexNet's pass of 4 images: in sequence its calls take microseconds each more than
+    each alone back to back (the H200: about 2 us); the pass is measured at the profile's
+    batch where its buffers fit, and the network is left as it was."""
+    from minidnn import models
+    from minidnn.kernels.mapformat import MapFormat
+    from minidnn.planner.profile import CALL_GAP_BYTES, measure_call_gap, pass_bytes
+    device = select_device("gpu")
+    net = models.build("alexnet")
+    weights = [p.data for _, p in net.parameters()]
+    maps = MapFormat("nhwc", "fp32")
+    gap, batch = measure_call_gap(net, 4, device, maps)
+    assert batch == 4 and pass_bytes(net, 4, maps) <= CALL_GAP_BYTES
+    assert 0.2e-6 < gap < 20e-6
+    assert all(p.data is w for (_, p), w in zip(net.parameters(), weights))
+    assert pass_bytes(net, 256, maps) > CALL_GAP_BYTES
+    gap, batch = measure_call_gap(net, 256, device, maps)   # halved until it fits
+    assert 0 < batch < 256 and pass_bytes(net, batch, maps) <= CALL_GAP_BYTES < \
+        pass_bytes(net, 2 * batch, maps)

@@ -106,9 +106,13 @@ class Profile:
     source: 'measured' or 'analytic:<gpu>'. device_name: the GPU's name as the driver gives it
     (or the preset's). memory_bytes: the device's memory. d2h_bw / h2d_bw: pinned copy
     bandwidth device -> host and host -> device alone (bytes/s); duplex_bw: both directions at
-    once, together. d2h_latency_s / h2d_latency_s: the time each copy takes on its stream
-    beyond its bytes over the link (a copy of a few KB takes microseconds where its bytes
-    take a small part of one; 0 in profiles measured before it was). sync_latency_s: how long
+    once, together. call_gap_s: the device time each layer call takes in a step beyond its
+    time alone (the layer times are of each call replayed back to back): a pass's calls in
+    sequence, each a different kernel, take microseconds more each (profile.measure_call_gap;
+    0 on the CPU, in analytic profiles, whose kernel_s floor stands for it, and in profiles
+    measured before it was). d2h_latency_s / h2d_latency_s: the time each copy takes on its
+    stream beyond its bytes over the link (a copy of a few KB takes microseconds where its
+    bytes take a small part of one; 0 in profiles measured before it was). sync_latency_s: how long
     after an event happens a stream waiting for it on another engine starts (a copy engine's
     end seen by the compute engine, say): a map offloaded after its layer and waited for
     before its memory is reused crosses engines twice. optimizer_s /
@@ -144,6 +148,7 @@ class Profile:
     d2h_latency_s: float = 0.0
     h2d_latency_s: float = 0.0
     sync_latency_s: float = 0.0
+    call_gap_s: float = 0.0
     optimizer_s: float = 0.0
     optimizer_host_s: float = 0.0
     accumulate_s: float = 0.0

@@ -26,6 +26,7 @@ them measures again.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ from ..network import LABEL
 from ..kernels.math_mode import kernel_settings
 from ..version import __version__
 from .costs import (ALGOS, IN_PLACE_ADD_SHARE, LayerCost, Profile, in_place_gradients,
-                    structure_hash, weight_copy_shapes)
+                    numel, structure_hash, weight_copy_shapes)
 
 DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # How layers are timed, in the cache key: a profile cached by an earlier way of timing them
@@ -62,8 +63,12 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # strict FP32; 7: a bf16 product timed reading its weight's bf16 copy as a step's calls share
 # it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s;
 # 8: each copy's fixed latency and an event's crossing between engines,
-# Profile.d2h_latency_s / h2d_latency_s / sync_latency_s).
-TIMING_METHOD = 8
+# Profile.d2h_latency_s / h2d_latency_s / sync_latency_s; 9: what a call takes beyond its time
+# alone among a pass's other calls, Profile.call_gap_s).
+TIMING_METHOD = 9
+# measure_call_gap: the bytes a pass's buffers may take at once, and its timed passes.
+CALL_GAP_BYTES = 2 * 2**30
+CALL_GAP_REPEATS = 10
 BANDWIDTH_BYTES = {"gpu": 256 * 2**20, "cpu": 32 * 2**20}
 LATENCY_BYTES = 4096     # a copy whose bytes take a small part of its time
 
@@ -366,23 +371,43 @@ def _manager_overhead(net, batch: int) -> float:
     return (time.perf_counter() - t0) / (steps * 2 * len(net.nodes))
 
 
+def _layer_calls(i, node, plan, shapes, ctx, rng, num_classes) -> tuple:
+    """(forward, backward): node i's two calls as the executor makes them (through the
+    mixed-precision boundary), on buffers that live as long as the calls."""
+    layer = node.layer
+    xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, ctx.xp, rng, num_classes,
+                                         ctx.kernels)
+    bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
+    by = y if plan.retains_output(i) else None
+    return (lambda: mixed.forward(layer, xs, y, aux, ctx),
+            lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx))
+
+
+def _place_parameters(node, net, plan, xp, rng) -> None:
+    """Parameters of the right shape, laid out as the run lays them out (a convolution's
+    weights as the maps: Assembly._place_parameters), so that a convolution is timed on the
+    cuDNN problem the run runs; their values do not change the time."""
+    for p in node.layer.params.values():
+        p.data = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
+        p.data[...] = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
+        p.grad = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
+    for b in node.layer.buffers.values():
+        b.data = xp.asarray(b.initial_value(net.dtype))
+
+
 def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
                    deterministic) -> tuple:
     """(forward_s, backward_s, workspace_forward, workspace_backward, host issue time per
     call) of node i, on buffers that live only inside this call."""
-    layer, xp = node.layer, ctx.xp
-    xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, xp, rng, num_classes,
-                                         ctx.kernels)
-    bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
-    by = y if plan.retains_output(i) else None
+    forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng, num_classes)
 
-    def run() -> tuple:   # through the mixed-precision boundary, as the executor calls layers
-        f, hf = clock(lambda: mixed.forward(layer, xs, y, aux, ctx), repeats)
-        b, hb = clock(lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx), repeats)
+    def run() -> tuple:
+        f, hf = clock(forward, repeats)
+        b, hb = clock(backward, repeats)
         return f, b, (hf, hb)
 
-    if layer.kind == "conv":
-        return _conv_settings(layer, node, ctx, deterministic, run, plan.maps)
+    if node.layer.kind == "conv":
+        return _conv_settings(node.layer, node, ctx, deterministic, run, plan.maps)
     f, b, host = run()
     return {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}, host
 
@@ -408,37 +433,36 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
                       relu_bits=plan.relu_bits)
     clock = _Clock(device)
     manager_s = _manager_overhead(net, batch)
+    costs = {}
+    with _net_state_kept(net), device.compute:
+        bar = tqdm(net.nodes, desc=f"profiling {net.name} b{batch}", unit="layer",
+                   disable=None if progress else True, leave=False)  # None: off without a terminal
+        for i, node in enumerate(bar):
+            bar.set_postfix_str(node.name)
+            _place_parameters(node, net, plan, xp, rng)
+            # A step's calls share one bf16 copy of each weight (made once a step:
+            # measure_weight_copies): the warm-up call makes it, the timed calls read it.
+            with kernels.shared_weight_copies():
+                fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
+                    i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
+                    deterministic)
+            costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
+                "forward": hf + manager_s, "backward": hb + manager_s})
+            for p in node.layer.params.values():
+                p.data = p.grad = None
+            _release_pool(device)
+    return costs
+
+
+@contextlib.contextmanager
+def _net_state_kept(net):
+    """The network's parameters, running statistics and convolution plan settings as they
+    were when the block ends (a profile puts measuring ones in their place)."""
     saved = [(p, p.data, p.grad) for _, p in net.parameters()]
     saved_buffers = [(b, b.data) for _, b in net.buffers()]   # running statistics forward moves
     saved_settings = {n.name: n.layer.plan_setting for n in net.nodes if n.layer.kind == "conv"}
-    costs = {}
     try:
-        with device.compute:
-            bar = tqdm(net.nodes, desc=f"profiling {net.name} b{batch}", unit="layer",
-                       disable=None if progress else True, leave=False)  # None: off without a terminal
-            for i, node in enumerate(bar):
-                bar.set_postfix_str(node.name)
-                # Parameters of the right shape, laid out as the run lays them out (a
-                # convolution's weights as the maps: Assembly._place_parameters), so that a
-                # convolution is timed on the cuDNN problem the run runs; their values do
-                # not change the time.
-                for p in node.layer.params.values():
-                    p.data = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
-                    p.data[...] = _random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
-                    p.grad = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
-                for b in node.layer.buffers.values():
-                    b.data = xp.asarray(b.initial_value(net.dtype))
-                # A step's calls share one bf16 copy of each weight (made once a step:
-                # measure_weight_copies): the warm-up call makes it, the timed calls read it.
-                with kernels.shared_weight_copies():
-                    fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
-                        i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
-                        deterministic)
-                costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
-                    "forward": hf + manager_s, "backward": hb + manager_s})
-                for p in node.layer.params.values():
-                    p.data = p.grad = None
-                _release_pool(device)
+        yield
     finally:
         for p, data, grad in saved:
             p.data, p.grad = data, grad
@@ -446,7 +470,65 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
             b.data = data
         for name, setting in saved_settings.items():
             net.node(name).layer.plan_setting = setting
-    return costs
+
+
+def pass_bytes(net, batch: int, maps: MapFormat) -> int:
+    """Device bytes of every layer's buffers at once (each input, output and their
+    gradients) and of the parameters with their gradients: what measure_call_gap holds."""
+    shapes = net.infer_shapes(batch)
+    item = np.dtype(maps.map_dtype(net.dtype)).itemsize
+    maps_n = sum(2 * (sum(numel(shapes[x]) for x in n.inputs) + numel(shapes[n.name]))
+                 for n in net.nodes)
+    params_n = sum(2 * numel(p.shape) for _, p in net.parameters())
+    return maps_n * item + params_n * np.dtype(net.dtype).itemsize
+
+
+def measure_call_gap(net, batch: int, device: Device, maps: MapFormat | None = None,
+                     relu_bits=frozenset(), repeats: int = CALL_GAP_REPEATS) -> tuple:
+    """(seconds, batch measured at): how much longer a layer call takes in a pass, among
+    the network's other calls, than replayed back to back alone (Profile.call_gap_s).
+
+    A pass's calls (every forward in order, every backward in reverse, each convolution on
+    its fastest plan, nothing fused) are captured `repeats` times as one CUDA graph, as a
+    step replays them, and that replay is set beside the sum of the same calls each timed
+    alone (_Clock): the difference over the calls. On an H200, AlexNet's pass of 4 images
+    takes 1.9 us (fp32) and 2.0 us (bf16) more a call in sequence, though each call after
+    the one before it alone takes what it takes alone: it is the many different calls, not
+    a pair's handover. Every buffer lives at once, so the pass is measured at the largest
+    batch of `batch`, batch / 2, batch / 4, ... whose buffers (pass_bytes) take at most
+    CALL_GAP_BYTES (an eighth of a smaller device's memory), and the gap is taken as the
+    same at the profile's batch, where it is a small part of calls that large. 0 on the CPU, whose
+    wall-clock times hold whatever a call costs, and where not even one image's pass fits."""
+    if not device.is_gpu:
+        return 0.0, batch
+    maps = maps or MapFormat()
+    limit = min(CALL_GAP_BYTES, device_memory_bytes(device) // 8)
+    while batch > 1 and pass_bytes(net, batch, maps) > limit:
+        batch //= 2
+    if pass_bytes(net, batch, maps) > limit:
+        return 0.0, 0
+    kernels = kernel_modules.for_device(device)
+    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps, fuse=False)
+    shapes = net.infer_shapes(batch)
+    rng = np.random.default_rng(0)
+    ctx = StepContext(device.xp, kernels=kernels, train=True, step=0, seed=0, device=device,
+                      relu_bits=plan.relu_bits)
+    clock = _Clock(device)
+    with _net_state_kept(net), device.compute, kernels.shared_weight_copies():
+        forwards, backwards = [], []
+        for i, node in enumerate(net.nodes):
+            _place_parameters(node, net, plan, device.xp, rng)
+            if node.layer.kind == "conv":
+                node.layer.plan_setting = "fastest"
+            forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng,
+                                             shapes[net.output][-1])
+            forwards.append(forward)
+            backwards.append(backward)
+        calls = forwards + backwards[::-1]
+        alone = sum(clock(call, repeats)[0] for call in calls)
+        together = clock(lambda: [call() for call in calls], repeats)[0]
+    _release_pool(device)
+    return max(0.0, (together - alone) / len(calls)), batch
 
 
 def _release_pool(device: Device) -> None:
@@ -692,15 +774,19 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     d2h, h2d, both = measure_bandwidth(device)
     d2h_latency, h2d_latency = measure_copy_latency(device, d2h, h2d)
     sync_latency = measure_sync_latency(device, d2h, h2d, d2h_latency, h2d_latency)
+    call_gap, gap_batch = measure_call_gap(net, batch, device, maps, relu_bits)
     notes = [f"measured in {time.perf_counter() - t0:.1f} s",
              f"feature maps {maps.layout.upper()}, {maps.precision}"]
+    if device.is_gpu:
+        notes.append(f"call gap {call_gap * 1e6:.2f} us, measured in passes of {gap_batch}"
+                     if gap_batch else "call gap not measured: one image's pass is too large")
     if not device.is_gpu:
         notes.append("CPU: layer times are wall-clock; copies are memcpy")
     return Profile(source="measured", device_name=device.name, math=settings["math"],
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),
                    d2h_bw=d2h, h2d_bw=h2d, duplex_bw=max(both, max(d2h, h2d)),
                    d2h_latency_s=d2h_latency, h2d_latency_s=h2d_latency,
-                   sync_latency_s=sync_latency, layers=layers,
+                   sync_latency_s=sync_latency, call_gap_s=call_gap, layers=layers,
                    optimizer_s=opt_s, optimizer_host_s=opt_host_s, accumulate_s=adds_s,
                    weight_copy_s=copies_s, synchronous=not device.is_gpu,
                    temporaries_in_arena=device.is_gpu,

@@ -698,11 +698,14 @@ class StepModel:
 
     def _call_costs(self, conv_algo: dict, planned: dict) -> dict:
         """{(phase, node index): (host s, device s, bytes taken for the call)} of every layer
-        call under these plan settings: the bytes are its workspace unless the static layout
-        plans it (`planned`: then it is inside the region) and its temporaries. Only a
+        call under these plan settings. The device time is the call's time alone (its share
+        of it where it is fused) and the gap a call takes among a pass's others
+        (Profile.call_gap_s). The bytes are its workspace unless the static layout plans it
+        (`planned`: then it is inside the region) and its temporaries. Only a
         convolution's entries depend on the settings; the others are worked out once per
         model, and a convolution's once per (call, setting, planned or not): every decision
         asks, and a very deep network has thousands of calls."""
+        gap = self.profile.call_gap_s      # each call's among a pass's others
         if self._fixed_costs is None:
             convs = set(self.conv_names)
             self._fixed_costs = {}
@@ -712,8 +715,10 @@ class StepModel:
                     self._conv_calls.append((phase, i, name, transient))
                 else:
                     host, dur, ws = self._cost_of(phase, i, name, "fastest")
-                    dur *= (self.backward_share if phase == "backward" else
-                            self.forward_share).get(name, 1.0)
+                    share = (self.backward_share if phase == "backward" else
+                             self.forward_share).get(name, 1.0)
+                    # A call priced at nothing runs inside another's kernel: no gap of its own.
+                    dur = dur * share + (gap if share else 0.0)
                     self._fixed_costs[(phase, i)] = (host, dur, ws + transient)
         out = dict(self._fixed_costs)
         cache = self._cost_cache
@@ -724,13 +729,13 @@ class StepModel:
             got = cache.get((phase, i, algo, inside))
             if got is None:
                 host, dur, ws = self._cost_of(phase, i, name, algo)
-                got = cache[(phase, i, algo, inside)] = (host, dur,
+                got = cache[(phase, i, algo, inside)] = (host, dur + gap,
                                                          (0 if inside else ws) + transient)
             out[(phase, i)] = got
         return out
 
     def _cost_of(self, phase: str, i: int, name: str, algo: str) -> tuple:
-        """(host s, device s, workspace bytes) of node i's `phase` call on setting `algo`."""
+        """(host s, device s alone, workspace bytes) of node i's `phase` call on `algo`."""
         cost = self.profile.layer(name)
         return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
 

@@ -8,8 +8,9 @@ device and times its forward and backward, for each convolution plan setting ('f
 'min_workspace') on convolutions; it reads each setting's cuDNN workspace from the kernels'
 measured plan table (`conv_plans`), and adds the workspace limits between the two that trade
 memory for time (`fastest<=BYTES`, timed from the plan table's differences). It measures the
-host's time to issue each call, one SGD step, and the pinned copy bandwidth device -> host,
-host -> device and both at once.
+host's time to issue each call, one SGD step, the pinned copy bandwidth device -> host,
+host -> device and both at once, and how much longer a call takes among a pass's other
+calls than alone (measure_call_gap).
 
 Times: on a GPU, CUDA events around `repeats` back-to-back calls on the compute stream,
 captured as a CUDA graph and replayed as a replayed step runs them (or, where they cannot be

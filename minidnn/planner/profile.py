@@ -494,12 +494,13 @@ def measure_call_gap(net, batch: int, device: Device, maps: MapFormat | None = N
     step replays them, and that replay is set beside the sum of the same calls each timed
     alone (_Clock): the difference over the calls. On an H200, AlexNet's pass of 4 images
     takes 1.9 us (fp32) and 2.0 us (bf16) more a call in sequence, though each call after
-    the one before it alone takes what it takes alone: it is the many different calls, not
-    a pair's handover. Every buffer lives at once, so the pass is measured at the largest
-    batch of `batch`, batch / 2, batch / 4, ... whose buffers (pass_bytes) take at most
-    CALL_GAP_BYTES (an eighth of a smaller device's memory), and the gap is taken as the
-    same at the profile's batch, where it is a small part of calls that large. 0 on the CPU, whose
-    wall-clock times hold whatever a call costs, and where not even one image's pass fits."""
+    the one before it alone takes what it takes alone: the gap comes with many different
+    calls in turn, not with a pair's handover. Every buffer lives at once, so the pass is
+    measured at the largest batch of `batch`, batch / 2, batch / 4, ... whose buffers
+    (pass_bytes) take at most CALL_GAP_BYTES (an eighth of a smaller device's memory), and
+    the gap is taken as the same at the profile's batch, where it is a small part of calls
+    that large. 0 on the CPU, whose wall-clock times hold whatever a call costs, and where
+    not even one image's pass fits."""
     if not device.is_gpu:
         return 0.0, batch
     maps = maps or MapFormat()

@@ -782,7 +782,7 @@ def measure_profile(net, batch: int, device: Device | str = "auto",
     if device.is_gpu:
         notes.append(f"call gap {call_gap * 1e6:.2f} us, measured in passes of {gap_batch}"
                      if gap_batch else "call gap not measured: one image's pass is too large")
-    if not device.is_gpu:
+    else:
         notes.append("CPU: layer times are wall-clock; copies are memcpy")
     return Profile(source="measured", device_name=device.name, math=settings["math"],
                    network=net.name, batch=int(batch), memory_bytes=device_memory_bytes(device),

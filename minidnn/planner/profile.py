@@ -372,6 +372,15 @@ def _manager_overhead(net, batch: int) -> float:
     return (time.perf_counter() - t0) / (steps * 2 * len(net.nodes))
 
 
+def _measuring(net, batch: int, device: Device, maps, relu_bits) -> tuple:
+    """(plan, shapes, rng, ctx) that a profile's layer calls are built from: each layer as
+    the unfused step calls it (the step model weighs the fusions), in a training context."""
+    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps, fuse=False)
+    ctx = StepContext(device.xp, kernels=kernel_modules.for_device(device), train=True, step=0,
+                      seed=0, device=device, relu_bits=plan.relu_bits)
+    return plan, net.infer_shapes(batch), np.random.default_rng(0), ctx
+
+
 def _layer_calls(i, node, plan, shapes, ctx, rng, num_classes) -> tuple:
     """(forward, backward): node i's two calls as the executor makes them (through the
     mixed-precision boundary), on buffers that live as long as the calls."""
@@ -424,14 +433,8 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
     kernels = kernel_modules.for_device(device)
     deterministic = kernel_settings(kernels)["deterministic"]
     repeats = repeats or DEFAULT_REPEATS[device.kind]
-    # Each layer alone, as the unfused step calls it (the step model weighs the fusions).
-    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps, fuse=False)
-    shapes = net.infer_shapes(batch)
-    xp = device.xp
-    rng = np.random.default_rng(0)
-    num_classes = shapes[net.output][-1]
-    ctx = StepContext(xp, kernels=kernels, train=True, step=0, seed=0, device=device,
-                      relu_bits=plan.relu_bits)
+    plan, shapes, rng, ctx = _measuring(net, batch, device, maps, relu_bits)
+    xp, num_classes = device.xp, shapes[net.output][-1]
     clock = _Clock(device)
     manager_s = _manager_overhead(net, batch)
     costs = {}
@@ -484,6 +487,25 @@ def pass_bytes(net, batch: int, maps: MapFormat) -> int:
     return maps_n * item + params_n * np.dtype(net.dtype).itemsize
 
 
+def pass_calls(net, batch: int, device: Device, maps: MapFormat,
+               relu_bits=frozenset()) -> list:
+    """[(label, call)]: one pass of `net` at `batch` as measure_call_gap times it, every
+    forward in order, then every backward in reverse, each convolution on its fastest plan,
+    nothing fused, each call on buffers of its own. It puts parameters of its own in the
+    network (_net_state_kept gives the network's back)."""
+    plan, shapes, rng, ctx = _measuring(net, batch, device, maps, relu_bits)
+    forwards, backwards = [], []
+    for i, node in enumerate(net.nodes):
+        _place_parameters(node, net, plan, device.xp, rng)
+        if node.layer.kind == "conv":
+            node.layer.plan_setting = "fastest"
+        forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng,
+                                         shapes[net.output][-1])
+        forwards.append((f"{node.name}.forward", forward))
+        backwards.append((f"{node.name}.backward", backward))
+    return forwards + backwards[::-1]
+
+
 def measure_call_gap(net, batch: int, device: Device, maps: MapFormat | None = None,
                      relu_bits=frozenset(), repeats: int = CALL_GAP_REPEATS) -> tuple:
     """(seconds, batch measured at): how much longer a layer call takes in a pass, among
@@ -510,23 +532,9 @@ def measure_call_gap(net, batch: int, device: Device, maps: MapFormat | None = N
     if pass_bytes(net, batch, maps) > limit:
         return 0.0, 0
     kernels = kernel_modules.for_device(device)
-    plan = LivenessPlan(net, batch, relu_bits=relu_bits, maps=maps, fuse=False)
-    shapes = net.infer_shapes(batch)
-    rng = np.random.default_rng(0)
-    ctx = StepContext(device.xp, kernels=kernels, train=True, step=0, seed=0, device=device,
-                      relu_bits=plan.relu_bits)
     clock = _Clock(device)
     with _net_state_kept(net), device.compute, kernels.shared_weight_copies():
-        forwards, backwards = [], []
-        for i, node in enumerate(net.nodes):
-            _place_parameters(node, net, plan, device.xp, rng)
-            if node.layer.kind == "conv":
-                node.layer.plan_setting = "fastest"
-            forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng,
-                                             shapes[net.output][-1])
-            forwards.append(forward)
-            backwards.append(backward)
-        calls = forwards + backwards[::-1]
+        calls = [call for _, call in pass_calls(net, batch, device, maps, relu_bits)]
         alone = sum(clock(call, repeats)[0] for call in calls)
         together = clock(lambda: [call() for call in calls], repeats)[0]
     _release_pool(device)

@@ -4,13 +4,15 @@
         --precision fp32 [--repeats 20] [--pairs]
 
 The profile times each call replayed back to back from a CUDA graph (planner/profile.py,
-_Clock); a step replays a graph too, but of different calls one after the other. This builds
-every layer's buffers as the profile does (each convolution on its fastest plan, nothing
-fused, no ReLU masks), times each call alone, then one graph of `repeats` whole passes (every
-forward in order, every backward in reverse), and prints the pass in sequence beside the sum
-of its calls alone. With --pairs, each call is also timed after the call before it in the
-pass (a graph of the two, repeated), less that call alone: where in the pass the difference
-lies.
+_Clock); a step replays a graph too, but of different calls one after the other. This takes
+the pass the profile's measure_call_gap times (profile.pass_calls: each convolution on its
+fastest plan, nothing fused, no ReLU masks), times each call alone, then one graph of
+`repeats` whole passes, and prints the pass in sequence beside the sum of its calls alone.
+With --pairs, each call is also timed after the call before it in the pass (a graph of the
+two, repeated), less that call alone: where in the pass the difference lies.
+
+Calls 1 and 3 ran it as it was at b820a92 (the same pass built here, each graph timed as the
+best of three replays of its own).
 """
 from __future__ import annotations
 
@@ -18,82 +20,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 
-def build_calls(net, batch, device, maps):
-    """[(label, fn)] of one pass: every forward in order, then every backward in reverse."""
-    from minidnn import kernels as kernel_modules
-    from minidnn.kernels import mapformat
-    from minidnn.layers import precision as mixed
-    from minidnn.layers.base import StepContext
-    from minidnn.memory.plan import LivenessPlan
-    from minidnn.planner import profile as P
-
-    kernels = kernel_modules.for_device(device)
-    plan = LivenessPlan(net, batch, maps=maps, fuse=False)
-    shapes = net.infer_shapes(batch)
-    xp = device.xp
-    rng = np.random.default_rng(0)
-    num_classes = shapes[net.output][-1]
-    ctx = StepContext(xp, kernels=kernels, train=True, step=0, seed=0, device=device,
-                      relu_bits=plan.relu_bits)
-    forwards, backwards = [], []
-    for i, node in enumerate(net.nodes):
-        layer = node.layer
-        for p in layer.params.values():
-            p.data = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
-            p.data[...] = P._random(xp, p.shape, net.dtype, rng) * net.dtype.type(0.01)
-            p.grad = mapformat.empty(xp, p.shape, net.dtype, plan.maps.layout)
-        for b in layer.buffers.values():
-            b.data = xp.asarray(b.initial_value(net.dtype))
-        if layer.kind == "conv":
-            layer.plan_setting = "fastest"
-        xs, y, aux, gy, gxs = P._layer_buffers(i, node, plan, shapes, xp, rng, num_classes,
-                                               kernels)
-        bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
-        by = y if plan.retains_output(i) else None
-
-        def fwd(layer=layer, xs=xs, y=y, aux=aux):
-            mixed.forward(layer, xs, y, aux, ctx)
-
-        def bwd(layer=layer, bxs=bxs, by=by, gy=gy, gxs=gxs, aux=aux):
-            mixed.backward(layer, bxs, by, gy, gxs, aux, ctx)
-
-        forwards.append((f"{node.name}.forward", fwd))
-        backwards.append((f"{node.name}.backward", bwd))
-    return forwards + backwards[::-1], kernels
-
-
-def time_graph(device, fns, repeats):
-    """Device seconds of one replay of `repeats` rounds of fns, captured as one graph."""
-    import cupy
-    stream = device.compute
-    for fn in fns:          # warm: plans chosen, blocks in CuPy's pool
-        fn()
-    device.synchronize()
-    with stream:
-        stream.begin_capture(cupy.cuda.runtime.streamCaptureModeRelaxed)
-        try:
-            for _ in range(repeats):
-                for fn in fns:
-                    fn()
-        finally:
-            graph = stream.end_capture()
-    graph.upload(stream)
-    graph.launch(stream)
-    best = float("inf")
-    for _ in range(3):
-        start, end = device.timing_event(), device.timing_event()
-        start.record(stream)
-        graph.launch(stream)
-        end.record(stream)
-        end.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return best
+def time_in_sequence(clock, fns, repeats):
+    """Device seconds of one round of fns, `repeats` rounds captured as one graph and replayed
+    (the profile's clock: planner/profile.py, _Clock)."""
+    return clock(lambda: [fn() for fn in fns], repeats)[0]
 
 
 def main(argv=None) -> int:
@@ -109,17 +43,17 @@ def main(argv=None) -> int:
     from minidnn import kernels, models
     from minidnn.backend import select_device
     from minidnn.kernels.mapformat import MapFormat, map_layout
-    from minidnn.planner.profile import _Clock
+    from minidnn.planner.profile import _Clock, pass_calls
 
     device = select_device("gpu")
     kernels.for_device(device).configure(math=args.math)
     net = models.build(args.model)
     maps = MapFormat(map_layout(device, None), args.precision)
-    calls, kmod = build_calls(net, args.batch, device, maps)
     clock = _Clock(device)
-    with device.compute, kmod.shared_weight_copies():
+    with device.compute, kernels.for_device(device).shared_weight_copies():
+        calls = pass_calls(net, args.batch, device, maps)
         alone = [clock(fn, args.repeats)[0] for _, fn in calls]
-        in_sequence = time_graph(device, [fn for _, fn in calls], args.repeats) / args.repeats
+        in_sequence = time_in_sequence(clock, [fn for _, fn in calls], args.repeats)
         print(f"{args.model} b{args.batch} {args.precision} {maps.layout}: {len(calls)} calls a "
               f"pass; alone, summed {sum(alone) * 1e3:.3f} ms; in sequence "
               f"{in_sequence * 1e3:.3f} ms; difference "
@@ -131,7 +65,7 @@ def main(argv=None) -> int:
             for k, (label, fn) in enumerate(calls):
                 if k == 0:
                     continue
-                pair = time_graph(device, [calls[k - 1][1], fn], args.repeats) / args.repeats
+                pair = time_in_sequence(clock, [calls[k - 1][1], fn], args.repeats)
                 after = pair - alone[k - 1]
                 print(f"| {label} | {alone[k] * 1e6:.1f} | {after * 1e6:.1f} | "
                       f"{(after - alone[k]) * 1e6:+.1f} |", flush=True)

@@ -83,6 +83,14 @@ def test_a_relu_its_convolution_applies_takes_no_forward_time_on_a_gpu():
     assert pooled == ["relu1_2", "relu2_2", "relu3_3", "relu4_3", "relu5_3"]
     assert all(relus[n]["backward_s"] == 0 for n in pooled)
     saved += sum(alone[n]["backward_s"] - relus[n]["backward_s"] for n in pooled)
+    # and a convolution whose ReLU adds its bias (here in its own epilogue) makes no pass
+    # adding it (LayerCost.bias_s); its backward is the same
+    convs = {r["layer"]: r for r in fused["layers"] if r["type"] == "Conv2d"}
+    plain = {r["layer"]: r for r in apart["layers"] if r["type"] == "Conv2d"}
+    assert len(convs) == 13
+    assert all(0 < convs[n]["forward_s"] < plain[n]["forward_s"] and
+               convs[n]["backward_s"] == plain[n]["backward_s"] for n in convs)
+    saved += sum(plain[n]["forward_s"] - convs[n]["forward_s"] for n in convs)
     assert apart["plan"]["compute_time_s"] - fused["plan"]["compute_time_s"] == \
         pytest.approx(saved, rel=1e-6)
 

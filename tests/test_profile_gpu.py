@@ -196,3 +196,26 @@ def test_a_pass_of_many_different_calls_takes_a_gap_a_call_beyond_them_alone():
     gap, batch = measure_call_gap(net, 256, device, maps)   # halved until it fits
     assert 0 < batch < 256 and pass_bytes(net, batch, maps) <= CALL_GAP_BYTES < \
         pass_bytes(net, 2 * batch, maps)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_convolutions_bias_pass_is_timed_apart_no_faster_than_memory_allows(precision):
+    """The pass adding a convolution's bias (LayerCost.bias_s), which a step whose ReLU adds
+    the bias does not make, reads and writes the convolution's output: a part of its
+    forward, no faster than HBM moves those bytes; a convolution without a bias has none."""
+    from minidnn import Network
+    from minidnn.kernels.mapformat import MapFormat
+    from minidnn.layers import Conv2d, Flatten, Linear, ReLU
+    from minidnn.planner.profile import measure_layers
+    net = Network((128, 56, 56), num_classes=10, name="one_conv")
+    net.add(Conv2d(128, 3, padding=1), name="conv")
+    net.add(ReLU(), name="relu")
+    net.add(Conv2d(8, 1, bias=False), name="narrow")
+    net.add(Flatten(), name="flat")
+    net.add(Linear(10), name="fc")
+    net.add_loss()
+    maps = MapFormat("nhwc", precision)
+    costs = measure_layers(net, 32, select_device("gpu"), progress=False, maps=maps)
+    moved = 2 * 32 * 128 * 56 * 56 * (4 if precision == "fp32" else 2)
+    assert moved / 5e12 < costs["conv"].bias_s < costs["conv"].time("forward")
+    assert costs["narrow"].bias_s == 0.0

@@ -47,6 +47,8 @@ The ops (shapes: x (N, C, H, W), w (O, C // groups, KH, KW), y (N, O, OH, OW)):
     concat_forward(xs, y, axis)                      y = the xs joined along axis (copies)
     concat_backward(gy, gxs, sizes, axis)            gxs[k] = gy's slice k (sizes[k] wide);
                                                      None entries skipped
+    bias_add(y, b)                                   y += b (O,) per channel, in place: a
+                                                     convolution's bias after its product
     bias_grad(gy, gb)                                gb (O,) = sum of gy over N, OH, OW
     add(a, b, out)                                   out = a + b (one shape); out may be a or b
     add_relu(a, b, out)                              out = max(a + b, 0): a residual add with

@@ -197,6 +197,11 @@ def conv2d_backward_filter(x, gy, gw, gb, spec, workspace=None) -> None:
         bias_grad(gy, gb)
 
 
+def bias_add(y, b) -> None:
+    """y (N, C, H, W) += b (C,), in place, summed in float32 (y may hold bf16 maps)."""
+    y[...] = y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
+
+
 def bias_grad(gy, gb) -> None:
     """gb (C,) = sum of gy (N, C, H, W) over N, H and W: a convolution's bias gradient."""
     gy.sum(axis=(0, 2, 3), out=gb)

@@ -300,11 +300,12 @@ def layer_rows(model, ev) -> list[dict]:
         algo = ev.conv_algo.get(node.layer.name, "")     # a chunk's pieces: their layer's
         a = algo or "fastest"
         share = model.forward_share.get(node.name, 1.0)    # fused into the layer before it
+        own_bias = node.name not in model.bias_elsewhere
         row.update(algo=algo, workspace=max(cost.workspace("forward", a),
                                             cost.workspace("backward", a)),
-                   forward_s=share * cost.time("forward", a),
+                   forward_s=share * cost.time("forward", a, own_bias),
                    backward_s=model.backward_share.get(node.name, 1.0) *
-                   cost.time("backward", a),
+                   cost.time("backward", a, own_bias),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
                               for p in CALL_PHASES))
         rows.append(row)

@@ -48,24 +48,39 @@ class LayerCost:
     host_s: {'forward': s, 'backward': s}, the host's time to issue one call (Python, the
     memory manager, kernel launches). A 'recompute' call (forward run again in backward)
     costs what a forward call costs.
+    bias_s: of a convolution with a bias, the device time of the pass adding it over its
+    output, inside forward_s, which a step whose ReLU adds the bias does not spend (the
+    ReLU adds it in its own pass, or on float32 maps the convolution's epilogue:
+    minidnn/fusion.py, bias_relu): time(..., own_bias=False) leaves it out of a forward.
+    (The sums of the bias's gradient move into the ReLU's backward, or its pool's, which
+    the step model prices at the convolution's, where they were measured.)
     """
     forward_s: dict
     backward_s: dict
     workspace_forward: dict = field(default_factory=lambda: {"fastest": 0})
     workspace_backward: dict = field(default_factory=lambda: {"fastest": 0})
     host_s: dict = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0})
+    bias_s: float = 0.0
 
     @staticmethod
     def _pick(table: dict, algo: str):
         return table[algo] if algo in table else table["fastest"]
 
-    def time(self, phase: str, algo: str = "fastest") -> float:
-        return float(self._pick(self.forward_s if phase in FORWARD_LIKE else self.backward_s,
-                                algo))
+    @staticmethod
+    def _key(phase: str) -> str:
+        return "forward" if phase in FORWARD_LIKE else "backward"
 
-    def least_time(self, phase: str) -> float:
+    def time(self, phase: str, algo: str = "fastest", own_bias: bool = True) -> float:
+        """The call's device time on setting `algo`; own_bias=False: a forward less its
+        bias's pass (bias_s), for a convolution whose ReLU adds its bias."""
+        if self._key(phase) == "backward":
+            return float(self._pick(self.backward_s, algo))
+        t = float(self._pick(self.forward_s, algo))
+        return t if own_bias else max(t - float(self.bias_s), 0.0)
+
+    def least_time(self, phase: str, own_bias: bool = True) -> float:
         """The call's device time on its fastest setting (no plan setting runs it faster)."""
-        return min(self.time(phase, s)
+        return min(self.time(phase, s, own_bias)
                    for s in (self.forward_s if phase in FORWARD_LIKE else self.backward_s))
 
     def workspace(self, phase: str, algo: str = "fastest") -> int:
@@ -73,7 +88,7 @@ class LayerCost:
         return int(self._pick(table, algo))
 
     def host(self, phase: str) -> float:
-        return float(self.host_s.get("forward" if phase in FORWARD_LIKE else phase, 0.0))
+        return float(self.host_s.get(self._key(phase), 0.0))
 
     def max_workspace(self, setting: str = "fastest") -> int:
         return max(self.workspace("forward", setting), self.workspace("backward", setting))
@@ -232,16 +247,18 @@ class Profile:
 
 
 def least_step_s(profile: Profile, micro_batches: int, names, forward_share: dict,
-                 backward_share: dict, accumulate_s: float) -> float:
+                 backward_share: dict, accumulate_s: float,
+                 bias_elsewhere=frozenset()) -> float:
     """No decision at this count is faster: k passes of the fastest device time of every
     layer in `names` (None: every layer of the profile; of a fused layer's forward and
-    backward the shares `forward_share` and `backward_share` give), the gradient adds of the
-    passes after the first (`accumulate_s` each), one optimizer update; the shares and the
-    adds are StepModel's."""
+    backward the shares `forward_share` and `backward_share` give, of a convolution in
+    `bias_elsewhere` its forward less its bias's pass), the gradient adds of the passes after
+    the first (`accumulate_s` each), one optimizer update; the shares, the convolutions and
+    the adds are StepModel's."""
     names = list(profile.layers) if names is None else names
     shares = {"forward": forward_share, "backward": backward_share}
-    pass_s = sum(profile.layer(n).least_time(phase) * shares[phase].get(n, 1.0)
-                 for n in names for phase in PHASES)
+    pass_s = sum(profile.layer(n).least_time(phase, n not in bias_elsewhere) *
+                 shares[phase].get(n, 1.0) for n in names for phase in PHASES)
     return micro_batches * pass_s + (micro_batches - 1) * accumulate_s + profile.optimizer_s
 
 

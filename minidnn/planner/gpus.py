@@ -243,16 +243,16 @@ def layer_cost(node, gpu: GpuModel, math: str) -> LayerCost:
         passes = 2 if LivenessPlan.wants_grad(node, 0) else 1
         fwd, bwd, ws_f, ws_b = {}, {}, {}, {}
         bias = getattr(layer, "bias", False)
+        own = _memory_bound(gpu, 2 * out_b, 1) if bias else 0.0     # the bias's add
         for algo in ALGOS:
             rate = gpu.conv_flops[m][algo]
-            fwd[algo] = max(flops / rate, gpu.kernel_s) + \
-                (_memory_bound(gpu, 2 * out_b, 1) if bias else 0.0)
+            fwd[algo] = max(flops / rate, gpu.kernel_s) + own
             bwd[algo] = max(passes * flops / rate, passes * gpu.kernel_s) + \
                 (_memory_bound(gpu, out_b, 1) if bias else 0.0)
             ws = 0 if algo == "min_workspace" else \
                 int(gpu.workspace_ratio[m] * max(numel(layer.in_shapes[0]) * item, out_b))
             ws_f[algo] = ws_b[algo] = ws
-        return LayerCost(fwd, bwd, ws_f, ws_b, host)
+        return LayerCost(fwd, bwd, ws_f, ws_b, host, own)
     if kind == "linear":
         flops = float(layer.flops())
         passes = 2 if LivenessPlan.wants_grad(node, 0) else 1

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +66,9 @@ DEFAULT_REPEATS = {"gpu": 5, "cpu": 2}
 # it, where each call made its own: the copies are timed apart, once, Profile.weight_copy_s;
 # 8: each copy's fixed latency and an event's crossing between engines,
 # Profile.d2h_latency_s / h2d_latency_s / sync_latency_s; 9: what a call takes beyond its time
-# alone among a pass's other calls, Profile.call_gap_s).
-TIMING_METHOD = 9
+# alone among a pass's other calls, Profile.call_gap_s; 10: the pass adding a convolution's
+# bias, LayerCost.bias_s).
+TIMING_METHOD = 10
 # measure_call_gap: the bytes a pass's buffers may take at once, and its timed passes.
 CALL_GAP_BYTES = 2 * 2**30
 CALL_GAP_REPEATS = 10
@@ -382,15 +384,21 @@ def _measuring(net, batch: int, device: Device, maps, relu_bits) -> tuple:
 
 
 def _layer_calls(i, node, plan, shapes, ctx, rng, num_classes) -> tuple:
-    """(forward, backward): node i's two calls as the executor makes them (through the
-    mixed-precision boundary), on buffers that live as long as the calls."""
+    """(forward, backward, bias): node i's two calls as the executor makes them (through the
+    mixed-precision boundary), on buffers that live as long as the calls; bias: of a
+    convolution with a bias, the pass adding it inside its forward (LayerCost.bias_s), else
+    None."""
     layer = node.layer
     xs, y, aux, gy, gxs = _layer_buffers(i, node, plan, shapes, ctx.xp, rng, num_classes,
                                          ctx.kernels)
     bxs = [x if k in layer.retain_inputs else None for k, x in enumerate(xs)]
     by = y if plan.retains_output(i) else None
+    bias = None
+    if layer.kind == "conv" and layer.bias:
+        def bias():
+            ctx.kernels.bias_add(y, layer.params["bias"].data)
     return (lambda: mixed.forward(layer, xs, y, aux, ctx),
-            lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx))
+            lambda: mixed.backward(layer, bxs, by, gy, gxs, aux, ctx), bias)
 
 
 def _place_parameters(node, net, plan, xp, rng) -> None:
@@ -406,10 +414,10 @@ def _place_parameters(node, net, plan, xp, rng) -> None:
 
 
 def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
-                   deterministic) -> tuple:
-    """(forward_s, backward_s, workspace_forward, workspace_backward, host issue time per
-    call) of node i, on buffers that live only inside this call."""
-    forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng, num_classes)
+                   deterministic) -> LayerCost:
+    """The LayerCost of node i (its host times without the manager's), on buffers that
+    live only inside this call."""
+    forward, backward, bias = _layer_calls(i, node, plan, shapes, ctx, rng, num_classes)
 
     def run() -> tuple:
         f, hf = clock(forward, repeats)
@@ -417,9 +425,13 @@ def _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
         return f, b, (hf, hb)
 
     if node.layer.kind == "conv":
-        return _conv_settings(node.layer, node, ctx, deterministic, run, plan.maps)
-    f, b, host = run()
-    return {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}, host
+        fwd, bwd, ws_f, ws_b, (hf, hb) = _conv_settings(node.layer, node, ctx, deterministic,
+                                                        run, plan.maps)
+    else:
+        f, b, (hf, hb) = run()
+        fwd, bwd, ws_f, ws_b = {"fastest": f}, {"fastest": b}, {"fastest": 0}, {"fastest": 0}
+    own = clock(bias, repeats)[0] if bias is not None else 0.0
+    return LayerCost(fwd, bwd, ws_f, ws_b, {"forward": hf, "backward": hb}, own)
 
 
 def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
@@ -447,11 +459,10 @@ def measure_layers(net, batch: int, device: Device, repeats: int | None = None,
             # A step's calls share one bf16 copy of each weight (made once a step:
             # measure_weight_copies): the warm-up call makes it, the timed calls read it.
             with kernels.shared_weight_copies():
-                fwd, bwd, ws_f, ws_b, (hf, hb) = _measure_layer(
-                    i, node, plan, shapes, ctx, clock, repeats, rng, num_classes,
-                    deterministic)
-            costs[node.name] = LayerCost(fwd, bwd, ws_f, ws_b, {
-                "forward": hf + manager_s, "backward": hb + manager_s})
+                cost = _measure_layer(i, node, plan, shapes, ctx, clock, repeats, rng,
+                                      num_classes, deterministic)
+            costs[node.name] = replace(cost, host_s={
+                phase: s + manager_s for phase, s in cost.host_s.items()})
             for p in node.layer.params.values():
                 p.data = p.grad = None
             _release_pool(device)
@@ -499,8 +510,8 @@ def pass_calls(net, batch: int, device: Device, maps: MapFormat,
         _place_parameters(node, net, plan, device.xp, rng)
         if node.layer.kind == "conv":
             node.layer.plan_setting = "fastest"
-        forward, backward = _layer_calls(i, node, plan, shapes, ctx, rng,
-                                         shapes[net.output][-1])
+        forward, backward, _ = _layer_calls(i, node, plan, shapes, ctx, rng,
+                                            shapes[net.output][-1])
         forwards.append((f"{node.name}.forward", forward))
         backwards.append((f"{node.name}.backward", backward))
     return forwards + backwards[::-1]

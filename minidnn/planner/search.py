@@ -552,9 +552,12 @@ class Planner:
                                             [node.name for node in nodes],
                                             self.model.forward_share,
                                             self.model.backward_share,
-                                            self.model.accumulate_s)
-        again = sum(self.profile.layer(nodes[j].name).least_time("forward") for j in
-                    {j for sid in recompute for j in self.plan.writers(sid)})
+                                            self.model.accumulate_s,
+                                            self.model.bias_elsewhere)
+        moved = self.model.bias_elsewhere
+        again = sum(self.profile.layer(nodes[j].name).least_time("forward",
+                                                                 nodes[j].name not in moved)
+                    for j in {j for sid in recompute for j in self.plan.writers(sid)})
         return self._least_step + self.model.micro_batches * again
 
     def describe_step(self) -> str:

@@ -82,7 +82,8 @@ def _scaled_layer(cost: LayerCost, ratio: float) -> LayerCost:
                      backward_s=times(cost.backward_s),
                      workspace_forward=bytes_(cost.workspace_forward),
                      workspace_backward=bytes_(cost.workspace_backward),
-                     host_s=dict(cost.host_s))
+                     host_s=dict(cost.host_s),
+                     bias_s=_scaled_time(cost.bias_s, ratio))
 
 
 def scale_profile(profile: Profile, net, batch: int, relu_bits=frozenset()) -> Profile:
@@ -323,7 +324,7 @@ def _least_compute(option: SplitOption, prof, names) -> float:
     fused layers' shares (the step model of its planner says which)."""
     model = option.planner.model
     return least_step_s(prof, option.micro_batches, names, model.forward_share,
-                        model.backward_share, model.accumulate_s)
+                        model.backward_share, model.accumulate_s, model.bias_elsewhere)
 
 
 def _bound(chosen: SplitOption | None) -> float | None:

@@ -389,6 +389,10 @@ class StepModel:
         # moves the same bytes with the sums); an add that takes over a gradient sum
         # (add_sum), SUMMING_ADD_SHARE.
         fused = spec.fuse and not profile.synchronous
+        # A convolution whose ReLU adds its bias runs its forward without the bias's pass:
+        # the ReLU adds it in its own pass, or on float32 maps the convolution's epilogue
+        # (LayerCost.bias_s).
+        self.bias_elsewhere = frozenset(summed_by) if fused else frozenset()
         self.forward_share = {
             **{relu: 0.0 for relu in conv_relu_pairs(self.plan, sliced)},
             **{relu: 0.0 for relu in pool_relu_forward_pairs(self.plan, sliced)},
@@ -737,7 +741,8 @@ class StepModel:
     def _cost_of(self, phase: str, i: int, name: str, algo: str) -> tuple:
         """(host s, device s alone, workspace bytes) of node i's `phase` call on `algo`."""
         cost = self.profile.layer(name)
-        return cost.host(phase), cost.time(phase, algo), cost.workspace(phase, algo)
+        return cost.host(phase), cost.time(phase, algo, name not in self.bias_elsewhere), \
+            cost.workspace(phase, algo)
 
     # ---- helpers for reports -----------------------------------------------------------------
     def copy_seconds(self, nbytes: int, direction: str) -> float:

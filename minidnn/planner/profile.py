@@ -7,7 +7,8 @@ still be profiled) the pass builds the layer's input, output, aux and gradient b
 device and times its forward and backward, for each convolution plan setting ('fastest',
 'min_workspace') on convolutions; it reads each setting's cuDNN workspace from the kernels'
 measured plan table (`conv_plans`), and adds the workspace limits between the two that trade
-memory for time (`fastest<=BYTES`, timed from the plan table's differences). It measures the
+memory for time (`fastest<=BYTES`, timed from the plan table's differences), and apart the
+pass adding a convolution's bias, which a step whose ReLU adds it does not make. It measures the
 host's time to issue each call, one SGD step, the pinned copy bandwidth device -> host,
 host -> device and both at once, and how much longer a call takes among a pass's other
 calls than alone (measure_call_gap).

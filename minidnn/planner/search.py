@@ -273,7 +273,9 @@ class Planner:
             return self._estimate_cache
         prof, plan = self.profile, self.plan
         n = plan.num_nodes
-        fwd = [prof.layer(node.name).time("forward") for node in plan.nodes]
+        moved = self.model.bias_elsewhere
+        fwd = [prof.layer(node.name).time("forward", "fastest", node.name not in moved)
+               for node in plan.nodes]
         bwd = [prof.layer(node.name).time("backward") for node in plan.nodes]
         est = {}
         for sid in self.candidates:

@@ -305,7 +305,7 @@ def layer_rows(model, ev) -> list[dict]:
                                             cost.workspace("backward", a)),
                    forward_s=share * cost.time("forward", a, own_bias),
                    backward_s=model.backward_share.get(node.name, 1.0) *
-                   cost.time("backward", a, own_bias),
+                   cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]
                               for p in CALL_PHASES))
         rows.append(row)

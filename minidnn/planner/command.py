@@ -300,10 +300,9 @@ def layer_rows(model, ev) -> list[dict]:
         algo = ev.conv_algo.get(node.layer.name, "")     # a chunk's pieces: their layer's
         a = algo or "fastest"
         share = model.forward_share.get(node.name, 1.0)    # fused into the layer before it
-        own_bias = node.name not in model.bias_elsewhere
         row.update(algo=algo, workspace=max(cost.workspace("forward", a),
                                             cost.workspace("backward", a)),
-                   forward_s=share * cost.time("forward", a, own_bias),
+                   forward_s=share * model.layer_time(node.name, "forward", a),
                    backward_s=model.backward_share.get(node.name, 1.0) *
                    cost.time("backward", a),
                    wait_s=sum(ev.calls.get((p, i), (0, 0, 0.0))[2]

@@ -66,29 +66,25 @@ class LayerCost:
     def _pick(table: dict, algo: str):
         return table[algo] if algo in table else table["fastest"]
 
-    @staticmethod
-    def _key(phase: str) -> str:
-        return "forward" if phase in FORWARD_LIKE else "backward"
+    def _times(self, phase: str) -> dict:
+        return self.forward_s if phase in FORWARD_LIKE else self.backward_s
 
     def time(self, phase: str, algo: str = "fastest", own_bias: bool = True) -> float:
         """The call's device time on setting `algo`; own_bias=False: a forward less its
         bias's pass (bias_s), for a convolution whose ReLU adds its bias."""
-        if self._key(phase) == "backward":
-            return float(self._pick(self.backward_s, algo))
-        t = float(self._pick(self.forward_s, algo))
-        return t if own_bias else max(t - float(self.bias_s), 0.0)
+        t = float(self._pick(self._times(phase), algo))
+        return t if own_bias or phase not in FORWARD_LIKE else max(t - float(self.bias_s), 0.0)
 
     def least_time(self, phase: str, own_bias: bool = True) -> float:
         """The call's device time on its fastest setting (no plan setting runs it faster)."""
-        return min(self.time(phase, s, own_bias)
-                   for s in (self.forward_s if phase in FORWARD_LIKE else self.backward_s))
+        return min(self.time(phase, s, own_bias) for s in self._times(phase))
 
     def workspace(self, phase: str, algo: str = "fastest") -> int:
         table = self.workspace_forward if phase in FORWARD_LIKE else self.workspace_backward
         return int(self._pick(table, algo))
 
     def host(self, phase: str) -> float:
-        return float(self.host_s.get(self._key(phase), 0.0))
+        return float(self.host_s.get("forward" if phase in FORWARD_LIKE else phase, 0.0))
 
     def max_workspace(self, setting: str = "fastest") -> int:
         return max(self.workspace("forward", setting), self.workspace("backward", setting))

@@ -271,12 +271,10 @@ class Planner:
         or the extra time of a memory-optimal plan."""
         if self._estimate_cache is not None:
             return self._estimate_cache
-        prof, plan = self.profile, self.plan
+        plan = self.plan
         n = plan.num_nodes
-        moved = self.model.bias_elsewhere
-        fwd = [prof.layer(node.name).time("forward", "fastest", node.name not in moved)
-               for node in plan.nodes]
-        bwd = [prof.layer(node.name).time("backward") for node in plan.nodes]
+        fwd = [self.model.layer_time(node.name, "forward") for node in plan.nodes]
+        bwd = [self.model.layer_time(node.name, "backward") for node in plan.nodes]
         est = {}
         for sid in self.candidates:
             st = plan.storages[sid]

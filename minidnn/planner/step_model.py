@@ -741,8 +741,12 @@ class StepModel:
     def _cost_of(self, phase: str, i: int, name: str, algo: str) -> tuple:
         """(host s, device s alone, workspace bytes) of node i's `phase` call on `algo`."""
         cost = self.profile.layer(name)
-        return cost.host(phase), cost.time(phase, algo, name not in self.bias_elsewhere), \
-            cost.workspace(phase, algo)
+        return cost.host(phase), self.layer_time(name, phase, algo), cost.workspace(phase, algo)
+
+    def layer_time(self, name: str, phase: str, algo: str = "fastest") -> float:
+        """The device time alone of node `name`'s `phase` call on `algo` as this step makes
+        it: a convolution whose ReLU adds its bias without the bias's pass (bias_elsewhere)."""
+        return self.profile.layer(name).time(phase, algo, name not in self.bias_elsewhere)
 
     # ---- helpers for reports -----------------------------------------------------------------
     def copy_seconds(self, nbytes: int, direction: str) -> float:
